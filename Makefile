@@ -1,0 +1,37 @@
+# Two commands do all set-up on a fresh machine:
+#   make run   install everything, run the whole stack on the embedded broker
+#   make test  install everything, run every test
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test chaos bench lint clean
+
+$(STAMP): pyproject.toml infra/kafka/pom.xml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -c "from streams.broker import ensure_jars; print('kafka jars:', ensure_jars())"
+	touch $@
+
+install: $(STAMP)
+
+run: install
+	$(VENV)/bin/threadline run
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+chaos: install
+	$(PY) -m pytest -q -m chaos $(PYTEST_ARGS)
+
+bench: install
+	$(PY) -m bench
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m mypy streams gateway
+
+clean:
+	rm -rf var .pytest_cache .hypothesis

@@ -1,0 +1,314 @@
+"""The embedded broker: real Apache Kafka 3.9 (KRaft) fetched from Maven Central.
+
+No Docker: `ensure_jars` runs Maven once to copy `kafka_2.13` and a logging
+binding into a cache outside git; `EmbeddedKafka` formats storage with
+`kafka.tools.StorageTool` and runs `kafka.Kafka` as a combined
+broker+controller. `EmbeddedCluster` runs three such nodes on one machine
+(shared cluster id, one static quorum) for failover tests.
+
+The JVM is started with a parent-death signal, so a killed launcher never
+leaves an orphan broker behind.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = [
+    "KAFKA_VERSION",
+    "BrokerError",
+    "EmbeddedCluster",
+    "EmbeddedKafka",
+    "ensure_jars",
+    "free_port",
+]
+
+KAFKA_VERSION = "3.9.1"
+POM = Path(__file__).resolve().parent.parent / "infra" / "kafka" / "pom.xml"
+HEAP = os.environ.get("THREADLINE_KAFKA_HEAP", "-Xms256m -Xmx1g")
+
+
+class BrokerError(RuntimeError):
+    """The embedded broker could not be fetched, formatted or started."""
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("THREADLINE_CACHE_DIR") or Path.home() / ".cache" / "threadline"
+    return Path(base) / f"kafka-{KAFKA_VERSION}"
+
+
+def ensure_jars() -> Path:
+    """Fetch the broker's jars with Maven once; return the folder holding them."""
+    libs = cache_dir() / "libs"
+    done = libs / ".complete"
+    if done.exists():
+        return libs
+    if shutil.which("mvn") is None:
+        raise BrokerError("Maven (mvn) is needed to fetch Apache Kafka; install it or set KAFKA_BOOTSTRAP_SERVERS")
+    if not shutil.which("java"):
+        raise BrokerError("Java 17 is needed to run the embedded Kafka broker")
+    tmp = libs.with_name("libs.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [
+        "mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+        f"-Dkafka.version={KAFKA_VERSION}", f"-DoutputDirectory={tmp}",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise BrokerError(f"mvn failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    shutil.rmtree(libs, ignore_errors=True)
+    tmp.rename(libs)
+    done.touch()
+    return libs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _kafka_uuid() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+
+
+def _die_with_parent() -> None:
+    # PR_SET_PDEATHSIG = 1: the kernel sends SIGTERM to the JVM if the launcher dies.
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+
+def _java(libs: Path, main: str, args: Sequence[str], log4j: Path, heap: str) -> list[str]:
+    return [
+        "java", *heap.split(), "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+        "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
+        f"-Dlog4j.configuration=file:{log4j}", "-cp", f"{libs}/*", main, *args,
+    ]
+
+
+LOG4J = """\
+log4j.rootLogger=WARN, file
+log4j.appender.file=org.apache.log4j.RollingFileAppender
+log4j.appender.file.File={log}
+log4j.appender.file.MaxFileSize=20MB
+log4j.appender.file.MaxBackupIndex=2
+log4j.appender.file.layout=org.apache.log4j.PatternLayout
+log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka=INFO
+log4j.logger.org.apache.kafka=INFO
+log4j.logger.kafka.request.logger=WARN
+log4j.logger.state.change.logger=WARN
+"""
+
+
+@dataclass
+class EmbeddedKafka:
+    """One KRaft node (broker + controller) on 127.0.0.1."""
+
+    data_dir: Path
+    port: int = 9092
+    node_id: int = 1
+    controller_port: int = 0
+    cluster_id: str = ""
+    voters: str = ""  # "1@127.0.0.1:9093,..."; empty: this node alone
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
+    heap: str = HEAP
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir)
+        if self.port == 0:
+            self.port = free_port()
+        if self.controller_port == 0:
+            self.controller_port = free_port()
+        if not self.voters:
+            self.voters = f"{self.node_id}@127.0.0.1:{self.controller_port}"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "server.log"
+
+    def properties(self) -> str:
+        rf, isr = self.replication_factor, self.min_insync_replicas
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": self.node_id,
+            "controller.quorum.voters": self.voters,
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": self.data_dir / "logs",
+            "auto.create.topics.enable": "false",
+            "num.partitions": 1,
+            "default.replication.factor": rf,
+            "min.insync.replicas": isr,
+            "offsets.topic.replication.factor": rf,
+            "offsets.topic.num.partitions": 10,
+            "transaction.state.log.replication.factor": rf,
+            "transaction.state.log.min.isr": isr,
+            "transaction.state.log.num.partitions": 10,
+            "group.initial.rebalance.delay.ms": 0,
+            # A crashed transactional producer's open transaction blocks read_committed
+            # readers until it times out; check for such transactions often.
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": 1000,
+            "log.cleaner.backoff.ms": 5000,
+            "num.network.threads": 2,
+            "num.io.threads": 4,
+            "log.flush.interval.messages": 9223372036854775807,
+        }
+        return "".join(f"{k}={v}\n" for k, v in props.items())
+
+    def _prepare(self) -> tuple[Path, Path, Path]:
+        libs = ensure_jars()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        config = self.data_dir / "server.properties"
+        config.write_text(self.properties())
+        log4j = self.data_dir / "log4j.properties"
+        log4j.write_text(LOG4J.format(log=self.log_file))
+        meta = self.data_dir / "logs" / "meta.properties"
+        if not meta.exists():
+            if not self.cluster_id:
+                self.cluster_id = _kafka_uuid()
+            args = ["format", "-t", self.cluster_id, "-c", str(config), "--ignore-formatted"]
+            proc = subprocess.run(
+                _java(libs, "kafka.tools.StorageTool", args, log4j, "-Xmx256m"),
+                capture_output=True, text=True, check=False,
+            )
+            if proc.returncode != 0:
+                raise BrokerError(f"StorageTool format failed: {proc.stdout}{proc.stderr}")
+        return libs, config, log4j
+
+    def start(self, wait_s: float = 90.0) -> EmbeddedKafka:
+        libs, config, log4j = self._prepare()
+        out = open(self.data_dir / "stdout.log", "ab")  # noqa: SIM115 - owned by the child
+        self.process = subprocess.Popen(
+            _java(libs, "kafka.Kafka", [str(config)], log4j, self.heap),
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )
+        out.close()
+        if wait_s:
+            self.wait_ready(wait_s)
+        return self
+
+    def wait_ready(self, wait_s: float = 90.0) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + wait_s
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise BrokerError(f"broker exited with {self.process.returncode}; see {self.log_file}")
+            try:
+                md = admin.list_topics(timeout=2)
+                if md.brokers and md.controller_id >= 0:
+                    return
+            except Exception as exc:  # not ready yet
+                last = exc
+            time.sleep(0.2)
+        raise BrokerError(f"broker on {self.bootstrap} not ready after {wait_s}s ({last}); see {self.log_file}")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def __enter__(self) -> EmbeddedKafka:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass
+class EmbeddedCluster:
+    """Three KRaft nodes on one machine: replication factor 3, min ISR 2."""
+
+    data_dir: Path
+    size: int = 3
+    nodes: list[EmbeddedKafka] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        cluster_id = _kafka_uuid()
+        ports = [(free_port(), free_port()) for _ in range(self.size)]
+        voters = ",".join(f"{i + 1}@127.0.0.1:{c}" for i, (_, c) in enumerate(ports))
+        isr = min(2, self.size)
+        self.nodes = [
+            EmbeddedKafka(
+                Path(self.data_dir) / f"node-{i + 1}", port=p, node_id=i + 1, controller_port=c,
+                cluster_id=cluster_id, voters=voters, replication_factor=self.size,
+                min_insync_replicas=isr, heap="-Xms256m -Xmx768m",
+            )
+            for i, (p, c) in enumerate(ports)
+        ]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(n.bootstrap for n in self.nodes)
+
+    def start(self, wait_s: float = 120.0) -> EmbeddedCluster:
+        for node in self.nodes:
+            node.start(wait_s=0)
+        for node in self.nodes:
+            node.wait_ready(wait_s)
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> EmbeddedCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def running_broker(data_dir: Path, port: int) -> Iterator[EmbeddedKafka]:
+    broker = EmbeddedKafka(data_dir, port=port)
+    try:
+        yield broker.start()
+    finally:
+        broker.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> None:  # pragma: no cover - manual use
+    port = int((argv or sys.argv[1:] or ["9092"])[0])
+    with running_broker(Path("var/broker"), port) as broker:
+        print(f"Kafka {KAFKA_VERSION} on {broker.bootstrap}", flush=True)
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})

@@ -1,0 +1,133 @@
+"""Settings read from the environment, once, into one frozen object.
+
+Every role (broker, processor, worker, gateway) takes a `Settings`; tests build
+their own with `Settings.from_env(overrides)` instead of mutating the process
+environment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from streams.domain import Policy
+
+__all__ = ["Settings", "TopicNames"]
+
+DAY_MS = 24 * 60 * 60 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class TopicNames:
+    commands: str
+    events: str
+    stream: str
+    dispatch: str
+    dead_letter: str
+
+    @classmethod
+    def with_prefix(cls, prefix: str) -> TopicNames:
+        return cls(
+            commands=f"{prefix}commands",
+            events=f"{prefix}events",
+            stream=f"{prefix}stream",
+            dispatch=f"{prefix}dispatch",
+            dead_letter=f"{prefix}dead-letter",
+        )
+
+    def all(self) -> tuple[str, ...]:
+        return (self.commands, self.events, self.stream, self.dispatch, self.dead_letter)
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    return default if raw in (None, "") else int(raw)
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    return default if raw in (None, "") else float(raw)
+
+
+def _ms(env: Mapping[str, str], name: str, default_seconds: float) -> int:
+    """A duration given in (possibly fractional) seconds, kept in milliseconds."""
+    return int(_float(env, name, default_seconds) * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    bootstrap_servers: str | None  # None: start or use the embedded broker
+    kafka_port: int
+    topic_prefix: str
+    partitions: int
+    replication_factor: int
+    stream_retention_ms: int  # replay window of live output (and its compaction lag)
+    durable_compaction_lag_ms: int  # replay window of the other topics
+    http_host: str
+    http_port: int
+    api_keys: Mapping[str, str]  # api key -> tenant
+    data_dir: Path  # RocksDB tables, broker storage
+    schema_registry_url: str | None
+    policy: Policy
+    heartbeat_interval_ms: int
+    delta_coalesce_ms: int
+    decision_timeout_ms: int
+    processor_commit_interval_ms: int
+    agent: str
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def topics(self) -> TopicNames:
+        return TopicNames.with_prefix(self.topic_prefix)
+
+    @property
+    def bootstrap(self) -> str:
+        if self.bootstrap_servers:
+            return self.bootstrap_servers
+        return f"127.0.0.1:{self.kafka_port}"
+
+    def with_(self, **changes: object) -> Settings:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_env(cls, overrides: Mapping[str, str] | None = None) -> Settings:
+        env: dict[str, str] = dict(os.environ)
+        env.update(overrides or {})
+        policy = Policy(
+            max_attempts=_int(env, "THREADLINE_MAX_ATTEMPTS", 2),
+            backoff_initial_ms=_ms(env, "THREADLINE_RETRY_INITIAL_S", 2.0),
+            backoff_multiplier=_float(env, "THREADLINE_RETRY_MULTIPLIER", 2.0),
+            backoff_max_ms=_ms(env, "THREADLINE_RETRY_MAX_S", 30.0),
+            heartbeat_timeout_ms=_ms(env, "THREADLINE_HEARTBEAT_TIMEOUT_S", 60.0),
+            attempt_timeout_ms=_ms(env, "THREADLINE_ATTEMPT_TIMEOUT_S", 300.0),
+            max_input_chars=_int(env, "THREADLINE_MAX_INPUT_CHARS", 32_000),
+        )
+        keys: dict[str, str] = {}
+        for pair in filter(None, (p.strip() for p in env.get("THREADLINE_API_KEYS", "").split(","))):
+            key, _, tenant = pair.partition("=")
+            if not key or not tenant:
+                raise ValueError(f"THREADLINE_API_KEYS entry {pair!r} is not key=tenant")
+            keys[key] = tenant
+        return cls(
+            bootstrap_servers=env.get("KAFKA_BOOTSTRAP_SERVERS") or None,
+            kafka_port=_int(env, "THREADLINE_KAFKA_PORT", 9092),
+            topic_prefix=env.get("THREADLINE_TOPIC_PREFIX", "threadline."),
+            partitions=_int(env, "THREADLINE_PARTITIONS", 12),
+            replication_factor=_int(env, "THREADLINE_REPLICATION_FACTOR", 1),
+            stream_retention_ms=_ms(env, "THREADLINE_STREAM_REPLAY_S", 30 * 60),
+            durable_compaction_lag_ms=_ms(env, "THREADLINE_DURABLE_REPLAY_S", 7 * 24 * 3600),
+            http_host=env.get("THREADLINE_HTTP_HOST", "127.0.0.1"),
+            http_port=_int(env, "THREADLINE_HTTP_PORT", 8080),
+            api_keys=keys,
+            data_dir=Path(env.get("THREADLINE_DATA_DIR", "var")).resolve(),
+            schema_registry_url=env.get("THREADLINE_SCHEMA_REGISTRY_URL") or None,
+            policy=policy,
+            heartbeat_interval_ms=_ms(env, "THREADLINE_HEARTBEAT_INTERVAL_S", 10.0),
+            delta_coalesce_ms=_int(env, "THREADLINE_DELTA_COALESCE_MS", 5),
+            decision_timeout_ms=_ms(env, "THREADLINE_DECISION_TIMEOUT_S", 5.0),
+            processor_commit_interval_ms=_int(env, "THREADLINE_COMMIT_INTERVAL_MS", 50),
+            agent=env.get("THREADLINE_AGENT", "builtin"),
+            extra={k: v for k, v in env.items() if k.startswith("THREADLINE_AGENT_")},
+        )

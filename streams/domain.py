@@ -1,0 +1,403 @@
+"""The per-thread vocabulary: commands, events, state and policy.
+
+Pure data, no I/O. Everything that is not pure (the clock, ids, model output)
+arrives inside a command, so that `decide` and `evolve` (in `streams.thread`)
+are deterministic and a recorded command log always replays to the same events.
+
+Each command and event class has a matching Avro record in `schemas/` with the
+same name and fields; `streams.serialization` owns the mapping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+
+__all__ = [
+    "ActiveRun",
+    "AssistantMessage",
+    "AttemptDispatched",
+    "AttemptStarted",
+    "CancelRun",
+    "CheckDeadlines",
+    "Citation",
+    "Command",
+    "CreateThread",
+    "Event",
+    "HeartbeatRecorded",
+    "IdempotencyRecord",
+    "MessageAccepted",
+    "Policy",
+    "PostUserMessage",
+    "RejectReason",
+    "ReportAttemptCompleted",
+    "ReportAttemptFailed",
+    "ReportAttemptStarted",
+    "ReportHeartbeat",
+    "RetryScheduled",
+    "RunAccepted",
+    "RunCancelled",
+    "RunCompleted",
+    "RunFailed",
+    "RunRecord",
+    "RunRejected",
+    "RunStatus",
+    "Step",
+    "StoredMessage",
+    "ThreadCreated",
+    "ThreadState",
+    "TERMINAL_EVENTS",
+    "workflow_id_for",
+]
+
+
+def workflow_id_for(thread_id: str) -> str:
+    """The reference API's workflow id: one durable workflow per thread."""
+    return f"agent-{thread_id}"
+
+
+def _frozen_map() -> Mapping[str, object]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Retry and liveness settings; every number is configurable."""
+
+    max_attempts: int = 2
+    backoff_initial_ms: int = 2_000
+    backoff_multiplier: float = 2.0
+    backoff_max_ms: int = 30_000
+    heartbeat_timeout_ms: int = 60_000
+    attempt_timeout_ms: int = 300_000
+    max_input_chars: int = 32_000
+
+    def backoff_ms(self, failed_attempt: int) -> int:
+        """Delay before the attempt after `failed_attempt` (1-based)."""
+        delay = self.backoff_initial_ms * self.backoff_multiplier ** (failed_attempt - 1)
+        return int(min(delay, self.backoff_max_ms))
+
+
+# --- value objects ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """A tool call or tool result the agent made while answering."""
+
+    kind: str  # "tool_call" | "tool_result"
+    name: str
+    payload_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class Citation:
+    url: str
+    title: str
+
+
+@dataclass(frozen=True, slots=True)
+class AssistantMessage:
+    """The authoritative final answer of a run."""
+
+    message_id: str
+    text: str
+    steps: tuple[Step, ...] = ()
+    citations: tuple[Citation, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """A message as stored on the thread and served over REST."""
+
+    message_id: str
+    role: str  # "user" | "assistant"
+    text: str
+    run_id: str
+    created_at_ms: int
+    steps: tuple[Step, ...] = ()
+    citations: tuple[Citation, ...] = ()
+
+
+# --- commands: imperative, from the gateway, producers, workers, the clock ---
+
+
+@dataclass(frozen=True, slots=True)
+class CreateThread:
+    thread_id: str
+    tenant: str
+    title: str
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class PostUserMessage:
+    thread_id: str
+    tenant: str
+    message_id: str
+    text: str
+    idempotency_key: str | None
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRun:
+    thread_id: str
+    tenant: str
+    run_id: str
+    reason: str
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReportAttemptStarted:
+    """Worker report: it began running `attempt` of `run_id`."""
+
+    thread_id: str
+    run_id: str
+    attempt: int
+    worker_id: str
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReportHeartbeat:
+    thread_id: str
+    run_id: str
+    attempt: int
+    worker_id: str
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReportAttemptCompleted:
+    thread_id: str
+    run_id: str
+    attempt: int
+    worker_id: str
+    final_text: str
+    steps: tuple[Step, ...]
+    citations: tuple[Citation, ...]
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReportAttemptFailed:
+    thread_id: str
+    run_id: str
+    attempt: int
+    worker_id: str
+    error: str
+    retryable: bool
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckDeadlines:
+    """The clock: the processor's timer asks the thread to act on due deadlines."""
+
+    thread_id: str
+    now_ms: int
+
+
+Command = (
+    CreateThread
+    | PostUserMessage
+    | CancelRun
+    | ReportAttemptStarted
+    | ReportHeartbeat
+    | ReportAttemptCompleted
+    | ReportAttemptFailed
+    | CheckDeadlines
+)
+
+
+# --- events: past tense, durable, the only way state changes ----------------
+
+
+class RejectReason(str, Enum):
+    CONFLICT = "conflict"  # another run is active on the thread
+    DUPLICATE = "duplicate"  # the message id or idempotency key already ran
+    UNKNOWN_THREAD = "unknown_thread"  # no such thread for this tenant
+    INVALID = "invalid"  # the command breaks a rule (empty text, too long, ...)
+    PAYLOAD_MISMATCH = "payload_mismatch"  # same idempotency key, other payload
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadCreated:
+    thread_id: str
+    tenant: str
+    title: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessageAccepted:
+    thread_id: str
+    message_id: str
+    text: str
+    idempotency_key: str | None
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunAccepted:
+    thread_id: str
+    run_id: str
+    workflow_id: str
+    message_id: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunRejected:
+    thread_id: str
+    message_id: str
+    reason: RejectReason
+    detail: str
+    # For DUPLICATE: the run the original request started, reported back.
+    existing_run_id: str | None
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptDispatched:
+    """Hand attempt `attempt` to the workers; the attempt number fences reports."""
+
+    thread_id: str
+    run_id: str
+    message_id: str
+    attempt: int
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptStarted:
+    thread_id: str
+    run_id: str
+    attempt: int
+    worker_id: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatRecorded:
+    thread_id: str
+    run_id: str
+    attempt: int
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RetryScheduled:
+    thread_id: str
+    run_id: str
+    failed_attempt: int
+    next_attempt: int
+    due_ms: int
+    reason: str  # "failed: ..." | "heartbeat_timeout" | "attempt_timeout"
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunCompleted:
+    thread_id: str
+    run_id: str
+    attempt: int
+    message: AssistantMessage
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunFailed:
+    thread_id: str
+    run_id: str
+    attempt: int
+    error: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunCancelled:
+    thread_id: str
+    run_id: str
+    reason: str
+    at_ms: int
+
+
+Event = (
+    ThreadCreated
+    | MessageAccepted
+    | RunAccepted
+    | RunRejected
+    | AttemptDispatched
+    | AttemptStarted
+    | HeartbeatRecorded
+    | RetryScheduled
+    | RunCompleted
+    | RunFailed
+    | RunCancelled
+)
+
+TERMINAL_EVENTS = (RunCompleted, RunFailed, RunCancelled)
+
+
+# --- state -------------------------------------------------------------------
+
+
+class RunStatus(str, Enum):
+    DISPATCHED = "dispatched"  # attempt handed to workers, not yet started
+    RUNNING = "running"  # a worker reported the attempt started
+    RETRY_WAIT = "retry_wait"  # waiting for the backoff before the next attempt
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveRun:
+    run_id: str
+    message_id: str
+    attempt: int
+    status: RunStatus
+    attempt_started_ms: int  # when the current attempt was dispatched
+    last_heartbeat_ms: int  # last sign of life of the current attempt
+    retry_due_ms: int | None  # when RETRY_WAIT ends
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """What a finished or active run was, kept to answer idempotent repeats."""
+
+    run_id: str
+    message_id: str
+    status: RunStatus
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyRecord:
+    message_id: str
+    run_id: str
+    payload_fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadState:
+    """One thread's state; `None` in the table means the thread does not exist."""
+
+    thread_id: str
+    tenant: str
+    title: str
+    created_at_ms: int
+    messages: tuple[StoredMessage, ...] = ()
+    active_run: ActiveRun | None = None
+    runs: Mapping[str, RunRecord] = field(default_factory=_frozen_map)  # type: ignore[arg-type]
+    run_by_message: Mapping[str, str] = field(default_factory=_frozen_map)  # type: ignore[arg-type]
+    idempotency: Mapping[str, IdempotencyRecord] = field(default_factory=_frozen_map)  # type: ignore[arg-type]

@@ -1,0 +1,108 @@
+"""The topic contract: names, partitions, keys and configs, created idempotently.
+
+All topics are keyed by `thread_id` and share one partition count, so one
+thread's commands, events, dispatches and live output live in partitions with
+the same number and one processor instance owns all of a thread.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from streams.config import Settings
+
+__all__ = ["TopicMismatch", "TopicSpec", "ensure_topics", "topic_specs"]
+
+
+class TopicMismatch(RuntimeError):
+    """An existing topic disagrees with the declared contract."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication_factor: int
+    config: dict[str, str]
+
+
+def topic_specs(settings: Settings) -> list[TopicSpec]:
+    t = settings.topics
+    durable = str(settings.durable_compaction_lag_ms)
+    stream = str(settings.stream_retention_ms)
+    # Compacted: the newest record per thread is kept forever; nothing younger than
+    # min.compaction.lag.ms is compacted, so that window replays in full.
+    base = {"cleanup.policy": "compact", "min.compaction.lag.ms": durable}
+    specs = {
+        t.commands: base,
+        t.events: base,
+        t.dispatch: base,
+        t.dead_letter: base,
+        # Live output: compacted *and* deleted after the replay window, so deltas
+        # are transient (about 30 min) while the final answer lives in events.
+        t.stream: {
+            "cleanup.policy": "compact,delete",
+            "min.compaction.lag.ms": stream,
+            "retention.ms": stream,
+            "segment.ms": str(max(60_000, settings.stream_retention_ms // 3)),
+        },
+    }
+    isr = "2" if settings.replication_factor >= 3 else "1"
+    return [
+        TopicSpec(name, settings.partitions, settings.replication_factor,
+                  {**cfg, "min.insync.replicas": isr})
+        for name, cfg in specs.items()
+    ]
+
+
+def _admin(settings: Settings) -> AdminClient:
+    return AdminClient({"bootstrap.servers": settings.bootstrap, "log_level": 0})
+
+
+def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[TopicSpec]:
+    """Create missing topics; raise TopicMismatch if an existing one disagrees."""
+    admin = _admin(settings)
+    specs = topic_specs(settings)
+    existing = admin.list_topics(timeout=timeout_s).topics
+    missing = [s for s in specs if s.name not in existing]
+    if missing:
+        futures = admin.create_topics(
+            [NewTopic(s.name, s.partitions, s.replication_factor, config=s.config) for s in missing],
+            operation_timeout=timeout_s,
+        )
+        for name, fut in futures.items():
+            try:
+                fut.result()
+            except Exception as exc:  # a racing creator is fine
+                if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                    raise
+    _verify(admin, specs, timeout_s)
+    return specs
+
+
+def _verify(admin: AdminClient, specs: list[TopicSpec], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        topics = admin.list_topics(timeout=timeout_s).topics
+        if all(s.name in topics and not topics[s.name].error for s in specs):
+            break
+        if time.monotonic() > deadline:
+            raise TopicMismatch("topics did not appear in metadata in time")
+        time.sleep(0.1)
+    problems = []
+    for s in specs:
+        n = len(topics[s.name].partitions)
+        if n != s.partitions:
+            problems.append(f"{s.name}: has {n} partitions, the contract says {s.partitions}")
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, s.name) for s in specs]
+    for res, fut in admin.describe_configs(resources).items():
+        spec = next(s for s in specs if s.name == res.name)
+        actual = fut.result()["cleanup.policy"].value
+        if set(actual.split(",")) != set(spec.config["cleanup.policy"].split(",")):
+            problems.append(f"{spec.name}: cleanup.policy={actual}, the contract says "
+                            f"{spec.config['cleanup.policy']}")
+    if problems:
+        raise TopicMismatch("existing topics disagree with the contract:\n  " + "\n  ".join(problems))

@@ -1,0 +1,84 @@
+"""The broker contract: topics as declared, and transactions as Kafka defines them."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from streams.config import Settings
+from streams.topics import TopicMismatch, ensure_topics
+
+pytestmark = pytest.mark.kafka
+
+
+def _read_all(bootstrap: str, topic: str, isolation: str, expect_at_least: int = 0) -> list[bytes]:
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4()}",
+        "isolation.level": isolation, "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+    })
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    values: list[bytes] = []
+    idle = 0
+    while idle < (10 if len(values) >= expect_at_least else 40):
+        msg = consumer.poll(0.1)
+        if msg is None:
+            idle += 1
+            continue
+        if not msg.error():
+            values.append(msg.value())
+    consumer.close()
+    return values
+
+
+def test_topics_are_created_with_the_declared_contract(settings: Settings) -> None:
+    specs = ensure_topics(settings)
+    ensure_topics(settings)  # idempotent
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+    md = admin.list_topics(timeout=10)
+    assert {s.name for s in specs} == set(settings.topics.all())
+    for spec in specs:
+        assert len(md.topics[spec.name].partitions) == settings.partitions
+    res = {r.name: f.result() for r, f in admin.describe_configs(
+        [ConfigResource(ConfigResource.Type.TOPIC, n) for n in settings.topics.all()]).items()}
+    assert res[settings.topics.events]["cleanup.policy"].value == "compact"
+    assert res[settings.topics.events]["min.compaction.lag.ms"].value == str(7 * 24 * 3600 * 1000)
+    assert set(res[settings.topics.stream]["cleanup.policy"].value.split(",")) == {"compact", "delete"}
+    assert res[settings.topics.stream]["min.compaction.lag.ms"].value == str(30 * 60 * 1000)
+    assert res[settings.topics.stream]["retention.ms"].value == str(30 * 60 * 1000)
+
+
+def test_an_existing_topic_that_disagrees_is_a_clear_error(settings: Settings) -> None:
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+    admin.create_topics([NewTopic(settings.topics.events, 1, 1)])[settings.topics.events].result()
+    with pytest.raises(TopicMismatch, match="partitions"):
+        ensure_topics(settings)
+
+
+def test_transactional_produce_is_invisible_until_commit_and_gone_after_abort(
+    settings: Settings,
+) -> None:
+    topic = f"{settings.topic_prefix}tx"
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result()
+    producer = Producer({"bootstrap.servers": settings.bootstrap,
+                         "transactional.id": f"tx-{uuid.uuid4()}"})
+    producer.init_transactions(30)
+
+    producer.begin_transaction()
+    producer.produce(topic, b"aborted")
+    producer.flush()
+    assert _read_all(settings.bootstrap, topic, "read_committed") == []
+    assert _read_all(settings.bootstrap, topic, "read_uncommitted", 1) == [b"aborted"]
+    producer.abort_transaction(30)
+
+    producer.begin_transaction()
+    producer.produce(topic, b"committed")
+    producer.flush()
+    assert _read_all(settings.bootstrap, topic, "read_committed") == []
+    producer.commit_transaction(30)
+
+    assert _read_all(settings.bootstrap, topic, "read_committed", 1) == [b"committed"]
