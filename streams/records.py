@@ -1,0 +1,128 @@
+"""Records of the dispatch, stream and dead-letter topics.
+
+Pure data like `streams.domain`: the commands and events live there, these are
+the other messages that cross Kafka. Each class has a matching Avro record in
+`schemas/` with the same name and fields; `streams.serialization` owns the mapping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from streams.domain import Citation
+
+__all__ = [
+    "CitationsOutput",
+    "DeadLetter",
+    "Dispatch",
+    "HistoryMessage",
+    "MessageEnd",
+    "MessageStart",
+    "StepOutput",
+    "StreamOutput",
+    "StreamPart",
+    "TextDelta",
+    "TextEnd",
+    "TextStart",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryMessage:
+    """An earlier message of the thread, given to the agent as context."""
+
+    message_id: str
+    role: str  # "user" | "assistant"
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """An attempt of a run handed to the workers (thread and tenant are in the envelope)."""
+
+    run_id: str
+    message_id: str
+    attempt: int
+    workflow_id: str
+    input_text: str
+    history: tuple[HistoryMessage, ...]
+    dispatched_at_ms: int
+
+
+# --- live output: the parts of one streamed assistant message ---------------
+
+
+@dataclass(frozen=True, slots=True)
+class MessageStart:
+    role: str
+
+
+@dataclass(frozen=True, slots=True)
+class TextStart:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    delta: str
+
+
+@dataclass(frozen=True, slots=True)
+class TextEnd:
+    """The text part ends; `text` is its full text."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """A tool call or tool result, as it happens."""
+
+    kind: str  # "tool_call" | "tool_result"
+    name: str
+    payload_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class CitationsOutput:
+    citations: tuple[Citation, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MessageEnd:
+    finish_reason: str
+
+
+StreamPart = (
+    MessageStart | TextStart | TextDelta | TextEnd | StepOutput | CitationsOutput | MessageEnd
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOutput:
+    """One record of a worker's live output (thread and tenant are in the envelope).
+
+    `seq` numbers the records of one attempt from 0, so a reader can order them
+    and drop repeats after a producer retry.
+    """
+
+    run_id: str
+    attempt: int
+    message_id: str
+    part_id: str
+    seq: int
+    payload: StreamPart
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """An input record that could not be processed, kept byte for byte."""
+
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    key: bytes | None
+    value: bytes
+    reason: str  # for a human: what went wrong
+    error_type: str  # the exception class name
+    failed_at_ms: int

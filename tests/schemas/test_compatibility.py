@@ -1,0 +1,218 @@
+"""Every schema change stays readable both ways (full compatibility) with its last version.
+
+The previous version of a file is the newest commit whose blob differs from the
+working tree's file; its named types come from the `schemas/` tree of that same
+commit. Data covering every union branch and enum symbol is written with one
+version and read with the other through fastavro's schema resolution, and the
+pair is also checked statically with Apache Avro's compatibility checker.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import avro.compatibility
+import avro.schema
+import fastavro
+import pytest
+from fastavro.schema import load_schema
+
+from streams.serialization import SCHEMA_DIR
+
+REPO = SCHEMA_DIR.parent
+SCHEMA_FILES = sorted(SCHEMA_DIR.glob("*.avsc"))
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=repo, check=True, capture_output=True, text=True
+    ).stdout
+
+
+def _previous_commit(repo: Path, path: Path) -> str | None:
+    """The newest commit whose version of `path` differs from the working tree's."""
+    relative = path.relative_to(repo).as_posix()
+    current = _git(repo, "hash-object", relative).strip()
+    for commit in _git(repo, "log", "--format=%H", "--", relative).split():
+        try:
+            blob = _git(repo, "rev-parse", f"{commit}:{relative}").strip()
+        except subprocess.CalledProcessError:  # deleted in that commit
+            continue
+        if blob != current:
+            return commit
+    return None
+
+
+def _checkout_dir(repo: Path, commit: str, directory: Path, into: Path) -> Path:
+    """The files of `directory` as they were at `commit`, written under `into`."""
+    into.mkdir()
+    relative = directory.relative_to(repo).as_posix()
+    for name in _git(repo, "ls-tree", "--name-only", f"{commit}:{relative}").split():
+        (into / name).write_text(_git(repo, "show", f"{commit}:{relative}/{name}"))
+    return into
+
+
+# --- data that exercises every branch of a schema ------------------------------
+
+
+def _variants(schema: Any, named: dict[str, Any], depth: int = 0) -> list[Any]:
+    """Values of `schema` that together hit every union branch and enum symbol."""
+    assert depth < 20, "recursive schema: give the generator a way out"
+    if isinstance(schema, str):
+        if schema in named:
+            return _variants(named[schema], named, depth + 1)
+        return [_PRIMITIVE[schema]]
+    if isinstance(schema, list):
+        values: list[Any] = []
+        for branch in schema:
+            name = branch if isinstance(branch, str) and branch in named else None
+            if isinstance(branch, dict) and "name" in branch:
+                name = branch["name"]
+            for value in _variants(branch, named, depth + 1):
+                # fastavro's tuple notation picks the branch by name, not by shape.
+                values.append((name, value) if name and _is_record(branch, named) else value)
+        return values
+    kind = schema["type"]
+    if kind == "record":
+        per_field = [(f["name"], _variants(f["type"], named, depth + 1)) for f in schema["fields"]]
+        count = max((len(v) for _, v in per_field), default=1)
+        return [{n: v[i % len(v)] for n, v in per_field} for i in range(count)]
+    if kind == "enum":
+        return list(schema["symbols"])
+    if kind == "array":
+        items = _variants(schema["items"], named, depth + 1)
+        return [[], items]
+    if kind == "map":
+        values = _variants(schema["values"], named, depth + 1)
+        return [{}, {f"k{i}": v for i, v in enumerate(values)}]
+    if kind == "fixed":
+        return [bytes(schema["size"])]
+    return _variants(kind, named, depth + 1)  # {"type": "string"} and the like
+
+
+def _is_record(branch: Any, named: dict[str, Any]) -> bool:
+    definition = named.get(branch, branch) if isinstance(branch, str) else branch
+    return isinstance(definition, dict) and definition.get("type") == "record"
+
+
+_PRIMITIVE: dict[str, Any] = {
+    "null": None, "boolean": True, "int": -7, "long": 2**40, "float": 1.5,
+    "double": 2.5, "bytes": b"\x00\xff", "string": "sé",
+}
+
+
+def _check_reads(writer: Any, reader: Any) -> None:
+    """Everything `writer` can write, fastavro reads with `reader`; Apache agrees statically."""
+    for datum in _variants(writer, writer.get("__named_schemas", {})):
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, writer, datum)
+        out.seek(0)
+        fastavro.schemaless_reader(out, writer, reader)
+        assert out.tell() == len(out.getvalue())
+    checker = avro.compatibility.ReaderWriterCompatibilityChecker()  # type: ignore[no-untyped-call]
+    result = checker.get_compatibility(_apache(reader), _apache(writer))
+    assert result.compatibility is avro.compatibility.SchemaCompatibilityType.compatible, (
+        result.messages
+    )
+
+
+def _apache(parsed: Any) -> avro.schema.Schema:
+    return avro.schema.parse(json.dumps({k: v for k, v in parsed.items() if k[:2] != "__"}))
+
+
+def _check_full(old: Path, new: Path) -> None:
+    old_schema, new_schema = load_schema(str(old)), load_schema(str(new))
+    _check_reads(old_schema, new_schema)  # new code reads old data
+    _check_reads(new_schema, old_schema)  # old code reads new data
+
+
+# --- the checks ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", SCHEMA_FILES, ids=lambda p: p.stem)
+def test_schema_is_fully_compatible_with_its_previous_version(
+    path: Path, tmp_path: Path
+) -> None:
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout: no history to compare with")
+    commit = _previous_commit(REPO, path)
+    if commit is None:
+        pytest.skip(f"{path.name} has no earlier committed version that differs")
+    old_dir = _checkout_dir(REPO, commit, SCHEMA_DIR, tmp_path / "old")
+    if not (old_dir / path.name).exists():
+        pytest.skip(f"{path.name} did not exist at {commit[:12]}")
+    _check_full(old_dir / path.name, path)
+
+
+def _changed(tmp_path: Path, name: str, change: Callable[[dict[str, Any]], None]) -> Path:
+    """A copy of schemas/ with `change` applied to the schema `name`."""
+    directory = tmp_path / "new"
+    shutil.copytree(SCHEMA_DIR, directory)
+    path = directory / f"{name}.avsc"
+    schema = json.loads(path.read_text())
+    change(schema)
+    path.write_text(json.dumps(schema))
+    return directory
+
+
+ENVELOPE = "threadline.CommandEnvelope.avsc"
+
+
+def test_the_check_passes_an_optional_field_with_a_default(tmp_path: Path) -> None:
+    new = _changed(tmp_path, "threadline.CreateThread", lambda s: s["fields"].append(
+        {"name": "locale", "type": ["null", "string"], "default": None}
+    ))
+    _check_full(SCHEMA_DIR / ENVELOPE, new / ENVELOPE)
+
+
+def test_the_check_fails_a_new_required_field(tmp_path: Path) -> None:
+    new = _changed(tmp_path, "threadline.CreateThread", lambda s: s["fields"].append(
+        {"name": "locale", "type": "string"}  # no default: old records cannot be read
+    ))
+    with pytest.raises(Exception, match="locale"):
+        _check_full(SCHEMA_DIR / ENVELOPE, new / ENVELOPE)
+
+
+def test_the_check_fails_a_new_enum_symbol_old_readers_do_not_know(tmp_path: Path) -> None:
+    new = _changed(tmp_path, "threadline.RejectReason", lambda s: s["symbols"].append(
+        "rate_limited"
+    ))
+    old = load_schema(str(SCHEMA_DIR / "threadline.RunRejected.avsc"))
+    newer = load_schema(str(new / "threadline.RunRejected.avsc"))
+    _check_reads(old, newer)  # new code reads old data: fine
+    with pytest.raises(Exception, match="rate_limited"):
+        _check_reads(newer, old)  # old code reads new data: it cannot
+
+
+def test_previous_version_is_found_in_git_history(tmp_path: Path) -> None:
+    """The history walk itself, on a scratch repository with two versions of a file."""
+    repo = tmp_path / "repo"
+    (repo / "schemas").mkdir(parents=True)
+    config = ["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"]
+
+    def commit(text: str) -> str:
+        target.write_text(text)
+        _git(repo, "add", ".")
+        _git(repo, *config, "commit", "-qm", text)
+        return _git(repo, "rev-parse", "HEAD").strip()
+
+    _git(repo, "init", "-q")
+    target = repo / "schemas" / "x.avsc"
+    first, second = commit("1"), commit("2")
+    assert _previous_commit(repo, target) == first  # unchanged since 2: 1 is the previous
+    target.write_text("3")
+    assert _previous_commit(repo, target) == second  # edited: the last commit is the previous
+    old = _checkout_dir(repo, second, repo / "schemas", tmp_path / "old")
+    assert (old / "x.avsc").read_text() == "2"
+
+
+@pytest.mark.parametrize("path", SCHEMA_FILES, ids=lambda p: p.stem)
+def test_every_schema_is_compatible_with_itself(path: Path) -> None:
+    """The generator and both checks handle every file, so real pairs will be checked."""
+    _check_full(path, path)

@@ -1,0 +1,765 @@
+"""The wire contract: round trips, schema/dataclass drift, other readers, bad bytes."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import fields, is_dataclass
+from enum import Enum
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, get_args, get_origin, get_type_hints
+
+import avro.io
+import avro.name
+import avro.schema
+import fastavro
+import pytest
+from fastavro.schema import load_schema
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from streams import domain, records
+from streams.config import Settings, TopicNames
+from streams.domain import (
+    ActiveRun,
+    AssistantMessage,
+    AttemptDispatched,
+    AttemptStarted,
+    CancelRun,
+    CheckDeadlines,
+    Citation,
+    Command,
+    CreateThread,
+    Event,
+    HeartbeatRecorded,
+    IdempotencyRecord,
+    MessageAccepted,
+    PostUserMessage,
+    RejectReason,
+    ReportAttemptCompleted,
+    ReportAttemptFailed,
+    ReportAttemptStarted,
+    ReportHeartbeat,
+    RetryScheduled,
+    RunAccepted,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunRecord,
+    RunRejected,
+    RunStatus,
+    Step,
+    StoredMessage,
+    ThreadCreated,
+    ThreadState,
+)
+from streams.records import (
+    CitationsOutput,
+    DeadLetter,
+    Dispatch,
+    HistoryMessage,
+    MessageEnd,
+    MessageStart,
+    StepOutput,
+    StreamOutput,
+    StreamPart,
+    TextDelta,
+    TextEnd,
+    TextStart,
+)
+from streams.serialization import (
+    SCHEMA_DIR,
+    TOP_LEVEL_SCHEMAS,
+    Codec,
+    ConfluentRegistry,
+    DecodeError,
+    EnvelopeMeta,
+    RegistryError,
+    decode_command,
+    decode_dead_letter,
+    decode_dispatch,
+    decode_event,
+    decode_state,
+    decode_stream,
+    encode_command,
+    encode_dead_letter,
+    encode_dispatch,
+    encode_event,
+    encode_state,
+    encode_stream,
+    new_meta,
+    schema_fingerprint,
+    schema_registry,
+)
+
+T = "thread-1"
+STEPS = (Step("tool_call", "search", '{"q": "kafka"}'), Step("tool_result", "search", "[]"))
+CITES = (Citation("https://kafka.apache.org", "Kafka"), Citation("https://avro.apache.org", "Avro"))
+
+COMMANDS: list[Command] = [
+    CreateThread(T, "acme", "Trip planning", 1_700_000_000_000),
+    PostUserMessage(T, "acme", "m1", "Hello ✈️ — été", "idem-1", 1),
+    PostUserMessage(T, "acme", "m2", "", None, 2),
+    CancelRun(T, "acme", "r1", "user asked", 3),
+    ReportAttemptStarted(T, "r1", 1, "worker-a", 4),
+    ReportHeartbeat(T, "r1", 1, "worker-a", 5),
+    ReportAttemptCompleted(T, "r1", 2, "worker-b", "Done.", STEPS, CITES, 6),
+    ReportAttemptCompleted(T, "r1", 2, "worker-b", "Done.", (), (), 6),
+    ReportAttemptFailed(T, "r1", 1, "worker-a", "model timeout", True, 7),
+    ReportAttemptFailed(T, "r1", 2, "worker-a", "bad request", False, 8),
+    CheckDeadlines(T, 2**62),
+]
+EVENTS: list[Event] = [
+    ThreadCreated(T, "acme", "Trip planning", 1),
+    MessageAccepted(T, "m1", "Hello", "idem-1", 2),
+    MessageAccepted(T, "m2", "Hello", None, 2),
+    RunAccepted(T, "r1", domain.workflow_id_for(T), "m1", 3),
+    *(RunRejected(T, "m3", reason, "because", None, 4) for reason in RejectReason),
+    RunRejected(T, "m1", RejectReason.DUPLICATE, "already ran", "r1", 4),
+    AttemptDispatched(T, "r1", "m1", 1, 5),
+    AttemptStarted(T, "r1", 1, "worker-a", 6),
+    HeartbeatRecorded(T, "r1", 1, 7),
+    RetryScheduled(T, "r1", 1, 2, 9_000, "heartbeat_timeout", 8),
+    RunCompleted(T, "r1", 2, AssistantMessage("m-a1", "Done.", STEPS, CITES), 9),
+    RunCompleted(T, "r1", 1, AssistantMessage("m-a1", "Done."), 9),
+    RunFailed(T, "r1", 2, "gave up", -1),
+    RunCancelled(T, "r1", "user asked", 11),
+]
+PARTS: list[StreamPart] = [
+    MessageStart("assistant"),
+    TextStart(),
+    TextDelta("Hel"),
+    TextEnd("Hello"),
+    StepOutput("tool_call", "search", "{}"),
+    CitationsOutput(CITES),
+    CitationsOutput(()),
+    MessageEnd("stop"),
+]
+DISPATCH = Dispatch(
+    "r1", "m3", 2, "agent-thread-1", "And tomorrow?",
+    (HistoryMessage("m1", "user", "Hi"), HistoryMessage("m-a1", "assistant", "Hello")), 10,
+)
+DEAD_LETTERS = [
+    DeadLetter("threadline.commands", 3, 2**40, b"thread-1", b"\x00\xff", "bad", "DecodeError", 1),
+    DeadLetter("threadline.commands", 0, 0, None, b"", "empty", "DecodeError", 2),
+]
+STATES = [
+    ThreadState(T, "acme", "Trip planning", 1),
+    ThreadState(
+        T, "acme", "Trip planning", 1,
+        messages=(
+            StoredMessage("m1", "user", "Hi", "r1", 2),
+            StoredMessage("m-a1", "assistant", "Hello", "r1", 3, STEPS, CITES),
+        ),
+        active_run=ActiveRun("r2", "m2", 2, RunStatus.RETRY_WAIT, 4, 5, 6),
+        runs=MappingProxyType({
+            "r1": RunRecord("r1", "m1", RunStatus.COMPLETED, 1),
+            "r2": RunRecord("r2", "m2", RunStatus.RETRY_WAIT, 2),
+        }),
+        run_by_message=MappingProxyType({"m1": "r1", "m2": "r2"}),
+        idempotency=MappingProxyType({"idem-1": IdempotencyRecord("m1", "r1", "sha256:ab")}),
+    ),
+    *(
+        ThreadState(T, "acme", "", 1, active_run=ActiveRun("r", "m", 1, status, 1, 2, None))
+        for status in RunStatus
+    ),
+]
+META = EnvelopeMeta(
+    "0b6f3c2e-8a9e-4a53-9d0c-3a4c7f1e2d10", T, "acme", 1_700_000_000_123,
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "vendor=opaque", 1,
+)
+
+
+def _all(union: Any) -> set[type]:
+    return set(get_args(union))
+
+
+def test_examples_cover_every_command_event_and_stream_part() -> None:
+    assert {type(c) for c in COMMANDS} == _all(Command)
+    assert {type(e) for e in EVENTS} == _all(Event)
+    assert {type(p) for p in PARTS} == _all(StreamPart)
+
+
+# --- round trips -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: type(c).__name__)
+def test_command_round_trip(command: Command) -> None:
+    assert decode_command(encode_command(command, META)) == (META, command)
+
+
+@pytest.mark.parametrize("event", EVENTS, ids=lambda e: type(e).__name__)
+def test_event_round_trip(event: Event) -> None:
+    assert decode_event(encode_event(event, META)) == (META, event)
+
+
+@pytest.mark.parametrize("part", PARTS, ids=lambda p: type(p).__name__)
+def test_stream_round_trip(part: StreamPart) -> None:
+    output = StreamOutput("r1", 1, "m-a1", "part-0", 0, part)
+    assert decode_stream(encode_stream(output, META)) == (META, output)
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_state_round_trip(state: ThreadState) -> None:
+    decoded = decode_state(encode_state(state))
+    assert decoded == state
+    assert isinstance(decoded.runs, MappingProxyType)  # stays read-only
+
+
+def test_dispatch_and_dead_letter_round_trip() -> None:
+    assert decode_dispatch(encode_dispatch(DISPATCH, META)) == (META, DISPATCH)
+    for dead_letter in DEAD_LETTERS:
+        assert decode_dead_letter(encode_dead_letter(dead_letter)) == dead_letter
+
+
+def test_new_meta_has_defaults_and_a_fresh_uuid() -> None:
+    a, b = new_meta(T, "acme", 5), new_meta(T, "acme", 5, traceparent="00-x-y-01")
+    assert a.envelope_id != b.envelope_id and len(a.envelope_id) == 36
+    assert (a.traceparent, a.tracestate, a.schema_version) == (None, None, 1)
+    assert b.traceparent == "00-x-y-01"
+    assert decode_event(encode_event(EVENTS[0], a))[0] == a
+
+
+def test_envelope_and_payload_thread_must_agree() -> None:
+    with pytest.raises(ValueError, match="thread_id"):
+        encode_command(COMMANDS[0], new_meta("other-thread", "acme", 1))
+
+
+def test_encoding_an_event_as_a_command_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="ThreadCreated is not one of"):
+        encode_command(EVENTS[0], META)  # type: ignore[arg-type]
+
+
+_INT32 = st.integers(-(2**31), 2**31 - 1)
+_INT64 = st.integers(-(2**63), 2**63 - 1)
+
+
+def _strategy(cls: type) -> st.SearchStrategy[Any]:
+    """hypothesis' own inference, with ints bounded to what the Avro field holds."""
+    hints = get_type_hints(cls)
+    ints: dict[str, st.SearchStrategy[int | None]] = {}
+    for f in fields(cls):
+        bounded = _INT64 if f.name.endswith("_ms") else _INT32
+        if hints[f.name] is int:
+            ints[f.name] = bounded
+        elif hints[f.name] == int | None:
+            ints[f.name] = st.none() | bounded
+    return st.builds(cls, **ints)
+
+
+@pytest.mark.parametrize(
+    "cls", [*get_args(Command), *get_args(Event)], ids=lambda c: c.__name__
+)
+@hsettings(max_examples=40)
+@given(data=st.data(), produced_at_ms=_INT64)
+def test_hypothesis_round_trip(cls: type, data: st.DataObject, produced_at_ms: int) -> None:
+    value = data.draw(_strategy(cls))
+    meta = EnvelopeMeta("id", value.thread_id, "t", produced_at_ms, None, "s", 7)
+    if cls in _all(Command):
+        assert decode_command(encode_command(value, meta)) == (meta, value)
+    else:
+        assert decode_event(encode_event(value, meta)) == (meta, value)
+
+
+_STATE_STRATEGY = st.builds(
+    ThreadState,
+    created_at_ms=_INT64,
+    messages=st.lists(_strategy(StoredMessage), max_size=3).map(tuple),
+    active_run=st.none() | _strategy(ActiveRun),
+    runs=st.dictionaries(st.text(), _strategy(RunRecord), max_size=3).map(MappingProxyType),
+)
+
+
+@hsettings(max_examples=60)
+@given(state=_STATE_STRATEGY)
+def test_hypothesis_state_round_trip(state: ThreadState) -> None:
+    assert decode_state(encode_state(state)) == state
+
+
+@hsettings(max_examples=60)
+@given(output=_strategy(StreamOutput), meta=_strategy(EnvelopeMeta))
+def test_hypothesis_stream_round_trip(output: StreamOutput, meta: EnvelopeMeta) -> None:
+    assert decode_stream(encode_stream(output, meta)) == (meta, output)
+
+
+# --- schemas and dataclasses cannot drift --------------------------------------
+
+
+def _avsc(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((SCHEMA_DIR / f"{name}.avsc").read_text())
+    return data
+
+
+def _names(schema: Any) -> Iterator[str]:
+    """Every threadline.* name a schema refers to."""
+    if isinstance(schema, str):
+        if schema.startswith("threadline."):
+            yield schema
+    elif isinstance(schema, list):
+        for branch in schema:
+            yield from _names(branch)
+    elif isinstance(schema, dict):
+        for f in schema.get("fields", []):
+            yield from _names(f["type"])
+        for key in ("items", "values"):
+            if key in schema:
+                yield from _names(schema[key])
+
+
+def _union(name: str) -> list[str]:
+    payload = next(f for f in _avsc(name)["fields"] if f["name"] == "payload")
+    return list(payload["type"])
+
+
+def test_every_command_and_event_class_has_a_schema_and_vice_versa() -> None:
+    assert {f"threadline.{c.__name__}" for c in _all(Command)} == set(
+        _union("threadline.CommandEnvelope")
+    )
+    assert {f"threadline.{c.__name__}" for c in _all(Event)} == set(
+        _union("threadline.EventEnvelope")
+    )
+    assert {f"threadline.{c.__name__}" for c in _all(StreamPart)} == set(
+        _union("threadline.StreamEnvelope")
+    )
+    for cls in (*_all(Command), *_all(Event), *_all(StreamPart)):
+        assert (SCHEMA_DIR / f"threadline.{cls.__name__}.avsc").is_file()
+
+
+def test_schema_files_are_flat_named_documented_and_all_used() -> None:
+    files = {p.stem for p in SCHEMA_DIR.glob("*.avsc")}
+    used = set(TOP_LEVEL_SCHEMAS)
+    todo = list(TOP_LEVEL_SCHEMAS)
+    while todo:
+        for name in _names(_avsc(todo.pop())):
+            if name not in used:
+                used.add(name)
+                todo.append(name)
+    assert files == used, "every file is reachable from a top-level schema, and exists"
+    for name in files:
+        schema = _avsc(name)
+        assert f"{schema['namespace']}.{schema['name']}" == name
+        assert schema["namespace"] == "threadline"
+        assert schema.get("doc"), f"{name} has no doc"
+        load_schema(str(SCHEMA_DIR / f"{name}.avsc"))
+
+
+_AVRO_TYPE = {str: "string", bool: "boolean", bytes: "bytes", float: "double"}
+
+
+def _expected_avro(name: str, hint: Any) -> Any:
+    if hint is int:
+        return "long" if name.endswith("_ms") or name in ("seq", "source_offset") else "int"
+    if hint in _AVRO_TYPE:
+        return _AVRO_TYPE[hint]
+    args = get_args(hint)
+    if get_origin(hint) is tuple:
+        return {"type": "array", "items": _expected_avro(name, args[0])}
+    if get_origin(hint) is Mapping:
+        return {"type": "map", "values": _expected_avro(name, args[1])}
+    if args and type(None) in args:
+        (inner,) = (a for a in args if a is not type(None))
+        return ["null", _expected_avro(name, inner)]
+    if args:
+        return [f"threadline.{a.__name__}" for a in args]
+    assert isinstance(hint, type) and (is_dataclass(hint) or issubclass(hint, Enum))
+    return f"threadline.{hint.__name__}"
+
+
+def _field_types(cls: type) -> list[tuple[str, Any]]:
+    hints = get_type_hints(cls)
+    return [(f.name, _expected_avro(f.name, hints[f.name])) for f in fields(cls)]
+
+
+def _schema_types(name: str) -> list[tuple[str, Any]]:
+    return [(f["name"], f["type"]) for f in _avsc(name)["fields"]]
+
+
+BOUND = [
+    *get_args(Command), *get_args(Event), *get_args(StreamPart),
+    Step, Citation, AssistantMessage, HistoryMessage, DeadLetter,
+    StoredMessage, ActiveRun, RunRecord, IdempotencyRecord, ThreadState,
+]
+
+
+@pytest.mark.parametrize("cls", BOUND, ids=lambda c: c.__name__)
+def test_record_fields_mirror_the_dataclass(cls: type) -> None:
+    assert _schema_types(f"threadline.{cls.__name__}") == _field_types(cls)
+
+
+def test_top_level_records_are_envelope_plus_body() -> None:
+    envelope = _field_types(EnvelopeMeta)
+    assert _schema_types("threadline.Dispatch") == envelope + _field_types(Dispatch)
+    assert _schema_types("threadline.StreamEnvelope") == envelope + _field_types(StreamOutput)
+    for name in ("threadline.CommandEnvelope", "threadline.EventEnvelope"):
+        assert [n for n, _ in _schema_types(name)] == [n for n, _ in envelope] + ["payload"]
+        assert _schema_types(name)[:-1] == envelope
+
+
+def test_optional_fields_default_to_null_and_enum_symbols_are_the_values() -> None:
+    for path in SCHEMA_DIR.glob("*.avsc"):
+        for f in json.loads(path.read_text()).get("fields", []):
+            if isinstance(f["type"], list) and "null" in f["type"]:
+                assert f["type"][0] == "null" and f["default"] is None, (path.name, f)
+    assert _avsc("threadline.RejectReason")["symbols"] == [r.value for r in RejectReason]
+    assert _avsc("threadline.RunStatus")["symbols"] == [r.value for r in RunStatus]
+
+
+# --- fingerprints and readers that are not ours --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("schema", "expected"),
+    [  # Apache Avro's published vectors, share/test/data/schema-tests.txt
+        ("null", 7195948357588979594),
+        ("int", 8247732601305521295),
+        ({"type": "record", "name": "foo", "fields": [{"name": "f1", "type": "boolean"}]},
+         7843277075252814651),
+    ],
+)
+def test_fingerprint_matches_the_spec_vectors_little_endian(schema: Any, expected: int) -> None:
+    assert int.from_bytes(schema_fingerprint(schema), "little", signed=True) == expected
+
+
+def _apache_schemas(directory: Path) -> avro.name.Names:
+    """Parse every .avsc into one Apache Avro name table, dependencies first."""
+    names = avro.name.Names()
+    docs = {p.stem: json.loads(p.read_text()) for p in directory.glob("*.avsc")}
+
+    def define(name: str) -> None:
+        if names.has_name(name, None):
+            return
+        for dependency in _names(docs[name]):
+            if dependency != name:
+                define(dependency)
+        avro.schema.make_avsc_object(docs[name], names)
+
+    for name in docs:
+        define(name)
+    return names
+
+
+@pytest.fixture(scope="module")
+def apache() -> avro.name.Names:
+    return _apache_schemas(SCHEMA_DIR)
+
+
+def _plain(value: Any) -> Any:
+    """A dataclass as the dict a generic Avro reader returns (independent of our code)."""
+    if is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, Enum):
+        return value.value
+    return value
+
+
+def _named(names: avro.name.Names, name: str) -> avro.schema.NamedSchema:
+    schema = names.get_name(name, None)
+    assert schema is not None, name
+    return schema
+
+
+def _apache_read(names: avro.name.Names, name: str, data: bytes) -> Any:
+    schema = _named(names, name)
+    assert data[:2] == b"\xc3\x01"
+    assert data[2:10] == schema.fingerprint("CRC-64-AVRO")
+    decoder = avro.io.BinaryDecoder(io.BytesIO(data[10:]))
+    return avro.io.DatumReader(schema).read(decoder)
+
+
+def test_apache_avro_reads_every_record_with_only_the_schema_files(
+    apache: avro.name.Names,
+) -> None:
+    meta = _plain(META)
+    for command in COMMANDS:
+        got = _apache_read(apache, "threadline.CommandEnvelope", encode_command(command, META))
+        assert got == meta | {"payload": _plain(command)}
+    for event in EVENTS:
+        got = _apache_read(apache, "threadline.EventEnvelope", encode_event(event, META))
+        assert got == meta | {"payload": _plain(event)}
+    for part in PARTS:
+        output = StreamOutput("r1", 1, "m-a1", "part-0", 7, part)
+        got = _apache_read(apache, "threadline.StreamEnvelope", encode_stream(output, META))
+        assert got == meta | _plain(output)
+    got = _apache_read(apache, "threadline.Dispatch", encode_dispatch(DISPATCH, META))
+    assert got == meta | _plain(DISPATCH)
+    for dead_letter in DEAD_LETTERS:
+        got = _apache_read(apache, "threadline.DeadLetter", encode_dead_letter(dead_letter))
+        assert got == _plain(dead_letter)
+    for state in STATES:
+        got = _apache_read(apache, "threadline.ThreadState", encode_state(state))
+        assert got == _plain(state)
+
+
+def test_we_read_what_apache_avro_writes(apache: avro.name.Names) -> None:
+    def write(name: str, datum: dict[str, Any]) -> bytes:
+        schema = _named(apache, name)
+        out = io.BytesIO(b"\xc3\x01" + schema.fingerprint("CRC-64-AVRO"))
+        out.seek(0, io.SEEK_END)
+        avro.io.DatumWriter(schema).write(datum, avro.io.BinaryEncoder(out))
+        return out.getvalue()
+
+    # Payloads chosen so that Apache Avro's pick-the-first-matching-branch union
+    # writer picks the intended record.
+    meta = _plain(META)
+    command = COMMANDS[0]
+    data = write("threadline.CommandEnvelope", meta | {"payload": _plain(command)})
+    assert decode_command(data) == (META, command)
+    data = write("threadline.Dispatch", meta | _plain(DISPATCH))
+    assert decode_dispatch(data) == (META, DISPATCH)
+    for letter in DEAD_LETTERS:
+        assert decode_dead_letter(write("threadline.DeadLetter", _plain(letter))) == letter
+    for state in STATES:
+        assert decode_state(write("threadline.ThreadState", _plain(state))) == state
+
+
+def test_schema_registry_maps_header_fingerprints_to_self_contained_schemas(
+    apache: avro.name.Names,
+) -> None:
+    registry = schema_registry()
+    assert len(registry) == len(TOP_LEVEL_SCHEMAS)
+    assert encode_command(COMMANDS[0], META)[2:10] in registry
+    for fp, schema in registry.items():
+        assert avro.schema.parse(json.dumps(schema)).fingerprint("CRC-64-AVRO") == fp
+        assert _named(apache, schema["name"]).fingerprint("CRC-64-AVRO") == fp
+
+
+# --- malformed bytes -----------------------------------------------------------
+
+DECODERS: list[Callable[[bytes], object]] = [
+    decode_command, decode_event, decode_dispatch, decode_stream, decode_dead_letter, decode_state,
+]
+GOOD = encode_command(COMMANDS[6], META)
+HEADERS = [b"\xc3\x01" + fp for fp in schema_registry()]  # in TOP_LEVEL_SCHEMAS order
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "empty"),
+        (b"\xc3", "marker"),
+        (b"\xc3\x02" + GOOD[2:], "marker"),
+        (b"\x7b" + GOOD[1:], "unknown wire format"),
+        (b"{}", "unknown wire format"),
+        (GOOD[:9], "truncated single-object header"),
+        (GOOD[:2] + bytes(8) + GOOD[10:], "unknown schema fingerprint"),
+        (GOOD[:-1], "malformed threadline.CommandEnvelope body"),
+        (GOOD + b"\x00", "1 trailing bytes"),
+        (encode_event(EVENTS[0], META), "is a threadline.EventEnvelope"),
+        (b"\x00\x00\x00\x00\x01" + GOOD[10:], "no schema registry is configured"),
+        (b"\x00\x00\x01", "truncated Confluent header"),
+    ],
+)
+def test_malformed_bytes_raise_decode_error(data: bytes, message: str) -> None:
+    with pytest.raises(DecodeError, match=message):
+        decode_command(data)
+
+
+def test_every_truncation_of_every_example_raises_decode_error() -> None:
+    for command in COMMANDS:
+        data = encode_command(command, META)
+        for end in range(len(data)):
+            with pytest.raises(DecodeError):
+                decode_command(data[:end])
+
+
+def test_a_payload_for_another_thread_is_malformed() -> None:
+    schema = load_schema(str(SCHEMA_DIR / "threadline.CommandEnvelope.avsc"))
+    body = io.BytesIO()
+    payload = ("threadline.CheckDeadlines", _plain(CheckDeadlines("another-thread", 1)))
+    fastavro.schemaless_writer(body, schema, _plain(META) | {"payload": payload})
+    with pytest.raises(DecodeError, match="thread_id"):
+        decode_command(GOOD[:10] + body.getvalue())
+
+
+@hsettings(max_examples=300)
+@given(data=st.binary(max_size=200))
+def test_random_bytes_raise_only_decode_error(data: bytes) -> None:
+    for decode in DECODERS:
+        with pytest.raises(DecodeError):
+            decode(data)
+
+
+@hsettings(max_examples=300)
+@given(body=st.binary(max_size=200), which=st.sampled_from(range(len(DECODERS))))
+def test_random_bodies_behind_a_valid_header_decode_or_raise_decode_error(
+    body: bytes, which: int
+) -> None:
+    with contextlib.suppress(DecodeError):
+        DECODERS[which](HEADERS[which] + body)
+
+
+# --- the Confluent wire format against a fake registry --------------------------
+
+
+class _FakeRegistry(ThreadingHTTPServer):
+    """Two endpoints of the Confluent Schema Registry REST API, in memory."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _RegistryHandler)
+        self.schemas: list[str] = []
+        self.subjects: dict[str, list[int]] = {}
+        self.requests: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def register(self, subject: str, schema: str) -> int:
+        if schema not in self.schemas:
+            self.schemas.append(schema)
+        schema_id = self.schemas.index(schema) + 1
+        self.subjects.setdefault(subject, []).append(schema_id)
+        return schema_id
+
+
+class _RegistryHandler(BaseHTTPRequestHandler):
+    server: _FakeRegistry
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _reply(self, status: int, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:
+        self.server.requests.append(f"POST {self.path}")
+        parts = self.path.split("/")  # ["", "subjects", subject, "versions"]
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if len(parts) != 4 or parts[1] != "subjects" or parts[3] != "versions":
+            self._reply(404, {"error_code": 404, "message": "not found"})
+            return
+        self._reply(200, {"id": self.server.register(parts[2], body["schema"])})
+
+    def do_GET(self) -> None:
+        self.server.requests.append(f"GET {self.path}")
+        prefix = "/schemas/ids/"
+        schema_id = int(self.path[len(prefix):]) if self.path.startswith(prefix) else 0
+        if not 1 <= schema_id <= len(self.server.schemas):
+            self._reply(404, {"error_code": 40403, "message": "Schema not found"})
+            return
+        self._reply(200, {"schema": self.server.schemas[schema_id - 1]})
+
+
+@pytest.fixture
+def fake_registry() -> Iterator[_FakeRegistry]:
+    server = _FakeRegistry()
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+TOPICS = TopicNames.with_prefix("threadline.")
+
+
+def _confluent(url: str) -> Codec:
+    return Codec(ConfluentRegistry(url), TOPICS)
+
+
+def test_confluent_round_trip_registers_each_schema_once(fake_registry: _FakeRegistry) -> None:
+    writer, reader = _confluent(fake_registry.url), _confluent(fake_registry.url)
+    for command in COMMANDS:
+        data = writer.encode_command(command, META)
+        assert data[0] == 0 and int.from_bytes(data[1:5], "big") >= 1
+        assert reader.decode_command(data) == (META, command)
+    for event in EVENTS:
+        assert reader.decode_event(writer.encode_event(event, META)) == (META, event)
+    output = StreamOutput("r1", 1, "m-a1", "p", 3, TextDelta("x"))
+    assert reader.decode_stream(writer.encode_stream(output, META)) == (META, output)
+    assert reader.decode_dispatch(writer.encode_dispatch(DISPATCH, META)) == (META, DISPATCH)
+    data = writer.encode_dead_letter(DEAD_LETTERS[0])
+    assert reader.decode_dead_letter(data) == DEAD_LETTERS[0]
+    assert reader.decode_state(writer.encode_state(STATES[1])) == STATES[1]
+    assert set(fake_registry.subjects) == {f"{t}-value" for t in TOPICS.all()}
+    posts = [r for r in fake_registry.requests if r.startswith("POST")]
+    gets = [r for r in fake_registry.requests if r.startswith("GET")]
+    assert len(posts) == len(gets) == len(TOP_LEVEL_SCHEMAS)  # cached after the first
+    assert "POST /subjects/threadline.commands-value/versions" in posts
+
+
+def test_confluent_codec_still_reads_single_object_records(fake_registry: _FakeRegistry) -> None:
+    codec = _confluent(fake_registry.url)
+    assert codec.decode_command(GOOD) == (META, COMMANDS[6])
+    assert fake_registry.requests == []
+
+
+def test_register_schemas_up_front(fake_registry: _FakeRegistry) -> None:
+    codec = _confluent(fake_registry.url)
+    codec.register_schemas()
+    assert len(fake_registry.requests) == len(TOP_LEVEL_SCHEMAS)
+    codec.encode_event(EVENTS[0], META)
+    assert len(fake_registry.requests) == len(TOP_LEVEL_SCHEMAS)
+
+
+def test_confluent_reader_resolves_an_older_writer_schema(fake_registry: _FakeRegistry) -> None:
+    # A producer whose envelope predates `tracestate`: the reader fills in the default.
+    old = json.loads(json.dumps(schema_registry()[GOOD[2:10]]))
+    old["fields"] = [f for f in old["fields"] if f["name"] != "tracestate"]
+    schema_id = fake_registry.register("threadline.commands-value", json.dumps(old))
+    body = io.BytesIO()
+    record = _plain(META) | {"payload": ("threadline.CheckDeadlines", _plain(CheckDeadlines(T, 9)))}
+    fastavro.schemaless_writer(body, fastavro.parse_schema(old), record)
+    data = b"\x00" + schema_id.to_bytes(4, "big") + body.getvalue()
+    meta, command = _confluent(fake_registry.url).decode_command(data)
+    assert meta.tracestate is None and meta.traceparent == META.traceparent
+    assert command == CheckDeadlines(T, 9)
+
+
+def test_unknown_confluent_id_is_malformed(fake_registry: _FakeRegistry) -> None:
+    with pytest.raises(DecodeError, match="unknown Confluent schema id 99"):
+        _confluent(fake_registry.url).decode_command(b"\x00\x00\x00\x00\x63" + GOOD[10:])
+
+
+def test_confluent_id_of_another_topic_is_malformed(fake_registry: _FakeRegistry) -> None:
+    codec = _confluent(fake_registry.url)
+    with pytest.raises(DecodeError, match=r"malformed threadline\.CommandEnvelope"):
+        codec.decode_command(codec.encode_event(EVENTS[0], META))
+
+
+def test_unreachable_registry_is_a_registry_error_not_a_decode_error() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    server.server_close()  # nothing listens there any more
+    codec = Codec(ConfluentRegistry(url, timeout_s=2), TOPICS)
+    with pytest.raises(RegistryError) as caught:
+        codec.decode_command(b"\x00\x00\x00\x00\x01" + GOOD[10:])
+    assert not isinstance(caught.value, DecodeError)
+    with pytest.raises(RegistryError):
+        codec.encode_command(COMMANDS[0], META)
+
+
+def test_codec_from_settings_uses_the_registry_only_when_configured() -> None:
+    unset = Settings.from_env({"THREADLINE_SCHEMA_REGISTRY_URL": ""})
+    assert Codec.from_settings(unset).registry is None
+    settings = Settings.from_env({"THREADLINE_SCHEMA_REGISTRY_URL": "http://registry:8081/"})
+    codec = Codec.from_settings(settings)
+    assert codec.registry is not None and codec.registry.url == "http://registry:8081"
+
+
+def test_confluent_codec_needs_topic_names() -> None:
+    with pytest.raises(ValueError, match="topic names"):
+        Codec(ConfluentRegistry("http://127.0.0.1:1"))
+
+
+def test_records_module_is_pure_data() -> None:
+    # Only dataclasses and unions of them: the mapping to Avro is derived, not written.
+    for name in records.__all__:
+        value = getattr(records, name)
+        assert is_dataclass(value) or set(get_args(value)) <= set(_all(StreamPart))
