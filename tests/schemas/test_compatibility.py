@@ -166,16 +166,16 @@ ENVELOPE = "threadline.CommandEnvelope.avsc"
 
 def test_the_check_passes_an_optional_field_with_a_default(tmp_path: Path) -> None:
     new = _changed(tmp_path, "threadline.CreateThread", lambda s: s["fields"].append(
-        {"name": "locale", "type": ["null", "string"], "default": None}
+        {"name": "compat_probe", "type": ["null", "string"], "default": None}
     ))
     _check_full(SCHEMA_DIR / ENVELOPE, new / ENVELOPE)
 
 
 def test_the_check_fails_a_new_required_field(tmp_path: Path) -> None:
     new = _changed(tmp_path, "threadline.CreateThread", lambda s: s["fields"].append(
-        {"name": "locale", "type": "string"}  # no default: old records cannot be read
+        {"name": "compat_probe", "type": "string"}  # no default: old records cannot be read
     ))
-    with pytest.raises(Exception, match="locale"):
+    with pytest.raises(Exception, match="compat_probe"):
         _check_full(SCHEMA_DIR / ENVELOPE, new / ENVELOPE)
 
 
