@@ -26,6 +26,7 @@ class TopicNames:
     stream: str
     dispatch: str
     dead_letter: str
+    threads: str  # the processor's table changelog: the latest state of each thread
 
     @classmethod
     def with_prefix(cls, prefix: str) -> TopicNames:
@@ -35,10 +36,12 @@ class TopicNames:
             stream=f"{prefix}stream",
             dispatch=f"{prefix}dispatch",
             dead_letter=f"{prefix}dead-letter",
+            threads=f"{prefix}threads",
         )
 
     def all(self) -> tuple[str, ...]:
-        return (self.commands, self.events, self.stream, self.dispatch, self.dead_letter)
+        return (self.commands, self.events, self.stream, self.dispatch, self.dead_letter,
+                self.threads)
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
