@@ -1,0 +1,1066 @@
+"""The per-thread decider: given events, when a command, then events."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+from unittest.mock import ANY
+
+import hypothesis
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from streams.domain import (
+    AssistantMessage,
+    AttemptDispatched,
+    AttemptStarted,
+    CancelRun,
+    CheckDeadlines,
+    Citation,
+    Command,
+    CreateThread,
+    Event,
+    HeartbeatRecorded,
+    IdempotencyRecord,
+    MessageAccepted,
+    Policy,
+    PostUserMessage,
+    RejectReason,
+    ReportAttemptCompleted,
+    ReportAttemptFailed,
+    ReportAttemptStarted,
+    ReportHeartbeat,
+    RetryScheduled,
+    RunAccepted,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunRejected,
+    RunStatus,
+    Step,
+    StoredMessage,
+    ThreadCreated,
+    ThreadState,
+)
+from streams.thread import (
+    answer_message_id_for,
+    apply,
+    decide,
+    evolve,
+    initial_state,
+    next_deadline_ms,
+    payload_fingerprint,
+    run_id_for,
+)
+
+T = "t-1"
+TENANT = "acme"
+POLICY = Policy()  # max_attempts=2, backoff 2s doubling to 30s, heartbeat 60s, attempt 300s
+RUN1 = run_id_for(T, "m-1")
+RUN2 = run_id_for(T, "m-2")
+STEPS = (Step(kind="tool_call", name="search", payload_json='{"q": "x"}'),)
+CITATIONS = (Citation(url="https://example.com", title="Example"),)
+
+
+# --- given / when / then --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Spec:
+    history: tuple[Event, ...]
+    policy: Policy
+    command: Command | None = None
+
+    def when(self, command: Command) -> _Spec:
+        return replace(self, command=command)
+
+    def then(self, expected: Sequence[Event]) -> ThreadState | None:
+        """Assert the decided events; return the state after them."""
+        assert self.command is not None, "call .when(command) first"
+        state = apply(initial_state(), self.history)
+        actual = decide(state, self.command, self.policy)
+        assert actual == list(expected)
+        return apply(state, actual)
+
+
+def given(events: Iterable[Event] = (), policy: Policy = POLICY) -> _Spec:
+    return _Spec(history=tuple(events), policy=policy)
+
+
+class Contains:
+    """Equal to any string containing `part` (for rejection details)."""
+
+    def __init__(self, part: str) -> None:
+        self.part = part
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and self.part in other
+
+    def __repr__(self) -> str:
+        return f"Contains({self.part!r})"
+
+
+def containing(part: str) -> Any:
+    """A `Contains` typed to stand in for a `str` field."""
+    return Contains(part)
+
+
+# --- builders -------------------------------------------------------------------
+
+
+def created(at: int = 0, title: str = "Trip") -> ThreadCreated:
+    return ThreadCreated(thread_id=T, tenant=TENANT, title=title, at_ms=at)
+
+
+def accepted(
+    message_id: str = "m-1", text: str = "hello", key: str | None = None, at: int = 1_000
+) -> list[Event]:
+    run_id = run_id_for(T, message_id)
+    return [
+        MessageAccepted(
+            thread_id=T, message_id=message_id, text=text, idempotency_key=key, at_ms=at
+        ),
+        RunAccepted(
+            thread_id=T, run_id=run_id, workflow_id=f"agent-{T}", message_id=message_id, at_ms=at
+        ),
+        AttemptDispatched(thread_id=T, run_id=run_id, message_id=message_id, attempt=1, at_ms=at),
+    ]
+
+
+def dispatched(
+    attempt: int, at: int, run_id: str = RUN1, message_id: str = "m-1"
+) -> AttemptDispatched:
+    return AttemptDispatched(
+        thread_id=T, run_id=run_id, message_id=message_id, attempt=attempt, at_ms=at
+    )
+
+
+def retry(
+    failed: int, at: int, due: int, reason: str = "failed: boom", run_id: str = RUN1
+) -> RetryScheduled:
+    return RetryScheduled(
+        thread_id=T,
+        run_id=run_id,
+        failed_attempt=failed,
+        next_attempt=failed + 1,
+        due_ms=due,
+        reason=reason,
+        at_ms=at,
+    )
+
+
+def rejected(
+    reason: RejectReason, existing: str | None, message_id: str = "m-1", at: int = 2_000
+) -> RunRejected:
+    return RunRejected(
+        thread_id=T,
+        message_id=message_id,
+        reason=reason,
+        detail=ANY,
+        existing_run_id=existing,
+        at_ms=at,
+    )
+
+
+def completed_event(attempt: int = 1, at: int = 5_000, run_id: str = RUN1) -> RunCompleted:
+    message = AssistantMessage(
+        message_id=answer_message_id_for(run_id), text="answer", steps=STEPS, citations=CITATIONS
+    )
+    return RunCompleted(thread_id=T, run_id=run_id, attempt=attempt, message=message, at_ms=at)
+
+
+def post(
+    message_id: str = "m-1",
+    text: str = "hello",
+    key: str | None = None,
+    now: int = 2_000,
+    tenant: str = TENANT,
+) -> PostUserMessage:
+    return PostUserMessage(
+        thread_id=T,
+        tenant=tenant,
+        message_id=message_id,
+        text=text,
+        idempotency_key=key,
+        now_ms=now,
+    )
+
+
+def started(attempt: int = 1, now: int = 2_000, run_id: str = RUN1) -> ReportAttemptStarted:
+    return ReportAttemptStarted(
+        thread_id=T, run_id=run_id, attempt=attempt, worker_id="w-1", now_ms=now
+    )
+
+
+def heartbeat(attempt: int = 1, now: int = 3_000, run_id: str = RUN1) -> ReportHeartbeat:
+    return ReportHeartbeat(thread_id=T, run_id=run_id, attempt=attempt, worker_id="w-1", now_ms=now)
+
+
+def complete(attempt: int = 1, now: int = 5_000, run_id: str = RUN1) -> ReportAttemptCompleted:
+    return ReportAttemptCompleted(
+        thread_id=T,
+        run_id=run_id,
+        attempt=attempt,
+        worker_id="w-1",
+        final_text="answer",
+        steps=STEPS,
+        citations=CITATIONS,
+        now_ms=now,
+    )
+
+
+def fail(
+    attempt: int = 1, now: int = 5_000, retryable: bool = True, run_id: str = RUN1
+) -> ReportAttemptFailed:
+    return ReportAttemptFailed(
+        thread_id=T,
+        run_id=run_id,
+        attempt=attempt,
+        worker_id="w-1",
+        error="boom",
+        retryable=retryable,
+        now_ms=now,
+    )
+
+
+def tick(now: int) -> CheckDeadlines:
+    return CheckDeadlines(thread_id=T, now_ms=now)
+
+
+def cancel(run_id: str = RUN1, tenant: str = TENANT, now: int = 4_000) -> CancelRun:
+    return CancelRun(thread_id=T, tenant=tenant, run_id=run_id, reason="user", now_ms=now)
+
+
+RUNNING = [created(), *accepted()]  # run 1, attempt 1 dispatched at 1_000
+IN_RETRY = [*RUNNING, retry(failed=1, at=5_000, due=7_000)]
+ATTEMPT_2 = [*IN_RETRY, dispatched(attempt=2, at=7_000)]
+
+
+# --- 1. CreateThread ----------------------------------------------------------------
+
+
+def test_create_thread_on_a_missing_thread() -> None:
+    state = given([]).when(CreateThread(T, TENANT, "Trip", now_ms=5)).then([created(at=5)])
+    assert state == ThreadState(thread_id=T, tenant=TENANT, title="Trip", created_at_ms=5)
+
+
+@pytest.mark.parametrize("tenant", [TENANT, "other"])
+def test_create_thread_again_is_idempotent_whatever_the_title(tenant: str) -> None:
+    given([created()]).when(CreateThread(T, tenant, "Another", now_ms=9)).then([])
+
+
+# --- 2. PostUserMessage -------------------------------------------------------------
+
+
+def test_a_message_is_accepted_and_its_first_attempt_dispatched() -> None:
+    state = given([created()]).when(post(now=1_000)).then(accepted(at=1_000))
+    assert state is not None
+    assert state.messages == (
+        StoredMessage(
+            message_id="m-1", role="user", text="hello", run_id=RUN1, created_at_ms=1_000
+        ),
+    )
+    assert state.active_run is not None
+    assert (state.active_run.run_id, state.active_run.attempt) == (RUN1, 1)
+    assert state.active_run.status is RunStatus.DISPATCHED
+    assert state.active_run.attempt_started_ms == state.active_run.last_heartbeat_ms == 1_000
+    assert state.runs[RUN1].status is RunStatus.DISPATCHED
+    assert state.run_by_message == {"m-1": RUN1}
+    assert state.idempotency == {}
+
+
+def test_an_idempotency_key_is_recorded_with_the_payload_fingerprint() -> None:
+    state = apply(None, [created(), *accepted(key="k-1")])
+    assert state is not None
+    assert state.idempotency == {
+        "k-1": IdempotencyRecord(
+            message_id="m-1", run_id=RUN1, payload_fingerprint=payload_fingerprint("hello")
+        )
+    }
+
+
+def test_a_message_to_a_missing_thread_is_rejected() -> None:
+    given([]).when(post()).then([rejected(RejectReason.UNKNOWN_THREAD, None)])
+
+
+def test_a_message_from_another_tenant_is_rejected_as_unknown_thread() -> None:
+    given([created()]).when(post(tenant="evil")).then([rejected(RejectReason.UNKNOWN_THREAD, None)])
+
+
+def test_a_message_routed_to_the_wrong_thread_is_rejected_as_unknown_thread() -> None:
+    misrouted = replace(post(), thread_id="t-2")
+    expected = replace(rejected(RejectReason.UNKNOWN_THREAD, None), thread_id="t-2")
+    given([created()]).when(misrouted).then([expected])
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t \u2003"])
+def test_an_empty_message_is_invalid(text: str) -> None:
+    expected = replace(rejected(RejectReason.INVALID, None), detail=containing("empty"))
+    given([created()]).when(post(text=text)).then([expected])
+
+
+def test_a_message_over_the_limit_is_invalid_and_one_at_the_limit_is_accepted() -> None:
+    policy = Policy(max_input_chars=10)
+    expected = replace(rejected(RejectReason.INVALID, None), detail=containing("limit is 10"))
+    given([created()], policy).when(post(text="x" * 11)).then([expected])
+    given([created()], policy).when(post(text="x" * 10, now=1_000)).then(
+        accepted(text="x" * 10, at=1_000)
+    )
+
+
+def test_a_repeated_idempotency_key_with_the_same_payload_is_a_duplicate() -> None:
+    history = [created(), *accepted(key="k-1"), completed_event()]
+    given(history).when(post(message_id="m-9", key="k-1", now=9_000)).then(
+        [rejected(RejectReason.DUPLICATE, RUN1, message_id="m-9", at=9_000)]
+    )
+
+
+def test_a_repeated_idempotency_key_with_another_payload_is_a_mismatch() -> None:
+    history = [created(), *accepted(key="k-1"), completed_event()]
+    given(history).when(post(message_id="m-9", text="bye", key="k-1", now=9_000)).then(
+        [rejected(RejectReason.PAYLOAD_MISMATCH, RUN1, message_id="m-9", at=9_000)]
+    )
+
+
+def test_a_repeated_idempotency_key_is_a_duplicate_even_while_its_run_is_active() -> None:
+    given([created(), *accepted(key="k-1")]).when(post(message_id="m-9", key="k-1")).then(
+        [rejected(RejectReason.DUPLICATE, RUN1, message_id="m-9")]
+    )
+
+
+def test_a_repeated_message_id_is_a_duplicate_even_while_its_run_is_active() -> None:
+    given(RUNNING).when(post()).then([rejected(RejectReason.DUPLICATE, RUN1)])
+
+
+def test_a_repeated_message_id_after_its_run_ended_is_a_duplicate() -> None:
+    given([*RUNNING, completed_event()]).when(post(text="other text")).then(
+        [rejected(RejectReason.DUPLICATE, RUN1)]
+    )
+
+
+def test_another_message_while_a_run_is_active_is_a_conflict() -> None:
+    given(RUNNING).when(post(message_id="m-2", key="k-2")).then(
+        [rejected(RejectReason.CONFLICT, RUN1, message_id="m-2")]
+    )
+
+
+def test_a_conflict_does_not_burn_the_idempotency_key() -> None:
+    history = [*RUNNING, RunRejected(T, "m-2", RejectReason.CONFLICT, "busy", RUN1, 2_000)]
+    given([*history, completed_event()]).when(post(message_id="m-2", key="k-2", now=6_000)).then(
+        accepted(message_id="m-2", key="k-2", at=6_000)
+    )
+
+
+def test_a_rejection_changes_nothing() -> None:
+    state = apply(None, RUNNING)
+    rejection = RunRejected(T, "m-2", RejectReason.CONFLICT, "busy", RUN1, 2_000)
+    assert evolve(state, rejection) == state
+    assert evolve(None, rejection) is None
+
+
+# --- 3. worker reports, fenced by the attempt ---------------------------------------
+
+
+def test_attempt_started_moves_dispatched_to_running() -> None:
+    state = (
+        given(RUNNING)
+        .when(started(now=2_000))
+        .then([AttemptStarted(thread_id=T, run_id=RUN1, attempt=1, worker_id="w-1", at_ms=2_000)])
+    )
+    assert state is not None and state.active_run is not None
+    assert state.active_run.status is RunStatus.RUNNING
+    assert state.active_run.last_heartbeat_ms == 2_000
+    assert state.runs[RUN1].status is RunStatus.RUNNING
+
+
+def test_attempt_started_again_is_idempotent() -> None:
+    history = [*RUNNING, AttemptStarted(T, RUN1, 1, "w-1", 2_000)]
+    given(history).when(started(now=2_500)).then([])
+
+
+def test_a_heartbeat_is_recorded_and_a_redelivered_or_older_one_is_not() -> None:
+    state = (
+        given(RUNNING)
+        .when(heartbeat(now=3_000))
+        .then([HeartbeatRecorded(thread_id=T, run_id=RUN1, attempt=1, at_ms=3_000)])
+    )
+    assert state is not None and state.active_run is not None
+    assert state.active_run.last_heartbeat_ms == 3_000
+    history = [*RUNNING, HeartbeatRecorded(T, RUN1, 1, 3_000)]
+    given(history).when(heartbeat(now=3_000)).then([])
+    given(history).when(heartbeat(now=2_500)).then([])
+
+
+def test_a_late_stamped_report_never_moves_the_last_heartbeat_back() -> None:
+    state = given(RUNNING).when(started(now=500)).then([AttemptStarted(T, RUN1, 1, "w-1", 500)])
+    assert state is not None and state.active_run is not None
+    assert state.active_run.last_heartbeat_ms == 1_000
+    older = evolve(state, HeartbeatRecorded(T, RUN1, 1, 700))  # e.g. from a recorded log
+    assert older is not None and older.active_run is not None
+    assert older.active_run.last_heartbeat_ms == 1_000
+
+
+def test_completion_ends_the_run_with_the_assistant_answer() -> None:
+    state = (
+        given([*RUNNING, AttemptStarted(T, RUN1, 1, "w-1", 2_000)])
+        .when(complete(now=5_000))
+        .then([completed_event(at=5_000)])
+    )
+    assert state is not None
+    assert state.active_run is None
+    assert state.runs[RUN1].status is RunStatus.COMPLETED
+    assert state.messages[-1] == StoredMessage(
+        message_id=answer_message_id_for(RUN1),
+        role="assistant",
+        text="answer",
+        run_id=RUN1,
+        created_at_ms=5_000,
+        steps=STEPS,
+        citations=CITATIONS,
+    )
+    assert answer_message_id_for(RUN1) != answer_message_id_for(RUN2)
+
+
+def test_completion_is_accepted_even_if_the_started_report_never_arrived() -> None:
+    given(RUNNING).when(complete()).then([completed_event()])
+
+
+def test_a_retryable_failure_schedules_the_next_attempt_after_the_backoff() -> None:
+    state = given(RUNNING).when(fail(now=5_000)).then([retry(failed=1, at=5_000, due=7_000)])
+    assert state is not None and state.active_run is not None
+    assert state.active_run.status is RunStatus.RETRY_WAIT
+    assert state.active_run.retry_due_ms == 7_000
+
+
+def test_a_retryable_failure_of_the_last_attempt_fails_the_run() -> None:
+    state = (
+        given(ATTEMPT_2)
+        .when(fail(attempt=2, now=8_000))
+        .then([RunFailed(thread_id=T, run_id=RUN1, attempt=2, error="boom", at_ms=8_000)])
+    )
+    assert state is not None and state.active_run is None
+    assert state.runs[RUN1].status is RunStatus.FAILED
+    assert state.runs[RUN1].attempts == 2
+
+
+def test_a_non_retryable_failure_fails_the_run_at_once() -> None:
+    given(RUNNING).when(fail(retryable=False)).then(
+        [RunFailed(thread_id=T, run_id=RUN1, attempt=1, error="boom", at_ms=5_000)]
+    )
+
+
+def test_backoff_doubles_from_two_seconds_and_is_capped_at_thirty() -> None:
+    assert [POLICY.backoff_ms(n) for n in range(1, 8)] == [
+        2_000, 4_000, 8_000, 16_000, 30_000, 30_000, 30_000
+    ]  # fmt: skip
+
+
+def test_each_retry_waits_the_backoff_of_the_attempt_that_failed() -> None:
+    policy = replace(POLICY, max_attempts=7)
+    state = apply(None, RUNNING)
+    delays = []
+    now = 1_000
+    for attempt in range(1, 8):
+        events = decide(state, fail(attempt=attempt, now=now), policy)
+        state = apply(state, events)
+        if attempt == 7:
+            assert events == [RunFailed(T, RUN1, 7, "boom", now)]
+            break
+        [scheduled] = events
+        assert isinstance(scheduled, RetryScheduled)
+        assert (scheduled.failed_attempt, scheduled.next_attempt) == (attempt, attempt + 1)
+        delays.append(scheduled.due_ms - now)
+        now = scheduled.due_ms
+        state = apply(state, decide(state, tick(now), policy))
+    assert delays == [2_000, 4_000, 8_000, 16_000, 30_000, 30_000]
+
+
+def test_backoff_stays_capped_where_the_float_math_overflows() -> None:
+    policy = Policy(max_attempts=5_000)
+    with pytest.raises(OverflowError):
+        policy.backoff_ms(2_000)
+    history = [*RUNNING, dispatched(attempt=2_000, at=1_000)]
+    given(history, policy).when(fail(attempt=2_000, now=9_000)).then(
+        [retry(failed=2_000, at=9_000, due=39_000)]
+    )
+
+
+STALE_REPORTS = [
+    started(attempt=1, now=8_000),
+    heartbeat(attempt=1, now=8_000),
+    complete(attempt=1, now=8_000),
+    fail(attempt=1, now=8_000),
+    fail(attempt=1, now=8_000, retryable=False),
+]
+
+
+@pytest.mark.parametrize("report", STALE_REPORTS, ids=lambda report: type(report).__name__)
+def test_reports_of_a_superseded_attempt_are_fenced_off(report: Command) -> None:
+    given(ATTEMPT_2).when(report).then([])
+
+
+@pytest.mark.parametrize("report", STALE_REPORTS, ids=lambda report: type(report).__name__)
+def test_reports_of_an_attempt_already_given_up_on_are_ignored(report: Command) -> None:
+    given(IN_RETRY).when(report).then([])
+
+
+@pytest.mark.parametrize(
+    "report",
+    [
+        started(attempt=2),
+        heartbeat(attempt=2),
+        complete(attempt=2),
+        fail(attempt=0),
+        complete(run_id="no-such-run"),
+        fail(run_id=RUN2),
+    ],
+    ids=repr,
+)
+def test_reports_naming_another_attempt_or_run_are_ignored(report: Command) -> None:
+    given(RUNNING).when(report).then([])
+
+
+@pytest.mark.parametrize(
+    "report", [started(), heartbeat(), complete(), fail()], ids=lambda report: type(report).__name__
+)
+def test_reports_to_a_missing_thread_are_ignored(report: Command) -> None:
+    given([]).when(report).then([])
+
+
+# --- 4. deadlines -------------------------------------------------------------------
+
+
+def test_a_silent_attempt_times_out_one_millisecond_after_the_heartbeat_timeout() -> None:
+    assert next_deadline_ms(apply(None, RUNNING), POLICY) == 61_001
+    given(RUNNING).when(tick(61_000)).then([])
+    given(RUNNING).when(tick(61_001)).then(
+        [retry(failed=1, at=61_001, due=63_001, reason="heartbeat_timeout")]
+    )
+
+
+def test_a_heartbeat_timeout_of_the_last_attempt_fails_the_run() -> None:
+    given(ATTEMPT_2).when(tick(67_001)).then(
+        [RunFailed(thread_id=T, run_id=RUN1, attempt=2, error="heartbeat_timeout", at_ms=67_001)]
+    )
+
+
+def test_heartbeats_keep_an_attempt_alive() -> None:
+    history = [*RUNNING, HeartbeatRecorded(T, RUN1, 1, 50_000)]
+    assert next_deadline_ms(apply(None, history), POLICY) == 110_001
+    given(history).when(tick(61_001)).then([])
+
+
+def test_an_attempt_that_heartbeats_forever_still_times_out() -> None:
+    history = [*RUNNING, AttemptStarted(T, RUN1, 1, "w-1", 2_000)]
+    history += [HeartbeatRecorded(T, RUN1, 1, at) for at in range(50_000, 300_001, 50_000)]
+    assert next_deadline_ms(apply(None, history), POLICY) == 301_001
+    given(history).when(tick(301_000)).then([])
+    given(history).when(tick(301_001)).then(
+        [retry(failed=1, at=301_001, due=303_001, reason="attempt_timeout")]
+    )
+
+
+def test_the_next_attempt_is_dispatched_when_the_retry_is_due() -> None:
+    assert next_deadline_ms(apply(None, IN_RETRY), POLICY) == 7_000
+    given(IN_RETRY).when(tick(6_999)).then([])
+    state = given(IN_RETRY).when(tick(7_000)).then([dispatched(attempt=2, at=7_000)])
+    assert state is not None and state.active_run is not None
+    assert (state.active_run.attempt, state.active_run.status) == (2, RunStatus.DISPATCHED)
+    assert state.active_run.attempt_started_ms == state.active_run.last_heartbeat_ms == 7_000
+    assert state.active_run.retry_due_ms is None
+    assert state.runs[RUN1].attempts == 2
+
+
+def test_a_retry_due_after_max_attempts_was_lowered_fails_the_run() -> None:
+    given(IN_RETRY, Policy(max_attempts=1)).when(tick(7_000)).then(
+        [RunFailed(T, RUN1, 1, "attempts exhausted", 7_000)]
+    )
+
+
+@pytest.mark.parametrize(
+    "history",
+    [[], [created()], [*RUNNING, completed_event()]],
+    ids=["no-thread", "no-run", "ended-run"],
+)
+def test_without_an_active_run_there_is_no_deadline(history: list[Event]) -> None:
+    assert next_deadline_ms(apply(None, history), POLICY) is None
+    given(history).when(tick(10**12)).then([])
+
+
+# --- 5. cancel, and running again ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "history", [RUNNING, IN_RETRY, ATTEMPT_2], ids=["attempt-1", "retry-wait", "attempt-2"]
+)
+def test_the_active_run_can_be_cancelled(history: list[Event]) -> None:
+    state = (
+        given(history)
+        .when(cancel(now=9_000))
+        .then([RunCancelled(thread_id=T, run_id=RUN1, reason="user", at_ms=9_000)])
+    )
+    assert state is not None and state.active_run is None
+    assert state.runs[RUN1].status is RunStatus.CANCELLED
+    assert next_deadline_ms(state, POLICY) is None
+
+
+@pytest.mark.parametrize(
+    ("history", "command"),
+    [
+        (RUNNING, cancel(tenant="evil")),
+        (RUNNING, cancel(run_id=RUN2)),
+        ([*RUNNING, completed_event()], cancel()),
+        ([created()], cancel()),
+        ([], cancel()),
+    ],
+    ids=["other-tenant", "other-run", "ended-run", "no-run", "no-thread"],
+)
+def test_cancel_of_anything_but_the_active_run_does_nothing(
+    history: list[Event], command: CancelRun
+) -> None:
+    given(history).when(command).then([])
+
+
+ENDINGS = {
+    "completed": completed_event(at=5_000),
+    "failed": RunFailed(T, RUN1, 1, "boom", 5_000),
+    "cancelled": RunCancelled(T, RUN1, "user", 5_000),
+}
+
+
+@pytest.mark.parametrize("ending", ENDINGS.values(), ids=ENDINGS.keys())
+def test_after_a_run_ends_the_thread_runs_again(ending: Event) -> None:
+    given([*RUNNING, ending]).when(post(message_id="m-2", now=6_000)).then(
+        accepted(message_id="m-2", at=6_000)
+    )
+
+
+@pytest.mark.parametrize("ending", ENDINGS.values(), ids=ENDINGS.keys())
+@pytest.mark.parametrize(
+    "report", [started(), heartbeat(), complete(), fail()], ids=lambda report: type(report).__name__
+)
+def test_late_reports_for_an_ended_run_change_nothing(ending: Event, report: Command) -> None:
+    given([*RUNNING, ending]).when(report).then([])
+    # Nor once the next run is on attempt 1 too: the run id fences them.
+    given([*RUNNING, ending, *accepted(message_id="m-2", at=6_000)]).when(report).then([])
+
+
+# --- 6. ids and immutability --------------------------------------------------------
+
+
+def test_run_ids_are_deterministic_uuid5s_and_distinct() -> None:
+    assert run_id_for(T, "m-1") == RUN1
+    assert uuid.UUID(RUN1).version == 5
+    assert len({RUN1, RUN2, run_id_for("t-2", "m-1")}) == 3
+    assert run_id_for("a:b", "c") != run_id_for("a", "b:c")
+
+
+def test_payload_fingerprint_is_sha256_hex() -> None:
+    assert payload_fingerprint("hello") == hashlib.sha256(b"hello").hexdigest()
+    assert payload_fingerprint("hello") != payload_fingerprint("hello ")
+
+
+def test_strings_that_are_not_valid_utf8_do_not_break_the_decider() -> None:
+    odd = "\ud800 lone surrogate"
+    state = (
+        given([created()])
+        .when(post(message_id=odd, text=odd, key=odd, now=1_000))
+        .then(accepted(message_id=odd, text=odd, key=odd, at=1_000))
+    )
+    assert state is not None and state.active_run is not None
+    assert state.active_run.run_id == run_id_for(T, odd) != run_id_for(T, "\ud801 lone surrogate")
+
+
+def test_states_are_never_mutated_in_place() -> None:
+    before = apply(None, RUNNING)
+    snapshot = repr(before)
+    after = apply(before, [AttemptStarted(T, RUN1, 1, "w", 2_000), completed_event()])
+    assert repr(before) == snapshot
+    assert before != after
+    assert after is not None
+    with pytest.raises(TypeError):
+        after.runs[RUN2] = after.runs[RUN1]  # type: ignore[index]
+    with pytest.raises(TypeError):
+        after.run_by_message["m-2"] = RUN2  # type: ignore[index]
+
+
+# --- properties -----------------------------------------------------------------------
+
+MESSAGE_IDS = ("m1", "m2", "m3", "m4", "m5", "m6")
+KEYS = (None, "k1", "k2")
+TEXTS = ("hi", "hello", "hi", "hello", " ", "toolongtext")  # max_input_chars is 8
+TERMINAL = (RunCompleted, RunFailed, RunCancelled)
+
+small_policies = st.builds(
+    Policy,
+    max_attempts=st.integers(1, 3),
+    backoff_initial_ms=st.integers(1, 500),
+    backoff_multiplier=st.sampled_from([1.0, 2.0, 3.5]),
+    backoff_max_ms=st.integers(1, 2_000),
+    heartbeat_timeout_ms=st.integers(1, 2_000),
+    attempt_timeout_ms=st.integers(1, 5_000),
+    max_input_chars=st.just(8),
+)
+clock_steps = st.integers(0, 200) | st.integers(0, 5_000)
+report_kinds = st.sampled_from(["started", "heartbeat", "completed", "failed"])
+
+
+class ThreadMachine(RuleBasedStateMachine):
+    """One thread under random commands, with workers that lie, repeat and vanish."""
+
+    # Indirection so that test_the_invariants_catch_a_broken_decider can swap in mutants.
+    decide_fn = staticmethod(decide)
+    deadline_fn = staticmethod(next_deadline_ms)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.policy = POLICY
+        self.now = 0
+        self.state: ThreadState | None = initial_state()
+        self.commands: list[Command] = []
+        self.events: list[Event] = []
+        self.reports: list[Command] = []
+        self.open_runs: set[str] = set()
+        self.accepted_runs: list[str] = []
+        self.terminals: dict[str, int] = {}
+        self.attempts: dict[str, int] = {}
+        self.healthy = True  # False while a step is half done: teardown then checks nothing
+
+    @initialize(policy=small_policies)
+    def start(self, policy: Policy) -> None:
+        # The thread exists from the start: commands to missing threads are covered above.
+        self.policy = policy
+        self.execute(CreateThread(T, TENANT, "title", self.now))
+
+    def execute(self, command: Command) -> list[Event]:
+        self.healthy = False
+        before, snapshot = self.state, repr(self.state)
+        events = self.decide_fn(before, command, self.policy)
+        after = apply(before, events)
+        assert repr(before) == snapshot, "decide or evolve mutated the state"
+        if all(isinstance(event, RunRejected) for event in events):
+            assert after == before
+        for event in events:
+            self.record(event)
+        self.commands.append(command)
+        self.events.extend(events)
+        self.state = after
+        self.healthy = True
+        return events
+
+    def record(self, event: Event) -> None:
+        if isinstance(event, RunAccepted):
+            assert event.run_id not in self.terminals, "a run was accepted twice"
+            self.open_runs.add(event.run_id)
+            self.accepted_runs.append(event.run_id)
+            self.terminals[event.run_id] = 0
+            self.attempts[event.run_id] = 0
+        elif isinstance(event, AttemptDispatched):
+            assert event.run_id in self.open_runs
+            assert event.attempt == self.attempts[event.run_id] + 1
+            assert event.attempt <= self.policy.max_attempts, "attempt beyond max_attempts"
+            self.attempts[event.run_id] = event.attempt
+        elif isinstance(event, RetryScheduled):
+            assert event.next_attempt <= self.policy.max_attempts, "retry beyond max_attempts"
+            assert event.due_ms >= event.at_ms
+        elif isinstance(event, TERMINAL):
+            assert event.run_id in self.open_runs, "terminal event for a run that is not open"
+            self.open_runs.remove(event.run_id)
+            self.terminals[event.run_id] += 1
+        assert len(self.open_runs) <= 1, "two active runs"
+
+    # --- the gateway and the clock
+
+    @rule(
+        message_id=st.sampled_from(MESSAGE_IDS),
+        key=st.sampled_from(KEYS),
+        text=st.sampled_from(TEXTS),
+        tenant=st.sampled_from([TENANT, TENANT, TENANT, TENANT, "evil"]),
+        dt=clock_steps,
+    )
+    def post_message(
+        self, message_id: str, key: str | None, text: str, tenant: str, dt: int
+    ) -> None:
+        self.now += dt
+        self.execute(PostUserMessage(T, tenant, message_id, text, key, self.now))
+
+    @rule(dt=clock_steps)
+    def clock_tick(self, dt: int) -> None:
+        self.now += dt
+        self.execute(tick(self.now))
+
+    @rule(
+        which=st.sampled_from(["active", "known", "unknown"]),
+        tenant=st.sampled_from([TENANT, TENANT, "evil"]),
+        dt=clock_steps,
+    )
+    def cancel_run(self, which: str, tenant: str, dt: int) -> None:
+        self.now += dt
+        self.execute(CancelRun(T, tenant, self.pick_run(which), "user", self.now))
+
+    # --- the workers
+
+    @precondition(lambda self: self.state is not None and self.state.active_run is not None)
+    @rule(kind=report_kinds, retryable=st.booleans(), dt=clock_steps)
+    def worker_report(self, kind: str, retryable: bool, dt: int) -> None:
+        assert self.state is not None and self.state.active_run is not None
+        active = self.state.active_run
+        self.report(kind, active.run_id, active.attempt, retryable, dt)
+
+    @rule(
+        kind=report_kinds,
+        which=st.sampled_from(["active", "known", "unknown"]),
+        attempt_offset=st.sampled_from([-1, 0, 1]),
+        retryable=st.booleans(),
+        dt=clock_steps,
+    )
+    def stray_report(
+        self, kind: str, which: str, attempt_offset: int, retryable: bool, dt: int
+    ) -> None:
+        active = self.state.active_run if self.state is not None else None
+        attempt = (active.attempt if active is not None else 1) + attempt_offset
+        self.report(kind, self.pick_run(which), attempt, retryable, dt)
+
+    def report(self, kind: str, run_id: str, attempt: int, retryable: bool, dt: int) -> None:
+        self.now += dt
+        report: Command
+        if kind == "started":
+            report = ReportAttemptStarted(T, run_id, attempt, "w", self.now)
+        elif kind == "heartbeat":
+            report = ReportHeartbeat(T, run_id, attempt, "w", self.now)
+        elif kind == "completed":
+            report = ReportAttemptCompleted(T, run_id, attempt, "w", "ok", (), (), self.now)
+        else:
+            report = ReportAttemptFailed(T, run_id, attempt, "w", "boom", retryable, self.now)
+        self.reports.append(report)
+        self.execute(report)
+
+    @precondition(lambda self: bool(self.reports))
+    @rule(data=st.data())
+    def redeliver_an_old_report(self, data: st.DataObject) -> None:
+        report = data.draw(st.sampled_from(self.reports))
+        self.execute(report)  # as it was, clock and all: a redelivery arriving out of order
+
+    def pick_run(self, which: str) -> str:
+        active = self.state.active_run if self.state is not None else None
+        if which == "active" and active is not None:
+            return active.run_id
+        if which in ("active", "known") and self.accepted_runs:
+            return self.accepted_runs[-1]
+        return run_id_for(T, "never-posted")
+
+    # --- invariants
+
+    @invariant()
+    def state_agrees_with_the_event_log(self) -> None:
+        self.healthy = False
+        active = self.state.active_run if self.state is not None else None
+        assert ({active.run_id} if active is not None else set()) == self.open_runs
+        if active is not None and self.state is not None:
+            record = self.state.runs[active.run_id]
+            assert (record.status, record.attempts) == (active.status, active.attempt)
+            assert 1 <= active.attempt <= self.policy.max_attempts, "attempt beyond max_attempts"
+        assert all(count <= 1 for count in self.terminals.values())
+        self.healthy = True
+
+    @invariant()
+    def next_deadline_is_exact(self) -> None:
+        self.healthy = False
+        deadline = self.deadline_fn(self.state, self.policy)
+        if deadline is None:
+            assert self.decide_fn(self.state, tick(self.now + 10**9), self.policy) == []
+        else:
+            early = self.decide_fn(self.state, tick(deadline - 1), self.policy)
+            assert early == [], "a tick before next_deadline_ms fired"
+            due = self.decide_fn(self.state, tick(deadline), self.policy)
+            assert due != [], "a tick at next_deadline_ms did nothing"
+        self.healthy = True
+
+    def teardown(self) -> None:
+        if not self.healthy:
+            return  # a step already failed; let its error be the one reported
+        # Determinism: the command log replays to the same events and state.
+        state, replayed = initial_state(), []
+        for command in self.commands:
+            events = self.decide_fn(state, command, self.policy)
+            replayed.extend(events)
+            state = apply(state, events)
+        assert replayed == self.events, "replay decided other events"
+        assert state == self.state, "replay reached another state"
+        # Liveness: with every worker gone, the clock alone ends every run.
+        for _ in range(2 * self.policy.max_attempts + 1):
+            deadline = self.deadline_fn(self.state, self.policy)
+            if deadline is None:
+                break
+            self.now = max(self.now, deadline)
+            assert self.execute(tick(self.now)) != []
+        assert self.deadline_fn(self.state, self.policy) is None
+        assert self.open_runs == set(), "runs left open"
+        assert all(self.terminals[run] == 1 for run in self.accepted_runs)
+
+
+ThreadMachine.TestCase.settings = settings(
+    max_examples=250,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_thread_machine = ThreadMachine.TestCase
+
+
+# --- decide is total over arbitrary commands ------------------------------------------
+
+ids = st.sampled_from(["m1", "m2", "", "\ud800"]) | st.text(max_size=5)
+times = st.integers(-(10**6), 10**12)
+run_ids = st.sampled_from([run_id_for(T, m) for m in ("m1", "m2")]) | st.text(max_size=3)
+attempts = st.integers(-1, 4) | st.integers()
+any_command: st.SearchStrategy[Any] = st.one_of(
+    st.builds(CreateThread, st.just(T), st.sampled_from([TENANT, "x"]), st.text(), times),
+    st.builds(
+        PostUserMessage,
+        st.just(T),
+        st.sampled_from([TENANT, "x"]),
+        ids,
+        st.text(),
+        st.none() | ids,
+        times,
+    ),
+    st.builds(CancelRun, st.just(T), st.sampled_from([TENANT, "x"]), run_ids, st.text(), times),
+    st.builds(ReportAttemptStarted, st.just(T), run_ids, attempts, st.text(), times),
+    st.builds(ReportHeartbeat, st.just(T), run_ids, attempts, st.text(), times),
+    st.builds(
+        ReportAttemptCompleted,
+        st.just(T),
+        run_ids,
+        attempts,
+        st.text(),
+        st.text(),
+        st.just(STEPS),
+        st.just(()),
+        times,
+    ),
+    st.builds(
+        ReportAttemptFailed,
+        st.just(T),
+        run_ids,
+        attempts,
+        st.text(),
+        st.text(),
+        st.booleans(),
+        times,
+    ),
+    st.builds(CheckDeadlines, st.just(T), times),
+)
+any_policy = st.builds(
+    Policy,
+    max_attempts=st.integers(0, 5) | st.just(5_000),
+    backoff_initial_ms=st.integers(0, 10**6),
+    backoff_multiplier=st.floats(0.5, 10.0),
+    max_input_chars=st.integers(0, 50),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@hypothesis.given(policy=any_policy, commands=st.lists(any_command, max_size=30))
+def test_decide_never_raises_and_replays_identically(
+    policy: Policy, commands: list[Command]
+) -> None:
+    def run() -> tuple[list[list[Event]], ThreadState | None]:
+        state, decided = initial_state(), []
+        for command in commands:
+            events = decide(state, command, policy)
+            decided.append(events)
+            state = apply(state, events)
+        return decided, state
+
+    first, final = run()
+    assert run() == (first, final)
+    for command, events in zip(commands, first, strict=True):
+        if isinstance(command, CreateThread):
+            assert all(isinstance(event, ThreadCreated) for event in events)
+        elif not isinstance(command, PostUserMessage):
+            assert not any(
+                isinstance(e, (ThreadCreated, MessageAccepted, RunRejected)) for e in events
+            )
+
+
+# --- the properties can fail ----------------------------------------------------------
+
+
+def _ignores_conflicts(state: ThreadState | None, command: Command, policy: Policy) -> list[Event]:
+    if isinstance(command, PostUserMessage) and state is not None:
+        state = replace(state, active_run=None)
+    return decide(state, command, policy)
+
+
+def _one_attempt_too_many(
+    state: ThreadState | None, command: Command, policy: Policy
+) -> list[Event]:
+    return decide(state, command, replace(policy, max_attempts=policy.max_attempts + 1))
+
+
+def _deadline_one_late(state: ThreadState | None, policy: Policy) -> int | None:
+    deadline = next_deadline_ms(state, policy)
+    return None if deadline is None else deadline + 1
+
+
+def _never_times_out(state: ThreadState | None, command: Command, policy: Policy) -> list[Event]:
+    return [] if isinstance(command, CheckDeadlines) else decide(state, command, policy)
+
+
+def _no_deadline(state: ThreadState | None, policy: Policy) -> None:
+    return None
+
+
+_calls = itertools.count()
+
+
+def _counts_calls(state: ThreadState | None, command: Command, policy: Policy) -> list[Event]:
+    events = decide(state, command, policy)
+    return [
+        replace(e, detail=str(next(_calls))) if isinstance(e, RunRejected) else e for e in events
+    ]
+
+
+MUTANTS = {
+    "two-active-runs": ({"decide_fn": staticmethod(_ignores_conflicts)}, "two active runs"),
+    "attempt-cap": ({"decide_fn": staticmethod(_one_attempt_too_many)}, "beyond max_attempts"),
+    "deadline-off-by-one": (
+        {"deadline_fn": staticmethod(_deadline_one_late)},
+        "a tick before next_deadline_ms fired",
+    ),
+    "runs-never-end": (
+        {"decide_fn": staticmethod(_never_times_out), "deadline_fn": staticmethod(_no_deadline)},
+        "runs left open",
+    ),
+    "nondeterministic": ({"decide_fn": staticmethod(_counts_calls)}, "replay decided other events"),
+}
+
+
+@pytest.mark.parametrize(("mutant", "message"), MUTANTS.values(), ids=MUTANTS.keys())
+def test_the_invariants_catch_a_broken_decider(mutant: dict[str, Any], message: str) -> None:
+    broken = type("BrokenThreadMachine", (ThreadMachine,), mutant)
+    quick = settings(
+        max_examples=300,
+        stateful_step_count=40,
+        deadline=None,
+        database=None,
+        print_blob=False,
+        phases=[Phase.generate],  # the failure itself is the point; skip shrinking it
+        derandomize=True,  # the same examples every run: no flaky misses
+    )
+    with pytest.raises(AssertionError, match=message):
+        run_state_machine_as_test(broken, settings=quick)
