@@ -79,6 +79,8 @@ class Settings:
     decision_timeout_ms: int
     processor_commit_interval_ms: int
     agent: str
+    instance_id: str | None  # stable per instance; default derived from data_dir
+    session_timeout_ms: int  # consumer-group liveness: how fast a dead member's partitions move
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -132,5 +134,7 @@ class Settings:
             decision_timeout_ms=_ms(env, "THREADLINE_DECISION_TIMEOUT_S", 5.0),
             processor_commit_interval_ms=_int(env, "THREADLINE_COMMIT_INTERVAL_MS", 50),
             agent=env.get("THREADLINE_AGENT", "builtin"),
+            instance_id=env.get("THREADLINE_INSTANCE_ID") or None,
+            session_timeout_ms=_ms(env, "THREADLINE_SESSION_TIMEOUT_S", 10.0),
             extra={k: v for k, v in env.items() if k.startswith("THREADLINE_AGENT_")},
         )

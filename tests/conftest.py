@@ -55,19 +55,23 @@ SettingsFactory = Callable[..., Settings]
 
 
 @pytest.fixture
-def make_settings(kafka_bootstrap: str, tmp_path: Path) -> SettingsFactory:
-    """Settings on the session broker with a fresh topic prefix and data folder."""
-    prefix = f"t{uuid.uuid4().hex[:10]}."
+def test_env(kafka_bootstrap: str, tmp_path: Path) -> dict[str, str]:
+    """Environment of this test's Threadline processes: the session broker, a
+    fresh topic prefix and data folder, and short timeouts."""
+    return {
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "THREADLINE_TOPIC_PREFIX": f"t{uuid.uuid4().hex[:10]}.",
+        "THREADLINE_PARTITIONS": "4",
+        "THREADLINE_DATA_DIR": str(tmp_path / "data"),
+        "THREADLINE_SESSION_TIMEOUT_S": "6",
+    }
 
+
+@pytest.fixture
+def make_settings(test_env: dict[str, str]) -> SettingsFactory:
     def make(**env: str) -> Settings:
-        base = {
-            "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-            "THREADLINE_TOPIC_PREFIX": prefix,
-            "THREADLINE_PARTITIONS": "4",
-            "THREADLINE_DATA_DIR": str(tmp_path / "data"),
-        }
-        base.update(env)
-        return Settings.from_env(base)
+        test_env.update(env)
+        return Settings.from_env(test_env)
 
     return make
 

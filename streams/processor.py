@@ -1,0 +1,354 @@
+"""The thread processor: commands in, decisions out, exactly once.
+
+A thin shell around `streams.thread`: for each command record it loads the
+thread's state from the partition's RocksDB table, calls `decide`, folds the
+events with `evolve`, and writes the events, the dispatches for workers and the
+new state (changelog) in one Kafka transaction together with the input offsets
+(KIP-447: `send_offsets_to_transaction` with the consumer's group metadata, so
+a deposed instance is fenced by the group generation).
+
+Why not Faust's `exactly_once` mode: in faust-streaming 0.15.3 table changelog
+writes go through `send_soon`, outside the transaction; commit failures are
+logged and swallowed (`Producer.commit_transaction`); and table rows reach
+RocksDB before the transaction commits, so a `kill -9` leaves state that no
+committed event explains. See docs/exactly-once.md.
+
+Deadlines (heartbeat, attempt, retry due) live in the thread state; a timer
+turns due ones into `CheckDeadlines` commands on the commands topic, so the
+clock goes through the same fenced, transactional path as every other input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import signal
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from streams.config import Settings
+from streams.domain import AttemptDispatched, CheckDeadlines, ThreadState
+from streams.records import DeadLetter, Dispatch, HistoryMessage
+from streams.serialization import (
+    DecodeError,
+    EnvelopeMeta,
+    decode_command,
+    decode_state,
+    encode_command,
+    encode_dead_letter,
+    encode_dispatch,
+    encode_event,
+    encode_state,
+)
+from streams.state_store import PartitionStore, TableStores
+from streams.thread import apply, decide, next_deadline_ms
+from streams.topics import ensure_topics
+
+__all__ = ["Processor", "run_processor"]
+
+log = logging.getLogger("threadline.processor")
+
+HISTORY_LIMIT = 50  # earlier messages handed to the agent with a dispatch
+TICK_INTERVAL_S = 0.1
+TICK_RESEND_MS = 2_000  # a due tick not yet acted on is sent again after this
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _derived_id(parent: str, index: int) -> str:
+    digest = hashlib.sha1(f"{parent}:{index}".encode(), usedforsecurity=False).digest()
+    return str(uuid.UUID(bytes=digest[:16], version=5))
+
+
+def instance_id_for(settings: Settings) -> str:
+    """Stable across restarts of the same instance (same data folder), so that a
+    restarted instance's `init_transactions` aborts what its crashed self left open."""
+    if settings.instance_id:
+        return settings.instance_id
+    return hashlib.sha1(str(settings.data_dir).encode()).hexdigest()[:12]
+
+
+@dataclass
+class _Partition:
+    deadlines: dict[bytes, int] = field(default_factory=dict)  # thread key -> due ms
+    ticks_sent: dict[bytes, int] = field(default_factory=dict)  # thread key -> sent at
+
+
+class Processor:
+    def __init__(self, settings: Settings, instance_id: str | None = None) -> None:
+        self.settings = settings
+        self.topics = settings.topics
+        self.instance_id = instance_id or instance_id_for(settings)
+        self.group_id = f"{settings.topic_prefix}processor"
+        self.stores = TableStores(settings.data_dir / "processor" / self.instance_id, "threads")
+        self.partitions: dict[int, _Partition] = {}
+        self.cache: dict[bytes, ThreadState | None] = {}
+        self.stopping = False
+        common = {"bootstrap.servers": settings.bootstrap, "log_level": 3}
+        self.consumer = Consumer({
+            **common,
+            "group.id": self.group_id,
+            "client.id": f"processor-{self.instance_id}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "session.timeout.ms": settings.session_timeout_ms,
+            "heartbeat.interval.ms": 1_000,
+            "fetch.wait.max.ms": 20,
+            "partition.assignment.strategy": "range",
+        })
+        self.producer = Producer({
+            **common,
+            "transactional.id": f"{self.group_id}-{self.instance_id}",
+            "client.id": f"processor-{self.instance_id}",
+            "partitioner": "murmur2_random",
+            "linger.ms": 2,
+            # A crashed instance's open transaction blocks read_committed readers
+            # until it times out, unless the same instance restarts first.
+            "transaction.timeout.ms": 10_000,
+        })
+        # Clock ticks go to the commands topic outside any transaction.
+        self.ticker = Producer({**common, "partitioner": "murmur2_random", "linger.ms": 5,
+                                "enable.idempotence": True})
+
+    # --- lifecycle ----------------------------------------------------------
+
+    def run(self) -> None:
+        ensure_topics(self.settings)
+        self.producer.init_transactions(30)
+        self.consumer.subscribe([self.topics.commands], on_assign=self._on_assign,
+                                on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        log.info("processor %s started on %s", self.instance_id, self.settings.bootstrap)
+        next_tick = time.monotonic()
+        try:
+            while not self.stopping:
+                batch = self.consumer.consume(500, timeout=0.05)
+                if batch:
+                    self._process_batch(batch)
+                if time.monotonic() >= next_tick:
+                    self._tick()
+                    next_tick = time.monotonic() + TICK_INTERVAL_S
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        try:
+            self.consumer.close()
+        except Exception:
+            log.exception("closing the consumer")
+        self.ticker.flush(5)
+        self.stores.close_all()
+
+    # --- rebalance ------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Committed offsets first: a read_committed consumer waits here for a
+        # deposed owner's pending transactional offsets (KIP-447), so the changelog
+        # read next is complete up to that owner's last committed batch.
+        committed = consumer.committed(partitions, timeout=60)
+        for tp in partitions:
+            self._restore(tp.partition)
+        consumer.assign(committed)
+        log.info("assigned %s", sorted(tp.partition for tp in partitions))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self.stores.close(tp.partition)
+            self.partitions.pop(tp.partition, None)
+        self.cache.clear()
+        log.info("revoked %s", sorted(tp.partition for tp in partitions))
+
+    def _restore(self, partition: int) -> None:
+        """Bring the partition's table up to the end of its changelog."""
+        store = self.stores.open(partition)
+        restorer = Consumer({
+            "bootstrap.servers": self.settings.bootstrap, "group.id": f"{self.group_id}-restore",
+            "enable.auto.commit": False, "isolation.level": "read_committed",
+            "enable.partition.eof": True, "log_level": 3,
+        })
+        try:
+            low, high = restorer.get_watermark_offsets(
+                TopicPartition(self.topics.threads, partition), timeout=30)
+            start = store.checkpoint
+            if start > high or start < low:  # the topic was recreated or trimmed
+                self.stores.wipe(partition)
+                store = self.stores.open(partition)
+                start = low
+            state = _Partition()
+            restored = 0
+            if start < high:
+                restorer.assign([TopicPartition(self.topics.threads, partition, start)])
+                while True:
+                    msg = restorer.poll(1.0)
+                    if msg is None:
+                        continue
+                    if msg.error():
+                        if msg.error().code() == KafkaError._PARTITION_EOF:
+                            break
+                        raise KafkaException(msg.error())
+                    store.put(msg.key(), msg.value(), changelog_offset=msg.offset())
+                    restored += 1
+                store.commit()
+            for key, raw in store.items():
+                due = next_deadline_ms(decode_state(raw), self.settings.policy)
+                if due is not None:
+                    state.deadlines[key] = due
+            self.partitions[partition] = state
+            log.info("partition %d restored: %d changelog records from %d", partition, restored, start)
+        finally:
+            restorer.close()
+
+    # --- the transactional step -------------------------------------------------
+
+    def _process_batch(self, batch: list[Message]) -> None:
+        positions: dict[tuple[str, int], int] = {}
+        self.producer.begin_transaction()
+        touched: dict[tuple[int, bytes], ThreadState | None] = {}
+        try:
+            for msg in batch:
+                if msg.error():
+                    if msg.error().code() != KafkaError._PARTITION_EOF:
+                        log.warning("consume error: %s", msg.error())
+                    continue
+                positions[(msg.topic(), msg.partition())] = msg.offset() + 1
+                self._process(msg, touched)
+            offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
+            self.producer.send_offsets_to_transaction(
+                offsets, self.consumer.consumer_group_metadata(), 30)
+            self.producer.commit_transaction(30)
+        except KafkaException as exc:
+            self._recover(exc)
+            return
+        self.stores.commit_all()
+        for (partition, key), state in touched.items():
+            self._track_deadline(partition, key, state)
+
+    def _recover(self, exc: KafkaException) -> None:
+        err = exc.args[0]
+        if isinstance(err, KafkaError) and err.txn_requires_abort():
+            log.warning("aborting transaction: %s", err)
+            self.producer.abort_transaction(30)
+            self.stores.rollback_all()
+            self.cache.clear()
+            assigned = self.consumer.assignment()
+            for tp in self.consumer.committed(assigned, timeout=30):
+                if tp.offset >= 0:
+                    self.consumer.seek(tp)
+            return
+        raise exc  # fatal (fenced or broken): crash, a restart recovers from Kafka
+
+    def _process(self, msg: Message, touched: dict[tuple[int, bytes], ThreadState | None]) -> None:
+        partition = msg.partition()
+        key = msg.key() or b""
+        try:
+            meta, command = decode_command(msg.value() or b"")
+            if key != meta.thread_id.encode():
+                raise DecodeError(f"record key {key!r} is not the command's thread_id {meta.thread_id!r}")
+        except DecodeError as exc:
+            self._dead_letter(msg, str(exc), type(exc).__name__)
+            return
+        store = self.stores.get(partition)
+        state = self._load(store, key)
+        events = decide(state, command, self.settings.policy)
+        if not events:
+            return
+        new_state = apply(state, events)
+        for index, event in enumerate(events):
+            event_meta = EnvelopeMeta(
+                envelope_id=_derived_id(meta.envelope_id, index), thread_id=meta.thread_id,
+                tenant=new_state.tenant if new_state else meta.tenant,
+                produced_at_ms=_now_ms(), traceparent=meta.traceparent,
+                tracestate=meta.tracestate, schema_version=meta.schema_version,
+            )
+            self.producer.produce(self.topics.events, encode_event(event, event_meta),
+                                  key, partition=partition)
+            if isinstance(event, AttemptDispatched) and new_state is not None:
+                self._dispatch(event, new_state, event_meta, partition, key)
+        if new_state is not None:
+            encoded = encode_state(new_state)
+            store.put(key, encoded)
+            self.producer.produce(
+                self.topics.threads, encoded, key, partition=partition,
+                on_delivery=lambda err, m, s=store: s.note_offset(m.offset()) if err is None else None)
+        self.cache[key] = new_state
+        touched[(partition, key)] = new_state
+
+    def _load(self, store: PartitionStore, key: bytes) -> ThreadState | None:
+        if key in self.cache:
+            return self.cache[key]
+        raw = store.get(key)
+        state = decode_state(raw) if raw is not None else None
+        if len(self.cache) > 50_000:
+            self.cache.clear()
+        self.cache[key] = state
+        return state
+
+    def _dispatch(self, event: AttemptDispatched, state: ThreadState, meta: EnvelopeMeta,
+                  partition: int, key: bytes) -> None:
+        user = next(m for m in reversed(state.messages) if m.message_id == event.message_id)
+        history = tuple(
+            HistoryMessage(m.message_id, m.role, m.text)
+            for m in state.messages if m.message_id != event.message_id
+        )[-HISTORY_LIMIT:]
+        dispatch = Dispatch(run_id=event.run_id, message_id=event.message_id,
+                            attempt=event.attempt, workflow_id=f"agent-{state.thread_id}",
+                            input_text=user.text, history=history, dispatched_at_ms=event.at_ms)
+        self.producer.produce(self.topics.dispatch, encode_dispatch(dispatch, meta), key,
+                              partition=partition)
+
+    def _dead_letter(self, msg: Message, reason: str, error_type: str) -> None:
+        log.warning("dead-lettering %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), reason)
+        record = DeadLetter(source_topic=msg.topic(), source_partition=msg.partition(),
+                            source_offset=msg.offset(), key=msg.key(), value=msg.value() or b"",
+                            reason=reason, error_type=error_type, failed_at_ms=_now_ms())
+        # Compacted topics refuse null keys; a keyless record is keyed by its position.
+        key = msg.key() or f"{msg.topic()}/{msg.partition()}/{msg.offset()}".encode()
+        self.producer.produce(self.topics.dead_letter, encode_dead_letter(record), key,
+                              partition=msg.partition())
+
+    # --- the clock ----------------------------------------------------------------
+
+    def _track_deadline(self, partition: int, key: bytes, state: ThreadState | None) -> None:
+        part = self.partitions.get(partition)
+        if part is None:
+            return
+        due = next_deadline_ms(state, self.settings.policy) if state is not None else None
+        if due is None:
+            part.deadlines.pop(key, None)
+        else:
+            part.deadlines[key] = due
+        part.ticks_sent.pop(key, None)
+
+    def _tick(self) -> None:
+        now = _now_ms()
+        for part in self.partitions.values():
+            for key, due in part.deadlines.items():
+                if due > now or now - part.ticks_sent.get(key, -TICK_RESEND_MS) < TICK_RESEND_MS:
+                    continue
+                state = self.cache.get(key)
+                tenant = state.tenant if state is not None else ""
+                thread_id = key.decode()
+                meta = EnvelopeMeta(envelope_id=str(uuid.uuid4()), thread_id=thread_id,
+                                    tenant=tenant, produced_at_ms=now, traceparent=None,
+                                    tracestate=None, schema_version=1)
+                self.ticker.produce(self.topics.commands,
+                                    encode_command(CheckDeadlines(thread_id, now), meta), key)
+                part.ticks_sent[key] = now
+        self.ticker.poll(0)
+
+
+def run_processor(settings: Settings) -> int:
+    processor = Processor(settings)
+
+    def _stop(*_: object) -> None:
+        processor.stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    processor.run()
+    return 0

@@ -1,0 +1,126 @@
+"""Helpers for tests against the real broker: role processes, producers, readers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from streams.config import Settings
+from streams.domain import Command
+from streams.serialization import encode_command, new_meta
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class RoleProcess:
+    """One `threadline <role>` process, killable like a crash would kill it."""
+
+    def __init__(self, role: str, env: dict[str, str], log: Path) -> None:
+        self.role, self.env, self.log = role, env, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> RoleProcess:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        out = open(self.log, "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "streams.cli", self.role],
+            env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"},
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+        out.close()
+        return self
+
+    def kill9(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except FileNotFoundError:
+            return ""
+
+
+@contextmanager
+def role_processes(*procs: RoleProcess) -> Iterator[tuple[RoleProcess, ...]]:
+    try:
+        for p in procs:
+            p.start()
+        yield procs
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def command_producer(settings: Settings) -> Producer:
+    return Producer({"bootstrap.servers": settings.bootstrap, "partitioner": "murmur2_random",
+                     "enable.idempotence": True, "linger.ms": 2})
+
+
+def send_command(producer: Producer, settings: Settings, command: Command, tenant: str = "t") -> None:
+    meta = new_meta(command.thread_id, tenant, int(time.time() * 1000))
+    producer.produce(settings.topics.commands, encode_command(command, meta),
+                     command.thread_id.encode())
+
+
+def read_topic(
+    settings: Settings, topic: str, decode: Callable[[bytes], T], *,
+    until: Callable[[list[T]], bool], timeout: float = 60.0, isolation: str = "read_committed",
+) -> list[T]:
+    """Read a whole topic from the start until `until(records)` holds, or time out."""
+    consumer = Consumer({
+        "bootstrap.servers": settings.bootstrap, "group.id": f"reader-{uuid.uuid4()}",
+        "isolation.level": isolation, "enable.auto.commit": False,
+        "auto.offset.reset": "earliest", "log_level": 3,
+    })
+    md = consumer.list_topics(topic, timeout=10)
+    consumer.assign([TopicPartition(topic, p, 0) for p in md.topics[topic].partitions])
+    records: list[T] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            for msg in consumer.consume(500, timeout=0.2):
+                if msg.error():
+                    if msg.error().code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(msg.error())
+                    continue
+                records.append(decode(msg.value()))
+            if until(records):
+                return records
+        return records
+    finally:
+        consumer.close()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")

@@ -1,0 +1,162 @@
+"""The processor through Kafka alone: a producer that knows only the schemas and
+topic names drives threads; a read_committed reader sees the decisions."""
+
+from __future__ import annotations
+
+import collections
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from streams.config import Settings
+from streams.domain import (
+    AttemptDispatched,
+    CreateThread,
+    PostUserMessage,
+    RejectReason,
+    ReportAttemptCompleted,
+    ReportAttemptStarted,
+    ReportHeartbeat,
+    RetryScheduled,
+    RunAccepted,
+    RunCompleted,
+    RunFailed,
+    RunRejected,
+    ThreadCreated,
+)
+from streams.serialization import (
+    decode_dead_letter,
+    decode_dispatch,
+    decode_event,
+    decode_state,
+    encode_command,
+    new_meta,
+)
+from streams.thread import run_id_for
+from streams.topics import ensure_topics
+from tests.conftest import SettingsFactory
+from tests.kafka_helpers import RoleProcess, command_producer, read_topic, send_command
+
+pytestmark = pytest.mark.kafka
+
+
+def _now() -> int:
+    return int(time.time() * 1000)
+
+
+def _events(settings: Settings, until: object, timeout: float = 60) -> list[object]:
+    records = read_topic(settings, settings.topics.events, lambda b: decode_event(b)[1],
+                         until=until, timeout=timeout)  # type: ignore[arg-type]
+    return list(records)
+
+
+def _count(kind: type, records: list[object]) -> int:
+    return sum(isinstance(r, kind) for r in records)
+
+
+@pytest.fixture
+def processor(test_env: dict[str, str], tmp_path: Path) -> RoleProcess:
+    settings = Settings.from_env(test_env)
+    ensure_topics(settings)
+    proc = RoleProcess("processor", test_env, tmp_path / "processor.log").start()
+    yield proc
+    proc.stop()
+
+
+def test_a_run_goes_from_post_to_completion_through_kafka_alone(
+    settings: Settings, processor: RoleProcess
+) -> None:
+    producer = command_producer(settings)
+    thread, msg = f"th-{uuid.uuid4()}", f"m-{uuid.uuid4()}"
+    run = run_id_for(thread, msg)
+    send_command(producer, settings, CreateThread(thread, "t", "hello", _now()))
+    send_command(producer, settings, PostUserMessage(thread, "t", msg, "hi there", None, _now()))
+    producer.flush(10)
+    events = _events(settings, lambda r: _count(AttemptDispatched, r) >= 1)
+    assert [type(e).__name__ for e in events] == [
+        "ThreadCreated", "MessageAccepted", "RunAccepted", "AttemptDispatched"], processor.tail()
+    dispatches = read_topic(settings, settings.topics.dispatch, decode_dispatch, until=lambda r: len(r) >= 1)
+    assert [(d.run_id, d.attempt, d.input_text) for _, d in dispatches] == [(run, 1, "hi there")]
+
+    for report in (
+        ReportAttemptStarted(thread, run, 1, "w1", _now()),
+        ReportHeartbeat(thread, run, 1, "w1", _now()),
+        ReportAttemptCompleted(thread, run, 1, "w1", "the answer", (), (), _now()),
+        ReportAttemptCompleted(thread, run, 1, "w1", "the answer", (), (), _now()),  # redelivered
+    ):
+        send_command(producer, settings, report)
+    producer.flush(10)
+    events = _events(settings, lambda r: _count(RunCompleted, r) >= 1)
+    time.sleep(0.5)
+    events = _events(settings, lambda r: _count(RunCompleted, r) >= 1)
+    assert _count(RunCompleted, events) == 1
+    completed = next(e for e in events if isinstance(e, RunCompleted))
+    assert completed.message.text == "the answer"
+    states = read_topic(settings, settings.topics.threads, decode_state,
+                        until=lambda r: any(s.active_run is None and len(s.messages) == 2 for s in r))
+    assert [(m.role, m.text) for m in states[-1].messages] == [("user", "hi there"), ("assistant", "the answer")]
+
+
+def test_concurrent_posts_to_one_thread_accept_exactly_one(
+    settings: Settings, processor: RoleProcess
+) -> None:
+    producer = command_producer(settings)
+    thread = f"th-{uuid.uuid4()}"
+    send_command(producer, settings, CreateThread(thread, "t", "race", _now()))
+    for i in range(20):
+        send_command(producer, settings, PostUserMessage(thread, "t", f"m{i}", f"post {i}", None, _now()))
+    send_command(producer, settings, PostUserMessage(thread, "t", "m0", "post 0", None, _now()))
+    producer.flush(10)
+    events = _events(settings, lambda r: _count(RunAccepted, r) + _count(RunRejected, r) >= 21)
+    rejects = collections.Counter(e.reason for e in events if isinstance(e, RunRejected))
+    assert _count(RunAccepted, events) == 1
+    assert rejects == {RejectReason.CONFLICT: 19, RejectReason.DUPLICATE: 1}
+
+
+def test_a_silent_attempt_is_retried_then_failed(
+    make_settings: SettingsFactory, test_env: dict[str, str], tmp_path: Path
+) -> None:
+    settings = make_settings(THREADLINE_HEARTBEAT_TIMEOUT_S="1", THREADLINE_RETRY_INITIAL_S="0.2")
+    ensure_topics(settings)
+    proc = RoleProcess("processor", test_env, tmp_path / "p.log").start()
+    try:
+        producer = command_producer(settings)
+        thread = f"th-{uuid.uuid4()}"
+        send_command(producer, settings, CreateThread(thread, "t", "silent", _now()))
+        send_command(producer, settings, PostUserMessage(thread, "t", "m", "anyone?", None, _now()))
+        producer.flush(10)
+        events = _events(settings, lambda r: _count(RunFailed, r) >= 1, timeout=40)
+        kinds = [type(e).__name__ for e in events]
+        assert kinds == ["ThreadCreated", "MessageAccepted", "RunAccepted", "AttemptDispatched",
+                         "RetryScheduled", "AttemptDispatched", "RunFailed"], proc.tail()
+        retry = next(e for e in events if isinstance(e, RetryScheduled))
+        assert retry.reason == "heartbeat_timeout" and retry.next_attempt == 2
+    finally:
+        proc.stop()
+
+
+def test_a_malformed_record_goes_to_the_dead_letter_topic_and_processing_goes_on(
+    settings: Settings, processor: RoleProcess
+) -> None:
+    raw = Producer({"bootstrap.servers": settings.bootstrap, "partitioner": "murmur2_random"})
+    valid = encode_command(CreateThread("th-x", "t", "x", 1), new_meta("th-x", "t", 1))
+    garbage = [b"\xc3\x01garbage", b"not avro at all", valid[:-3], b"\xc3\x01" + b"\x00" * 8 + valid[10:]]
+    for value in garbage:
+        raw.produce(settings.topics.commands, value, b"th-x")
+    # A command whose key is not its thread: it would land on another thread's partition.
+    raw.produce(settings.topics.commands, valid, b"th-other")
+    raw.flush(10)
+    producer = command_producer(settings)
+    thread = f"th-{uuid.uuid4()}"
+    send_command(producer, settings, CreateThread(thread, "t", "after garbage", _now()))
+    producer.flush(10)
+    events = _events(settings, lambda r: _count(ThreadCreated, r) >= 1)
+    assert [e.thread_id for e in events if isinstance(e, ThreadCreated)] == [thread]
+    dead = read_topic(settings, settings.topics.dead_letter, decode_dead_letter, until=lambda r: len(r) >= 5)
+    assert sorted(d.value for d in dead) == sorted([*garbage, valid])
+    assert all(d.reason and d.source_topic == settings.topics.commands for d in dead)
+    assert any("is not the command's thread_id" in d.reason for d in dead)
+    assert not any(isinstance(e, ThreadCreated) and e.thread_id == "th-x" for e in events)
