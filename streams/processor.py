@@ -30,8 +30,18 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from streams.config import Settings
-from streams.domain import AttemptDispatched, CheckDeadlines, ThreadState
-from streams.records import DeadLetter, Dispatch, HistoryMessage
+from streams.domain import (
+    AttemptDispatched,
+    CheckDeadlines,
+    Event,
+    RetryScheduled,
+    RunAccepted,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    ThreadState,
+)
+from streams.records import DeadLetter, Dispatch, HistoryMessage, RunLifecycle, StreamOutput
 from streams.serialization import (
     DecodeError,
     EnvelopeMeta,
@@ -42,9 +52,10 @@ from streams.serialization import (
     encode_dispatch,
     encode_event,
     encode_state,
+    encode_stream,
 )
 from streams.state_store import PartitionStore, TableStores
-from streams.thread import apply, decide, next_deadline_ms
+from streams.thread import answer_message_id_for, apply, decide, next_deadline_ms
 from streams.topics import ensure_topics
 
 __all__ = ["Processor", "run_processor"]
@@ -269,6 +280,10 @@ class Processor:
                                   key, partition=partition)
             if isinstance(event, AttemptDispatched) and new_state is not None:
                 self._dispatch(event, new_state, event_meta, partition, key)
+            lifecycle = _lifecycle(event, new_state)
+            if lifecycle is not None:
+                self.producer.produce(self.topics.stream, encode_stream(lifecycle, event_meta),
+                                      key, partition=partition)
         if new_state is not None:
             encoded = encode_state(new_state)
             store.put(key, encoded)
@@ -340,6 +355,37 @@ class Processor:
                                     encode_command(CheckDeadlines(thread_id, now), meta), key)
                 part.ticks_sent[key] = now
         self.ticker.poll(0)
+
+
+_LIFECYCLE_NAMES: dict[type, str] = {
+    RunAccepted: "run_accepted", AttemptDispatched: "attempt_dispatched",
+    RetryScheduled: "retry_scheduled", RunCompleted: "run_completed",
+    RunFailed: "run_failed", RunCancelled: "run_cancelled",
+}
+
+
+def _lifecycle(event: Event, state: ThreadState | None) -> StreamOutput | None:
+    """The SSE-visible decisions, for the stream topic (see `RunLifecycle`)."""
+    name = _LIFECYCLE_NAMES.get(type(event))
+    if name is None or state is None:
+        return None
+    run_id: str = event.run_id  # type: ignore[union-attr]
+    record = state.runs.get(run_id)
+    user_message_id = record.message_id if record else ""
+    attempt, detail, message = 0, "", None
+    if isinstance(event, AttemptDispatched):
+        attempt = event.attempt
+    elif isinstance(event, RetryScheduled):
+        attempt, detail = event.failed_attempt, event.reason
+    elif isinstance(event, RunCompleted):
+        attempt, message = event.attempt, event.message
+    elif isinstance(event, RunFailed):
+        attempt, detail = event.attempt, event.error
+    elif isinstance(event, RunCancelled):
+        detail = event.reason
+    return StreamOutput(run_id=run_id, attempt=attempt, message_id=answer_message_id_for(run_id),
+                        part_id="lifecycle", seq=0,
+                        payload=RunLifecycle(name, user_message_id, detail, message))
 
 
 def run_processor(settings: Settings) -> int:

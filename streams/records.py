@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from streams.domain import Citation
+from streams.domain import AssistantMessage, Citation
 
 __all__ = [
     "CitationsOutput",
@@ -18,6 +18,7 @@ __all__ = [
     "HistoryMessage",
     "MessageEnd",
     "MessageStart",
+    "RunLifecycle",
     "StepOutput",
     "StreamOutput",
     "StreamPart",
@@ -93,8 +94,25 @@ class MessageEnd:
     finish_reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class RunLifecycle:
+    """A run's lifecycle decision, mirrored by the processor into the stream topic."""
+
+    event: str  # run_accepted | attempt_dispatched | retry_scheduled | run_completed | ...
+    user_message_id: str
+    detail: str
+    message: AssistantMessage | None = None
+
+
 StreamPart = (
-    MessageStart | TextStart | TextDelta | TextEnd | StepOutput | CitationsOutput | MessageEnd
+    MessageStart
+    | TextStart
+    | TextDelta
+    | TextEnd
+    | StepOutput
+    | CitationsOutput
+    | MessageEnd
+    | RunLifecycle
 )
 
 

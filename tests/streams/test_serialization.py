@@ -66,6 +66,7 @@ from streams.records import (
     HistoryMessage,
     MessageEnd,
     MessageStart,
+    RunLifecycle,
     StepOutput,
     StreamOutput,
     StreamPart,
@@ -140,6 +141,8 @@ PARTS: list[StreamPart] = [
     CitationsOutput(CITES),
     CitationsOutput(()),
     MessageEnd("stop"),
+    RunLifecycle("run_accepted", "m1", ""),
+    RunLifecycle("run_completed", "m1", "", AssistantMessage("a1", "Hello", (), CITES)),
 ]
 DISPATCH = Dispatch(
     "r1", "m3", 2, "agent-thread-1", "And tomorrow?",
