@@ -1,0 +1,119 @@
+"""A deterministic agent with no network: for development, demos and tests.
+
+It answers "You said: <message>." followed by words derived from a hash of the
+message, one token per word, at a fixed rate. Markers in the message text drive
+failure modes per message, so a test can pick its scenario by what it posts:
+
+    [fail]        fail the attempt after a few tokens, retryably
+    [fail-fatal]  fail it after a few tokens, not retryably
+    [hang]        stop after a few tokens and never finish (nor make progress)
+    [crash]       kill the whole worker process (exit status 137) after a few tokens
+    [slow]        stream at the slow rate instead of the normal one
+
+Settings (`settings.extra`):
+
+    THREADLINE_AGENT_TOKENS_PER_S       normal rate, default 50; 0 = as fast as possible
+    THREADLINE_AGENT_SLOW_TOKENS_PER_S  rate for [slow], default 5
+    THREADLINE_AGENT_WORDS              words after the echo, default 24
+    THREADLINE_AGENT_STEPS              "1": a tool call, its result and a citation
+                                        follow the text
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from streams.agents import AgentCitations, AgentError, AgentOutput, AgentStep, TextChunk
+from streams.config import Settings
+from streams.domain import Citation, Step
+from streams.records import HistoryMessage
+
+__all__ = ["BuiltinAgent", "reply_for"]
+
+# Tokens streamed before a [fail], [hang] or [crash] takes effect.
+TOKENS_BEFORE_TROUBLE = 3
+# Before exiting on [crash]: time for the producer to send the tokens already streamed.
+CRASH_GRACE_S = 0.3
+CRASH_EXIT_STATUS = 137
+
+_VOCABULARY = (
+    "stream", "event", "offset", "partition", "replica", "durable", "thread", "answer",
+    "token", "record", "broker", "commit", "worker", "attempt", "retry", "fence",
+    "ledger", "signal", "quiet", "river", "amber", "orbit", "lantern", "meadow",
+    "copper", "harbor", "violet", "summit", "willow", "cinder", "pebble", "thistle",
+)
+
+
+def reply_for(message: str, words: int) -> str:
+    """The builtin answer to `message`: the same message always gets the same reply."""
+    digest = hashlib.shake_256(message.encode("utf-8", "surrogatepass")).digest(max(words, 1))
+    tail = " ".join(_VOCABULARY[b % len(_VOCABULARY)] for b in digest[:words])
+    echo = f"You said: {message.strip()}."
+    return f"{echo} {tail}." if tail else echo
+
+
+def _tokens(reply: str) -> list[str]:
+    # Each token keeps the whitespace before it, so the tokens join to the reply.
+    return re.findall(r"\s*\S+", reply)
+
+
+def _float(extra: Mapping[str, str], name: str, default: float) -> float:
+    raw = extra.get(name)
+    return default if raw in (None, "") else float(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltinAgent:
+    tokens_per_s: float = 50.0
+    slow_tokens_per_s: float = 5.0
+    words: int = 24
+    steps: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> BuiltinAgent:
+        extra = settings.extra
+        return cls(
+            tokens_per_s=_float(extra, "THREADLINE_AGENT_TOKENS_PER_S", 50.0),
+            slow_tokens_per_s=_float(extra, "THREADLINE_AGENT_SLOW_TOKENS_PER_S", 5.0),
+            words=int(_float(extra, "THREADLINE_AGENT_WORDS", 24)),
+            steps=extra.get("THREADLINE_AGENT_STEPS", "") in ("1", "true", "yes"),
+        )
+
+    async def run(
+        self, history: Sequence[HistoryMessage], message: str
+    ) -> AsyncIterator[AgentOutput]:
+        rate = self.slow_tokens_per_s if "[slow]" in message else self.tokens_per_s
+        pause = 1.0 / rate if rate > 0 else 0.0
+        for index, token in enumerate(_tokens(reply_for(message, self.words))):
+            if index == TOKENS_BEFORE_TROUBLE:
+                await self._trouble(message)
+            await asyncio.sleep(pause)
+            yield TextChunk(token)
+        if self.steps:
+            query = json.dumps({"query": message})
+            yield AgentStep(Step("tool_call", "search", query))
+            yield AgentStep(Step("tool_result", "search", json.dumps({"hits": 1})))
+            source = hashlib.sha256(message.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+            yield AgentCitations((Citation(f"https://example.com/threadline/{source}",
+                                           "Threadline builtin source"),))
+
+    async def aclose(self) -> None:
+        return None
+
+    @staticmethod
+    async def _trouble(message: str) -> None:
+        if "[fail-fatal]" in message:
+            raise AgentError("builtin agent: [fail-fatal] requested", retryable=False)
+        if "[fail]" in message:
+            raise AgentError("builtin agent: [fail] requested", retryable=True)
+        if "[hang]" in message:
+            await asyncio.Event().wait()  # forever, until cancelled
+        if "[crash]" in message:
+            await asyncio.sleep(CRASH_GRACE_S)
+            os._exit(CRASH_EXIT_STATUS)
