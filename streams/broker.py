@@ -57,7 +57,8 @@ def ensure_jars() -> Path:
     if done.exists():
         return libs
     if shutil.which("mvn") is None:
-        raise BrokerError("Maven (mvn) is needed to fetch Apache Kafka; install it or set KAFKA_BOOTSTRAP_SERVERS")
+        raise BrokerError(
+            "Maven (mvn) is needed to fetch Apache Kafka; install it or set KAFKA_BOOTSTRAP_SERVERS")
     if not shutil.which("java"):
         raise BrokerError("Java 17 is needed to run the embedded Kafka broker")
     tmp = libs.with_name("libs.partial")
@@ -227,7 +228,8 @@ class EmbeddedKafka:
             except Exception as exc:  # not ready yet
                 last = exc
             time.sleep(0.2)
-        raise BrokerError(f"broker on {self.bootstrap} not ready after {wait_s}s ({last}); see {self.log_file}")
+        raise BrokerError(
+            f"broker on {self.bootstrap} not ready after {wait_s}s ({last}); see {self.log_file}")
 
     def stop(self, timeout_s: float = 30.0) -> None:
         proc, self.process = self.process, None

@@ -63,7 +63,8 @@ def _worker(settings: Settings) -> int:
 def _gateway(settings: Settings) -> int:
     from gateway.app import run_gateway
 
-    return run_gateway(settings)
+    code: int = run_gateway(settings)
+    return code
 
 
 def _run_all(settings: Settings) -> int:
@@ -100,7 +101,7 @@ def _run_all(settings: Settings) -> int:
         while not stop["now"]:
             for child in children:
                 if child.poll() is not None:
-                    print(f"threadline: {child.args[-1]} exited with {child.returncode}", flush=True)
+                    print(f"threadline: {child.args!r} exited with {child.returncode}", flush=True)
                     stop["now"] = True
             time.sleep(0.2)
     finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from types import MappingProxyType
 
 __all__ = [
@@ -217,7 +217,7 @@ Command = (
 # --- events: past tense, durable, the only way state changes ----------------
 
 
-class RejectReason(str, Enum):
+class RejectReason(StrEnum):
     CONFLICT = "conflict"  # another run is active on the thread
     DUPLICATE = "duplicate"  # the message id or idempotency key already ran
     UNKNOWN_THREAD = "unknown_thread"  # no such thread for this tenant
@@ -347,7 +347,7 @@ TERMINAL_EVENTS = (RunCompleted, RunFailed, RunCancelled)
 # --- state -------------------------------------------------------------------
 
 
-class RunStatus(str, Enum):
+class RunStatus(StrEnum):
     DISPATCHED = "dispatched"  # attempt handed to workers, not yet started
     RUNNING = "running"  # a worker reported the attempt started
     RETRY_WAIT = "retry_wait"  # waiting for the backoff before the next attempt

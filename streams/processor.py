@@ -25,6 +25,7 @@ import logging
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -74,6 +75,13 @@ def _now_ms() -> int:
 def _derived_id(parent: str, index: int) -> str:
     digest = hashlib.sha1(f"{parent}:{index}".encode(), usedforsecurity=False).digest()
     return str(uuid.UUID(bytes=digest[:16], version=5))
+
+
+def _position(msg: Message) -> tuple[str, int, int]:
+    """Topic, partition and offset of a consumed record (never None there)."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and partition is not None and offset is not None
+    return topic, partition, offset
 
 
 def instance_id_for(settings: Settings) -> str:
@@ -198,11 +206,12 @@ class Processor:
                     msg = restorer.poll(1.0)
                     if msg is None:
                         continue
-                    if msg.error():
-                        if msg.error().code() == KafkaError._PARTITION_EOF:
+                    error = msg.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
                             break
-                        raise KafkaException(msg.error())
-                    store.put(msg.key(), msg.value(), changelog_offset=msg.offset())
+                        raise KafkaException(error)
+                    store.put(msg.key() or b"", msg.value() or b"", changelog_offset=_position(msg)[2])
                     restored += 1
                 store.commit()
             for key, raw in store.items():
@@ -222,11 +231,13 @@ class Processor:
         touched: dict[tuple[int, bytes], ThreadState | None] = {}
         try:
             for msg in batch:
-                if msg.error():
-                    if msg.error().code() != KafkaError._PARTITION_EOF:
-                        log.warning("consume error: %s", msg.error())
+                error = msg.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        log.warning("consume error: %s", error)
                     continue
-                positions[(msg.topic(), msg.partition())] = msg.offset() + 1
+                topic, partition, offset = _position(msg)
+                positions[(topic, partition)] = offset + 1
                 self._process(msg, touched)
             offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
             self.producer.send_offsets_to_transaction(
@@ -254,7 +265,7 @@ class Processor:
         raise exc  # fatal (fenced or broken): crash, a restart recovers from Kafka
 
     def _process(self, msg: Message, touched: dict[tuple[int, bytes], ThreadState | None]) -> None:
-        partition = msg.partition()
+        _, partition, _ = _position(msg)
         key = msg.key() or b""
         try:
             meta, command = decode_command(msg.value() or b"")
@@ -287,11 +298,18 @@ class Processor:
         if new_state is not None:
             encoded = encode_state(new_state)
             store.put(key, encoded)
-            self.producer.produce(
-                self.topics.threads, encoded, key, partition=partition,
-                on_delivery=lambda err, m, s=store: s.note_offset(m.offset()) if err is None else None)
+            self.producer.produce(self.topics.threads, encoded, key, partition=partition,
+                                  on_delivery=self._changelog_delivered(store))
         self.cache[key] = new_state
         touched[(partition, key)] = new_state
+
+    @staticmethod
+    def _changelog_delivered(store: PartitionStore) -> Callable[[KafkaError | None, Message], None]:
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is None:
+                store.note_offset(_position(msg)[2])
+
+        return delivered
 
     def _load(self, store: PartitionStore, key: bytes) -> ThreadState | None:
         if key in self.cache:
@@ -317,14 +335,15 @@ class Processor:
                               partition=partition)
 
     def _dead_letter(self, msg: Message, reason: str, error_type: str) -> None:
-        log.warning("dead-lettering %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), reason)
-        record = DeadLetter(source_topic=msg.topic(), source_partition=msg.partition(),
-                            source_offset=msg.offset(), key=msg.key(), value=msg.value() or b"",
-                            reason=reason, error_type=error_type, failed_at_ms=_now_ms())
+        topic, partition, offset = _position(msg)
+        log.warning("dead-lettering %s[%d]@%d: %s", topic, partition, offset, reason)
+        record = DeadLetter(source_topic=topic, source_partition=partition, source_offset=offset,
+                            key=msg.key(), value=msg.value() or b"", reason=reason,
+                            error_type=error_type, failed_at_ms=_now_ms())
         # Compacted topics refuse null keys; a keyless record is keyed by its position.
-        key = msg.key() or f"{msg.topic()}/{msg.partition()}/{msg.offset()}".encode()
+        key = msg.key() or f"{topic}/{partition}/{offset}".encode()
         self.producer.produce(self.topics.dead_letter, encode_dead_letter(record), key,
-                              partition=msg.partition())
+                              partition=partition)
 
     # --- the clock ----------------------------------------------------------------
 

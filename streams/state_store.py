@@ -74,7 +74,7 @@ class PartitionStore:
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         for key, value in self._db.items():
-            if key != _CHECKPOINT:
+            if isinstance(key, bytes) and key != _CHECKPOINT:
                 yield key, value
 
     def close(self) -> None:

@@ -10,7 +10,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+)
 
 from streams.config import Settings
 
@@ -77,7 +81,7 @@ def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[TopicSpec
             [NewTopic(s.name, s.partitions, s.replication_factor, config=s.config) for s in missing],
             operation_timeout=timeout_s,
         )
-        for name, fut in futures.items():
+        for fut in futures.values():
             try:
                 fut.result()
             except Exception as exc:  # a racing creator is fine

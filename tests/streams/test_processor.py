@@ -97,7 +97,8 @@ def test_a_run_goes_from_post_to_completion_through_kafka_alone(
     assert completed.message.text == "the answer"
     states = read_topic(settings, settings.topics.threads, decode_state,
                         until=lambda r: any(s.active_run is None and len(s.messages) == 2 for s in r))
-    assert [(m.role, m.text) for m in states[-1].messages] == [("user", "hi there"), ("assistant", "the answer")]
+    assert [(m.role, m.text) for m in states[-1].messages] == [
+        ("user", "hi there"), ("assistant", "the answer")]
 
 
 def test_concurrent_posts_to_one_thread_accept_exactly_one(
