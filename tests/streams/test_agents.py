@@ -179,7 +179,8 @@ async def test_openai_streams_text_and_sends_history(fake_openai: FakeOpenAI) ->
 
 
 async def test_openai_parses_events_split_across_writes(fake_openai: FakeOpenAI) -> None:
-    whole = b": keep-alive\n\n" + _chunk("a b") + b"event: x\r\n" + _chunk("c") + b"data: [DONE]\n\n"
+    whole = (b": keep-alive\n\n" + _chunk("a b") + b"event: x\r\n" + _chunk("c")
+             + b"data: [DONE]\n\n")
 
     async def split(request: web.Request) -> web.StreamResponse:
         return await _sse(request, [whole[i:i + 7] for i in range(0, len(whole), 7)])
@@ -194,7 +195,9 @@ async def test_openai_parses_events_split_across_writes(fake_openai: FakeOpenAI)
 
 @pytest.mark.parametrize(("status", "retryable"), [(429, True), (500, True), (503, True),
                                                    (400, False), (401, False), (404, False)])
-async def test_openai_maps_http_errors(fake_openai: FakeOpenAI, status: int, retryable: bool) -> None:
+async def test_openai_maps_http_errors(
+    fake_openai: FakeOpenAI, status: int, retryable: bool
+) -> None:
     async def refuse(request: web.Request) -> web.StreamResponse:
         return web.json_response({"error": {"message": "no"}}, status=status)
 
