@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     ConfigResource,
@@ -91,6 +92,19 @@ def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[TopicSpec
     return specs
 
 
+def _cleanup_policy(admin: AdminClient, topic: str, deadline: float) -> str:
+    # A broker that has not yet heard of a new topic answers UNKNOWN_TOPIC_OR_PART.
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    while True:
+        try:
+            value: str = admin.describe_configs([resource])[resource].result()["cleanup.policy"].value
+            return value
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _verify(admin: AdminClient, specs: list[TopicSpec], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -105,10 +119,8 @@ def _verify(admin: AdminClient, specs: list[TopicSpec], timeout_s: float) -> Non
         n = len(topics[s.name].partitions)
         if n != s.partitions:
             problems.append(f"{s.name}: has {n} partitions, the contract says {s.partitions}")
-    resources = [ConfigResource(ConfigResource.Type.TOPIC, s.name) for s in specs]
-    for res, fut in admin.describe_configs(resources).items():
-        spec = next(s for s in specs if s.name == res.name)
-        actual = fut.result()["cleanup.policy"].value
+    for spec in specs:
+        actual = _cleanup_policy(admin, spec.name, deadline)
         if set(actual.split(",")) != set(spec.config["cleanup.policy"].split(",")):
             problems.append(f"{spec.name}: cleanup.policy={actual}, the contract says "
                             f"{spec.config['cleanup.policy']}")
