@@ -1,0 +1,100 @@
+"""The gateway application: the app factory and `run_gateway`.
+
+`create_app(settings)` wires the routes, the middlewares (problem+json, API keys),
+the shared objects under `web.AppKey`s (`gateway.keys`), one `cleanup_ctx` that
+starts the Kafka clients and background tasks (threads read model, decisions
+consumer and command producer, stream feed) and stops them after, and an
+`on_shutdown` hook that ends every open SSE stream so shutdown does not wait on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from gateway import rest, streaming
+from gateway.auth import RedactingAccessLogger, auth_middleware
+from gateway.decisions import CommandBus
+from gateway.feed import StreamFeed
+from gateway.health import HEALTH, HealthProbe, healthz
+from gateway.keys import BUS, FEED, OPTIONS, READ_MODEL, SETTINGS, Options
+from gateway.openapi import openapi
+from gateway.problems import problem_middleware
+from gateway.read_model import ReadModel
+from streams.config import Settings
+from streams.domain import Event
+from streams.topics import ensure_topics
+
+__all__ = ["Options", "create_app", "run_gateway"]
+
+log = logging.getLogger("threadline.gateway")
+
+
+def create_app(settings: Settings, options: Options | None = None) -> web.Application:
+    """The gateway as an aiohttp application; Kafka clients start with the app."""
+    # Room for the longest allowed input in UTF-8 plus the JSON around it.
+    max_body = settings.policy.max_input_chars * 4 + 16_384
+    app = web.Application(client_max_size=max_body, middlewares=[
+        problem_middleware, auth_middleware(settings.api_keys)])
+    options = options or Options()
+    read_model = ReadModel(settings, options.catch_up_timeout_s)
+    bus = CommandBus(settings)
+
+    def changed(event: Event) -> None:  # reads of a thread that just changed catch up first
+        read_model.note_write(event.thread_id)
+
+    bus.on_event = changed
+    app[SETTINGS], app[OPTIONS], app[READ_MODEL], app[BUS] = settings, options, read_model, bus
+    app[FEED] = StreamFeed(settings, read_model, window_events=options.window_events,
+                           max_windows=options.max_windows, queue_limit=options.queue_limit)
+    app[HEALTH] = HealthProbe(settings.bootstrap)
+    app.cleanup_ctx.append(_kafka)
+    app.on_shutdown.append(_close_streams)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/openapi.json", openapi)
+    app.router.add_post("/v1/threads", rest.create_thread)
+    app.router.add_get("/v1/threads/{thread_id}", rest.get_thread)
+    app.router.add_get("/v1/threads/{thread_id}/messages", rest.list_messages)
+    app.router.add_post("/v1/threads/{thread_id}/user_message", rest.post_user_message)
+    app.router.add_post("/v1/threads/{thread_id}/runs/{run_id}/cancel", rest.cancel_run)
+    app.router.add_get("/v1/threads/{thread_id}/stream", streaming.thread_stream)
+    app.router.add_get("/v1/runs/{run_id}/events", streaming.run_events)
+    return app
+
+
+async def _kafka(app: web.Application) -> AsyncIterator[None]:
+    await asyncio.to_thread(ensure_topics, app[SETTINGS])
+    started: list[ReadModel | CommandBus | StreamFeed] = []
+    try:
+        # In this order: the feed's start reads the loaded read model.
+        for client in (app[READ_MODEL], app[BUS], app[FEED]):
+            await client.start()
+            started.append(client)
+        yield
+    finally:
+        for client in reversed(started):
+            try:
+                await client.stop()
+            except Exception:
+                log.exception("stopping %s", type(client).__name__)
+
+
+async def _close_streams(app: web.Application) -> None:
+    app[FEED].close_all("shutdown")
+
+
+def run_gateway(settings: Settings) -> int:
+    """Serve on settings.http_host:settings.http_port until SIGINT or SIGTERM."""
+    host, port = settings.http_host, settings.http_port
+
+    def announce(*_: object, **__: object) -> None:
+        print(f"threadline gateway listening on http://{host}:{port} "
+              f"(Kafka {settings.bootstrap}, topics {settings.topic_prefix}*)", flush=True)
+
+    logging.getLogger("aiohttp.access").setLevel(logging.INFO)
+    web.run_app(create_app(settings), host=host, port=port, print=announce,
+                access_log_class=RedactingAccessLogger, shutdown_timeout=10)
+    return 0

@@ -1,0 +1,266 @@
+"""The fan-out: one stream-topic consumer per gateway process feeds every SSE client.
+
+The consumer has no group: it reads every partition, read_committed. Each record
+goes through the `RunTracker` (the superseded-execution filter) as it is ingested,
+then into a bounded per-thread window of recent events and into the bounded queue
+of each subscriber of that thread. A subscriber that falls `queue_limit` events
+behind is closed; its client reconnects with Last-Event-ID.
+
+Coverage: a thread's window holds every event of that thread after
+`covered_after`; older positions are replayed from Kafka (`gateway.replay`).
+The feed starts at the end of each partition, or earlier where a run was active at
+start-up (found in the read model), so that it sees every active run from its
+`run_accepted` record and its filter state matches a replay from the run's start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from gateway.kafka import new_consumer, partition_for, run_forever, stop_task, topic_partitions
+from gateway.read_model import ReadModel
+from gateway.sse import Position, RunTracker, SseEvent, make_events
+from streams.config import Settings
+from streams.records import RunLifecycle
+from streams.serialization import DecodeError, decode_stream
+
+__all__ = ["AFTER_ALL_SUBS", "StreamFeed", "Subscriber"]
+
+log = logging.getLogger("threadline.gateway")
+
+AFTER_ALL_SUBS = 1 << 20
+
+
+class Subscriber:
+    """One SSE client's queue of live events (of a thread, or of one run)."""
+
+    __slots__ = ("closed", "limit", "pending", "run_id", "thread_id", "wake")
+
+    def __init__(self, thread_id: str, run_id: str | None, limit: int) -> None:
+        self.thread_id, self.run_id, self.limit = thread_id, run_id, limit
+        self.pending: deque[SseEvent] = deque()
+        self.wake = asyncio.Event()
+        self.closed: str | None = None  # why: "overflow" | "shutdown"
+
+    def push(self, event: SseEvent) -> None:
+        if self.closed is not None or (self.run_id is not None and event.run_id != self.run_id):
+            return
+        if len(self.pending) >= self.limit:
+            self.close("overflow")
+            return
+        self.pending.append(event)
+        self.wake.set()
+
+    def close(self, reason: str) -> None:
+        if self.closed is None:
+            self.closed = reason
+        self.wake.set()
+
+    async def next_batch(self, timeout_s: float) -> list[SseEvent]:
+        """The queued events, waiting up to `timeout_s` for one; [] on timeout."""
+        if not self.pending and self.closed is None:
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout_s)
+            except TimeoutError:
+                return []
+        self.wake.clear()
+        batch = list(self.pending)
+        self.pending.clear()
+        return batch
+
+
+@dataclass(slots=True)
+class _Window:
+    partition: int
+    covered_after: Position
+    events: deque[SseEvent] = field(default_factory=deque)
+    subscribers: set[Subscriber] = field(default_factory=set)
+    active_run: str | None = None
+
+
+class StreamFeed:
+    def __init__(self, settings: Settings, read_model: ReadModel, *, window_events: int = 2_000,
+                 max_windows: int = 20_000, queue_limit: int = 10_000,
+                 backfill_margin_ms: int = 60_000) -> None:
+        self.settings = settings
+        self.read_model = read_model
+        self.window_events = window_events
+        self.max_windows = max_windows
+        self.queue_limit = queue_limit
+        self.backfill_margin_ms = backfill_margin_ms
+        self.topic = settings.topics.stream
+        self.tracker = RunTracker()
+        self.start_offsets: dict[int, int] = {}
+        self.last_offsets: dict[int, int] = {}
+        self.subscribers: set[Subscriber] = set()
+        self._windows: OrderedDict[str, _Window] = OrderedDict()
+        self._dropped_floor: dict[int, Position] = {}
+        self._consumer_: AIOKafkaConsumer | None = None  # made in start(): needs the loop
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def _consumer(self) -> AIOKafkaConsumer:
+        assert self._consumer_ is not None, "StreamFeed.start() first"
+        return self._consumer_
+
+    async def start(self, load_timeout_s: float = 120.0) -> None:
+        consumer = self._consumer_ = new_consumer(self.settings)
+        await consumer.start()
+        tps = topic_partitions(self.settings, self.topic)
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)  # last stable offsets (read_committed)
+        begins = await consumer.beginning_offsets(tps)
+        # The read model must reflect at least every run accepted before `ends`.
+        if not await self.read_model.wait_loaded(load_timeout_s):
+            log.warning("stream feed: the threads read model did not load in time")
+        await self.read_model.catch_up()
+        earliest: dict[TopicPartition, int] = {}
+        for thread_id, _run_id, accepted_ms in self.read_model.active_runs():
+            tp = TopicPartition(self.topic, partition_for(thread_id, self.settings.partitions))
+            at = max(0, accepted_ms - self.backfill_margin_ms)
+            earliest[tp] = min(earliest.get(tp, at), at)
+        found = await consumer.offsets_for_times(earliest) if earliest else {}
+        for tp in tps:
+            start = ends[tp]
+            hit = found.get(tp)
+            if hit is not None:
+                start = min(start, hit.offset)
+            start = max(start, begins[tp])
+            consumer.seek(tp, start)
+            self.start_offsets[tp.partition] = start
+            self.last_offsets[tp.partition] = start - 1
+        log.info("stream feed starts at %s (ends %s)", self.start_offsets,
+                 {tp.partition: o for tp, o in ends.items()})
+        self._task = asyncio.create_task(run_forever("stream feed", self._step))
+
+    async def stop(self) -> None:
+        self.close_all("shutdown")
+        await stop_task(self._task)
+        if self._consumer_ is not None:
+            await self._consumer_.stop()
+
+    def close_all(self, reason: str) -> None:
+        for sub in list(self.subscribers):
+            sub.close(reason)
+
+    def partition_of(self, thread_id: str) -> int:
+        return partition_for(thread_id, self.settings.partitions)
+
+    # --- subscribers ----------------------------------------------------------------
+
+    def subscribe(self, thread_id: str, run_id: str | None = None) -> \
+            tuple[Subscriber, list[SseEvent], Position]:
+        """Register a live subscriber; also return the window's events (filtered to
+        `run_id`) and the position after which the window is complete.
+
+        Synchronous, so nothing ingested falls between the snapshot and the queue."""
+        window = self._window(thread_id)
+        sub = Subscriber(thread_id, run_id, self.queue_limit)
+        window.subscribers.add(sub)
+        self.subscribers.add(sub)
+        snapshot = [e for e in window.events if e.position > window.covered_after
+                    and (run_id is None or e.run_id == run_id)]
+        return sub, snapshot, window.covered_after
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        self.subscribers.discard(sub)
+        window = self._windows.get(sub.thread_id)
+        if window is not None:
+            window.subscribers.discard(sub)
+
+    async def end_offset(self, partition: int) -> int:
+        """The partition's last stable offset now."""
+        tp = TopicPartition(self.topic, partition)
+        return int((await self._consumer.end_offsets([tp]))[tp])
+
+    async def catch_up(self, partition: int, timeout_s: float = 5.0) -> bool:
+        """Wait until the feed has ingested the partition up to its end now."""
+        tp = TopicPartition(self.topic, partition)
+        deadline = time.monotonic() + timeout_s
+        end = await self.end_offset(partition)
+        while await self._consumer.position(tp) < end:
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
+
+    def active_run(self, thread_id: str) -> tuple[str, int] | None:
+        """The thread's run in progress as the feed has seen it: (run id, start offset)."""
+        window = self._windows.get(thread_id)
+        if window is None or window.active_run is None:
+            return None
+        state = self.tracker.runs.get(window.active_run)
+        return None if state is None else (window.active_run, state.start)
+
+    def stats(self) -> dict[str, object]:
+        return {"subscribers": len(self.subscribers), "windows": len(self._windows),
+                "start_offsets": dict(self.start_offsets),
+                "positions": {p: o + 1 for p, o in self.last_offsets.items()}}
+
+    # --- ingestion --------------------------------------------------------------------
+
+    def _window(self, thread_id: str) -> _Window:
+        window = self._windows.get(thread_id)
+        if window is not None:
+            self._windows.move_to_end(thread_id)
+            return window
+        partition = self.partition_of(thread_id)
+        floor = (self.start_offsets.get(partition, 0), -1)
+        window = _Window(partition, max(floor, self._dropped_floor.get(partition, floor)))
+        self._windows[thread_id] = window
+        if len(self._windows) > self.max_windows:
+            self._evict(keep=thread_id)
+        return window
+
+    def _evict(self, keep: str) -> None:
+        for thread_id, window in self._windows.items():
+            if not window.subscribers and thread_id != keep:
+                del self._windows[thread_id]
+                # A window made later for any thread of the partition covers only
+                # what comes after this point.
+                here = (self.last_offsets.get(window.partition, -1), AFTER_ALL_SUBS)
+                self._dropped_floor[window.partition] = max(
+                    here, self._dropped_floor.get(window.partition, here))
+                return
+
+    async def _step(self) -> None:
+        batch = await self._consumer.getmany(timeout_ms=1000, max_records=2000)
+        for tp, records in batch.items():
+            for record in records:
+                self.ingest(tp.partition, record)
+
+    def ingest(self, partition: int, record: ConsumerRecord[bytes, bytes]) -> None:
+        self.last_offsets[partition] = record.offset
+        try:
+            meta, output = decode_stream(record.value or b"")
+        except DecodeError as exc:
+            log.warning("stream %d@%d is undecodable: %s", partition, record.offset, exc)
+            return
+        thread_id = meta.thread_id
+        state = self.tracker.admit(thread_id, record.offset, output)
+        if state is None:
+            if self.tracker.unknown:
+                # A run whose start the feed did not see: only Kafka can replay it.
+                window = self._window(thread_id)
+                window.covered_after = max(window.covered_after, (record.offset, AFTER_ALL_SUBS))
+            return
+        window = self._window(thread_id)
+        for event in make_events(partition, record.offset, state.start, meta, output):
+            window.events.append(event)
+            for sub in list(window.subscribers):
+                sub.push(event)
+        if isinstance(output.payload, RunLifecycle):
+            if output.payload.event == "run_accepted":
+                window.active_run = output.run_id
+            elif state.terminal and window.active_run == output.run_id:
+                window.active_run = None
+        while len(window.events) > self.window_events:
+            dropped = window.events.popleft()
+            window.covered_after = max(window.covered_after, dropped.position)

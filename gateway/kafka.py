@@ -1,0 +1,61 @@
+"""Small aiokafka helpers shared by the gateway's Kafka clients."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.partitioner import murmur2
+
+from streams.config import Settings
+
+__all__ = ["new_consumer", "partition_for", "run_forever", "stop_task", "topic_partitions"]
+
+log = logging.getLogger("threadline.gateway")
+
+
+def partition_for(thread_id: str, partitions: int) -> int:
+    """The partition of a thread's records: Kafka's murmur2 partitioner on the key."""
+    return int(murmur2(thread_id.encode()) & 0x7FFFFFFF) % partitions
+
+
+def topic_partitions(settings: Settings, topic: str) -> list[TopicPartition]:
+    # The topic contract (checked by ensure_topics) fixes the partition count.
+    return [TopicPartition(topic, p) for p in range(settings.partitions)]
+
+
+def new_consumer(settings: Settings, **overrides: object) -> AIOKafkaConsumer:
+    """A group-less, read_committed consumer; the caller assigns partitions."""
+    config: dict[str, object] = {
+        "bootstrap_servers": settings.bootstrap,
+        "group_id": None,
+        "enable_auto_commit": False,
+        "isolation_level": "read_committed",
+        "auto_offset_reset": "earliest",
+        "fetch_max_wait_ms": 100,
+    }
+    config.update(overrides)
+    return AIOKafkaConsumer(**config)
+
+
+async def run_forever(name: str, step: Callable[[], Awaitable[None]]) -> None:
+    """Call `step` until cancelled; log and back off on errors instead of dying."""
+    while True:
+        try:
+            await step()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s failed; retrying", name)
+            await asyncio.sleep(1.0)
+
+
+async def stop_task(task: asyncio.Task[None] | None) -> None:
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -1,0 +1,34 @@
+"""Typed keys of the objects the gateway app shares between handlers, and its tunables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gateway.decisions import CommandBus
+from gateway.feed import StreamFeed
+from gateway.read_model import ReadModel
+from streams.config import Settings
+
+__all__ = ["BUS", "FEED", "OPTIONS", "READ_MODEL", "SETTINGS", "Options"]
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Knobs of one gateway process (defaults suit production; tests shrink them)."""
+
+    keepalive_s: float = 15.0
+    retry_ms: int = 2_000
+    window_events: int = 2_000  # per thread
+    max_windows: int = 20_000
+    queue_limit: int = 10_000  # per SSE client
+    catch_up_timeout_s: float = 5.0
+    health_timeout_s: float = 3.0
+
+
+SETTINGS = web.AppKey("settings", Settings)
+OPTIONS = web.AppKey("options", Options)
+BUS = web.AppKey("bus", CommandBus)
+READ_MODEL = web.AppKey("read_model", ReadModel)
+FEED = web.AppKey("feed", StreamFeed)

@@ -1,0 +1,278 @@
+"""Server-sent events made from stream-topic records: ids, frames and the run filter.
+
+Pure: no I/O. The shared feed (`gateway.feed`) and the per-request Kafka replay
+(`gateway.replay`) both turn records into events with the same `RunTracker`, so an
+event has the same id, name and data whichever path delivers it.
+
+Event ids are opaque to clients: base64url of ``v1.{partition}.{offset}.{sub}.
+{run_start}.{run_id}``. ``sub`` numbers the events made from one record (a terminal
+lifecycle record makes two: the lifecycle event and ``done``); ``run_start`` is the
+offset of the run's ``run_accepted`` record, where a replay from Kafka starts reading
+so that its filter state equals the feed's.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from streams.records import (
+    CitationsOutput,
+    MessageEnd,
+    MessageStart,
+    RunLifecycle,
+    StepOutput,
+    StreamOutput,
+    TextDelta,
+    TextEnd,
+    TextStart,
+)
+from streams.serialization import EnvelopeMeta
+from streams.thread import answer_message_id_for
+
+__all__ = [
+    "TERMINAL",
+    "BadEventId",
+    "EventId",
+    "Position",
+    "RunState",
+    "RunTracker",
+    "SseEvent",
+    "comment_frame",
+    "execution_of",
+    "make_events",
+    "not_streaming_frame",
+    "retry_frame",
+]
+
+Position = tuple[int, int]  # (offset, sub): the order of events within a partition
+
+TERMINAL = frozenset({"run_completed", "run_failed", "run_cancelled"})
+_MAX_ID_CHARS = 512
+_ID_TEXT = re.compile(r"v1\.(\d{1,6})\.(-?\d{1,19})\.(-?\d{1,3})\.(-?\d{1,19})\.([0-9A-Za-z-]{1,64})")
+
+
+class BadEventId(ValueError):
+    """A Last-Event-ID (or last_event_id) that this gateway did not make."""
+
+
+@dataclass(frozen=True, slots=True)
+class EventId:
+    partition: int
+    offset: int
+    sub: int
+    run_start: int
+    run_id: str
+
+    @property
+    def position(self) -> Position:
+        return (self.offset, self.sub)
+
+    def encode(self) -> str:
+        text = f"v1.{self.partition}.{self.offset}.{self.sub}.{self.run_start}.{self.run_id}"
+        return base64.urlsafe_b64encode(text.encode()).rstrip(b"=").decode()
+
+    @classmethod
+    def decode(cls, token: str) -> EventId:
+        if not token or len(token) > _MAX_ID_CHARS:
+            raise BadEventId("event id is empty or too long")
+        try:
+            text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("ascii")
+        except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
+            raise BadEventId("event id is not base64url") from exc
+        match = _ID_TEXT.fullmatch(text)
+        if match is None:
+            raise BadEventId("event id is not one of this gateway's ids")
+        partition, offset, sub, start = (int(g) for g in match.groups()[:4])
+        if offset < 0 or sub < -1 or start < -1:
+            raise BadEventId("event id names an impossible position")
+        return cls(partition, offset, sub, start, match.group(5))
+
+
+@dataclass(frozen=True, slots=True)
+class SseEvent:
+    """One event as sent: its place in the partition, and its frame bytes."""
+
+    partition: int
+    offset: int
+    sub: int
+    run_start: int
+    run_id: str
+    name: str
+    frame: bytes
+
+    @property
+    def position(self) -> Position:
+        return (self.offset, self.sub)
+
+    @property
+    def terminal(self) -> bool:
+        return self.name == "done"
+
+
+def _frame(event_id: str, name: str, data: str) -> bytes:
+    return f"id: {event_id}\nevent: {name}\ndata: {data}\n\n".encode()
+
+
+def retry_frame(retry_ms: int) -> bytes:
+    return f"retry: {retry_ms}\n\n".encode()
+
+
+def comment_frame(text: str) -> bytes:
+    return f": {text}\n\n".encode()
+
+
+def not_streaming_frame(thread_id: str, run_id: str | None) -> bytes:
+    """The replay position is gone from the topic: fetch the message over REST.
+
+    No id line, so a reconnect resumes from the last real event id.
+    """
+    data = {
+        "thread_id": thread_id,
+        "run_id": run_id,
+        "message_id": answer_message_id_for(run_id) if run_id else None,
+        "detail": "the stream of this message is no longer retained; "
+                  "GET /v1/threads/{thread_id}/messages has it",
+    }
+    return f"event: message_not_streaming\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _payload_fields(output: StreamOutput) -> tuple[str, dict[str, Any]]:
+    payload = output.payload
+    match payload:
+        case MessageStart():
+            return "message_start", {"role": payload.role}
+        case TextStart():
+            return "text_start", {}
+        case TextDelta():
+            return "text_delta", {"delta": payload.delta}
+        case TextEnd():
+            return "text_end", {"text": payload.text}
+        case StepOutput():
+            return "step", {"kind": payload.kind, "name": payload.name,
+                            "payload_json": payload.payload_json}
+        case CitationsOutput():
+            return "citations", {"citations": [{"url": c.url, "title": c.title}
+                                               for c in payload.citations]}
+        case MessageEnd():
+            return "message_end", {"finish_reason": payload.finish_reason}
+        case RunLifecycle():
+            fields: dict[str, Any] = {"user_message_id": payload.user_message_id,
+                                      "detail": payload.detail}
+            if payload.message is not None:
+                m = payload.message
+                fields["message"] = {
+                    "message_id": m.message_id, "text": m.text,
+                    "steps": [{"kind": s.kind, "name": s.name, "payload_json": s.payload_json}
+                              for s in m.steps],
+                    "citations": [{"url": c.url, "title": c.title} for c in m.citations],
+                }
+            return payload.event, fields
+    raise TypeError(f"unknown stream payload {type(payload).__name__}")
+
+
+def make_events(partition: int, offset: int, run_start: int, meta: EnvelopeMeta,
+                output: StreamOutput) -> list[SseEvent]:
+    """The SSE events of one admitted record, in order (sub 0, 1, ...)."""
+    name, fields = _payload_fields(output)
+    data = {"thread_id": meta.thread_id, "run_id": output.run_id, "attempt": output.attempt,
+            "message_id": output.message_id, **fields}
+    named = [(name, json.dumps(data, separators=(",", ":")))]
+    if name in TERMINAL:
+        named.append(("done", "[DONE]"))
+    events = []
+    for sub, (event_name, text) in enumerate(named):
+        event_id = EventId(partition, offset, sub, run_start, output.run_id).encode()
+        events.append(SseEvent(partition, offset, sub, run_start, output.run_id, event_name,
+                               _frame(event_id, event_name, text)))
+    return events
+
+
+def execution_of(part_id: str) -> str:
+    """The execution a record belongs to: `part_id` up to its first ':'."""
+    return part_id.split(":", 1)[0]
+
+
+@dataclass(slots=True)
+class RunState:
+    """What the filter knows of one run, from its `run_accepted` record on."""
+
+    thread_id: str
+    start: int  # offset of the run_accepted record
+    min_attempt: int = 0
+    attempt: int = 0  # attempt of the current execution
+    execution: str | None = None
+    last_seq: int = -1
+    terminal: bool = False
+
+
+class RunTracker:
+    """Decides which records reach clients: the superseded-execution filter.
+
+    A run is known from its `run_accepted` lifecycle record; records of a run whose
+    start this tracker did not see are dropped (`admit` returns None and
+    `unknown` is set), so two trackers that read from the run's start agree.
+    A `MessageStart` of attempt >= the current one makes its execution current;
+    output of any other execution, of attempts the processor has moved past
+    (`attempt_dispatched`, `retry_scheduled`), repeats (seq not increasing) and
+    anything after the terminal lifecycle record is dropped.
+    """
+
+    def __init__(self, max_finished: int = 50_000) -> None:
+        self.runs: dict[str, RunState] = {}
+        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._max_finished = max_finished
+        self.unknown = False  # set by the last `admit`: dropped for want of history
+
+    def admit(self, thread_id: str, offset: int, output: StreamOutput) -> RunState | None:
+        self.unknown = False
+        payload = output.payload
+        state = self.runs.get(output.run_id)
+        if isinstance(payload, RunLifecycle) and payload.event == "run_accepted":
+            if state is not None:
+                return None
+            state = self.runs[output.run_id] = RunState(thread_id, offset)
+            return state
+        if state is None:
+            self.unknown = True
+            return None
+        if state.terminal or state.thread_id != thread_id:
+            return None
+        if isinstance(payload, RunLifecycle):
+            return self._lifecycle(state, output.run_id, payload.event, output.attempt)
+        if output.attempt < state.min_attempt:
+            return None
+        execution = execution_of(output.part_id)
+        same = state.execution == execution and state.attempt == output.attempt
+        if isinstance(payload, MessageStart) and not (same and output.seq <= state.last_seq):
+            if state.execution is not None and output.attempt < state.attempt:
+                return None
+            state.attempt, state.execution, state.last_seq = output.attempt, execution, output.seq
+            return state
+        if not same or output.seq <= state.last_seq:
+            return None
+        state.last_seq = output.seq
+        return state
+
+    def _lifecycle(self, state: RunState, run_id: str, event: str,
+                   attempt: int) -> RunState | None:
+        if event == "attempt_dispatched":
+            state.min_attempt = max(state.min_attempt, attempt)
+        elif event == "retry_scheduled":
+            state.min_attempt = max(state.min_attempt, attempt + 1)
+        elif event in TERMINAL:
+            state.terminal = True
+            self._finished[run_id] = None
+            while len(self._finished) > self._max_finished:
+                old, _ = self._finished.popitem(last=False)
+                self.runs.pop(old, None)
+        else:
+            return state
+        if state.attempt < state.min_attempt:
+            state.execution = None
+        return state

@@ -1,0 +1,219 @@
+"""The SSE endpoints: a thread's stream (every run) and one run's events.
+
+Where a stream starts:
+
+* `Last-Event-ID` (header), or the `last_event_id` / `last_entry_id` query
+  parameter (the reference API's entry id is our event id): right after that event.
+* `last_message_id` alone (reference API): the client holds that message, so the
+  stream starts as a fresh one would; the id must be a message of the thread.
+* otherwise, a thread stream starts at the `run_accepted` of the run in progress,
+  or live if none; a run stream starts at the run's `run_accepted`.
+
+Events older than the feed's window are replayed from Kafka first, then the window,
+then the live queue; positions only go up, so the joins have no gap or duplicate.
+A position that retention removed gets `message_not_streaming` and the stream goes
+on as a fresh one would (thread) or closes (run). A run stream closes after `done`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gateway.auth import TENANT
+from gateway.feed import AFTER_ALL_SUBS, Subscriber
+from gateway.keys import FEED, OPTIONS, READ_MODEL, SETTINGS
+from gateway.problems import Problem
+from gateway.replay import ReplayGone, replay
+from gateway.sse import (
+    BadEventId,
+    EventId,
+    Position,
+    SseEvent,
+    comment_frame,
+    not_streaming_frame,
+    retry_frame,
+)
+from streams.domain import ThreadState
+
+__all__ = ["run_events", "thread_stream"]
+
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
+               "X-Accel-Buffering": "no"}
+FIND_RUN_MARGIN_MS = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    after: Position  # deliver events after this position
+    scan_from: int  # where a Kafka replay starts reading (the run's start)
+    run_id: str | None  # the run the position is in, for message_not_streaming
+    from_time_ms: int | None = None  # find the run by time (its start is unknown)
+
+
+def _not_found(what: str) -> Problem:
+    return Problem(404, "not-found", f"no such {what}")
+
+
+async def _resume(request: web.Request, partition: int, state: ThreadState,
+                  run_id: str | None) -> _Plan | None:
+    token = (request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
+             or request.query.get("last_entry_id"))
+    message_id = request.query.get("last_message_id")
+    if message_id is not None and not any(
+            m.message_id == message_id for m in state.messages):
+        raise Problem(400, "bad-last-event-id", "last_message_id is not a message of this thread")
+    if not token:
+        return None
+    try:
+        event_id = EventId.decode(token.strip())
+    except BadEventId as exc:
+        raise Problem(400, "bad-last-event-id", str(exc)) from exc
+    if event_id.partition != partition or (run_id is not None and event_id.run_id != run_id):
+        raise Problem(400, "bad-last-event-id", "the event id is not from this stream")
+    feed = request.app[FEED]
+    if event_id.offset > feed.last_offsets.get(partition, -1) and \
+            event_id.offset >= await feed.end_offset(partition):
+        raise Problem(400, "bad-last-event-id", "the event id is ahead of the stream")
+    scan_from = event_id.run_start if event_id.run_start >= 0 else event_id.offset
+    return _Plan(event_id.position, scan_from, event_id.run_id)
+
+
+class _Writer:
+    def __init__(self, response: web.StreamResponse, run_stream: bool) -> None:
+        self.response, self.run_stream = response, run_stream
+        self.last: Position = (-1, -1)
+        self.done = False
+
+    async def send(self, events: list[SseEvent]) -> None:
+        frames = []
+        for event in events:
+            if event.position <= self.last or self.done:
+                continue
+            frames.append(event.frame)
+            self.last = event.position
+            self.done = self.run_stream and event.terminal
+        if frames:
+            await self.response.write(b"".join(frames))
+
+
+async def thread_stream(request: web.Request) -> web.StreamResponse:
+    """GET /v1/threads/{thread_id}/stream"""
+    state = await request.app[READ_MODEL].thread(request[TENANT], request.match_info["thread_id"])
+    if state is None:
+        raise _not_found("thread")
+    return await _serve(request, state, None)
+
+
+async def run_events(request: web.Request) -> web.StreamResponse:
+    """GET /v1/runs/{run_id}/events"""
+    run_id = request.match_info["run_id"]
+    state = await request.app[READ_MODEL].thread_of_run(request[TENANT], run_id)
+    if state is None or run_id not in state.runs:
+        raise _not_found("run")
+    return await _serve(request, state, run_id)
+
+
+def _live_plan(request: web.Request, thread_id: str) -> _Plan:
+    """From what the feed ingests next (the snapshot holds what came since)."""
+    feed = request.app[FEED]
+    here = feed.last_offsets.get(feed.partition_of(thread_id), -1)
+    return _Plan((here, AFTER_ALL_SUBS), here + 1, None)
+
+
+async def _fresh_plan(request: web.Request, state: ThreadState, run_id: str | None) -> _Plan:
+    feed = request.app[FEED]
+    if run_id is None:
+        active = feed.active_run(state.thread_id)
+        if active is None:
+            return _live_plan(request, state.thread_id)
+        return _Plan((active[1], -1), active[1], active[0])
+    known = feed.tracker.runs.get(run_id)
+    if known is None:  # maybe the feed has not read that far yet
+        await feed.catch_up(feed.partition_of(state.thread_id))
+        known = feed.tracker.runs.get(run_id)
+    if known is not None:
+        return _Plan((known.start, -1), known.start, run_id)
+    if not state.runs[run_id].status.is_terminal:
+        return _live_plan(request, state.thread_id)  # its start is still ahead of the feed
+    accepted = next((m.created_at_ms for m in state.messages if m.run_id == run_id), 0)
+    return _Plan((-1, -1), 0, run_id, accepted - FIND_RUN_MARGIN_MS)
+
+
+async def _serve(request: web.Request, state: ThreadState, run_id: str | None) -> \
+        web.StreamResponse:
+    app = request.app
+    feed, options = app[FEED], app[OPTIONS]
+    partition = feed.partition_of(state.thread_id)
+    plan = await _resume(request, partition, state, run_id)
+    if plan is None:
+        plan = await _fresh_plan(request, state, run_id)
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    await response.prepare(request)
+    out = _Writer(response, run_id is not None)
+    sub, snapshot, covered = feed.subscribe(state.thread_id, run_id)
+    try:
+        await response.write(retry_frame(options.retry_ms))
+        for fallback in (False, True):
+            try:
+                await _catch_up(request, out, plan, partition, state.thread_id, run_id, covered)
+            except ReplayGone:
+                await response.write(not_streaming_frame(state.thread_id, plan.run_id))
+                if run_id is not None or fallback:
+                    return response
+                plan = await _fresh_plan(request, state, None)
+                continue
+            await out.send([e for e in snapshot if e.position > plan.after])
+            break
+
+        def finished() -> bool:
+            return run_id is not None and _run_over(request, state, run_id)
+
+        await _live(request, out, sub, options.keepalive_s, finished)
+    except ConnectionError:
+        pass  # the client went away
+    finally:
+        feed.unsubscribe(sub)
+    return response
+
+
+async def _catch_up(request: web.Request, out: _Writer, plan: _Plan, partition: int,
+                    thread_id: str, run_id: str | None, covered: Position) -> None:
+    """Replay (plan.after, covered] from Kafka if the window does not reach back that far."""
+    if plan.after >= covered and plan.from_time_ms is None:
+        return
+    events = replay(request.app[SETTINGS], partition, thread_id, scan_from=plan.scan_from,
+                    after=plan.after, until=covered, run_id=run_id, from_time_ms=plan.from_time_ms)
+    sent = out.last
+    async with contextlib.aclosing(events) as replayed:
+        async for event in replayed:
+            await out.send([event])
+    if plan.from_time_ms is not None and out.last == sent:
+        raise ReplayGone(f"run {run_id} is no longer in the stream topic")
+
+
+def _run_over(request: web.Request, state: ThreadState, run_id: str) -> bool:
+    """True if the run ended and everything up to its end was already sent."""
+    known = request.app[FEED].tracker.runs.get(run_id)
+    if known is not None:
+        return known.terminal
+    return state.runs[run_id].status.is_terminal
+
+
+async def _live(request: web.Request, out: _Writer, sub: Subscriber, keepalive_s: float,
+                finished: Callable[[], bool]) -> None:
+    while not out.done:
+        # Nothing queued and the run over: its last events were sent already.
+        if not sub.pending and finished():
+            return
+        batch = await sub.next_batch(keepalive_s)
+        transport = request.transport
+        if sub.closed is not None or transport is None or transport.is_closing():
+            return
+        if batch:
+            await out.send(batch)
+        else:
+            await out.response.write(comment_frame("keep-alive"))

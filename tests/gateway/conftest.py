@@ -1,0 +1,115 @@
+"""One Threadline stack for the gateway tests: processor and worker processes on the
+session broker, and the gateway in-process on 127.0.0.1 (aiohttp test server)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from aiohttp.test_utils import TestServer
+
+from gateway.app import Options, create_app
+from streams.config import Settings
+from streams.topics import ensure_topics
+from tests.kafka_helpers import RoleProcess
+
+KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
+AUTH_A = {"Authorization": "Bearer key-a"}
+AUTH_B = {"Authorization": "Bearer key-b"}
+
+
+def gateway_env(bootstrap: str, folder: Path) -> dict[str, str]:
+    return {
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "THREADLINE_TOPIC_PREFIX": f"g{uuid.uuid4().hex[:10]}.",
+        "THREADLINE_PARTITIONS": "4",
+        "THREADLINE_DATA_DIR": str(folder / "data"),
+        "THREADLINE_SESSION_TIMEOUT_S": "6",
+        "THREADLINE_API_KEYS": ",".join(f"{k}={t}" for k, t in KEYS.items()),
+        "THREADLINE_AGENT_TOKENS_PER_S": "150",
+        "THREADLINE_AGENT_SLOW_TOKENS_PER_S": "25",
+        "THREADLINE_AGENT_WORDS": "12",
+        "THREADLINE_DECISION_TIMEOUT_S": "10",
+    }
+
+
+@dataclass
+class Stack:
+    env: dict[str, str]
+    settings: Settings
+    folder: Path
+    server: TestServer
+    session: aiohttp.ClientSession
+    processor: RoleProcess
+    worker: RoleProcess
+
+    def url(self, path: str) -> str:
+        return str(self.server.make_url(path))
+
+    async def create_thread(self, auth: dict[str, str] = AUTH_A, title: str = "t") -> str:
+        async with self.session.post(self.url("/v1/threads"), json={"title": title},
+                                     headers=auth) as response:
+            body = await response.json()
+            assert response.status == 201, body
+            return str(body["thread_id"])
+
+    async def post(self, thread_id: str, text: str, auth: dict[str, str] = AUTH_A,
+                   key: str | None = None) -> tuple[int, dict[str, Any]]:
+        headers = dict(auth)
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        async with self.session.post(self.url(f"/v1/threads/{thread_id}/user_message"),
+                                     json={"input_text": text}, headers=headers) as response:
+            return response.status, await response.json(content_type=None)
+
+    async def get(self, path: str, auth: dict[str, str] = AUTH_A) -> tuple[int, Any]:
+        async with self.session.get(self.url(path), headers=auth) as response:
+            return response.status, await response.json(content_type=None)
+
+    def logs(self) -> str:
+        return f"--- processor\n{self.processor.tail()}\n--- worker\n{self.worker.tail()}"
+
+
+async def wait_healthy(session: aiohttp.ClientSession, url: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    body: Any = None
+    while time.monotonic() < deadline:
+        try:
+            async with session.get(url) as response:
+                body = await response.json()
+                if response.status == 200:
+                    return
+        except aiohttp.ClientError as exc:
+            body = str(exc)
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"gateway not healthy in {timeout}s: {body}")
+
+
+@pytest_asyncio.fixture(scope="session")
+async def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> \
+        AsyncIterator[Stack]:
+    folder = tmp_path_factory.mktemp("gateway")
+    env = gateway_env(kafka_bootstrap, folder)
+    settings = Settings.from_env(env)
+    await asyncio.to_thread(ensure_topics, settings)
+    processor = RoleProcess("processor", env, folder / "processor.log").start()
+    worker = RoleProcess("worker", env, folder / "worker.log").start()
+    server = TestServer(create_app(settings, Options(keepalive_s=1.0)), host="127.0.0.1")
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+    try:
+        await server.start_server()
+        await wait_healthy(session, str(server.make_url("/healthz")))
+        yield Stack(env, settings, folder, server, session, processor, worker)
+    finally:
+        await session.close()
+        await server.close()
+        worker.stop()
+        processor.stop()
