@@ -1,0 +1,118 @@
+"""The gateway's pure parts: event ids, the superseded-execution filter, redaction, ids."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from gateway.auth import redact
+from gateway.kafka import partition_for
+from gateway.rest import message_id_for
+from gateway.sse import BadEventId, EventId, RunTracker, make_events
+from streams.domain import AssistantMessage
+from streams.records import MessageEnd, MessageStart, RunLifecycle, StreamOutput, TextDelta
+from streams.serialization import new_meta
+
+RUN = "run-1"
+
+
+def _out(attempt: int, part: str, seq: int, payload: object) -> StreamOutput:
+    return StreamOutput(RUN, attempt, "answer-1", part, seq, payload)  # type: ignore[arg-type]
+
+
+def _life(event: str, attempt: int = 0) -> StreamOutput:
+    message = AssistantMessage("answer-1", "hi") if event == "run_completed" else None
+    return _out(attempt, "lifecycle", 0, RunLifecycle(event, "user-1", "", message))
+
+
+def test_event_ids_round_trip_and_reject_garbage() -> None:
+    event_id = EventId(3, 1234, 1, 1200, "5f0e8a2c-0000-4000-8000-000000000000")
+    token = event_id.encode()
+    assert "=" not in token and EventId.decode(token) == event_id
+    assert event_id.position == (1234, 1)
+    for garbage in ["", "not base64 !", base64.urlsafe_b64encode(b"v2.1.2.3.4.r").decode(),
+                    base64.urlsafe_b64encode(b"v1.1.-2.0.4.r").decode(),
+                    base64.urlsafe_b64encode(b"v1.1.2.0.4.r/../x").decode(), "x" * 600]:
+        with pytest.raises(BadEventId):
+            EventId.decode(garbage)
+
+
+def test_a_terminal_record_makes_two_events_with_consecutive_ids() -> None:
+    meta = new_meta("th", "tenant", 1)
+    events = make_events(2, 40, 30, meta, _life("run_completed", 1))
+    assert [e.name for e in events] == ["run_completed", "done"]
+    assert [e.position for e in events] == [(40, 0), (40, 1)]
+    frame = events[1].frame.decode()
+    assert frame.endswith("event: done\ndata: [DONE]\n\n")
+    first = events[0].frame.decode().splitlines()
+    assert EventId.decode(first[0].removeprefix("id: ")) == EventId(2, 40, 0, 30, RUN)
+    data = json.loads(first[2].removeprefix("data: "))
+    assert data["message"]["text"] == "hi" and data["run_id"] == RUN and data["thread_id"] == "th"
+
+
+def test_the_filter_drops_superseded_executions_attempts_and_late_output() -> None:
+    tracker = RunTracker()
+    records = [
+        (_out(1, "A:text:0", 1, TextDelta("before the run is known")), False),
+        (_life("run_accepted"), True),
+        (_life("attempt_dispatched", 1), True),
+        (_out(1, "A:message", 0, MessageStart("assistant")), True),
+        (_out(1, "A:text:0", 1, TextDelta("a1")), True),
+        (_out(1, "A:text:0", 1, TextDelta("a1 repeated")), False),
+        (_out(1, "B:message", 0, MessageStart("assistant")), True),  # a re-run of attempt 1
+        (_out(1, "A:text:0", 2, TextDelta("a2 from the old execution")), False),
+        (_out(1, "B:text:0", 1, TextDelta("b1")), True),
+        (_life("retry_scheduled", 1), True),
+        (_out(1, "B:text:0", 2, TextDelta("b2 after its attempt failed")), False),
+        (_out(1, "Z:message", 0, MessageStart("assistant")), False),  # attempt 1 is over
+        (_life("attempt_dispatched", 2), True),
+        (_out(2, "C:message", 0, MessageStart("assistant")), True),
+        (_out(2, "C:text:0", 1, TextDelta("c1")), True),
+        (_out(2, "C:message", 2, MessageEnd("stop")), True),
+        (_life("run_completed", 2), True),
+        (_out(2, "C:text:0", 3, TextDelta("after the end")), False),
+    ]
+    for offset, (record, admitted) in enumerate(records):
+        state = tracker.admit("th", offset, record)
+        assert (state is not None) == admitted, (offset, record)
+    assert tracker.runs[RUN].start == 1 and tracker.runs[RUN].terminal
+    # A tracker that starts reading at the run's start decides the same way.
+    again = RunTracker()
+    assert [again.admit("th", o, r) is not None for o, (r, _) in enumerate(records)][1:] == \
+        [admitted for _, admitted in records][1:]
+
+
+def test_unknown_runs_are_flagged_and_another_threads_run_id_is_refused() -> None:
+    tracker = RunTracker()
+    assert tracker.admit("th", 0, _out(1, "A:message", 0, MessageStart("assistant"))) is None
+    assert tracker.unknown
+    tracker.admit("th", 1, _life("run_accepted"))
+    assert tracker.admit("other", 2, _life("attempt_dispatched", 1)) is None
+    assert not tracker.unknown
+
+
+def test_access_tokens_are_redacted_from_logged_paths() -> None:
+    assert redact("/v1/runs/r/events?access_token=sekret&x=1") == \
+        "/v1/runs/r/events?access_token=[redacted]&x=1"
+    assert redact("/v1/threads/t/stream?a=1&ACCESS_TOKEN=k") == \
+        "/v1/threads/t/stream?a=1&ACCESS_TOKEN=[redacted]"
+    assert "sekret" not in redact("/x?access_token=sekret")
+
+
+def test_idempotency_keys_name_messages_per_tenant_and_thread() -> None:
+    one = message_id_for("tenant", "thread", "key")
+    assert one == message_id_for("tenant", "thread", "key")
+    assert len({one, message_id_for("tenant2", "thread", "key"),
+                message_id_for("tenant", "thread2", "key"),
+                message_id_for("tenant", "thread", "key2")}) == 4
+
+
+def test_partitioning_matches_kafkas_murmur2() -> None:
+    # Values from the Java client's Utils.murmur2 (via kafka-python's test vectors).
+    from aiokafka.partitioner import murmur2
+
+    assert murmur2(b"21") & 0xFFFFFFFF == -973932308 & 0xFFFFFFFF
+    assert partition_for("21", 12) == (-973932308 & 0x7FFFFFFF) % 12
+    assert {partition_for(f"th-{i}", 4) for i in range(50)} == {0, 1, 2, 3}
