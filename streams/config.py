@@ -81,6 +81,7 @@ class Settings:
     agent: str
     instance_id: str | None  # stable per instance; default derived from data_dir
     session_timeout_ms: int  # consumer-group liveness: how fast a dead member's partitions move
+    processing_guarantee: str  # "exactly_once" (default) | "at_least_once" (benchmarks only)
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -109,6 +110,9 @@ class Settings:
             attempt_timeout_ms=_ms(env, "THREADLINE_ATTEMPT_TIMEOUT_S", 300.0),
             max_input_chars=_int(env, "THREADLINE_MAX_INPUT_CHARS", 32_000),
         )
+        guarantee = env.get("THREADLINE_PROCESSING_GUARANTEE", "exactly_once")
+        if guarantee not in ("exactly_once", "at_least_once"):
+            raise ValueError(f"THREADLINE_PROCESSING_GUARANTEE={guarantee!r}: exactly_once or at_least_once")
         keys: dict[str, str] = {}
         for pair in filter(None, (p.strip() for p in env.get("THREADLINE_API_KEYS", "").split(","))):
             key, _, tenant = pair.partition("=")
@@ -136,5 +140,6 @@ class Settings:
             agent=env.get("THREADLINE_AGENT", "builtin"),
             instance_id=env.get("THREADLINE_INSTANCE_ID") or None,
             session_timeout_ms=_ms(env, "THREADLINE_SESSION_TIMEOUT_S", 10.0),
+            processing_guarantee=guarantee,
             extra={k: v for k, v in env.items() if k.startswith("THREADLINE_AGENT_")},
         )

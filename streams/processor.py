@@ -59,7 +59,7 @@ from streams.state_store import PartitionStore, TableStores
 from streams.thread import answer_message_id_for, apply, decide, next_deadline_ms
 from streams.topics import ensure_topics
 
-__all__ = ["Processor", "run_processor"]
+__all__ = ["Processor", "ProcessorStats", "run_processor"]
 
 log = logging.getLogger("threadline.processor")
 
@@ -93,6 +93,17 @@ def instance_id_for(settings: Settings) -> str:
 
 
 @dataclass
+class ProcessorStats:
+    """Counters for metrics and benchmarks (monotonic clock seconds)."""
+
+    commands: int = 0
+    batches: int = 0
+    aborts: int = 0
+    first_batch_at: float | None = None
+    last_batch_at: float | None = None
+
+
+@dataclass
 class _Partition:
     deadlines: dict[bytes, int] = field(default_factory=dict)  # thread key -> due ms
     ticks_sent: dict[bytes, int] = field(default_factory=dict)  # thread key -> sent at
@@ -107,6 +118,7 @@ class Processor:
         self.stores = TableStores(settings.data_dir / "processor" / self.instance_id, "threads")
         self.partitions: dict[int, _Partition] = {}
         self.cache: dict[bytes, ThreadState | None] = {}
+        self.stats = ProcessorStats()
         self.stopping = False
         common = {"bootstrap.servers": settings.bootstrap, "log_level": 3}
         self.consumer = Consumer({
@@ -121,16 +133,20 @@ class Processor:
             "fetch.wait.max.ms": 20,
             "partition.assignment.strategy": "range",
         })
-        self.producer = Producer({
+        self.exactly_once = settings.processing_guarantee == "exactly_once"
+        producer_config: dict[str, object] = {
             **common,
-            "transactional.id": f"{self.group_id}-{self.instance_id}",
             "client.id": f"processor-{self.instance_id}",
             "partitioner": "murmur2_random",
             "linger.ms": 2,
+            "enable.idempotence": True,
+        }
+        if self.exactly_once:
+            producer_config["transactional.id"] = f"{self.group_id}-{self.instance_id}"
             # A crashed instance's open transaction blocks read_committed readers
             # until it times out, unless the same instance restarts first.
-            "transaction.timeout.ms": 10_000,
-        })
+            producer_config["transaction.timeout.ms"] = 10_000
+        self.producer = Producer(producer_config)
         # Clock ticks go to the commands topic outside any transaction.
         self.ticker = Producer({**common, "partitioner": "murmur2_random", "linger.ms": 5,
                                 "enable.idempotence": True})
@@ -139,7 +155,8 @@ class Processor:
 
     def run(self) -> None:
         ensure_topics(self.settings)
-        self.producer.init_transactions(30)
+        if self.exactly_once:
+            self.producer.init_transactions(30)
         self.consumer.subscribe([self.topics.commands], on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_revoke)
         log.info("processor %s started on %s", self.instance_id, self.settings.bootstrap)
@@ -227,7 +244,8 @@ class Processor:
 
     def _process_batch(self, batch: list[Message]) -> None:
         positions: dict[tuple[str, int], int] = {}
-        self.producer.begin_transaction()
+        if self.exactly_once:
+            self.producer.begin_transaction()
         touched: dict[tuple[int, bytes], ThreadState | None] = {}
         try:
             for msg in batch:
@@ -240,20 +258,34 @@ class Processor:
                 positions[(topic, partition)] = offset + 1
                 self._process(msg, touched)
             offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
-            self.producer.send_offsets_to_transaction(
-                offsets, self.consumer.consumer_group_metadata(), 30)
-            self.producer.commit_transaction(30)
+            if self.exactly_once:
+                self.producer.send_offsets_to_transaction(
+                    offsets, self.consumer.consumer_group_metadata(), 30)
+                self.producer.commit_transaction(30)
+            else:  # at least once: a crash between flush and commit repeats the batch
+                if self.producer.flush(30):
+                    raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "flush timed out"))
+                if offsets:
+                    self.consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
             self._recover(exc)
             return
         self.stores.commit_all()
         for (partition, key), state in touched.items():
             self._track_deadline(partition, key, state)
+        now = time.monotonic()
+        self.stats.first_batch_at = self.stats.first_batch_at or now
+        self.stats.last_batch_at = now
+        self.stats.batches += 1
+        self.stats.commands += len(batch)
 
     def _recover(self, exc: KafkaException) -> None:
         err = exc.args[0]
+        if not self.exactly_once:
+            raise exc
         if isinstance(err, KafkaError) and err.txn_requires_abort():
             log.warning("aborting transaction: %s", err)
+            self.stats.aborts += 1
             self.producer.abort_transaction(30)
             self.stores.rollback_all()
             self.cache.clear()
