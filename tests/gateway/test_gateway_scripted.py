@@ -1,0 +1,186 @@
+"""The feed against scripted records: a test producer writes thread states and stream
+records exactly as the processor and worker would, in an order no healthy worker
+makes on demand (zombie executions, output after the end), and trims the topic."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import MappingProxyType
+
+import pytest
+from aiohttp.test_utils import TestServer
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from gateway.app import Options, create_app
+from gateway.kafka import partition_for
+from streams.config import Settings
+from streams.domain import (
+    ActiveRun,
+    AssistantMessage,
+    RunRecord,
+    RunStatus,
+    StoredMessage,
+    ThreadState,
+)
+from streams.records import MessageEnd, MessageStart, RunLifecycle, StreamOutput, TextDelta
+from streams.serialization import encode_state, encode_stream, new_meta
+from streams.thread import answer_message_id_for
+from streams.topics import ensure_topics
+from tests.gateway.conftest import AUTH_A, Stack, gateway_env
+from tests.gateway.sse_client import Ev, check_every_resume, read_sse
+
+pytestmark = pytest.mark.kafka
+
+TENANT = "tenant-a"
+
+
+class Script:
+    """Writes what the processor and a worker would write, for one thread."""
+
+    def __init__(self, settings: Settings, producer: Producer, thread_id: str) -> None:
+        self.settings, self.producer, self.thread_id = settings, producer, thread_id
+        self.created = int(time.time() * 1000)
+
+    def state(self, run_id: str, status: RunStatus, answer: str | None = None) -> None:
+        user = StoredMessage(f"user-{run_id}", "user", "hi", run_id, self.created)
+        messages = (user,) if answer is None else (user, StoredMessage(
+            answer_message_id_for(run_id), "assistant", answer, run_id, self.created))
+        active = None if status.is_terminal else ActiveRun(
+            run_id, user.message_id, 1, status, self.created, self.created, None)
+        state = ThreadState(self.thread_id, TENANT, "scripted", self.created, messages, active,
+                            MappingProxyType({run_id: RunRecord(run_id, user.message_id,
+                                                                status, 1)}))
+        self.producer.produce(self.settings.topics.threads, encode_state(state),
+                              self.thread_id.encode())
+        self.producer.flush(10)
+
+    def out(self, run_id: str, attempt: int, part: str, seq: int, payload: object) -> None:
+        output = StreamOutput(run_id, attempt, answer_message_id_for(run_id), part, seq,
+                              payload)  # type: ignore[arg-type]
+        meta = new_meta(self.thread_id, TENANT, int(time.time() * 1000))
+        self.producer.produce(self.settings.topics.stream, encode_stream(output, meta),
+                              self.thread_id.encode())
+
+    def life(self, run_id: str, event: str, attempt: int = 0, text: str = "") -> None:
+        message = AssistantMessage(answer_message_id_for(run_id), text) if text else None
+        self.out(run_id, attempt, "lifecycle", 0,
+                 RunLifecycle(event, f"user-{run_id}", "", message))
+
+    def plain_run(self, run_id: str, words: list[str]) -> None:
+        self.life(run_id, "run_accepted")
+        self.life(run_id, "attempt_dispatched", 1)
+        self.out(run_id, 1, "e:message", 0, MessageStart("assistant"))
+        for seq, word in enumerate(words, 1):
+            self.out(run_id, 1, "e:text:0", seq, TextDelta(word))
+        self.life(run_id, "run_completed", 1, "".join(words))
+        self.producer.flush(10)
+
+
+@pytest.fixture(scope="module")
+def scripted(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> \
+        Iterator[tuple[Settings, Producer]]:
+    settings = Settings.from_env(gateway_env(kafka_bootstrap, tmp_path_factory.mktemp("s")))
+    ensure_topics(settings)
+    producer = Producer({"bootstrap.servers": settings.bootstrap,
+                         "partitioner": "murmur2_random", "enable.idempotence": True})
+    yield settings, producer
+    producer.flush(10)
+
+
+@asynccontextmanager
+async def _gateway(settings: Settings) -> AsyncIterator[str]:
+    server = TestServer(create_app(settings, Options(keepalive_s=1)), host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url(""))
+    finally:
+        await server.close()
+
+
+def _texts(events: list[Ev]) -> list[str]:
+    return [e.json["delta"] for e in events if e.event == "text_delta"]
+
+
+async def test_superseded_executions_never_reach_clients(
+        stack: Stack, scripted: tuple[Settings, Producer]) -> None:
+    settings, producer = scripted
+    script = Script(settings, producer, f"th-{uuid.uuid4()}")
+    run = f"run-{uuid.uuid4()}"
+    script.state(run, RunStatus.DISPATCHED)
+    async with _gateway(settings) as base:
+        opened = asyncio.Event()
+        live_task = asyncio.create_task(read_sse(
+            stack.session, f"{base}/v1/threads/{script.thread_id}/stream", headers=AUTH_A,
+            opened=opened))
+        await asyncio.wait_for(opened.wait(), 10)
+        script.life(run, "run_accepted")
+        script.life(run, "attempt_dispatched", 1)
+        script.out(run, 1, "A:message", 0, MessageStart("assistant"))
+        script.out(run, 1, "A:text:0", 1, TextDelta("a1 "))
+        script.out(run, 1, "B:message", 0, MessageStart("assistant"))  # attempt 1 runs again
+        script.out(run, 1, "A:text:0", 2, TextDelta("ZOMBIE-A "))
+        script.out(run, 1, "B:text:0", 1, TextDelta("b1 "))
+        script.life(run, "retry_scheduled", 1)
+        script.out(run, 1, "B:text:0", 2, TextDelta("ZOMBIE-B "))
+        script.life(run, "attempt_dispatched", 2)
+        script.out(run, 2, "C:message", 0, MessageStart("assistant"))
+        script.out(run, 2, "C:text:0", 1, TextDelta("c1"))
+        script.out(run, 1, "A:text:0", 3, TextDelta("ZOMBIE-A "))
+        script.out(run, 2, "C:message", 2, MessageEnd("stop"))
+        script.life(run, "run_completed", 2, "c1")
+        script.out(run, 2, "C:text:0", 3, TextDelta("ZOMBIE-C"))
+        producer.flush(10)
+        live = await live_task
+        assert [e.event for e in live] == [
+            "run_accepted", "attempt_dispatched", "message_start", "text_delta",
+            "message_start", "text_delta", "retry_scheduled", "attempt_dispatched",
+            "message_start", "text_delta", "message_end", "run_completed", "done"]
+        assert _texts(live) == ["a1 ", "b1 ", "c1"]
+        assert [e.json["attempt"] for e in live if e.event == "message_start"] == [1, 1, 2]
+        script.state(run, RunStatus.COMPLETED, "c1")
+        await check_every_resume(stack.session, base, live, script.thread_id, run)
+    async with _gateway(settings) as cold:  # replays from Kafka filter the same way
+        await check_every_resume(stack.session, cold, live, script.thread_id, run)
+
+
+async def test_positions_older_than_the_log_start_get_message_not_streaming(
+        stack: Stack, scripted: tuple[Settings, Producer], tmp_path: Path) -> None:
+    settings, producer = scripted
+    script = Script(settings, producer, f"th-{uuid.uuid4()}")
+    first, second = f"run-{uuid.uuid4()}", f"run-{uuid.uuid4()}"
+    script.state(first, RunStatus.DISPATCHED)
+    script.plain_run(first, ["old ", "words"])
+    script.state(first, RunStatus.COMPLETED, "old words")
+    async with _gateway(settings) as base:
+        before = await read_sse(stack.session, f"{base}/v1/runs/{first}/events", headers=AUTH_A)
+    assert _texts(before) == ["old ", "words"]
+    # Retention removes the run's records from the topic.
+    partition = partition_for(script.thread_id, settings.partitions)
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+    futures = admin.delete_records([TopicPartition(settings.topics.stream, partition, -1)])
+    for future in futures.values():
+        future.result(10)
+    async with _gateway(settings) as cold:
+        gone = await read_sse(stack.session, f"{cold}/v1/runs/{first}/events", headers=AUTH_A,
+                              until=lambda _: False)
+        assert [e.event for e in gone] == ["message_not_streaming"]
+        assert gone[0].id is None
+        assert gone[0].json["message_id"] == answer_message_id_for(first)
+        # A thread stream says so too, then goes on live.
+        resumed_task = asyncio.create_task(read_sse(
+            stack.session, f"{cold}/v1/threads/{script.thread_id}/stream",
+            headers={**AUTH_A, "Last-Event-ID": before[3].id or ""},
+            until=lambda e: e[-1].event == "done"))
+        await asyncio.sleep(0.5)
+        script.plain_run(second, ["new"])
+        resumed = await resumed_task
+        assert resumed[0].event == "message_not_streaming"
+        assert resumed[0].json["run_id"] == first
+        assert [e.event for e in resumed[1:]][:2] == ["run_accepted", "attempt_dispatched"]
+        assert _texts(resumed) == ["new"] and {e.json["run_id"] for e in resumed[1:-1]} == {second}
