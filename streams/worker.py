@@ -32,9 +32,10 @@ processor mirrors into the stream topic (`RunLifecycle`) on the partitions this
 worker owns, and remembers each run's fate. An attempt whose run ended (completed,
 failed, cancelled) or whose attempt number is past (retry_scheduled for it,
 attempt_dispatched for a later one) is stopped at once, reports nothing more and
-counts as finished. A redelivered dispatch waits until the follower has read the
-partition from that dispatch's time to its end, so it is not started if it is
-already dead; a dispatch older than the attempt timeout is never started.
+counts as finished. Before an attempt starts, the follower has read its partition
+to the end at least once since assignment, and from the dispatch's time on (it
+goes back for a redelivered dispatch), so a dispatch that is already dead is not
+started; a dispatch older than the attempt timeout is never started.
 
 Shutdown (SIGTERM, SIGINT): stop fetching, report running attempts failed
 (retryable) so the processor retries them at once, commit, leave the group.
@@ -110,6 +111,7 @@ log = logging.getLogger("threadline.worker")
 DEFAULT_CONCURRENCY = 16
 LIFECYCLE_MARGIN_MS = 5_000  # clock slack when looking for a dispatch's lifecycle records
 CATCH_UP_TIMEOUT_S = 5.0
+PREPARE_TIMEOUT_S = 10.0  # past this, run the dispatch without knowing its run's fate
 FATES_KEPT = 100_000  # runs whose fate is remembered, most recent first
 SHUTDOWN_TIMEOUT_S = 15.0
 OUTCOME_SEND_TRIES = 5
@@ -190,10 +192,12 @@ class _LifecycleWatch:
         self.on_fate = on_fate
         self.fates: OrderedDict[str, Fate] = OrderedDict()
         self.covered_from: dict[int, int] = {}  # partition -> records read since (ms)
+        self.caught_up: set[int] = set()  # read to the end at least once since assignment
+        self._ready = asyncio.Event()  # set while `follow` is not under way
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.bootstrap, client_id=f"{client_id}-lifecycle",
             group_id=None, enable_auto_commit=False, isolation_level="read_committed",
-            auto_offset_reset="latest", fetch_max_wait_ms=100,
+            auto_offset_reset="latest", fetch_max_wait_ms=100, request_timeout_ms=15_000,
         )
         self._task: asyncio.Task[None] | None = None
 
@@ -212,30 +216,43 @@ class _LifecycleWatch:
 
     async def follow(self, partitions: set[int]) -> None:
         """Read exactly `partitions`: kept ones where they were, new ones from now."""
-        kept: dict[int, int] = {}
-        for tp in self.consumer.assignment():
-            if tp.partition in partitions:
-                with contextlib.suppress(TimeoutError, KafkaError):  # then: from now
-                    kept[tp.partition] = await asyncio.wait_for(self.consumer.position(tp), 5)
-        self.consumer.assign([TopicPartition(self.topic, p) for p in sorted(partitions)])
-        for p, offset in kept.items():
-            self.consumer.seek(TopicPartition(self.topic, p), offset)
-        since = _now_ms() - LIFECYCLE_MARGIN_MS
-        self.covered_from = {p: self.covered_from.get(p, since) for p in kept}
-        for p in partitions - kept.keys():
-            await self._seek_to_time(p, since)
-            self.covered_from[p] = since
+        self._ready.clear()
+        try:
+            kept: dict[int, int] = {}
+            for tp in self.consumer.assignment():
+                if tp.partition in partitions:
+                    with contextlib.suppress(TimeoutError, KafkaError):  # then: from now
+                        kept[tp.partition] = await asyncio.wait_for(self.consumer.position(tp), 5)
+            self.consumer.assign([TopicPartition(self.topic, p) for p in sorted(partitions)])
+            for p, offset in kept.items():
+                self.consumer.seek(TopicPartition(self.topic, p), offset)
+            since = _now_ms() - LIFECYCLE_MARGIN_MS
+            self.covered_from = {p: self.covered_from.get(p, since) for p in kept}
+            self.caught_up = {p for p in self.caught_up if p in kept}
+            for p in partitions - kept.keys():
+                await self._seek_to_time(p, since)
+                self.covered_from[p] = since
+        finally:
+            self._ready.set()
 
-    async def cover(self, partition: int, timestamp_ms: int) -> bool:
-        """Make sure records from `timestamp_ms` on are read; True if that meant going back."""
+    async def prepare(self, partition: int, timestamp_ms: int) -> None:
+        """Before running a dispatch written at `timestamp_ms`: make sure the fates
+        of its run are known, by reading the partition from that time to its end
+        if it was not read that far back, or not yet to its end since assignment."""
+        await self._ready.wait()
         since = timestamp_ms - LIFECYCLE_MARGIN_MS
-        if partition not in self.covered_from or since >= self.covered_from[partition]:
-            return False
-        self.covered_from[partition] = since
-        await self._seek_to_time(partition, since)
-        return True
+        if partition not in self.covered_from:
+            return  # no longer ours
+        if since < self.covered_from[partition]:
+            log.debug("lifecycle partition %d: reading again from %d", partition, since)
+            self.covered_from[partition] = since
+            self.caught_up.discard(partition)
+            await self._seek_to_time(partition, since)
+        if partition not in self.caught_up and await self._catch_up(partition):
+            self.caught_up.add(partition)
+        log.debug("lifecycle partition %d: caught up", partition)
 
-    async def catch_up(self, partition: int) -> bool:
+    async def _catch_up(self, partition: int) -> bool:
         """Wait until the partition is read to its current end; False on timeout."""
         tp = TopicPartition(self.topic, partition)
         deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
@@ -251,6 +268,7 @@ class _LifecycleWatch:
 
     async def _seek_to_time(self, partition: int, timestamp_ms: int) -> None:
         tp = TopicPartition(self.topic, partition)
+        log.debug("lifecycle partition %d: seeking to time %d", partition, timestamp_ms)
         try:
             found = (await self.consumer.offsets_for_times({tp: max(timestamp_ms, 0)})).get(tp)
             if found is None:
@@ -267,13 +285,12 @@ class _LifecycleWatch:
                 continue
             try:
                 batch = await self.consumer.getmany(timeout_ms=200, max_records=2_000)
-            except KafkaError as exc:
-                log.warning("reading lifecycle records: %s", exc)
+                for records in batch.values():
+                    for record in records:
+                        self._read(record.value or b"")
+            except Exception:  # keep following: a dead follower would stop no attempt
+                log.exception("reading lifecycle records")
                 await asyncio.sleep(0.5)
-                continue
-            for records in batch.values():
-                for record in records:
-                    self._read(record.value or b"")
 
     def _read(self, value: bytes) -> None:
         try:
@@ -616,12 +633,16 @@ class Worker:
     async def _execute(self, execution: _Execution) -> None:
         run_id, attempt = execution.dispatch.run_id, execution.attempt
         try:
-            if await self.watch.cover(execution.partition, execution.timestamp_ms):
-                await self.watch.catch_up(execution.partition)  # a redelivery: is it still live?
+            try:
+                async with asyncio.timeout(PREPARE_TIMEOUT_S):
+                    await self.watch.prepare(execution.partition, execution.timestamp_ms)
+            except TimeoutError:
+                log.warning("run %s attempt %d: lifecycle records not read in %.0fs; running it "
+                            "anyway", run_id, attempt, PREPARE_TIMEOUT_S)
             fate = self.watch.fate(run_id)
             if fate is not None and fate.kills(attempt):
                 execution.stop_reason = _Stop.SUPERSEDED
-                log.info("run %s attempt %d is over already; not started", run_id, attempt)
+                log.info("run %s attempt %d: not started (over already)", run_id, attempt)
                 return
             log.info("run %s attempt %d: execution %s started", run_id, attempt,
                      execution.execution_id)
@@ -631,8 +652,12 @@ class Worker:
         except asyncio.CancelledError:
             if execution.stop_reason is None:
                 raise
-            log.info("run %s attempt %d: execution %s stopped (%s)", run_id, attempt,
-                     execution.execution_id, execution.stop_reason.value)
+            if execution.started:
+                log.info("run %s attempt %d: execution %s stopped (%s)", run_id, attempt,
+                         execution.execution_id, execution.stop_reason.value)
+            else:
+                log.info("run %s attempt %d: not started (%s)", run_id, attempt,
+                         execution.stop_reason.value)
         except Exception:
             log.exception("run %s attempt %d: execution %s broke", run_id, attempt,
                           execution.execution_id)

@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -93,6 +96,19 @@ async def test_builtin_hang_never_finishes() -> None:
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(consume(), 0.3)
     assert len(seen) == 3
+
+
+def test_builtin_crash_exits_the_process_with_137_after_a_few_tokens() -> None:
+    script = ("import asyncio\n"
+              "from streams.agents.builtin import BuiltinAgent\n"
+              "async def main():\n"
+              "    async for o in BuiltinAgent(tokens_per_s=0).run((), 'boom [crash]'):\n"
+              "        print(o.text, flush=True)\n"
+              "asyncio.run(main())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=30, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 137, done.stderr
+    assert done.stdout.split() == ["You", "said:", "boom"]
 
 
 def test_create_agent_picks_by_settings() -> None:
