@@ -20,7 +20,8 @@ from gateway.auth import RedactingAccessLogger, auth_middleware
 from gateway.decisions import CommandBus
 from gateway.feed import StreamFeed
 from gateway.health import HEALTH, HealthProbe, healthz
-from gateway.keys import BUS, FEED, OPTIONS, READ_MODEL, SETTINGS, Options
+from gateway.kafka import Offsets
+from gateway.keys import BUS, FEED, OFFSETS, OPTIONS, READ_MODEL, SETTINGS, Options
 from gateway.openapi import openapi
 from gateway.problems import problem_middleware
 from gateway.read_model import ReadModel
@@ -40,7 +41,8 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     app = web.Application(client_max_size=max_body, middlewares=[
         problem_middleware, auth_middleware(settings.api_keys)])
     options = options or Options()
-    read_model = ReadModel(settings, options.catch_up_timeout_s)
+    offsets = Offsets(settings)
+    read_model = ReadModel(settings, offsets, options.catch_up_timeout_s)
     bus = CommandBus(settings)
 
     def changed(event: Event) -> None:  # reads of a thread that just changed catch up first
@@ -48,7 +50,8 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
 
     bus.on_event = changed
     app[SETTINGS], app[OPTIONS], app[READ_MODEL], app[BUS] = settings, options, read_model, bus
-    app[FEED] = StreamFeed(settings, read_model, window_events=options.window_events,
+    app[OFFSETS] = offsets
+    app[FEED] = StreamFeed(settings, read_model, offsets, window_events=options.window_events,
                            max_windows=options.max_windows, queue_limit=options.queue_limit)
     app[HEALTH] = HealthProbe(settings.bootstrap)
     app.cleanup_ctx.append(_kafka)
@@ -67,10 +70,10 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
 
 async def _kafka(app: web.Application) -> AsyncIterator[None]:
     await asyncio.to_thread(ensure_topics, app[SETTINGS])
-    started: list[ReadModel | CommandBus | StreamFeed] = []
+    started: list[Offsets | ReadModel | CommandBus | StreamFeed] = []
     try:
         # In this order: the feed's start reads the loaded read model.
-        for client in (app[READ_MODEL], app[BUS], app[FEED]):
+        for client in (app[OFFSETS], app[READ_MODEL], app[BUS], app[FEED]):
             await client.start()
             started.append(client)
         yield
@@ -96,5 +99,6 @@ def run_gateway(settings: Settings) -> int:
 
     logging.getLogger("aiohttp.access").setLevel(logging.INFO)
     web.run_app(create_app(settings), host=host, port=port, print=announce,
-                access_log_class=RedactingAccessLogger, shutdown_timeout=10)
+                access_log_class=RedactingAccessLogger, shutdown_timeout=10,
+                handler_cancellation=True)  # a gone SSE client ends its handler at once
     return 0

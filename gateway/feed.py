@@ -24,7 +24,14 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from gateway.kafka import new_consumer, partition_for, run_forever, stop_task, topic_partitions
+from gateway.kafka import (
+    Offsets,
+    new_consumer,
+    partition_for,
+    run_forever,
+    stop_task,
+    topic_partitions,
+)
 from gateway.read_model import ReadModel
 from gateway.sse import Position, RunTracker, SseEvent, make_events
 from streams.config import Settings
@@ -86,11 +93,13 @@ class _Window:
 
 
 class StreamFeed:
-    def __init__(self, settings: Settings, read_model: ReadModel, *, window_events: int = 2_000,
+    def __init__(self, settings: Settings, read_model: ReadModel, offsets: Offsets, *,
+                 window_events: int = 2_000,
                  max_windows: int = 20_000, queue_limit: int = 10_000,
                  backfill_margin_ms: int = 60_000) -> None:
         self.settings = settings
         self.read_model = read_model
+        self.offsets = offsets
         self.window_events = window_events
         self.max_windows = max_windows
         self.queue_limit = queue_limit
@@ -115,8 +124,8 @@ class StreamFeed:
         await consumer.start()
         tps = topic_partitions(self.settings, self.topic)
         consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)  # last stable offsets (read_committed)
-        begins = await consumer.beginning_offsets(tps)
+        ends = await self.offsets.end(tps)  # last stable offsets (read_committed)
+        begins = await self.offsets.beginning(tps)
         # The read model must reflect at least every run accepted before `ends`.
         if not await self.read_model.wait_loaded(load_timeout_s):
             log.warning("stream feed: the threads read model did not load in time")
@@ -126,7 +135,7 @@ class StreamFeed:
             tp = TopicPartition(self.topic, partition_for(thread_id, self.settings.partitions))
             at = max(0, accepted_ms - self.backfill_margin_ms)
             earliest[tp] = min(earliest.get(tp, at), at)
-        found = await consumer.offsets_for_times(earliest) if earliest else {}
+        found = await self.offsets.for_times(earliest) if earliest else {}
         for tp in tps:
             start = ends[tp]
             hit = found.get(tp)
@@ -178,7 +187,7 @@ class StreamFeed:
     async def end_offset(self, partition: int) -> int:
         """The partition's last stable offset now."""
         tp = TopicPartition(self.topic, partition)
-        return int((await self._consumer.end_offsets([tp]))[tp])
+        return (await self.offsets.end([tp]))[tp]
 
     async def catch_up(self, partition: int, timeout_s: float = 5.0) -> bool:
         """Wait until the feed has ingested the partition up to its end now."""

@@ -9,10 +9,12 @@ from collections.abc import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
+from aiokafka.structs import OffsetAndTimestamp
 
 from streams.config import Settings
 
-__all__ = ["new_consumer", "partition_for", "run_forever", "stop_task", "topic_partitions"]
+__all__ = ["Offsets", "new_consumer", "partition_for", "run_forever", "stop_task",
+           "topic_partitions"]
 
 log = logging.getLogger("threadline.gateway")
 
@@ -59,3 +61,36 @@ async def stop_task(task: asyncio.Task[None] | None) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+class Offsets:
+    """List-offsets queries (read_committed: end = last stable offset) on a client of
+    their own. A broker answers one connection's requests in order, so behind a
+    consumer's long-poll fetch they would wait up to `fetch_max_wait_ms`."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._client: AIOKafkaConsumer | None = None  # made in start(): needs the loop
+
+    async def start(self) -> None:
+        self._client = new_consumer(self.settings)
+        await self._client.start()
+
+    async def stop(self) -> None:
+        if self._client is not None:
+            await self._client.stop()
+
+    @property
+    def client(self) -> AIOKafkaConsumer:
+        assert self._client is not None, "Offsets.start() first"
+        return self._client
+
+    async def end(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return dict(await self.client.end_offsets(tps))
+
+    async def beginning(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return dict(await self.client.beginning_offsets(tps))
+
+    async def for_times(self, times: dict[TopicPartition, int]) -> \
+            dict[TopicPartition, OffsetAndTimestamp | None]:
+        return dict(await self.client.offsets_for_times(times))

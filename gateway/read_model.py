@@ -19,7 +19,14 @@ import time
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from gateway.kafka import new_consumer, partition_for, run_forever, stop_task, topic_partitions
+from gateway.kafka import (
+    Offsets,
+    new_consumer,
+    partition_for,
+    run_forever,
+    stop_task,
+    topic_partitions,
+)
 from streams.config import Settings
 from streams.domain import ThreadState
 from streams.serialization import DecodeError, decode_state
@@ -35,8 +42,10 @@ ActiveRunStart = tuple[str, str, int]  # thread_id, run_id, accepted at (ms)
 
 
 class ReadModel:
-    def __init__(self, settings: Settings, catch_up_timeout_s: float = 5.0) -> None:
+    def __init__(self, settings: Settings, offsets: Offsets,
+                 catch_up_timeout_s: float = 5.0) -> None:
         self.settings = settings
+        self.offsets = offsets
         self.catch_up_timeout_s = catch_up_timeout_s
         self.states: dict[str, ThreadState] = {}
         self.run_threads: dict[str, str] = {}
@@ -93,8 +102,7 @@ class ReadModel:
         tps = [TopicPartition(self._topic, p) for p in parts]
         deadline = time.monotonic() + self.catch_up_timeout_s
         try:
-            ends = await asyncio.wait_for(self._consumer.end_offsets(tps),
-                                          self.catch_up_timeout_s)
+            ends = await asyncio.wait_for(self.offsets.end(tps), self.catch_up_timeout_s)
         except Exception as exc:  # Kafka unreachable: answer from what we have
             log.warning("threads catch-up: end offsets unavailable: %s", exc)
             return False

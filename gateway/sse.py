@@ -89,7 +89,7 @@ class EventId:
         if match is None:
             raise BadEventId("event id is not one of this gateway's ids")
         partition, offset, sub, start = (int(g) for g in match.groups()[:4])
-        if offset < 0 or sub < -1 or start < -1:
+        if offset < 0 or sub < -1 or start < -1 or start > offset:
             raise BadEventId("event id names an impossible position")
         return cls(partition, offset, sub, start, match.group(5))
 

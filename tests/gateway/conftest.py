@@ -102,7 +102,8 @@ async def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) 
     await asyncio.to_thread(ensure_topics, settings)
     processor = RoleProcess("processor", env, folder / "processor.log").start()
     worker = RoleProcess("worker", env, folder / "worker.log").start()
-    server = TestServer(create_app(settings, Options(keepalive_s=1.0)), host="127.0.0.1")
+    server = TestServer(create_app(settings, Options(keepalive_s=1.0)), host="127.0.0.1",
+                        handler_cancellation=True)  # as run_gateway serves it
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
     try:
         await server.start_server()

@@ -62,3 +62,21 @@ async def test_full_lifecycle_through_http(stack: Stack) -> None:
     run_events = await read_sse(stack.session, stack.url(f"/v1/runs/{posted['run_id']}/events"),
                                 headers=AUTH_A, until=lambda _: False)
     assert run_events == events
+    # The reference API's last_message_id alone: the stream starts as a fresh one would.
+    by_message = await read_sse(
+        stack.session, stack.url(f"/v1/runs/{posted['run_id']}/events"
+                                 f"?last_message_id={posted['message_id']}"),
+        headers=AUTH_A, until=lambda _: False)
+    assert by_message == events
+
+
+async def test_streams_send_a_retry_hint_and_keep_alive_comments(stack: Stack) -> None:
+    thread_id = await stack.create_thread()
+    async with stack.session.get(stack.url(f"/v1/threads/{thread_id}/stream"),
+                                 headers=AUTH_A) as response:
+        assert response.status == 200
+        assert response.headers["Cache-Control"] == "no-cache"
+        first = await asyncio.wait_for(response.content.readline(), 5)
+        assert first == b"retry: 2000\n"
+        lines = [await asyncio.wait_for(response.content.readline(), 5) for _ in range(2)]
+        assert b": keep-alive\n" in lines  # Options(keepalive_s=1) in the test stack

@@ -133,5 +133,23 @@ async def test_resume_across_a_gateway_process_restart(stack: Stack, tmp_path: P
         assert first + await resumed_task == reference
         assert await fresh_task == reference
         await check_every_resume(stack.session, base, reference, thread_id, run_id)
+
+        # The key in a query string never reaches the log.
+        by_query = await read_sse(stack.session,
+                                  f"{base}/v1/runs/{run_id}/events?access_token=key-a")
+        assert by_query == reference
+        # SIGTERM ends open streams at once instead of waiting for them.
+        opened = asyncio.Event()
+        open_stream = asyncio.create_task(read_sse(
+            stack.session, f"{base}/v1/threads/{thread_id}/stream", headers=AUTH_A,
+            opened=opened, until=lambda _: False, timeout=30))
+        await asyncio.wait_for(opened.wait(), 10)
+        started = time.monotonic()
+        await asyncio.to_thread(gateway.stop)
+        await open_stream
+        assert time.monotonic() - started < 5
+        log = (tmp_path / "gateway2.log").read_text()
+        assert f"listening on http://127.0.0.1:{port}" in log
+        assert "access_token=[redacted]" in log and "key-a" not in log
     finally:
         gateway.stop()

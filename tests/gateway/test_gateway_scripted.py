@@ -19,21 +19,25 @@ from confluent_kafka.admin import AdminClient
 
 from gateway.app import Options, create_app
 from gateway.kafka import partition_for
+from gateway.rest import message_id_for
 from streams.config import Settings
 from streams.domain import (
     ActiveRun,
     AssistantMessage,
+    CreateThread,
+    PostUserMessage,
     RunRecord,
     RunStatus,
     StoredMessage,
     ThreadState,
 )
 from streams.records import MessageEnd, MessageStart, RunLifecycle, StreamOutput, TextDelta
-from streams.serialization import encode_state, encode_stream, new_meta
-from streams.thread import answer_message_id_for
+from streams.serialization import decode_command, encode_state, encode_stream, new_meta
+from streams.thread import answer_message_id_for, run_id_for
 from streams.topics import ensure_topics
 from tests.gateway.conftest import AUTH_A, Stack, gateway_env
 from tests.gateway.sse_client import Ev, check_every_resume, read_sse
+from tests.kafka_helpers import read_topic
 
 pytestmark = pytest.mark.kafka
 
@@ -95,6 +99,7 @@ def scripted(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> 
 
 @asynccontextmanager
 async def _gateway(settings: Settings) -> AsyncIterator[str]:
+    """A gateway on the scripted topics: no processor or worker answers there."""
     server = TestServer(create_app(settings, Options(keepalive_s=1)), host="127.0.0.1")
     await server.start_server()
     try:
@@ -184,3 +189,33 @@ async def test_positions_older_than_the_log_start_get_message_not_streaming(
         assert resumed[0].json["run_id"] == first
         assert [e.event for e in resumed[1:]][:2] == ["run_accepted", "attempt_dispatched"]
         assert _texts(resumed) == ["new"] and {e.json["run_id"] for e in resumed[1:-1]} == {second}
+
+
+async def test_without_a_decision_in_time_the_answer_is_202_pending_and_the_command_queued(
+        stack: Stack, scripted: tuple[Settings, Producer]) -> None:
+    settings, producer = scripted
+    settings = settings.with_(decision_timeout_ms=300)
+    script = Script(settings, producer, f"th-{uuid.uuid4()}")
+    script.state(f"run-{uuid.uuid4()}", RunStatus.COMPLETED, "done before")
+    async with _gateway(settings) as base:
+        url = f"{base}/v1/threads/{script.thread_id}/user_message"
+        headers = {**AUTH_A, "Idempotency-Key": "pending-1"}
+        async with stack.session.post(url, json={"input_text": "anyone?"},
+                                      headers=headers) as response:
+            body = await response.json()
+            assert response.status == 202, body
+        message_id = message_id_for(TENANT, script.thread_id, "pending-1")
+        assert body == {"workflow_id": f"agent-{script.thread_id}", "message_id": message_id,
+                        "run_id": run_id_for(script.thread_id, message_id),
+                        "status": "pending"}
+        async with stack.session.post(f"{base}/v1/threads", json={"title": "x"},
+                                      headers=AUTH_A) as response:
+            created = await response.json()
+            assert response.status == 202 and created["status"] == "pending", created
+    commands = read_topic(settings, settings.topics.commands, lambda b: decode_command(b)[1],
+                          until=lambda r: len(r) >= 2, timeout=20)
+    posted = [c for c in commands if isinstance(c, PostUserMessage)]
+    assert [(c.thread_id, c.message_id, c.text, c.idempotency_key) for c in posted] == [
+        (script.thread_id, message_id, "anyone?", "pending-1")]
+    assert [c.thread_id for c in commands if isinstance(c, CreateThread)] == \
+        [created["thread_id"]]

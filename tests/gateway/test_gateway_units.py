@@ -8,6 +8,7 @@ import json
 import pytest
 
 from gateway.auth import redact
+from gateway.feed import Subscriber
 from gateway.kafka import partition_for
 from gateway.rest import message_id_for
 from gateway.sse import BadEventId, EventId, RunTracker, make_events
@@ -34,7 +35,8 @@ def test_event_ids_round_trip_and_reject_garbage() -> None:
     assert event_id.position == (1234, 1)
     for garbage in ["", "not base64 !", base64.urlsafe_b64encode(b"v2.1.2.3.4.r").decode(),
                     base64.urlsafe_b64encode(b"v1.1.-2.0.4.r").decode(),
-                    base64.urlsafe_b64encode(b"v1.1.2.0.4.r/../x").decode(), "x" * 600]:
+                    base64.urlsafe_b64encode(b"v1.1.2.0.4.r/../x").decode(),
+                    base64.urlsafe_b64encode(b"v1.1.2.0.9.r").decode(), "x" * 600]:
         with pytest.raises(BadEventId):
             EventId.decode(garbage)
 
@@ -116,3 +118,20 @@ def test_partitioning_matches_kafkas_murmur2() -> None:
     assert murmur2(b"21") & 0xFFFFFFFF == -973932308 & 0xFFFFFFFF
     assert partition_for("21", 12) == (-973932308 & 0x7FFFFFFF) % 12
     assert {partition_for(f"th-{i}", 4) for i in range(50)} == {0, 1, 2, 3}
+
+
+async def test_a_subscriber_that_falls_behind_is_closed_not_buffered_forever() -> None:
+    meta = new_meta("th", "tenant", 1)
+    events = [e for offset in range(4) for e in make_events(
+        0, offset, 0, meta, _out(1, "A:text:0", offset, TextDelta("x")))]
+    sub = Subscriber("th", None, limit=3)
+    for event in events[:3]:
+        sub.push(event)
+    assert sub.closed is None and await sub.next_batch(1) == events[:3]
+    assert await sub.next_batch(0.01) == []
+    for event in events:
+        sub.push(event)
+    assert sub.closed == "overflow"
+    only_run = Subscriber("th", "another-run", limit=3)
+    only_run.push(events[0])
+    assert not only_run.pending
