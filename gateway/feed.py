@@ -38,11 +38,9 @@ from streams.config import Settings
 from streams.records import RunLifecycle
 from streams.serialization import DecodeError, decode_stream
 
-__all__ = ["AFTER_ALL_SUBS", "StreamFeed", "Subscriber"]
+__all__ = ["StreamFeed", "Subscriber"]
 
 log = logging.getLogger("threadline.gateway")
-
-AFTER_ALL_SUBS = 1 << 20
 
 
 class Subscriber:
@@ -234,7 +232,7 @@ class StreamFeed:
                 del self._windows[thread_id]
                 # A window made later for any thread of the partition covers only
                 # what comes after this point.
-                here = (self.last_offsets.get(window.partition, -1), AFTER_ALL_SUBS)
+                here = (self.last_offsets.get(window.partition, -1) + 1, -1)
                 self._dropped_floor[window.partition] = max(
                     here, self._dropped_floor.get(window.partition, here))
                 return
@@ -258,7 +256,7 @@ class StreamFeed:
             if self.tracker.unknown:
                 # A run whose start the feed did not see: only Kafka can replay it.
                 window = self._window(thread_id)
-                window.covered_after = max(window.covered_after, (record.offset, AFTER_ALL_SUBS))
+                window.covered_after = max(window.covered_after, (record.offset + 1, -1))
             return
         window = self._window(thread_id)
         for event in make_events(partition, record.offset, state.start, meta, output):

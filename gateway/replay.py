@@ -48,7 +48,7 @@ async def replay(settings: Settings, partition: int, thread_id: str, *, scan_fro
         if from_time_ms is not None:
             hit = (await consumer.offsets_for_times({tp: max(0, from_time_ms)}))[tp]
             scan_from = max(begin, hit.offset if hit is not None else until[0] + 1)
-        elif scan_from < begin or after[0] + 1 < begin:
+        elif scan_from < begin or (after[0] if after[1] < 0 else after[0] + 1) < begin:
             raise ReplayGone(f"partition {partition} starts at {begin}, the replay at {scan_from}")
         last = until[0] if until[1] >= 0 else until[0] - 1  # the last offset to read
         if scan_from > last:

@@ -18,13 +18,14 @@ on as a fresh one would (thread) or closes (run). A run stream closes after `don
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from gateway.auth import TENANT
-from gateway.feed import AFTER_ALL_SUBS, Subscriber
+from gateway.feed import Subscriber
 from gateway.keys import FEED, OPTIONS, READ_MODEL, SETTINGS
 from gateway.problems import Problem
 from gateway.replay import ReplayGone, replay
@@ -40,6 +41,8 @@ from gateway.sse import (
 from streams.domain import ThreadState
 
 __all__ = ["run_events", "thread_stream"]
+
+log = logging.getLogger("threadline.gateway")
 
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
@@ -117,19 +120,26 @@ async def run_events(request: web.Request) -> web.StreamResponse:
     return await _serve(request, state, run_id)
 
 
-def _live_plan(request: web.Request, thread_id: str) -> _Plan:
-    """From what the feed ingests next (the snapshot holds what came since)."""
-    feed = request.app[FEED]
-    here = feed.last_offsets.get(feed.partition_of(thread_id), -1)
-    return _Plan((here, AFTER_ALL_SUBS), here + 1, None)
+def _live_plan(here: int) -> _Plan:
+    """Everything the feed ingests after offset `here` (the feed's position then)."""
+    return _Plan((here + 1, -1), here + 1, None)
 
 
-async def _fresh_plan(request: web.Request, state: ThreadState, run_id: str | None) -> _Plan:
+async def _fresh_plan(request: web.Request, state: ThreadState, run_id: str | None,
+                      here: int | None = None) -> _Plan:
+    """Where a stream without a resume position starts; `here` is the feed's position
+    when the client subscribed (None: not subscribed yet, take it now)."""
     feed = request.app[FEED]
+    if here is None:
+        here = feed.last_offsets.get(feed.partition_of(state.thread_id), -1)
     if run_id is None:
         active = feed.active_run(state.thread_id)
+        if active is None and state.active_run is not None:  # e.g. its window was evicted
+            known = feed.tracker.runs.get(state.active_run.run_id)
+            if known is not None and not known.terminal:
+                active = (state.active_run.run_id, known.start)
         if active is None:
-            return _live_plan(request, state.thread_id)
+            return _live_plan(here)
         return _Plan((active[1], -1), active[1], active[0])
     known = feed.tracker.runs.get(run_id)
     if known is None:  # maybe the feed has not read that far yet
@@ -138,7 +148,7 @@ async def _fresh_plan(request: web.Request, state: ThreadState, run_id: str | No
     if known is not None:
         return _Plan((known.start, -1), known.start, run_id)
     if not state.runs[run_id].status.is_terminal:
-        return _live_plan(request, state.thread_id)  # its start is still ahead of the feed
+        return _live_plan(here)  # its start is still ahead of the feed
     accepted = next((m.created_at_ms for m in state.messages if m.run_id == run_id), 0)
     return _Plan((-1, -1), 0, run_id, accepted - FIND_RUN_MARGIN_MS)
 
@@ -155,16 +165,20 @@ async def _serve(request: web.Request, state: ThreadState, run_id: str | None) -
     await response.prepare(request)
     out = _Writer(response, run_id is not None)
     sub, snapshot, covered = feed.subscribe(state.thread_id, run_id)
+    here = feed.last_offsets.get(partition, -1)
     try:
         await response.write(retry_frame(options.retry_ms))
-        for fallback in (False, True):
+        # A position retention removed: say so, then start as a fresh stream would,
+        # and if even that is gone, live.
+        for fallback in range(3):
             try:
                 await _catch_up(request, out, plan, partition, state.thread_id, run_id, covered)
             except ReplayGone:
                 await response.write(not_streaming_frame(state.thread_id, plan.run_id))
-                if run_id is not None or fallback:
+                if run_id is not None:
                     return response
-                plan = await _fresh_plan(request, state, None)
+                plan = await _fresh_plan(request, state, None, here) if fallback == 0 \
+                    else _live_plan(here)
                 continue
             await out.send([e for e in snapshot if e.position > plan.after])
             break
@@ -175,6 +189,8 @@ async def _serve(request: web.Request, state: ThreadState, run_id: str | None) -
         await _live(request, out, sub, options.keepalive_s, finished)
     except ConnectionError:
         pass  # the client went away
+    except Exception:  # the headers are sent: end the stream, the client resumes
+        log.exception("stream of thread %s failed", state.thread_id)
     finally:
         feed.unsubscribe(sub)
     return response
