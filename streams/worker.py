@@ -271,10 +271,10 @@ class _LifecycleWatch:
         log.debug("lifecycle partition %d: seeking to time %d", partition, timestamp_ms)
         try:
             found = (await self.consumer.offsets_for_times({tp: max(timestamp_ms, 0)})).get(tp)
-            if found is None:
-                await self.consumer.seek_to_end(tp)
-            else:
-                self.consumer.seek(tp, found.offset)
+            # Nothing that new: the end. A plain `seek` takes effect at once, where
+            # `seek_to_end` waits for an offset reset by the fetcher.
+            offset = (await self.consumer.end_offsets([tp]))[tp] if found is None else found.offset
+            self.consumer.seek(tp, offset)
         except KafkaError as exc:  # e.g. no longer assigned after a rebalance
             log.warning("lifecycle seek on partition %d failed: %s", partition, exc)
 
