@@ -1,0 +1,45 @@
+"""The HTTP/SSE gateway: REST commands and reads, server-sent events, over Kafka.
+
+Modules, one concern each:
+
+    app          create_app (routes, middlewares, AppKeys, cleanup_ctx), run_gateway
+    rest         JSON endpoints: threads, user messages, cancel, messages
+    streaming    the two SSE endpoints: where a stream starts, replay, live
+    feed         the one stream-topic consumer per process, per-thread windows, subscribers
+    replay       short-lived per-request reads of positions older than the window
+    sse          pure: event ids, frames, the superseded-execution filter (RunTracker)
+    decisions    command producer and the events consumer that answers waiting requests
+    read_model   the threads changelog in memory, with read-your-writes catch-up
+    auth         API keys to tenants; an access log that redacts access_token
+    problems     RFC 9457 problem+json for every error
+    health       /healthz; openapi: /openapi.json; keys: AppKeys and Options
+    kafka        aiokafka helpers: partitioning, group-less consumers, offsets queries
+
+Decisions. A write publishes a command (acks=all) carrying a fresh W3C traceparent;
+the processor copies it onto the events it decides, and the events consumer resolves
+the waiting request by it. No decision within `decision_timeout_ms`: 202 "pending".
+With an `Idempotency-Key` the user message id is uuid5(tenant, thread, key), so a
+resend is the processor's DUPLICATE (202, same ids) or PAYLOAD_MISMATCH (422).
+
+Streams. Every stream-topic record goes through `sse.RunTracker` where it is ingested:
+a run is known from its `run_accepted` record; a `MessageStart` of an attempt at least
+as new as the current one makes its execution (the `part_id` prefix before ':')
+current; other executions, attempts the processor moved past, repeated seqs and
+anything after the terminal record are dropped. Event ids carry the offset of the
+run's `run_accepted`, and a replay from Kafka starts reading there with a fresh
+tracker, so it makes the very events (ids included) the feed made. A replay from a
+position whose run start is unknown (ids never carry that, in practice) filters from
+that position on and may let through output of an execution superseded earlier.
+
+Replay positions: `Last-Event-ID`, or `last_event_id` / `last_entry_id` (reference
+API) in the query, resume after that event. `last_message_id` (reference API) alone
+names a message the client holds; the stream then starts as a fresh one. A position
+older than the partition's log start offset gets `message_not_streaming` (run and
+message id; fetch `GET /v1/threads/{id}/messages`); a thread stream then starts as a
+fresh one would (the active run from its start, else live), a run stream closes.
+
+Limits. The read model holds every thread of the topic in memory (one ThreadState a
+thread, plus a run -> thread index); a RocksDB-backed store would lift that. Records
+the stream topic compacted away (older than its 30 min lag, keyed by thread) leave
+gaps a replay cannot see; only a log start past the position is detected.
+"""

@@ -28,7 +28,9 @@ from streams.domain import (
     RejectReason,
     RunAccepted,
     RunCancelled,
+    RunCompleted,
     RunRejected,
+    RunStatus,
     StoredMessage,
     ThreadCreated,
     ThreadState,
@@ -226,5 +228,6 @@ async def cancel_run(request: web.Request) -> web.Response:
         return _json(202, {"run_id": run_id, "status": "pending"})
     if isinstance(event, RunCancelled):
         return _json(202, {"run_id": run_id, "status": "cancelled"})
+    ended = RunStatus.COMPLETED if isinstance(event, RunCompleted) else RunStatus.FAILED
     raise Problem(409, "run-finished", "the run ended before it could be cancelled",
-                  run_status=type(event).__name__)
+                  run_status=ended.value)

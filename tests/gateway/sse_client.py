@@ -24,7 +24,8 @@ class Ev:
 
 async def iter_sse(response: aiohttp.ClientResponse) -> AsyncIterator[Ev]:
     event_id: str | None = None
-    name, data, has_data = "message", [], False
+    data: list[str] = []
+    name, has_data = "message", False
     while True:
         raw = await response.content.readline()
         if not raw:

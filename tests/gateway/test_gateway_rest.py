@@ -173,8 +173,10 @@ async def test_cancel_ends_the_run_and_a_second_cancel_is_refused(stack: Stack) 
 async def test_openapi_describes_every_route(stack: Stack) -> None:
     status, spec = await stack.get("/openapi.json", auth={})
     assert status == 200 and spec == SPEC and spec["openapi"].startswith("3.1")
+    app = stack.server.app
+    assert app is not None
     routes = {(r.method.lower(), r.resource.canonical)  # type: ignore[union-attr]
-              for r in stack.server.app.router.routes() if r.method != "HEAD"}  # type: ignore[union-attr]
+              for r in app.router.routes() if r.method != "HEAD"}
     described = {(m, p) for p, ops in spec["paths"].items() for m in ops}
     assert routes == described
 
