@@ -98,6 +98,8 @@ def run_gateway(settings: Settings) -> int:
               f"(Kafka {settings.bootstrap}, topics {settings.topic_prefix}*)", flush=True)
 
     logging.getLogger("aiohttp.access").setLevel(logging.INFO)
+    if not settings.api_keys:
+        log.warning("THREADLINE_API_KEYS is empty: every /v1 request will get 401")
     web.run_app(create_app(settings), host=host, port=port, print=announce,
                 access_log_class=RedactingAccessLogger, shutdown_timeout=10,
                 handler_cancellation=True)  # a gone SSE client ends its handler at once
