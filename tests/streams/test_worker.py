@@ -423,108 +423,6 @@ def _text_of(records: Sequence[Rec]) -> str:
     return "".join(r.out.payload.delta for r in records if isinstance(r.out.payload, TextDelta))
 
 
-@pytest.mark.kafka
-def test_a_run_streams_every_part_in_order_and_stores_the_streamed_text(stack: Stack) -> None:
-    settings = stack.settings
-    thread, run = stack.post("hello worker")
-    records = _read_stream(settings, lambda r: bool(_lifecycle(r, run, "run_completed")))
-    out = _output_of(records, run)
-    assert re.fullmatch(r"MessageStart TextStart (TextDelta )+TextEnd StepOutput StepOutput "
-                        r"CitationsOutput MessageEnd", _kinds(out)), (_kinds(out), stack.logs())
-    assert [r.out.seq for r in out] == list(range(len(out)))
-    assert len({r.execution for r in out}) == 1 and {r.out.attempt for r in out} == {1}
-    text = _text_of(out)
-    assert text == reply_for("hello worker", 12)
-    assert [r.out.payload.text for r in out if isinstance(r.out.payload, TextEnd)] == [text]
-    streamed_steps = [r.out.payload for r in out if isinstance(r.out.payload, StepOutput)]
-    streamed_citations = next(r.out.payload for r in out
-                              if isinstance(r.out.payload, CitationsOutput)).citations
-
-    events = _events(settings, lambda e: any(isinstance(x, RunCompleted) for x in _of_run(e, run)))
-    completed = [e for e in _of_run(events, run) if isinstance(e, RunCompleted)]
-    assert len(completed) == 1 and completed[0].message.text == text
-    assert [(s.kind, s.name, s.payload_json) for s in completed[0].message.steps] == [
-        (s.kind, s.name, s.payload_json) for s in streamed_steps]
-    assert completed[0].message.citations == streamed_citations
-    started = next(e for e in _of_run(events, run) if isinstance(e, AttemptStarted))
-    assert started.worker_id == "w1"
-
-    states = read_topic(settings, settings.topics.threads, decode_state, until=lambda s: any(
-        x.thread_id == thread and x.active_run is None and len(x.messages) == 2 for x in s))
-    final = [s for s in states if s.thread_id == thread][-1]
-    assert [(m.role, m.text) for m in final.messages] == [("user", "hello worker"),
-                                                          ("assistant", text)]
-
-
-@pytest.mark.kafka
-def test_a_hang_is_rescheduled_on_heartbeat_timeout_and_failures_end_the_run(stack: Stack) -> None:
-    settings = stack.settings
-    _, hang = stack.post("[hang] please")
-    _, fail = stack.post("[fail] please")
-    _, fatal = stack.post("[fail-fatal] please")
-
-    def ended(events: list[Event]) -> bool:
-        return all(any(isinstance(e, RunFailed) for e in _of_run(events, r))
-                   for r in (hang, fail, fatal))
-
-    events = _events(settings, ended, timeout=45)
-    assert ended(events), stack.logs()
-
-    hung = _of_run(events, hang)
-    retry = next(e for e in hung if isinstance(e, RetryScheduled))
-    assert (retry.reason, retry.failed_attempt, retry.next_attempt) == ("heartbeat_timeout", 1, 2)
-    after = hung[hung.index(retry):]
-    assert [e.attempt for e in after if isinstance(e, AttemptDispatched)] == [2]
-    assert isinstance(hung[-1], RunFailed) and hung[-1].attempt == 2
-    assert hung[-1].error == "heartbeat_timeout"
-
-    failed = _of_run(events, fail)
-    retries = [e for e in failed if isinstance(e, RetryScheduled)]
-    assert [r.reason for r in retries] == ["failed: builtin agent: [fail] requested"]
-    assert isinstance(failed[-1], RunFailed) and failed[-1].attempt == 2
-
-    fatal_events = _of_run(events, fatal)
-    assert not any(isinstance(e, RetryScheduled) for e in fatal_events)
-    assert isinstance(fatal_events[-1], RunFailed) and fatal_events[-1].attempt == 1
-    assert "[fail-fatal]" in fatal_events[-1].error
-
-    records = _read_stream(settings, lambda r: all(_lifecycle(r, x, "run_failed")
-                                                   for x in (hang, fail, fatal)))
-    # A failed execution ends its message with an error; a superseded one just stops.
-    for run, attempts in ((fail, 2), (fatal, 1)):
-        ends = [r.out.payload for r in _output_of(records, run)
-                if isinstance(r.out.payload, MessageEnd)]
-        assert [e.finish_reason for e in ends] == ["error"] * attempts
-    hung_out = _output_of(records, hang)
-    assert {r.out.attempt for r in hung_out} == {1, 2}
-    assert not any(isinstance(r.out.payload, MessageEnd) for r in hung_out)
-
-
-@pytest.mark.kafka
-def test_cancelling_mid_stream_ends_the_run_and_its_output(stack: Stack) -> None:
-    settings = stack.settings
-    text = "[slow] cancel me"
-    thread, run = stack.post(text)
-    _read_stream(settings, lambda r: sum(isinstance(x.out.payload, TextDelta)
-                                         for x in _output_of(r, run)) >= 2, timeout=30)
-    send_command(stack.producer, settings, CancelRun(thread, "t", run, "user asked", _now()))
-    stack.producer.flush(10)
-    events = _events(settings, lambda e: any(isinstance(x, RunCancelled) for x in _of_run(e, run)))
-    assert isinstance(_of_run(events, run)[-1], RunCancelled), stack.logs()
-    time.sleep(1.5)  # long enough for more tokens, had the worker gone on
-    records = _read_stream(settings, lambda r: bool(_lifecycle(r, run, "run_cancelled")))
-    cancelled = _lifecycle(records, run, "run_cancelled")[0]
-    out = _output_of(records, run)
-    late = [r for r in out if r.offset > cancelled.offset]
-    grace_ms = 500
-    assert all(r.meta.produced_at_ms <= cancelled.meta.produced_at_ms + grace_ms for r in late), \
-        [(type(r.out.payload).__name__, r.meta.produced_at_ms - cancelled.meta.produced_at_ms)
-         for r in late]
-    assert not any(isinstance(r.out.payload, MessageEnd) for r in out)
-    assert len(_text_of(out)) < len(reply_for(text, 12))
-    assert not any(isinstance(e, (RunCompleted, RunFailed)) for e in _of_run(events, run))
-
-
 def _executions(out: Sequence[Rec]) -> list[list[Rec]]:
     """A run's output split by execution, in the order the executions began."""
     by_execution: dict[str, list[Rec]] = {}
@@ -698,3 +596,108 @@ def test_every_run_completes_exactly_once_when_a_worker_dies_among_them(
         survivor = stack.workers[({"w1", "w2"} - {victim}).pop()]
         survivor.stop()
         assert survivor.proc is not None and survivor.proc.returncode == 0
+
+
+# --- the shared stack (started last: nothing else runs beside it) ---------------------------
+
+
+@pytest.mark.kafka
+def test_a_run_streams_every_part_in_order_and_stores_the_streamed_text(stack: Stack) -> None:
+    settings = stack.settings
+    thread, run = stack.post("hello worker")
+    records = _read_stream(settings, lambda r: bool(_lifecycle(r, run, "run_completed")))
+    out = _output_of(records, run)
+    assert re.fullmatch(r"MessageStart TextStart (TextDelta )+TextEnd StepOutput StepOutput "
+                        r"CitationsOutput MessageEnd", _kinds(out)), (_kinds(out), stack.logs())
+    assert [r.out.seq for r in out] == list(range(len(out)))
+    assert len({r.execution for r in out}) == 1 and {r.out.attempt for r in out} == {1}
+    text = _text_of(out)
+    assert text == reply_for("hello worker", 12)
+    assert [r.out.payload.text for r in out if isinstance(r.out.payload, TextEnd)] == [text]
+    streamed_steps = [r.out.payload for r in out if isinstance(r.out.payload, StepOutput)]
+    streamed_citations = next(r.out.payload for r in out
+                              if isinstance(r.out.payload, CitationsOutput)).citations
+
+    events = _events(settings, lambda e: any(isinstance(x, RunCompleted) for x in _of_run(e, run)))
+    completed = [e for e in _of_run(events, run) if isinstance(e, RunCompleted)]
+    assert len(completed) == 1 and completed[0].message.text == text
+    assert [(s.kind, s.name, s.payload_json) for s in completed[0].message.steps] == [
+        (s.kind, s.name, s.payload_json) for s in streamed_steps]
+    assert completed[0].message.citations == streamed_citations
+    started = next(e for e in _of_run(events, run) if isinstance(e, AttemptStarted))
+    assert started.worker_id == "w1"
+
+    states = read_topic(settings, settings.topics.threads, decode_state, until=lambda s: any(
+        x.thread_id == thread and x.active_run is None and len(x.messages) == 2 for x in s))
+    final = [s for s in states if s.thread_id == thread][-1]
+    assert [(m.role, m.text) for m in final.messages] == [("user", "hello worker"),
+                                                          ("assistant", text)]
+
+
+@pytest.mark.kafka
+def test_a_hang_is_rescheduled_on_heartbeat_timeout_and_failures_end_the_run(stack: Stack) -> None:
+    settings = stack.settings
+    _, hang = stack.post("[hang] please")
+    _, fail = stack.post("[fail] please")
+    _, fatal = stack.post("[fail-fatal] please")
+
+    def ended(events: list[Event]) -> bool:
+        return all(any(isinstance(e, RunFailed) for e in _of_run(events, r))
+                   for r in (hang, fail, fatal))
+
+    events = _events(settings, ended, timeout=45)
+    assert ended(events), stack.logs()
+
+    hung = _of_run(events, hang)
+    retry = next(e for e in hung if isinstance(e, RetryScheduled))
+    assert (retry.reason, retry.failed_attempt, retry.next_attempt) == ("heartbeat_timeout", 1, 2)
+    after = hung[hung.index(retry):]
+    assert [e.attempt for e in after if isinstance(e, AttemptDispatched)] == [2]
+    assert isinstance(hung[-1], RunFailed) and hung[-1].attempt == 2
+    assert hung[-1].error == "heartbeat_timeout"
+
+    failed = _of_run(events, fail)
+    retries = [e for e in failed if isinstance(e, RetryScheduled)]
+    assert [r.reason for r in retries] == ["failed: builtin agent: [fail] requested"]
+    assert isinstance(failed[-1], RunFailed) and failed[-1].attempt == 2
+
+    fatal_events = _of_run(events, fatal)
+    assert not any(isinstance(e, RetryScheduled) for e in fatal_events)
+    assert isinstance(fatal_events[-1], RunFailed) and fatal_events[-1].attempt == 1
+    assert "[fail-fatal]" in fatal_events[-1].error
+
+    records = _read_stream(settings, lambda r: all(_lifecycle(r, x, "run_failed")
+                                                   for x in (hang, fail, fatal)))
+    # A failed execution ends its message with an error; a superseded one just stops.
+    for run, attempts in ((fail, 2), (fatal, 1)):
+        ends = [r.out.payload for r in _output_of(records, run)
+                if isinstance(r.out.payload, MessageEnd)]
+        assert [e.finish_reason for e in ends] == ["error"] * attempts
+    hung_out = _output_of(records, hang)
+    assert {r.out.attempt for r in hung_out} == {1, 2}
+    assert not any(isinstance(r.out.payload, MessageEnd) for r in hung_out)
+
+
+@pytest.mark.kafka
+def test_cancelling_mid_stream_ends_the_run_and_its_output(stack: Stack) -> None:
+    settings = stack.settings
+    text = "[slow] cancel me"
+    thread, run = stack.post(text)
+    _read_stream(settings, lambda r: sum(isinstance(x.out.payload, TextDelta)
+                                         for x in _output_of(r, run)) >= 2, timeout=30)
+    send_command(stack.producer, settings, CancelRun(thread, "t", run, "user asked", _now()))
+    stack.producer.flush(10)
+    events = _events(settings, lambda e: any(isinstance(x, RunCancelled) for x in _of_run(e, run)))
+    assert isinstance(_of_run(events, run)[-1], RunCancelled), stack.logs()
+    time.sleep(1.5)  # long enough for more tokens, had the worker gone on
+    records = _read_stream(settings, lambda r: bool(_lifecycle(r, run, "run_cancelled")))
+    cancelled = _lifecycle(records, run, "run_cancelled")[0]
+    out = _output_of(records, run)
+    late = [r for r in out if r.offset > cancelled.offset]
+    grace_ms = 500
+    assert all(r.meta.produced_at_ms <= cancelled.meta.produced_at_ms + grace_ms for r in late), \
+        [(type(r.out.payload).__name__, r.meta.produced_at_ms - cancelled.meta.produced_at_ms)
+         for r in late]
+    assert not any(isinstance(r.out.payload, MessageEnd) for r in out)
+    assert len(_text_of(out)) < len(reply_for(text, 12))
+    assert not any(isinstance(e, (RunCompleted, RunFailed)) for e in _of_run(events, run))
