@@ -20,8 +20,10 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/threadline run
 
+# A private temp folder per run: pytest prunes old runs in the shared default
+# folder, which would delete a concurrent run's broker data.
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --basetemp="$$(mktemp -d /tmp/threadline-test-XXXXXX)" $(PYTEST_ARGS)
 
 chaos: install
 	$(PY) -m pytest -q -m chaos $(PYTEST_ARGS)
