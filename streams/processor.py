@@ -41,6 +41,7 @@ from streams.domain import (
     RunCompleted,
     RunFailed,
     ThreadState,
+    workflow_id_for,
 )
 from streams.records import DeadLetter, Dispatch, HistoryMessage, RunLifecycle, StreamOutput
 from streams.serialization import (
@@ -361,7 +362,7 @@ class Processor:
             for m in state.messages if m.message_id != event.message_id
         )[-HISTORY_LIMIT:]
         dispatch = Dispatch(run_id=event.run_id, message_id=event.message_id,
-                            attempt=event.attempt, workflow_id=f"agent-{state.thread_id}",
+                            attempt=event.attempt, workflow_id=workflow_id_for(state.thread_id),
                             input_text=user.text, history=history, dispatched_at_ms=event.at_ms)
         self.producer.produce(self.topics.dispatch, encode_dispatch(dispatch, meta), key,
                               partition=partition)
@@ -433,6 +434,7 @@ def _lifecycle(event: Event, state: ThreadState | None) -> StreamOutput | None:
     elif isinstance(event, RunFailed):
         attempt, detail = event.attempt, event.error
     elif isinstance(event, RunCancelled):
+        attempt = record.attempts if record else 0  # the attempt that was running
         detail = event.reason
     return StreamOutput(run_id=run_id, attempt=attempt, message_id=answer_message_id_for(run_id),
                         part_id="lifecycle", seq=0,
