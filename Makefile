@@ -29,7 +29,8 @@ chaos: install
 	$(PY) -m pytest -q -m chaos $(PYTEST_ARGS)
 
 bench: install
-	$(PY) -m bench
+	$(PY) -c 'import matplotlib, pyinstrument' 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) -m bench $(BENCH_ARGS)
 
 lint: install
 	$(PY) -m ruff check .

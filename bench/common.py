@@ -1,22 +1,29 @@
-"""Shared pieces of the benchmarks: one broker for the run, fresh topics per case."""
+"""Shared pieces of the benchmarks: one broker for the run, fresh topics per case,
+child processes whose CPU is counted, percentiles and the figures they make."""
 
 from __future__ import annotations
 
+import json
 import os
 import resource
+import shutil
 import statistics
+import subprocess
+import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from streams.config import Settings
 from streams.topics import ensure_topics
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
+VAR = ROOT / "var"
 
 
 @contextmanager
@@ -27,27 +34,67 @@ def broker() -> Iterator[str]:
         return
     from streams.broker import EmbeddedKafka
 
-    data = ROOT / "var" / f"bench-broker-{uuid.uuid4().hex[:6]}"
+    data = VAR / f"bench-broker-{uuid.uuid4().hex[:6]}"
     kafka = EmbeddedKafka(data, port=0)
     kafka.start()
     try:
         yield kafka.bootstrap
     finally:
         kafka.stop()
-        import shutil
-
         shutil.rmtree(data, ignore_errors=True)
 
 
-def fresh_settings(bootstrap: str, partitions: int = 12, **env: str) -> Settings:
+def bench_env(bootstrap: str, partitions: int = 12, **extra: str) -> dict[str, str]:
+    """The environment of one case: its own topic prefix and data folder."""
     prefix = f"b{uuid.uuid4().hex[:8]}."
-    settings = Settings.from_env({
+    return {
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "THREADLINE_TOPIC_PREFIX": prefix,
         "THREADLINE_PARTITIONS": str(partitions),
-        "THREADLINE_DATA_DIR": str(ROOT / "var" / f"bench-{prefix.rstrip('.')}"), **env,
-    })
+        "THREADLINE_DATA_DIR": str(VAR / f"bench-{prefix.rstrip('.')}"),
+        # No deadline falls due during a run: the clock's ticks would add commands.
+        "THREADLINE_HEARTBEAT_TIMEOUT_S": "3600", "THREADLINE_ATTEMPT_TIMEOUT_S": "7200",
+        "THREADLINE_API_KEYS": "bench=bench", "THREADLINE_LOG_LEVEL": "WARNING", **extra,
+    }
+
+
+def fresh_settings(bootstrap: str, partitions: int = 12, **env: str) -> Settings:
+    settings = Settings.from_env(bench_env(bootstrap, partitions, **env))
     ensure_topics(settings)
     return settings
+
+
+def cleanup(settings: Settings) -> None:
+    """Remove a case's data folder (its topics stay until the broker goes)."""
+    shutil.rmtree(settings.data_dir, ignore_errors=True)
+
+
+def load_average() -> tuple[float, float, float]:
+    return os.getloadavg()
+
+
+def load_text() -> str:
+    one, five, fifteen = load_average()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+# --- measurements -------------------------------------------------------------------
+
+
+@dataclass
+class Figure:
+    """One measured line of the report: a case, its numbers, and what it compares with."""
+
+    bench: str  # "processor", "decision", "token", "fanout", "replay"
+    case: str
+    values: dict[str, float]  # metric -> value (units in the metric name)
+    baseline: str | None = None  # the case this one is compared with
+    cpu: dict[str, float] = field(default_factory=dict)  # process -> CPU µs per event
+    load: str = ""  # load average while it ran
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bench": self.bench, "case": self.case, "values": self.values,
+                "baseline": self.baseline, "cpu": self.cpu, "load": self.load, "note": self.note}
 
 
 @dataclass
@@ -56,22 +103,40 @@ class CpuClock:
 
     wall0: float = 0.0
     cpu0: float = 0.0
+    wall: float = 0.0
+    cpu: float = 0.0
 
     def __enter__(self) -> CpuClock:
-        self.wall0, self.cpu0 = time.perf_counter(), _cpu()
+        self.wall0, self.cpu0 = time.perf_counter(), own_cpu()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.wall = time.perf_counter() - self.wall0
-        self.cpu = _cpu() - self.cpu0
+        self.cpu = own_cpu() - self.cpu0
 
 
-def _cpu() -> float:
+def own_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
 
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of a live process (from /proc, all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def process_rss(pid: int) -> int:
+    """Resident set size in bytes."""
+    with open(f"/proc/{pid}/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
 def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
     if not values:
         return float("nan")
     ordered = sorted(values)
@@ -81,3 +146,90 @@ def percentile(values: list[float], q: float) -> float:
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+# --- child processes ------------------------------------------------------------------
+
+
+class Child:
+    """A process of the benchmark (a Threadline role or a bench helper) whose CPU
+    and memory can be read while it runs; its output goes to a log file."""
+
+    def __init__(self, name: str, args: list[str], env: Mapping[str, str], log: Path,
+                 nofile: int | None = None) -> None:
+        self.name, self.log = name, log
+        log.parent.mkdir(parents=True, exist_ok=True)
+        out = open(log, "ab")  # noqa: SIM115 - handed to the child
+        full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+
+        def limits() -> None:
+            if nofile:
+                hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+                resource.setrlimit(resource.RLIMIT_NOFILE, (min(nofile, hard), hard))
+
+        self.proc = subprocess.Popen([sys.executable, *args], env=full_env, cwd=ROOT,
+                                     stdout=out, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, preexec_fn=limits)
+        out.close()
+        self.cpu0 = 0.0
+
+    @classmethod
+    def role(cls, role: str, env: Mapping[str, str], folder: Path, nofile: int | None = None) \
+            -> Child:
+        return cls(role, ["-m", "streams.cli", role], env, folder / f"{role}.log", nofile)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def cpu(self) -> float:
+        return process_cpu(self.pid)
+
+    def mark(self) -> None:
+        """Start counting CPU from now."""
+        self.cpu0 = self.cpu()
+
+    def cpu_since_mark(self) -> float:
+        return self.cpu() - self.cpu0
+
+    def rss(self) -> int:
+        return process_rss(self.pid)
+
+    def tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.alive():
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError(f"{self.name} did not finish in {timeout}s:\n{self.tail()}") \
+                from None
+
+
+def run_child_json(module: str, args: list[str], env: Mapping[str, str], log: Path,
+                   timeout: float) -> dict[str, Any]:
+    """Run `python -m module args` to the end; its last stdout line is a JSON result."""
+    out = log.with_suffix(".json")
+    child = Child(module, ["-m", module, *args, "--out", str(out)], env, log)
+    code = child.wait(timeout)
+    if code != 0 or not out.exists():
+        raise RuntimeError(f"{module} {args} exited with {code}:\n{child.tail()}")
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result

@@ -1,19 +1,35 @@
 """Processor throughput: commands per second through the Threadline processor
-(exactly-once and at-least-once), against a bare confluent-kafka transactional
-consume -> decide -> produce loop running the same pure core, on the same broker
-and the same pre-loaded payload, in one run."""
+(exactly-once and at-least-once), against bare confluent-kafka transactional
+consume -> decide -> produce loops that run the same pure core, on the same broker
+and the same pre-loaded commands, in one run.
+
+Each case runs in a child process of its own (so its CPU is its own), on fresh
+topics preloaded with the same commands; the cases are interleaved and repeated,
+and the medians are reported. Two bare loops:
+
+* "bare loop, events only": consume, decide and evolve on a dict, produce the
+  events, commit the offsets in the transaction; the least an EOS processor does.
+* "bare loop, same records": also writes everything the processor writes (the
+  dispatches, the lifecycle mirror on the stream topic and each touched thread's
+  state on the changelog), from the same encoders, but keeps state in a dict instead
+  of RocksDB. The gap to it is the shell's own cost (tables, checks, bookkeeping).
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
 import threading
 import time
-from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
-from bench.common import CpuClock, fresh_settings
+from bench.common import VAR, Figure, bench_env, cleanup, load_text, median, own_cpu
 from streams.config import Settings
 from streams.domain import (
+    AttemptDispatched,
     Command,
     CreateThread,
     PostUserMessage,
@@ -21,37 +37,35 @@ from streams.domain import (
     ReportAttemptStarted,
     ThreadState,
 )
-from streams.processor import Processor
-from streams.serialization import decode_command, encode_command, encode_event, new_meta
+from streams.processor import Processor, _derived_id, _lifecycle
+from streams.records import Dispatch, HistoryMessage
+from streams.serialization import (
+    EnvelopeMeta,
+    decode_command,
+    encode_command,
+    encode_dispatch,
+    encode_event,
+    encode_state,
+    encode_stream,
+    new_meta,
+)
 from streams.thread import apply, decide, run_id_for
+from streams.topics import ensure_topics
 
-
-@dataclass
-class Result:
-    """`wall_s` runs from the first batch to the last, so group joins and table
-    restores at start-up are not counted; `cpu_s` is the whole process's CPU
-    over the run, start-up included."""
-
-    name: str
-    commands: int
-    wall_s: float
-    cpu_s: float
-
-    @property
-    def per_s(self) -> float:
-        return self.commands / self.wall_s
-
-    @property
-    def cpu_us_per_command(self) -> float:
-        return self.cpu_s / self.commands * 1e6
+BENCH = "processor"
+BARE = "bare loop, events only"
+BARE_SAME = "bare loop, same records"
+EOS = "threadline processor, exactly-once"
+ALO = "threadline processor, at-least-once"
+CASES = {BARE: "bare", BARE_SAME: "bare-same", EOS: "eos", ALO: "alo"}
 
 
 def payload(threads: int, messages: int) -> list[Command]:
+    """A thread is created, then each message is posted, started and completed."""
     now = int(time.time() * 1000)
     out: list[Command] = []
     for t in range(threads):
-        thread = f"bench-{t}"
-        out.append(CreateThread(thread, "bench", f"thread {t}", now))
+        out.append(CreateThread(f"bench-{t}", "bench", f"thread {t}", now))
     for m in range(messages):
         for t in range(threads):
             thread, msg = f"bench-{t}", f"m{m}"
@@ -64,113 +78,209 @@ def payload(threads: int, messages: int) -> list[Command]:
     return out
 
 
-def preload(settings: Settings, commands: list[Command]) -> int:
+def encoded(commands: list[Command]) -> list[tuple[bytes, bytes]]:
+    return [(c.thread_id.encode(), encode_command(c, new_meta(c.thread_id, "bench", 0)))
+            for c in commands]
+
+
+def preload(settings: Settings, records: list[tuple[bytes, bytes]]) -> None:
     producer = Producer({"bootstrap.servers": settings.bootstrap, "partitioner": "murmur2_random",
-                         "linger.ms": 20, "enable.idempotence": True})
-    for command in commands:
-        meta = new_meta(command.thread_id, "bench", 0)
-        producer.produce(settings.topics.commands, encode_command(command, meta),
-                         command.thread_id.encode())
+                         "linger.ms": 20, "enable.idempotence": True, "log_level": 0})
+    for key, value in records:
+        producer.produce(settings.topics.commands, value, key)
         producer.poll(0)
-    producer.flush(60)
-    return len(commands)
+    if producer.flush(60):
+        raise RuntimeError("preload did not finish")
 
 
-def _drained(settings: Settings, group: str) -> bool:
-    probe = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": group, "log_level": 0,
-                      "isolation.level": "read_committed"})
-    try:
-        parts = [TopicPartition(settings.topics.commands, p) for p in range(settings.partitions)]
-        try:
-            committed = probe.committed(parts, timeout=10)
-        except KafkaException:  # coordinator moving or loading: not yet
-            return False
-        for tp in committed:
-            _, high = probe.get_watermark_offsets(tp, timeout=10)
-            if tp.offset < high:
-                return False
-        return True
-    finally:
-        probe.close()
+# --- the children ------------------------------------------------------------------
 
 
-def run_threadline(settings: Settings, count: int, name: str) -> Result:
+class _Meter:
+    """Wall and CPU from the end of the first batch to the end of the last, so group
+    joins and table restores at start-up are not counted."""
+
+    def __init__(self) -> None:
+        self.first_at = 0.0
+        self.first_cpu = 0.0
+        self.first_count = 0
+
+    def first(self, count: int) -> None:
+        if not self.first_at:
+            self.first_at, self.first_cpu, self.first_count = time.monotonic(), own_cpu(), count
+
+    def result(self, count: int) -> dict[str, Any]:
+        wall, cpu = time.monotonic() - self.first_at, own_cpu() - self.first_cpu
+        measured = count - self.first_count
+        return {"commands": measured, "wall_s": wall, "cpu_s": cpu,
+                "per_s": measured / wall, "cpu_us": cpu / measured * 1e6}
+
+
+def _child_threadline(settings: Settings, count: int) -> dict[str, Any]:
     processor = Processor(settings)
-    worker = threading.Thread(target=processor.run, daemon=True)
-    with CpuClock() as clock:
-        worker.start()
-        while not _drained(settings, processor.group_id):
-            time.sleep(0.05)
-    processor.stopping = True
-    worker.join(30)
-    stats = processor.stats
-    assert stats.commands == count and stats.first_batch_at and stats.last_batch_at
-    return Result(name, count, stats.last_batch_at - stats.first_batch_at, clock.cpu)
+    meter = _Meter()
+
+    def watch() -> None:
+        while processor.stats.commands < count:
+            if processor.stats.batches and not meter.first_at:
+                meter.first(processor.stats.commands)
+            time.sleep(0.002)
+        processor.stopping = True
+
+    threading.Thread(target=watch, daemon=True).start()
+    processor.run()
+    result = meter.result(processor.stats.commands)
+    result.update(batches=processor.stats.batches, aborts=processor.stats.aborts)
+    return result
 
 
-def run_bare_loop(settings: Settings, count: int) -> Result:
-    """The least a transactional processor can do: consume, decide with the pure
-    core on in-memory state, produce the events, commit offsets in the transaction."""
+def _child_bare(settings: Settings, count: int, same_records: bool) -> dict[str, Any]:
+    topics = settings.topics
     group = f"{settings.topic_prefix}bare"
     consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": group,
                          "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                         "isolation.level": "read_committed", "log_level": 0})
+                         "isolation.level": "read_committed", "fetch.wait.max.ms": 20,
+                         "log_level": 0})
     producer = Producer({"bootstrap.servers": settings.bootstrap, "linger.ms": 2,
                          "transactional.id": f"{group}-1", "log_level": 0})
     producer.init_transactions(30)
-    consumer.subscribe([settings.topics.commands])
-    states: dict[str, ThreadState | None] = {}
-    done = 0
-    first_batch_at = 0.0
-    with CpuClock() as clock:
-        while done < count:
-            batch = consumer.consume(500, 0.05)
-            if not batch:
+    consumer.subscribe([topics.commands])
+    states: dict[bytes, ThreadState | None] = {}
+    meter = _Meter()
+    done = batches = 0
+    while done < count:
+        batch = consumer.consume(500, 0.05)
+        if not batch:
+            continue
+        producer.begin_transaction()
+        offsets: dict[int, int] = {}
+        touched: dict[tuple[int, bytes], ThreadState] = {}
+        for msg in batch:
+            if msg.error() is not None:
                 continue
-            first_batch_at = first_batch_at or time.monotonic()
-            producer.begin_transaction()
-            offsets: dict[int, int] = {}
-            for msg in batch:
-                if msg.error() is not None and msg.error().code() == KafkaError._PARTITION_EOF:
+            key, partition = msg.key() or b"", msg.partition() or 0
+            meta, command = decode_command(msg.value() or b"")
+            state = states.get(key)
+            events = decide(state, command, settings.policy)
+            offsets[partition] = (msg.offset() or 0) + 1
+            done += 1
+            if not events:
+                continue
+            new_state = apply(state, events)
+            states[key] = new_state
+            for index, event in enumerate(events):
+                event_meta = meta
+                if same_records:
+                    event_meta = EnvelopeMeta(_derived_id(meta.envelope_id, index), meta.thread_id,
+                                              meta.tenant, int(time.time() * 1000),
+                                              meta.traceparent, meta.tracestate)
+                producer.produce(topics.events, encode_event(event, event_meta), key,
+                                 partition=partition)
+                if not same_records or new_state is None:
                     continue
-                meta, command = decode_command(msg.value() or b"")
-                events = decide(states.get(meta.thread_id), command, settings.policy)
-                if events:
-                    states[meta.thread_id] = apply(states.get(meta.thread_id), events)
-                for event in events:
-                    producer.produce(settings.topics.events, encode_event(event, meta),
-                                     msg.key(), partition=msg.partition())
-                offsets[msg.partition() or 0] = (msg.offset() or 0) + 1
-                done += 1
-            producer.send_offsets_to_transaction(
-                [TopicPartition(settings.topics.commands, p, o) for p, o in offsets.items()],
-                consumer.consumer_group_metadata(), 30)
-            producer.commit_transaction(30)
-    last_batch_at = time.monotonic()
+                if isinstance(event, AttemptDispatched):
+                    user = next(m for m in new_state.messages if m.message_id == event.message_id)
+                    history = tuple(HistoryMessage(m.message_id, m.role, m.text)
+                                    for m in new_state.messages
+                                    if m.message_id != event.message_id)[-50:]
+                    dispatch = Dispatch(event.run_id, event.message_id, event.attempt,
+                                        f"agent-{new_state.thread_id}", user.text, history,
+                                        event.at_ms)
+                    producer.produce(topics.dispatch, encode_dispatch(dispatch, event_meta), key,
+                                     partition=partition)
+                lifecycle = _lifecycle(event, new_state)
+                if lifecycle is not None:
+                    producer.produce(topics.stream, encode_stream(lifecycle, event_meta), key,
+                                     partition=partition)
+            if same_records and new_state is not None:
+                touched[(partition, key)] = new_state
+        for (partition, key), state in touched.items():
+            producer.produce(topics.threads, encode_state(state), key, partition=partition)
+        producer.send_offsets_to_transaction(
+            [TopicPartition(topics.commands, p, o) for p, o in offsets.items()],
+            consumer.consumer_group_metadata(), 30)
+        producer.commit_transaction(30)
+        batches += 1
+        meter.first(done)
+    result = meter.result(done)
+    result.update(batches=batches, aborts=0)
     consumer.close()
-    return Result("bare confluent-kafka EOS loop", count, last_batch_at - first_batch_at, clock.cpu)
+    return result
 
 
-def run(bootstrap: str, threads: int = 1000, messages: int = 3) -> list[Result]:
-    commands = payload(threads, messages)
-    results = []
-    for name, env in (
-        ("bare confluent-kafka EOS loop", None),
-        ("threadline processor, exactly-once", {"THREADLINE_PROCESSING_GUARANTEE": "exactly_once"}),
-        ("threadline processor, at-least-once", {"THREADLINE_PROCESSING_GUARANTEE": "at_least_once"}),
-    ):
-        settings = fresh_settings(bootstrap, **(env or {}))
-        count = preload(settings, commands)
-        if env is None:
-            results.append(run_bare_loop(settings, count))
-        else:
-            results.append(run_threadline(settings, count, name))
-    return results
+def child_main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("case", choices=sorted(CASES.values()))
+    parser.add_argument("--count", type=int, required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    settings = Settings.from_env()
+    ensure_topics(settings)
+    if args.case in ("eos", "alo"):
+        result = _child_threadline(settings, args.count)
+    else:
+        result = _child_bare(settings, args.count, args.case == "bare-same")
+    Path(args.out).write_text(json.dumps(result))
+
+
+# --- the benchmark -----------------------------------------------------------------
+
+
+def run_case(bootstrap: str, case: str, records: list[tuple[bytes, bytes]],
+             folder: Path) -> dict[str, Any]:
+    from bench.common import run_child_json
+
+    guarantee = "at_least_once" if case == ALO else "exactly_once"
+    env = bench_env(bootstrap, THREADLINE_PROCESSING_GUARANTEE=guarantee)
+    settings = Settings.from_env(env)
+    ensure_topics(settings)
+    preload(settings, records)
+    load = load_text()
+    try:
+        result = run_child_json("bench.processor_throughput",
+                                ["child", CASES[case], "--count", str(len(records))], env,
+                                folder / f"{CASES[case]}-{settings.topic_prefix}log", 300)
+    finally:
+        cleanup(settings)
+    result["load"] = load
+    return result
+
+
+def run(bootstrap: str, threads: int = 1000, messages: int = 3, repeats: int = 3,
+        cases: tuple[str, ...] = (BARE, BARE_SAME, EOS, ALO)) -> list[Figure]:
+    records = encoded(payload(threads, messages))
+    folder = VAR / "bench-logs"
+    runs: dict[str, list[dict[str, Any]]] = {case: [] for case in cases}
+    for repeat in range(repeats):
+        for case in cases:
+            result = run_case(bootstrap, case, records, folder)
+            runs[case].append(result)
+            print(f"  [{repeat + 1}/{repeats}] {case:38s} {result['per_s']:8.0f} cmd/s "
+                  f"{result['cpu_us']:7.1f} CPU µs/cmd  (load {result['load']})", flush=True)
+    figures = []
+    for case in cases:
+        rates = [r["per_s"] for r in runs[case]]
+        cpu = [r["cpu_us"] for r in runs[case]]
+        values = {"cmd/s": median(rates), "CPU µs/cmd": median(cpu), "runs": len(rates)}
+        base = None if case in (BARE, BARE_SAME) else BARE
+        figures.append(Figure(BENCH, case, values, base, {"processor": median(cpu)},
+                              " / ".join(r["load"] for r in runs[case])))
+    base_rate = {f.case: f.values["cmd/s"] for f in figures}
+    for f in figures:
+        for base in (BARE, BARE_SAME):
+            if base in base_rate and f.case != base:
+                f.values[f"x {base}"] = f.values["cmd/s"] / base_rate[base]
+    return figures
 
 
 if __name__ == "__main__":
-    from bench.common import broker
+    import sys
 
-    with broker() as bootstrap:
-        for r in run(bootstrap):
-            print(f"{r.name:40s} {r.per_s:9.0f} cmd/s  {r.cpu_us_per_command:7.1f} CPU µs/cmd")
+    if len(sys.argv) > 1 and sys.argv[1] == "child":
+        child_main(sys.argv[2:])
+    else:
+        from bench.common import broker
+
+        with broker() as bootstrap:
+            for figure in run(bootstrap, repeats=1):
+                print(figure.case, figure.values)
