@@ -21,7 +21,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from gateway.kafka import new_consumer, run_forever, stop_task, topic_partitions
+from gateway.kafka import new_consumer, run_forever, stop_client, stop_task, topic_partitions
 from gateway.problems import Problem
 from streams.config import Settings
 from streams.domain import TERMINAL_EVENTS, Command, Event
@@ -69,9 +69,9 @@ class CommandBus:
     async def stop(self) -> None:
         await stop_task(self._task)
         if self._consumer is not None:
-            await self._consumer.stop()
+            await stop_client(self._consumer)
         if self._producer is not None:
-            await self._producer.stop()
+            await stop_client(self._producer)
 
     async def publish(self, command: Command, tenant: str, traceparent: str) -> None:
         """Queue `command` durably; Problem 503 if Kafka does not take it."""

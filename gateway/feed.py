@@ -29,6 +29,7 @@ from gateway.kafka import (
     new_consumer,
     partition_for,
     run_forever,
+    stop_client,
     stop_task,
     topic_partitions,
 )
@@ -151,7 +152,7 @@ class StreamFeed:
         self.close_all("shutdown")
         await stop_task(self._task)
         if self._consumer_ is not None:
-            await self._consumer_.stop()
+            await stop_client(self._consumer_)
 
     def close_all(self, reason: str) -> None:
         for sub in list(self.subscribers):

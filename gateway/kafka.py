@@ -11,9 +11,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
 from aiokafka.structs import OffsetAndTimestamp
 
+from streams.aio import stop_client
 from streams.config import Settings
 
-__all__ = ["Offsets", "new_consumer", "partition_for", "run_forever", "stop_task",
+__all__ = ["Offsets", "new_consumer", "partition_for", "run_forever", "stop_client", "stop_task",
            "topic_partitions"]
 
 log = logging.getLogger("threadline.gateway")
@@ -78,7 +79,7 @@ class Offsets:
 
     async def stop(self) -> None:
         if self._client is not None:
-            await self._client.stop()
+            await stop_client(self._client)
 
     @property
     def client(self) -> AIOKafkaConsumer:

@@ -24,6 +24,7 @@ from gateway.kafka import (
     new_consumer,
     partition_for,
     run_forever,
+    stop_client,
     stop_task,
     topic_partitions,
 )
@@ -73,7 +74,7 @@ class ReadModel:
     async def stop(self) -> None:
         await stop_task(self._task)
         if self._consumer_ is not None:
-            await self._consumer_.stop()
+            await stop_client(self._consumer_)
 
     @property
     def loaded(self) -> bool:

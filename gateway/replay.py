@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator
 
 from aiokafka import TopicPartition
 
-from gateway.kafka import new_consumer
+from gateway.kafka import new_consumer, stop_client
 from gateway.sse import Position, RunTracker, SseEvent, make_events
 from streams.config import Settings
 from streams.serialization import DecodeError, decode_stream
@@ -76,4 +76,4 @@ async def replay(settings: Settings, partition: int, thread_id: str, *, scan_fro
                     if after < event.position <= until and run_id in (None, event.run_id):
                         yield event
     finally:
-        await consumer.stop()
+        await stop_client(consumer)

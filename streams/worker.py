@@ -52,9 +52,10 @@ import socket
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import partial
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -69,6 +70,7 @@ from streams.agents import (
     TextChunk,
     create_agent,
 )
+from streams.aio import stop_client
 from streams.config import Settings
 from streams.domain import (
     Citation,
@@ -209,7 +211,7 @@ class _LifecycleWatch:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        await self.consumer.stop()
+        await stop_client(self.consumer)
 
     def fate(self, run_id: str) -> Fate | None:
         return self.fates.get(run_id)
@@ -713,7 +715,10 @@ class Worker:
         if tasks:
             await asyncio.wait(tasks, timeout=SHUTDOWN_TIMEOUT_S)
         await self._commit()
-        for close in (self.consumer.stop, self.watch.stop, self.producer.stop, self.agent.aclose):
+        closers: tuple[Callable[[], Awaitable[None]], ...] = (
+            partial(stop_client, self.consumer), self.watch.stop,
+            partial(stop_client, self.producer), self.agent.aclose)
+        for close in closers:
             try:
                 await close()
             except Exception:
