@@ -18,6 +18,7 @@ from aiohttp import web
 from gateway import rest, streaming
 from gateway.auth import RedactingAccessLogger, auth_middleware
 from gateway.decisions import CommandBus
+from gateway.demo import demo_page
 from gateway.feed import StreamFeed
 from gateway.health import HEALTH, HealthProbe, healthz
 from gateway.kafka import Offsets
@@ -58,6 +59,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     app.on_shutdown.append(_close_streams)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/openapi.json", openapi)
+    app.router.add_get("/demo", demo_page)
     app.router.add_post("/v1/threads", rest.create_thread)
     app.router.add_get("/v1/threads/{thread_id}", rest.get_thread)
     app.router.add_get("/v1/threads/{thread_id}/messages", rest.list_messages)

@@ -84,6 +84,9 @@ SPEC: dict[str, Any] = {
                                            "503": {"description": "something is missing"}}}},
         "/openapi.json": {"get": {"security": [], "summary": "This document",
                                   "responses": {"200": {"description": "OpenAPI 3.1"}}}},
+        "/demo": {"get": {"security": [], "summary": "A browser page watching a thread's stream "
+                                                     "(/demo#key=KEY&thread=ID)",
+                          "responses": {"200": {"description": "HTML"}}}},
         "/v1/threads": {"post": {
             "summary": "Create a thread",
             "requestBody": {"content": {"application/json": {"schema": {
