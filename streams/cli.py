@@ -67,6 +67,12 @@ def _gateway(settings: Settings) -> int:
     return code
 
 
+def _connector(settings: Settings) -> int:
+    from streams.connectors.role import run_connector
+
+    return run_connector(settings)
+
+
 def _run_all(settings: Settings) -> int:
     """Start each role as a child process; stop them all on Ctrl-C or SIGTERM."""
     from streams.broker import EmbeddedKafka
@@ -124,6 +130,7 @@ ROLES = {
     "processor": _processor,
     "worker": _worker,
     "gateway": _gateway,
+    "connector": _connector,
     "run": _run_all,
 }
 

@@ -1,0 +1,67 @@
+"""The generic webhook sink: POST a run's final message to a configured URL.
+
+Each request carries
+
+    Content-Type: application/json
+    Idempotency-Key: <outbox id>          the same for every retry of one message
+    X-Threadline-Timestamp: <unix seconds>
+    X-Threadline-Signature: v1=<hex HMAC-SHA256(secret, "{timestamp}.{body}")>
+
+A 2xx is delivered; 408, 425, 429 and 5xx and transport failures are retried
+with exponential backoff (or the receiver's `Retry-After`) up to a number of
+attempts; any other status refuses the message for good. Retries go through the
+outbox like every other call, so they survive restarts; a receiver that keeps
+the idempotency keys it has seen turns the at-least-once requests into one effect.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+
+from streams.connectors.calls import BeforeSend, Done, HttpReply, Outcome, Refused, Retry, http_request
+
+__all__ = ["SIGNATURE_HEADER", "TIMESTAMP_HEADER", "WebhookSink", "sign", "verify"]
+
+SIGNATURE_HEADER = "X-Threadline-Signature"
+TIMESTAMP_HEADER = "X-Threadline-Timestamp"
+_RETRIED = frozenset({408, 425, 429})
+
+
+def sign(secret: str, timestamp: str, body: bytes) -> str:
+    mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
+    return "v1=" + mac.hexdigest()
+
+
+def verify(secret: str, timestamp: str, body: bytes, signature: str, *, now_s: float,
+           window_s: float = 300.0) -> bool:
+    """For receivers: the signature is ours and the timestamp is recent."""
+    try:
+        fresh = abs(now_s - int(timestamp)) <= window_s
+    except ValueError:
+        return False
+    return fresh and hmac.compare_digest(sign(secret, timestamp, body), signature)
+
+
+class WebhookSink:
+    def __init__(self, url: str, secret: str, timeout_s: float = 10.0) -> None:
+        self.url = url
+        self.secret = secret
+        self.timeout_s = timeout_s
+
+    def post(self, body: str, outbox_id: str, before_send: BeforeSend | None = None) -> Outcome:
+        data = body.encode()
+        timestamp = str(int(time.time()))
+        headers = {"Content-Type": "application/json", "Idempotency-Key": outbox_id,
+                   TIMESTAMP_HEADER: timestamp, SIGNATURE_HEADER: sign(self.secret, timestamp, data)}
+        reply = http_request("POST", self.url, body=data, headers=headers,
+                             timeout_s=self.timeout_s, before_send=before_send)
+        if not isinstance(reply, HttpReply):
+            return reply
+        if 200 <= reply.status < 300:
+            return Done(None, f"HTTP {reply.status}")
+        if reply.status >= 500 or reply.status in _RETRIED:
+            return Retry(f"webhook: HTTP {reply.status}", reply.retry_after_s(), maybe_done=True,
+                         rate_limited=reply.status == 429)
+        return Refused(f"webhook: HTTP {reply.status}")

@@ -1,0 +1,167 @@
+"""A running Threadline stack for connector tests: the processor, a worker, connector
+instances and the chat double, on one topic prefix of the session broker."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka.admin import AdminClient
+
+from streams.broker import free_port
+from streams.config import Settings
+from streams.connectors.codec import decode_outbox
+from streams.connectors.ids import message_id_for
+from streams.connectors.outbox import ChatOutbox
+from streams.connectors.topics import ensure_connector_topics, outbox_topic
+from streams.domain import Event, RunAccepted, RunCompleted
+from streams.serialization import decode_event
+from streams.thread import run_id_for
+from tests.connectors.chat_double import SIGNING_SECRET, TEAM, ChatDouble
+from tests.kafka_helpers import RoleProcess, read_topic, wait_for
+
+FAST = {"THREADLINE_AGENT_TOKENS_PER_S": "0", "THREADLINE_AGENT_WORDS": "6"}
+BOT_TOKEN = "xoxb-test"
+
+
+@dataclass
+class Stack:
+    env: dict[str, str]
+    tmp: Path
+    double: ChatDouble
+    processor: RoleProcess | None = None
+    worker: RoleProcess | None = None
+    connectors: dict[str, RoleProcess] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def settings(self) -> Settings:
+        return Settings.from_env(self.env)
+
+    def connector_env(self, name: str, **extra: str) -> dict[str, str]:
+        port = self.ports.setdefault(name, free_port())
+        return {**self.env, "THREADLINE_DATA_DIR": str(self.tmp / name),
+                "THREADLINE_INSTANCE_ID": name, "THREADLINE_CONNECTOR_HTTP_PORT": str(port),
+                **extra}
+
+    def start_connector(self, name: str, **extra: str) -> RoleProcess:
+        proc = RoleProcess("connector", self.connector_env(name, **extra),
+                           self.tmp / f"{name}.log").start()
+        self.connectors[name] = proc
+        wait_for(lambda: self.stats(name) is not None, 30, 0.1)
+        return proc
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports[name]}/slack/events"
+
+    def stats(self, name: str) -> dict[str, int] | None:
+        try:
+            with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+                    f"http://127.0.0.1:{self.ports[name]}/stats", timeout=2) as response:
+                data: dict[str, int] = json.loads(response.read())
+                return data
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+
+    def say(self, name: str, channel: str, text: str, **kwargs: Any) -> tuple[dict[str, Any], list[int]]:
+        """A person writes in `channel`; the event is delivered to connector `name`."""
+        payload = self.double.user_message(channel, text, **kwargs)
+        return payload, self.double.deliver(self.url(name), payload)
+
+    def wait_for_group(self, members: int, timeout: float = 40) -> None:
+        admin = AdminClient({"bootstrap.servers": self.settings.bootstrap, "log_level": 0})
+        group = f"{self.settings.topic_prefix}connector"
+
+        def ready() -> bool:
+            try:
+                found = admin.describe_consumer_groups([group])[group].result(timeout=5)
+            except Exception:
+                return False
+            return len(found.members) == members and found.state.name == "STABLE"
+
+        wait_for(ready, timeout, interval=0.3)
+
+    def events(self, until: Callable[[list[Event]], bool], timeout: float = 60) -> list[Event]:
+        return read_topic(self.settings, self.settings.topics.events,
+                          lambda b: decode_event(b)[1], until=until, timeout=timeout)
+
+    def outboxes(self) -> dict[str, ChatOutbox]:
+        """The newest committed outbox of every thread."""
+        records = read_topic(self.settings, outbox_topic(self.settings), decode_outbox,
+                             until=lambda _: False, timeout=2)
+        return {o.thread_id: o for o in records}
+
+    def logs(self) -> str:
+        procs = {"processor": self.processor, "worker": self.worker, **self.connectors}
+        return "\n".join(f"--- {n}\n{p.tail(25)}" for n, p in procs.items() if p is not None)
+
+    def stop(self) -> None:
+        for proc in [*self.connectors.values(), self.worker, self.processor]:
+            if proc is not None:
+                proc.stop()
+
+
+def run_of(payload: dict[str, Any], thread_id: str) -> str:
+    """The run a message event starts."""
+    event = payload["event"]
+    return run_id_for(thread_id, message_id_for(TEAM, event["channel"], event["ts"]))
+
+
+def thread_of(payload: dict[str, Any]) -> str:
+    event = payload["event"]
+    return f"slack:{TEAM}:{event['channel']}:{event.get('thread_ts') or event['ts']}"
+
+
+def completed(runs: set[str]) -> Callable[[list[Event]], bool]:
+    return lambda events: {e.run_id for e in events if isinstance(e, RunCompleted)} >= runs
+
+
+def accepted_runs(events: list[Event]) -> list[str]:
+    return [e.run_id for e in events if isinstance(e, RunAccepted)]
+
+
+@contextmanager
+def running_stack(kafka_bootstrap: str, tmp: Path, *, double: ChatDouble | None = None,
+                  **env: str) -> Iterator[Stack]:
+    """The processor and a worker on a fresh prefix, the chat double, no connector yet."""
+    double = (double or ChatDouble()).start()
+    base = {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+            "THREADLINE_TOPIC_PREFIX": f"t{uuid.uuid4().hex[:10]}.",
+            "THREADLINE_PARTITIONS": "4", "THREADLINE_DATA_DIR": str(tmp / "processor"),
+            "THREADLINE_SESSION_TIMEOUT_S": "6",
+            "THREADLINE_SLACK_SIGNING_SECRET": SIGNING_SECRET,
+            "THREADLINE_SLACK_BOT_TOKEN": BOT_TOKEN, "THREADLINE_SLACK_API_URL": double.api_url,
+            **FAST, **env}
+    stack = Stack(base, tmp, double)
+    ensure_connector_topics(stack.settings, 86_400_000)
+    try:
+        stack.processor = RoleProcess("processor", base, tmp / "processor.log").start()
+        stack.worker = RoleProcess("worker", {**base, "THREADLINE_DATA_DIR": str(tmp / "worker"),
+                                              "THREADLINE_INSTANCE_ID": "w1"},
+                                   tmp / "worker.log").start()
+        yield stack
+    finally:
+        stack.stop()
+        double.stop()
+
+
+def unique_channel() -> str:
+    return "C" + uuid.uuid4().hex[:9].upper()
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, stack: Stack) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not within {timeout}s\n{stack.logs()}")
