@@ -1,0 +1,83 @@
+"""`python -m chaos`: run the chaos program, print its table, exit 1 on any violation."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from chaos.run import KINDS, Config, Outcome, run
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    threads: int
+    duration_s: float
+    kills: dict[str, int]  # processor, worker, gateway, broker
+    brokers: int = 1
+
+
+PRESETS = {
+    # make test: about two minutes on two cores
+    "small": Preset(6, 55.0, {"processor": 2, "worker": 2, "gateway": 2, "broker": 1}),
+    # make chaos: every kind killed at least three times
+    "full": Preset(12, 240.0, {"processor": 4, "worker": 4, "gateway": 4, "broker": 1}),
+    # three brokers, one of them killed for good mid-run
+    "cluster": Preset(4, 50.0, {"processor": 1, "worker": 1, "gateway": 1, "broker": 1}, 3),
+}
+
+HEADER = ("| seed | threads | messages | accepted | 409s | answered | lost | duplicated | gaps "
+          "| stuck | kills p/w/g/b | self-exits | watched runs | reconnects | max recovery s "
+          "p/w/g/b | longest run s | wall s |")
+
+
+def table_row(outcome: Outcome) -> str:
+    r = outcome.report
+    kills = "/".join(str(outcome.kills.get(k, 0)) for k in KINDS)
+    recovery = "/".join(f"{outcome.recovery_s[k]:.1f}" if k in outcome.recovery_s else "-"
+                        for k in KINDS)
+    exits = sum(outcome.self_exits.values())
+    return (f"| {outcome.config.seed} | {r.threads} | {r.messages} | {r.accepted} | "
+            f"{r.conflicts} | {r.answered} | {r.lost} | {r.duplicated} | {r.gaps} | {r.stuck} | "
+            f"{kills} | {exits} | {r.watched_runs} | {outcome.reconnects} | {recovery} | "
+            f"{outcome.max_run_s:.1f} | {outcome.wall_s:.0f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m chaos", description=__doc__)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="full")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--threads", type=int)
+    parser.add_argument("--duration", type=float, help="seconds of posting (kills inside)")
+    parser.add_argument("--folder", type=Path, default=Path("var/chaos"))
+    parser.add_argument("--keep", action="store_true", help="keep logs and data on success")
+    args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the stack is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
+                        stream=sys.stderr)
+    preset = PRESETS[args.preset]
+    config = Config(
+        seed=args.seed, threads=args.threads or preset.threads,
+        duration_s=args.duration or preset.duration_s, kills=dict(preset.kills),
+        brokers=preset.brokers, bootstrap=os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None,
+        folder=args.folder, keep=args.keep)
+    outcome = run(config)
+    print(HEADER)
+    print("|" + "---|" * (HEADER.count("|") - 1))
+    print(table_row(outcome))
+    for violation in outcome.report.violations[:50]:
+        print(f"VIOLATION: {violation}")
+    if len(outcome.report.violations) > 50:
+        print(f"... and {len(outcome.report.violations) - 50} more")
+    if not outcome.report.ok:
+        print(f"logs kept in {outcome.folder}")
+    return 0 if outcome.report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""The audit: what the clients saw, the topics hold and the API serves, checked.
+
+Pure: `audit(observations)` reads plain data and returns a `Report`; nothing here
+talks to Kafka or HTTP, so each check can be shown to fail on made-up data.
+
+The checks, for every message a client saw accepted (202, `pending` too):
+
+* the events topic holds exactly one `MessageAccepted` and one `RunAccepted`
+  for it (no run started twice) and exactly one terminal event, a
+  `RunCompleted` (a failed or cancelled run left the message unanswered);
+* the API stores it once and exactly one assistant answer for its run, whose
+  text is the `RunCompleted` text (`lost` if none, `duplicated` if more);
+* the reference replay of the run (`GET /v1/runs/{id}/events` from the start,
+  after the chaos) ends with exactly one terminal event and `done`, and the text
+  its last execution streamed is the stored answer;
+* every watcher that followed the run saw exactly the reference's events, in
+  order: an event of the reference it did not see is a gap, an event seen twice
+  or not in the reference a duplicate, and it saw exactly one terminal event. A
+  watcher told `message_not_streaming` that then read the answer over REST is
+  complete;
+* and overall: no two equal decisions in the events topic (decisions are pure
+  functions of their commands, so any duplicate shows as an equal pair), nothing
+  dead-lettered, no 500 answered, nothing waiting past its deadline.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from streams.domain import (
+    Event,
+    MessageAccepted,
+    RunAccepted,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+)
+
+__all__ = ["TERMINAL", "Observations", "Post", "Report", "Seen", "WatchLog", "audit"]
+
+TERMINAL = frozenset({"run_completed", "run_failed", "run_cancelled"})
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """One SSE event as a client received it."""
+
+    id: str
+    event: str
+    data: str
+
+    @property
+    def fields(self) -> dict[str, object]:
+        try:
+            value = json.loads(self.data)
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+
+@dataclass(slots=True)
+class Post:
+    """One user message a client posted, and what it learned of it."""
+
+    thread_id: str
+    message_id: str
+    run_id: str
+    accepted: bool = False  # a 202, accepted, pending or replayed
+    statuses: list[int] = field(default_factory=list)  # every answer, in order
+    accepted_at: float | None = None  # monotonic
+    ended_at: float | None = None  # when the client learned the run ended
+
+
+@dataclass(slots=True)
+class WatchLog:
+    """What one SSE client saw: a thread stream (runs of a thread) or a run stream."""
+
+    name: str
+    thread_id: str
+    run_id: str | None = None  # a run stream; None: the thread stream
+    runs: dict[str, list[Seen]] = field(default_factory=lambda: defaultdict(list))
+    not_streaming: set[str] = field(default_factory=set)  # completed over REST instead
+    unwatched: set[str] = field(default_factory=set)  # could not be followed at all
+    connects: int = 0
+    cuts: int = 0  # deliberate ones
+    max_reconnect_s: float = 0.0  # longest time from a lost connection to the next one
+
+
+@dataclass(slots=True)
+class Observations:
+    posts: list[Post]
+    events: list[Event]  # the events topic, read_committed, in partition order
+    stored: dict[str, list[dict[str, object]]]  # thread id -> GET .../messages
+    references: dict[str, list[Seen]]  # run id -> uninterrupted replay
+    watchers: list[WatchLog]
+    dead_letters: int = 0
+    server_errors: list[str] = field(default_factory=list)  # 500s answered
+    stuck: list[str] = field(default_factory=list)  # waits that passed their deadline
+
+
+@dataclass(slots=True)
+class Report:
+    threads: int = 0
+    messages: int = 0
+    accepted: int = 0
+    conflicts: int = 0
+    answered: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    gaps: int = 0
+    stuck: int = 0
+    watched_runs: int = 0
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def _fail(self, counter: str | None, text: str) -> None:
+        if counter is not None:
+            setattr(self, counter, getattr(self, counter) + 1)
+        self.violations.append(text)
+
+
+def _count(items: Iterable[str]) -> Counter[str]:
+    return Counter(items)
+
+
+def audit(obs: Observations) -> Report:
+    report = Report(threads=len({p.thread_id for p in obs.posts}),
+                    messages=len({p.message_id for p in obs.posts}))
+    report.conflicts = sum(s == 409 for p in obs.posts for s in p.statuses)
+    accepted = {p.message_id: p for p in obs.posts if p.accepted}
+    report.accepted = len(accepted)
+    _audit_decisions(obs, accepted, report)
+    answers = _audit_stored(obs, accepted, report)
+    for post in accepted.values():
+        _audit_reference(obs.references.get(post.run_id), post, answers.get(post.run_id), report)
+    for log in obs.watchers:
+        _audit_watcher(log, obs, accepted, answers, report)
+    if obs.dead_letters:
+        report._fail(None, f"{obs.dead_letters} records dead-lettered during the run")
+    for error in obs.server_errors:
+        report._fail(None, f"server error: {error}")
+    for what in obs.stuck:
+        report._fail("stuck", f"waited forever: {what}")
+    return report
+
+
+def _audit_decisions(obs: Observations, accepted: dict[str, Post], report: Report) -> None:
+    messages = _count(e.message_id for e in obs.events if isinstance(e, MessageAccepted))
+    runs = _count(e.run_id for e in obs.events if isinstance(e, RunAccepted))
+    ends: defaultdict[str, list[Event]] = defaultdict(list)
+    for event in obs.events:
+        if isinstance(event, RunCompleted | RunFailed | RunCancelled):
+            ends[event.run_id].append(event)
+    for post in accepted.values():
+        if messages[post.message_id] != 1:
+            counter = "lost" if messages[post.message_id] == 0 else "duplicated"
+            report._fail(counter, f"message {post.message_id}: {messages[post.message_id]} "
+                         "MessageAccepted decisions")
+        if runs[post.run_id] > 1:
+            report._fail("duplicated", f"run {post.run_id} started {runs[post.run_id]} times")
+        finals = ends.get(post.run_id, [])
+        if len(finals) > 1:
+            report._fail("duplicated", f"run {post.run_id} ended {len(finals)} times")
+        elif not finals or not isinstance(finals[0], RunCompleted):
+            what = type(finals[0]).__name__ if finals else "no terminal event"
+            report._fail("lost", f"run {post.run_id} of an accepted message: {what}")
+    for text, n in _count(repr(e) for e in obs.events).items():
+        if n > 1:
+            report._fail("duplicated", f"decision repeated {n} times: {text[:160]}")
+    unseen = set(runs) - {p.run_id for p in accepted.values()}
+    for run_id in sorted(unseen):  # accepted although no client saw a 202: not lost, noted
+        if not any(p.run_id == run_id for p in obs.posts):
+            report._fail(None, f"run {run_id} accepted for a message no client posted")
+
+
+def _audit_stored(obs: Observations, accepted: dict[str, Post], report: Report) -> dict[str, str]:
+    """Check the stored messages; return run id -> stored answer text."""
+    completed = {e.run_id: e.message.text for e in obs.events if isinstance(e, RunCompleted)}
+    answers: dict[str, str] = {}
+    for post in accepted.values():
+        messages = obs.stored.get(post.thread_id, [])
+        users = [m for m in messages if m.get("message_id") == post.message_id]
+        replies = [m for m in messages if m.get("role") == "assistant"
+                   and m.get("run_id") == post.run_id]
+        if len(users) != 1:
+            report._fail("lost" if not users else "duplicated",
+                         f"message {post.message_id} stored {len(users)} times")
+        if not replies:
+            report._fail("lost", f"run {post.run_id}: no stored answer")
+            continue
+        if len(replies) > 1:
+            report._fail("duplicated", f"run {post.run_id}: {len(replies)} stored answers")
+            continue
+        text = str(replies[0].get("text"))
+        if post.run_id in completed and completed[post.run_id] != text:
+            report._fail(None, f"run {post.run_id}: stored answer differs from RunCompleted")
+        answers[post.run_id] = text
+        report.answered += 1
+    return answers
+
+
+def _terminals(seen: list[Seen]) -> int:
+    return sum(s.event in TERMINAL for s in seen)
+
+
+def final_text(seen: list[Seen]) -> str | None:
+    """The text the run's last execution streamed: the deltas after the last
+    `message_start` of the attempt that ended the run."""
+    terminal = next((s for s in reversed(seen) if s.event in TERMINAL), None)
+    if terminal is None:
+        return None
+    attempt = terminal.fields.get("attempt")
+    starts = [i for i, s in enumerate(seen)
+              if s.event == "message_start" and s.fields.get("attempt") == attempt]
+    if not starts:
+        return None
+    return "".join(str(s.fields.get("delta", "")) for s in seen[starts[-1]:]
+                   if s.event == "text_delta")
+
+
+def _audit_reference(ref: list[Seen] | None, post: Post, answer: str | None,
+                     report: Report) -> None:
+    run = post.run_id
+    if not ref:
+        report._fail("gaps", f"run {run}: no reference replay")
+        return
+    if _terminals(ref) != 1 or ref[-1].event != "done" or sum(s.event == "done" for s in ref) != 1:
+        report._fail("gaps", f"run {run}: the reference replay has {_terminals(ref)} terminal "
+                     f"events and ends with {ref[-1].event}")
+    if len({s.id for s in ref}) != len(ref):
+        report._fail("duplicated", f"run {run}: the reference replay repeats an event id")
+    streamed = final_text(ref)
+    if answer is not None and streamed is not None and streamed != answer:
+        report._fail("gaps", f"run {run}: the last execution streamed {len(streamed)} "
+                     f"characters, the stored answer has {len(answer)}")
+
+
+def _audit_watcher(log: WatchLog, obs: Observations, accepted: dict[str, Post],
+                   answers: dict[str, str], report: Report) -> None:
+    if log.run_id is not None:
+        expected = {log.run_id}
+    else:
+        expected = {p.run_id for p in accepted.values() if p.thread_id == log.thread_id}
+    for run in sorted(expected | set(log.runs)):
+        if run in log.unwatched and not log.runs.get(run):
+            continue
+        seen = log.runs.get(run, [])
+        if run in log.not_streaming:
+            if run not in answers:
+                report._fail("lost", f"{log.name}: run {run} not streaming and not stored")
+            continue
+        ref = obs.references.get(run)
+        if ref is None:
+            report._fail("gaps", f"{log.name}: saw run {run}, which has no reference")
+            continue
+        report.watched_runs += 1
+        ids = [s.id for s in seen]
+        repeated = [i for i, n in _count(ids).items() if n > 1]
+        known = {s.id for s in ref}
+        extra = [s for s in seen if s.id not in known]
+        missing = [s for s in ref if s.id not in set(ids)]
+        if repeated or extra:
+            report._fail("duplicated", f"{log.name}: run {run}: {len(repeated)} events seen "
+                         f"twice, {len(extra)} not in the reference "
+                         f"({[s.event for s in extra][:5]})")
+        if missing:
+            report._fail("gaps", f"{log.name}: run {run}: {len(missing)} events missing "
+                         f"({[s.event for s in missing][:5]})")
+        elif not repeated and not extra and seen != ref:
+            report._fail("gaps", f"{log.name}: run {run}: events out of order or altered")
+        if _terminals(seen) != 1:
+            report._fail(None, f"{log.name}: run {run}: {_terminals(seen)} terminal events")

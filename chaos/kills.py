@@ -1,0 +1,197 @@
+"""The kills: a seeded schedule, its execution, restarts, and recovery times.
+
+`plan` spreads the kills over the run at random moments (one per slot, so two are
+never on top of each other); `Chaos.execute` carries them out with SIGKILL and
+restarts each killed process after a short random pause, as a supervisor would.
+A process that exits by itself is restarted too and counted (`self_exits`).
+
+Recovery of a kill: the time until the killed role serves again (a restarted
+gateway answers /healthz 200; the processor or worker group is stable with two
+members, neither of them the dead one; a restarted broker is ready and every
+gateway healthy), or until every run that was in flight at the kill has ended,
+whichever is later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import aiohttp
+from confluent_kafka.admin import AdminClient
+
+from chaos.stack import Proc, Stack
+from streams.config import Settings
+from streams.processor import instance_id_for
+
+__all__ = ["Chaos", "Kill", "plan"]
+
+log = logging.getLogger("chaos")
+
+
+@dataclass(frozen=True, slots=True)
+class Kill:
+    at_s: float  # after the load starts
+    kind: str  # processor | worker | gateway | broker
+    index: int
+
+
+@dataclass(slots=True)
+class KillRecord:
+    kill: Kill
+    at: float  # monotonic
+    restored_at: float | None = None
+
+
+def plan(rng: random.Random, counts: dict[str, int], start_s: float, end_s: float,
+         instances: int = 2) -> list[Kill]:
+    kinds = [kind for kind, n in counts.items() for _ in range(n)]
+    rng.shuffle(kinds)
+    slot = (end_s - start_s) / max(1, len(kinds))
+    return [Kill(round(start_s + (i + rng.uniform(0.1, 0.9)) * slot, 2), kind,
+                 rng.randrange(instances) if kind != "broker" else 0)
+            for i, kind in enumerate(kinds)]
+
+
+@dataclass
+class Chaos:
+    stack: Stack
+    rng: random.Random
+    records: list[KillRecord] = field(default_factory=list)
+    self_exits: Counter[str] = field(default_factory=Counter)
+    groups: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)  # role -> state, members
+    _down: set[str] = field(default_factory=set)  # killed on purpose, restart pending
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _admin: AdminClient | None = None
+
+    async def execute(self, kills: list[Kill], started: float) -> None:
+        for kill in kills:
+            await asyncio.sleep(max(0.0, started + kill.at_s - time.monotonic()))
+            record = KillRecord(kill, time.monotonic())
+            self.records.append(record)
+            if kill.kind == "broker":
+                self._tasks.append(asyncio.create_task(self._broker(record)))
+                continue
+            proc = self.stack.procs(kill.kind)[kill.index]
+            dead = self._member_of(proc)
+            self._down.add(proc.name)
+            proc.kill9()
+            log.info("killed %s (kill %d of the run)", proc.name, len(self.records))
+            self._tasks.append(asyncio.create_task(self._restart(proc, record, dead)))
+        await asyncio.gather(*self._tasks)
+
+    async def _broker(self, record: KillRecord) -> None:
+        if self.stack.cluster is not None:  # three nodes: one dies for good
+            node = self.rng.randrange(3)
+            await asyncio.to_thread(self.stack.kill_cluster_node, node)
+            log.info("killed broker node %d of the cluster", node + 1)
+        else:
+            log.info("restarting the broker")
+            await asyncio.to_thread(self.stack.restart_broker)
+            log.info("the broker is back")
+        await self._until_serving(self.stack.bases)
+        await self._until_group_back("processor", None)
+        await self._until_group_back("worker", None)
+        record.restored_at = time.monotonic()
+
+    async def _restart(self, proc: Proc, record: KillRecord, dead: str | None) -> None:
+        await asyncio.sleep(self.rng.uniform(0.2, 2.0))
+        proc.start()
+        self._down.discard(proc.name)
+        if proc.role == "gateway":
+            await self._until_serving([self.stack.bases[self.stack.gateways.index(proc)]])
+        else:
+            await self._until_group_back(proc.role, dead)
+        record.restored_at = time.monotonic()
+
+    async def supervise(self, until: asyncio.Event) -> None:
+        """Restart any process that exited by itself (not one we killed), and keep
+        `groups` up to date."""
+        polled = 0.0
+        while not until.is_set():
+            for proc in self.stack.all_procs():
+                status = proc.exited()
+                if status is not None and proc.name not in self._down:
+                    log.warning("%s exited by itself with %s; restarting it", proc.name, status)
+                    self.self_exits[proc.name] += 1
+                    proc.start()
+            if time.monotonic() - polled > 0.5:
+                for role in ("processor", "worker"):
+                    found = await asyncio.to_thread(self._describe, role)
+                    if found is not None:
+                        self.groups[role] = found
+                polled = time.monotonic()
+            await asyncio.sleep(0.2)
+
+    # --- is it back? -----------------------------------------------------------------
+
+    async def until_healthy(self, bases: list[str], timeout: float = 180) -> None:
+        """Each gateway answers /healthz 200: broker, processors, workers, read model."""
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as session:
+            for base in bases:
+                while True:
+                    try:
+                        async with session.get(base + "/healthz") as response:
+                            if response.status == 200:
+                                break
+                    except aiohttp.ClientError:
+                        pass
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{base} not healthy in {timeout}s")
+                    await asyncio.sleep(0.3)
+
+    async def _until_serving(self, bases: list[str], timeout: float = 180) -> None:
+        """Each gateway answers /healthz with the broker reachable and its read model
+        loaded (not its group check: see docs/chaos.md on /healthz after a broker restart)."""
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as session:
+            for base in bases:
+                while time.monotonic() < deadline:
+                    try:
+                        async with session.get(base + "/healthz",
+                                               timeout=aiohttp.ClientTimeout(total=15)) as r:
+                            body = await r.json()
+                            if body["broker"]["ok"] and body["read_model"]["loaded"]:
+                                break
+                    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
+                        pass
+                    await asyncio.sleep(0.2)
+
+    def _describe(self, role: str) -> tuple[str, dict[str, str]] | None:
+        """The group's state and its members (member id -> client id), or None."""
+        if self._admin is None:
+            self._admin = AdminClient({"bootstrap.servers": self.stack.settings.bootstrap,
+                                       "log_level": 0})
+        group = f"{self.stack.settings.topic_prefix}{role}"
+        try:
+            found = self._admin.describe_consumer_groups([group], request_timeout=3)[group]
+            description = found.result(timeout=4)
+        except Exception:
+            self._admin = None  # a fresh client next time
+            return None
+        return (description.state.name.lower(),
+                {m.member_id: m.client_id for m in description.members})
+
+    def _member_of(self, proc: Proc) -> str | None:
+        if proc.role == "gateway":
+            return None
+        if proc.role == "worker":
+            client = f"worker-{proc.env['THREADLINE_INSTANCE_ID']}"
+        else:
+            client = f"processor-{instance_id_for(Settings.from_env(proc.env))}"
+        members = self.groups.get(proc.role, ("", {}))[1]
+        return next((m for m, c in members.items() if c == client), None)
+
+    async def _until_group_back(self, role: str, dead: str | None, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        await asyncio.sleep(1.0)  # let the poller see the kill
+        while time.monotonic() < deadline:
+            state, members = self.groups.get(role, ("", {}))
+            if state == "stable" and len(members) == 2 and dead not in members:
+                return
+            await asyncio.sleep(0.25)

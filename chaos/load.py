@@ -1,0 +1,261 @@
+"""The load: threads posting messages, and SSE watchers following them.
+
+Each thread has one client that creates it, opens its thread stream (a watcher)
+and then, until posting stops, posts a message, waits for its run to end (told by
+the watcher's terminal event, or by polling the thread over REST) and posts the
+next. Every post carries an `Idempotency-Key`, so a post whose answer was lost
+with a killed gateway is simply sent again. Sometimes a client posts the next
+message while the run is still going: that earns a 409 (counted, expected) and
+the message is posted again once the run ended. Half the accepted runs also get
+a run watcher (`GET /v1/runs/{id}/events`).
+
+Watchers reconnect with `Last-Event-ID` whenever their connection ends, whether a
+gateway died or the watcher cut it on purpose after a random number of events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import random
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from chaos.audit import TERMINAL, Post, Seen, WatchLog
+from chaos.sse import AUTH, Api, GaveUp, iter_sse
+
+__all__ = ["Load", "LoadConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadConfig:
+    threads: int
+    seed: int
+    slow_share: float = 0.15  # messages marked [slow]
+    impatient_share: float = 0.2  # posts sent while the previous run is still going
+    run_watcher_share: float = 0.5
+    mean_events_before_cut: float = 25.0  # deliberate cuts
+    run_deadline_s: float = 150.0  # a run not ended this long after its post is stuck
+    read_timeout_s: float = 30.0  # SSE silence (keep-alives count) before reconnecting
+
+
+@dataclass
+class Load:
+    config: LoadConfig
+    bases: list[str]
+    posts: list[Post] = field(default_factory=list)
+    watchers: list[WatchLog] = field(default_factory=list)
+    stuck: list[str] = field(default_factory=list)
+    ended: defaultdict[str, asyncio.Event] = field(default_factory=lambda: defaultdict(asyncio.Event))
+    server_errors: list[str] = field(default_factory=list)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def run(self, posting_until: float, drain_until: float) -> None:
+        """Post until `posting_until` (monotonic), then wait for everything to end,
+        but not past `drain_until`."""
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            clients = [asyncio.create_task(self._thread(session, i, posting_until, drain_until))
+                       for i in range(self.config.threads)]
+            await asyncio.gather(*clients)
+            if self.tasks:  # run watchers still reading
+                _, late = await asyncio.wait(self.tasks, timeout=max(0, drain_until - time.monotonic()))
+                for task in late:
+                    task.cancel()
+                await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    # --- one thread's client ------------------------------------------------------------
+
+    async def _thread(self, session: aiohttp.ClientSession, index: int, posting_until: float,
+                      drain_until: float) -> None:
+        rng = random.Random(self.config.seed * 1_000 + index)
+        api = Api(session, self.bases, rng)
+        try:
+            thread_id = await self._create(api, index, drain_until)
+        except GaveUp as exc:
+            self.stuck.append(f"thread {index}: {exc}")
+            return
+        log = WatchLog(f"thread-watcher-{index}", thread_id)
+        self.watchers.append(log)
+        opened, stop = asyncio.Event(), asyncio.Event()
+        posted: list[Post] = []
+        watcher = asyncio.create_task(self._watch(session, log, rng, opened, stop, posted,
+                                                  drain_until))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(opened.wait(), 30)
+        previous: Post | None = None
+        number = 0
+        try:
+            while time.monotonic() < posting_until:
+                post = Post(thread_id, "", "")
+                text = f"message {number} of thread {index}" + (
+                    " [slow]" if rng.random() < self.config.slow_share else "")
+                key = f"m-{number}"
+                if previous is not None and rng.random() < self.config.impatient_share \
+                        and not self.ended[previous.run_id].is_set():
+                    # Early: a 409, or accepted if the run just ended; `pending` may still
+                    # turn out a conflict, so then the message is sent again below.
+                    await self._post(api, post, text, key, drain_until, pending_ok=False)
+                if not post.accepted:
+                    if previous is not None:
+                        await self._until_ended(api, previous, drain_until)
+                    while not post.accepted:  # a 409 now is not expected, but is retried
+                        await self._post(api, post, text, key, drain_until, pending_ok=True)
+                        if not post.accepted:
+                            await asyncio.sleep(0.5)
+                self.posts.append(post)
+                posted.append(post)
+                if rng.random() < self.config.run_watcher_share:
+                    run_log = WatchLog(f"run-watcher-{index}-{number}", thread_id, post.run_id)
+                    self.watchers.append(run_log)
+                    self.tasks.append(asyncio.create_task(self._watch(
+                        session, run_log, random.Random(rng.random()), asyncio.Event(),
+                        asyncio.Event(), [post], drain_until)))
+                previous, number = post, number + 1
+                await asyncio.sleep(rng.uniform(0.0, 0.4))
+            if previous is not None:
+                await self._until_ended(api, previous, drain_until)
+        except GaveUp as exc:
+            self.stuck.append(f"thread {index}: {exc}")
+        finally:
+            stop.set()
+            await watcher
+            self.server_errors += api.server_errors
+
+    async def _create(self, api: Api, index: int, deadline: float) -> str:
+        status, body = await api.call("POST", "/v1/threads", body={"title": f"chaos {index}"},
+                                      deadline=deadline)
+        if status not in (201, 202):
+            raise GaveUp(f"creating a thread answered {status}: {body}")
+        thread_id = str(body["thread_id"])
+        while True:  # a pending thread is usable once the processor has decided it
+            status, _ = await api.call("GET", f"/v1/threads/{thread_id}", deadline=deadline)
+            if status == 200:
+                return thread_id
+            if time.monotonic() > deadline:
+                raise GaveUp(f"thread {thread_id} never appeared")
+            await asyncio.sleep(0.3)
+
+    async def _post(self, api: Api, post: Post, text: str, key: str, deadline: float, *,
+                    pending_ok: bool) -> None:
+        status, body = await api.call(
+            "POST", f"/v1/threads/{post.thread_id}/user_message", body={"input_text": text},
+            headers={"Idempotency-Key": key}, deadline=deadline)
+        post.statuses.append(status)
+        if status == 202:
+            post.message_id, post.run_id = str(body["message_id"]), str(body["run_id"])
+            if pending_ok or body.get("status") != "pending":
+                post.accepted, post.accepted_at = True, time.monotonic()
+        elif status != 409:
+            raise GaveUp(f"posting to {post.thread_id} answered {status}: {body}")
+
+    async def _until_ended(self, api: Api, post: Post, drain_until: float) -> None:
+        """Wait for the run to end: the watcher says so, or the thread's REST view does."""
+        deadline = min(drain_until, (post.accepted_at or time.monotonic())
+                       + self.config.run_deadline_s)
+        event = self.ended[post.run_id]
+        while not event.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), 1.0)
+            if event.is_set():
+                break
+            status, body = await api.call("GET", f"/v1/threads/{post.thread_id}",
+                                          deadline=deadline)
+            runs = body.get("runs", []) if status == 200 and isinstance(body, dict) else []
+            if any(r.get("run_id") == post.run_id and r.get("status") in
+                   ("completed", "failed", "cancelled") for r in runs):
+                event.set()
+            elif time.monotonic() > deadline:
+                raise GaveUp(f"run {post.run_id} did not end within {self.config.run_deadline_s}s")
+        if post.ended_at is None:
+            post.ended_at = time.monotonic()
+
+    # --- watchers ------------------------------------------------------------------------
+
+    async def _watch(self, session: aiohttp.ClientSession, log: WatchLog, rng: random.Random,
+                     opened: asyncio.Event, stop: asyncio.Event, posted: list[Post],
+                     drain_until: float) -> None:
+        """Follow the stream until every run posted is seen to its end (or told
+        not streaming) and `stop` is set; reconnect with Last-Event-ID on any cut."""
+        done: set[str] = set()
+        last_id = ""
+        lost_at: float | None = None
+
+        def finished() -> bool:
+            wanted = {p.run_id for p in posted}
+            given_up = {r for r in log.unwatched if not log.runs.get(r)}
+            return (log.run_id is not None or stop.is_set()) and \
+                wanted <= done | log.not_streaming | given_up
+
+        path = (f"/v1/runs/{log.run_id}/events" if log.run_id
+                else f"/v1/threads/{log.thread_id}/stream")
+        if log.run_id:
+            stop.set()
+        while not finished():
+            if time.monotonic() > drain_until:
+                waiting = sorted({p.run_id for p in posted} - done)
+                self.stuck.append(f"{log.name}: still waiting for {waiting}")
+                return
+            if not last_id and posted and log.run_id is None:
+                # No position yet: a fresh stream starts at the active run, so a run
+                # that began and ended while we were away cannot be followed.
+                log.unwatched |= {p.run_id for p in posted if not log.runs.get(p.run_id)}
+            headers = {**AUTH, "Last-Event-ID": last_id} if last_id else dict(AUTH)
+            budget = max(1, int(rng.expovariate(1 / self.config.mean_events_before_cut)))
+            try:
+                timeout = aiohttp.ClientTimeout(total=None, sock_connect=5,
+                                                sock_read=self.config.read_timeout_s)
+                base = rng.choice(self.bases)
+                async with session.get(base + path, headers=headers, timeout=timeout) as response:
+                    if response.status != 200:
+                        await response.read()
+                        if response.status >= 500 and response.status not in (502, 503, 504):
+                            self.server_errors.append(f"GET {path}: {response.status}")
+                        await asyncio.sleep(0.3)
+                        continue
+                    log.connects += 1
+                    if lost_at is not None:
+                        log.max_reconnect_s = max(log.max_reconnect_s, time.monotonic() - lost_at)
+                    opened.set()
+                    async for seen in iter_sse(response):
+                        if seen.event == "message_not_streaming":
+                            run = seen.fields.get("run_id")
+                            if isinstance(run, str):
+                                log.not_streaming.add(run)
+                            continue
+                        run = run_of(seen)
+                        log.runs[run].append(seen)
+                        last_id = seen.id or last_id
+                        if seen.event in TERMINAL:
+                            self.ended[run].set()
+                        if seen.event == "done":
+                            done.add(run)
+                        if finished():
+                            return
+                        budget -= 1
+                        if budget <= 0:
+                            log.cuts += 1
+                            break
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                pass
+            lost_at = time.monotonic()
+            if finished():
+                return
+            await asyncio.sleep(rng.uniform(0.0, 0.2))
+
+
+def run_of(seen: Seen) -> str:
+    """The run an event belongs to: in its data, or (`done`) in its id, which is
+    base64url of `v1.{partition}.{offset}.{sub}.{run_start}.{run_id}`."""
+    run = seen.fields.get("run_id")
+    if isinstance(run, str):
+        return run
+    try:
+        text = base64.urlsafe_b64decode(seen.id + "=" * (-len(seen.id) % 4)).decode()
+    except (ValueError, UnicodeDecodeError):
+        return f"?{seen.id}"
+    return text.rsplit(".", 1)[-1]

@@ -1,0 +1,206 @@
+"""One chaos run: start the stack, load it, kill it, drain, collect, audit."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from chaos.audit import Observations, Report, Seen, audit
+from chaos.kills import Chaos, Kill, KillRecord, plan
+from chaos.load import Load, LoadConfig
+from chaos.sse import AUTH, Api, GaveUp, iter_sse
+from chaos.stack import Stack
+from streams.config import Settings
+from streams.domain import Event
+from streams.serialization import DecodeError, decode_event
+
+__all__ = ["Config", "Outcome", "run"]
+
+log = logging.getLogger("chaos")
+
+KINDS = ("processor", "worker", "gateway", "broker")
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    seed: int
+    threads: int
+    duration_s: float  # how long clients post; the kills fall inside it
+    kills: dict[str, int]  # kind -> how many
+    brokers: int = 1
+    bootstrap: str | None = None  # an outside cluster: no broker restart
+    folder: Path = Path("var/chaos")
+    keep: bool = False
+    drain_s: float = 180.0
+
+
+@dataclass
+class Outcome:
+    config: Config
+    report: Report
+    kills: dict[str, int] = field(default_factory=dict)
+    recovery_s: dict[str, float] = field(default_factory=dict)  # kind -> max seconds
+    self_exits: dict[str, int] = field(default_factory=dict)
+    reconnects: int = 0
+    cuts: int = 0
+    max_run_s: float = 0.0
+    wall_s: float = 0.0
+    folder: Path | None = None
+
+
+
+def _read_topic(settings: Settings, topic: str, timeout: float = 60.0) -> list[bytes]:
+    """Every committed value of `topic`, partition by partition, to its end now."""
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"audit-{uuid.uuid4()}",
+                         "isolation.level": "read_committed", "enable.auto.commit": False,
+                         "enable.partition.eof": True, "log_level": 0})
+    values: list[bytes] = []
+    try:
+        partitions = range(settings.partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        open_partitions = set(partitions)
+        deadline = time.monotonic() + timeout
+        while open_partitions and time.monotonic() < deadline:
+            for msg in consumer.consume(500, timeout=0.5):
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        open_partitions.discard(msg.partition() or 0)
+                    continue
+                values.append(msg.value() or b"")
+        if open_partitions:
+            raise RuntimeError(f"{topic}: partitions {sorted(open_partitions)} not read to the end")
+        return values
+    finally:
+        consumer.close()
+
+
+def _events(settings: Settings) -> list[Event]:
+    events = []
+    for value in _read_topic(settings, settings.topics.events):
+        try:
+            events.append(decode_event(value)[1])
+        except DecodeError:
+            continue
+    return events
+
+
+async def _reference(session: aiohttp.ClientSession, bases: list[str], run_id: str) -> list[Seen]:
+    """The run's events from its start, read in one go (retried whole if cut)."""
+    for attempt in range(10):
+        seen: list[Seen] = []
+        try:
+            base = bases[attempt % len(bases)]
+            async with session.get(f"{base}/v1/runs/{run_id}/events", headers=AUTH,
+                                   timeout=aiohttp.ClientTimeout(total=60)) as response:
+                if response.status == 200:
+                    async for event in iter_sse(response):
+                        seen.append(event)
+                    if seen and seen[-1].event == "done":
+                        return seen
+        except (aiohttp.ClientError, TimeoutError):
+            pass
+        await asyncio.sleep(0.5)
+    return seen
+
+
+async def _collect(stack: Stack, load: Load) -> Observations:
+    settings = stack.settings
+    events = await asyncio.to_thread(_events, settings)
+    dead = await asyncio.to_thread(_read_topic, settings, settings.topics.dead_letter)
+    stored: dict[str, list[dict[str, Any]]] = {}
+    references: dict[str, list[Seen]] = {}
+    async with aiohttp.ClientSession() as session:
+        api = Api(session, stack.bases, random.Random(0))
+        deadline = time.monotonic() + 120
+        for thread_id in sorted({p.thread_id for p in load.posts}):
+            try:
+                status, body = await api.call("GET", f"/v1/threads/{thread_id}/messages",
+                                              deadline=deadline)
+            except GaveUp:
+                status, body = 0, None
+            stored[thread_id] = list(body.get("messages", [])) if status == 200 else []
+        for post in load.posts:
+            if post.accepted:
+                references[post.run_id] = await _reference(session, stack.bases, post.run_id)
+    return Observations(posts=load.posts, events=events, stored=stored, references=references,
+                        watchers=load.watchers, dead_letters=len(dead),
+                        server_errors=load.server_errors + api.server_errors, stuck=load.stuck)
+
+
+def _recovery(records: list[KillRecord], load: Load, drained_at: float) -> dict[str, float]:
+    worst: dict[str, float] = {}
+    for record in records:
+        in_flight = [p for p in load.posts if p.accepted_at is not None
+                     and p.accepted_at <= record.at and (p.ended_at or drained_at) > record.at]
+        back = max([record.restored_at or drained_at]
+                   + [p.ended_at or drained_at for p in in_flight])
+        kind = record.kill.kind
+        worst[kind] = max(worst.get(kind, 0.0), back - record.at)
+    return worst
+
+
+async def _chaos(config: Config, stack: Stack) -> Outcome:
+    rng = random.Random(config.seed)
+    load = Load(LoadConfig(threads=config.threads, seed=config.seed), stack.bases)
+    chaos = Chaos(stack, random.Random(config.seed + 1))
+    counts = {k: n for k, n in config.kills.items() if n}
+    if stack.owns_broker is False:
+        counts.pop("broker", None)
+    kills: list[Kill] = plan(rng, counts, 4.0, config.duration_s - 4.0)
+    log.info("kill plan: %s", [(k.at_s, k.kind, k.index) for k in kills])
+    supervising = asyncio.Event()
+    supervisor = asyncio.create_task(chaos.supervise(supervising))
+    await chaos.until_healthy(stack.bases)
+    started = time.monotonic()
+    posting_until = started + config.duration_s
+    executing = asyncio.create_task(chaos.execute(kills, started))
+    await load.run(posting_until, posting_until + config.drain_s)
+    await executing
+    drained_at = time.monotonic()
+    observations = await _collect(stack, load)
+    supervising.set()
+    await supervisor
+    report = audit(observations)
+    outcome = Outcome(config, report, kills=dict(_count(k.kind for k in kills)),
+                      recovery_s=_recovery(chaos.records, load, drained_at),
+                      self_exits=dict(chaos.self_exits))
+    outcome.reconnects = sum(max(0, w.connects - 1) for w in load.watchers)
+    outcome.cuts = sum(w.cuts for w in load.watchers)
+    outcome.max_run_s = max([(p.ended_at or drained_at) - (p.accepted_at or drained_at)
+                             for p in load.posts if p.accepted] or [0.0])
+    return outcome
+
+
+def _count(items: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item] = counts.get(item, 0) + 1
+    return counts
+
+
+def run(config: Config) -> Outcome:
+    folder = config.folder / f"seed{config.seed}-{uuid.uuid4().hex[:6]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    stack = Stack(folder.resolve(), brokers=config.brokers, bootstrap=config.bootstrap)
+    started = time.monotonic()
+    try:
+        stack.start()
+        outcome = asyncio.run(_chaos(config, stack))
+    finally:
+        stack.stop()
+    outcome.wall_s = time.monotonic() - started
+    outcome.folder = folder
+    if outcome.report.ok and not config.keep:
+        shutil.rmtree(folder, ignore_errors=True)
+    return outcome

@@ -1,0 +1,86 @@
+"""The HTTP side of the chaos clients: requests that fail over between gateways,
+and an SSE reader that parses frames as a browser's EventSource would."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from chaos.audit import Seen
+from chaos.stack import API_KEY
+
+__all__ = ["AUTH", "Api", "GaveUp", "iter_sse"]
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+REQUEST_TIMEOUT_S = 15.0
+
+
+class GaveUp(Exception):
+    """A request found no gateway that answered before its deadline."""
+
+
+async def iter_sse(response: aiohttp.ClientResponse) -> AsyncIterator[Seen]:
+    event_id, name, has_data = "", "message", False
+    data: list[str] = []
+    while True:
+        raw = await response.content.readline()
+        if not raw:
+            return
+        line = raw.decode().rstrip("\r\n")
+        if not line:
+            if has_data:
+                yield Seen(event_id, name, "\n".join(data))
+            event_id, name, data, has_data = "", "message", [], False
+            continue
+        if line.startswith(":"):
+            continue
+        key, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if key == "id":
+            event_id = value
+        elif key == "event":
+            name = value
+        elif key == "data":
+            data.append(value)
+            has_data = True
+
+
+class Api:
+    """JSON requests to any gateway; a connection error, a timeout or a 502/503
+    is retried (on a gateway picked at random) until the deadline."""
+
+    def __init__(self, session: aiohttp.ClientSession, bases: list[str], rng: random.Random) -> None:
+        self.session, self.bases, self.rng = session, bases, rng
+        self.server_errors: list[str] = []
+
+    def base(self) -> str:
+        return self.rng.choice(self.bases)
+
+    async def call(self, method: str, path: str, *, body: Any = None,
+                   headers: dict[str, str] | None = None, deadline: float,
+                   retry_statuses: frozenset[int] = frozenset({502, 503, 504})) -> \
+            tuple[int, Any]:
+        pause = 0.1
+        while True:
+            try:
+                async with self.session.request(
+                        method, self.base() + path, json=body, headers={**AUTH, **(headers or {})},
+                        timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as response:
+                    text = await response.text()
+                    payload = json.loads(text) if text else None
+                    if response.status >= 500 and response.status not in (502, 503, 504):
+                        self.server_errors.append(f"{method} {path}: {response.status} {text[:200]}")
+                    if response.status not in retry_statuses:
+                        return response.status, payload
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                pass
+            if time.monotonic() + pause > deadline:
+                raise GaveUp(f"{method} {path}")
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)

@@ -1,0 +1,173 @@
+"""The stack under test: its own broker (or cluster), and every role as a process.
+
+Two processors, two workers and two gateways run as `threadline <role>`
+subprocesses with short timeouts, so that a `kill -9` is noticed and recovered
+from within seconds. The broker belongs to the chaos run alone (an embedded one
+on free ports), so restarting it harms no other test; with
+`KAFKA_BOOTSTRAP_SERVERS` given it uses that cluster and never restarts it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from streams.broker import EmbeddedCluster, EmbeddedKafka, _die_with_parent, free_port
+from streams.config import Settings
+from streams.topics import ensure_topics
+
+__all__ = ["API_KEY", "ROLES", "Proc", "Stack", "chaos_env"]
+
+ROOT = Path(__file__).resolve().parent.parent
+API_KEY = "chaos-key"
+ROLES = ("processor", "worker", "gateway")
+
+
+def chaos_env(bootstrap: str, folder: Path, replication: int) -> dict[str, str]:
+    """Short timeouts everywhere: a dead process is noticed within seconds."""
+    return {
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "THREADLINE_TOPIC_PREFIX": f"chaos{uuid.uuid4().hex[:8]}.",
+        "THREADLINE_PARTITIONS": "6",
+        "THREADLINE_REPLICATION_FACTOR": str(replication),
+        "THREADLINE_API_KEYS": f"{API_KEY}=chaos",
+        "THREADLINE_HEARTBEAT_INTERVAL_S": "0.5",
+        "THREADLINE_HEARTBEAT_TIMEOUT_S": "4.5",
+        "THREADLINE_SESSION_TIMEOUT_S": "6",
+        "THREADLINE_RETRY_INITIAL_S": "0.2",
+        "THREADLINE_RETRY_MAX_S": "2",
+        # Enough attempts that no run fails for want of them: a kill is not an answer.
+        "THREADLINE_MAX_ATTEMPTS": "12",
+        "THREADLINE_DECISION_TIMEOUT_S": "3",
+        "THREADLINE_AGENT_TOKENS_PER_S": "60",
+        "THREADLINE_AGENT_SLOW_TOKENS_PER_S": "8",
+        "THREADLINE_AGENT_WORDS": "16",
+        "THREADLINE_DATA_DIR": str(folder / "data"),
+        "THREADLINE_LOG_LEVEL": "INFO",
+    }
+
+
+@dataclass
+class Proc:
+    """One `threadline <role>` process: started, killed with SIGKILL, restarted."""
+
+    role: str
+    name: str
+    env: dict[str, str]
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        out = open(self.log, "ab")  # noqa: SIM115 - handed to the child
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "streams.cli", self.role],
+            env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}, cwd=ROOT,
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent)  # a killed chaos program leaves no orphans
+        out.close()
+        self.starts += 1
+
+    def kill9(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            os.kill(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+    def exited(self) -> int | None:
+        """The exit status if the process ended, else None."""
+        return None if self.popen is None else self.popen.poll()
+
+
+@dataclass
+class Stack:
+    folder: Path
+    brokers: int = 1  # 1: EmbeddedKafka, 3: EmbeddedCluster
+    bootstrap: str | None = None  # an outside cluster: no broker of ours
+    processors: list[Proc] = field(default_factory=list)
+    workers: list[Proc] = field(default_factory=list)
+    gateways: list[Proc] = field(default_factory=list)
+    ports: list[int] = field(default_factory=list)
+    broker: EmbeddedKafka | None = None
+    cluster: EmbeddedCluster | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def owns_broker(self) -> bool:
+        return self.broker is not None or self.cluster is not None
+
+    @property
+    def bases(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for p in self.ports]
+
+    @property
+    def settings(self) -> Settings:
+        return Settings.from_env(self.env)
+
+    def procs(self, role: str) -> list[Proc]:
+        return {"processor": self.processors, "worker": self.workers,
+                "gateway": self.gateways}[role]
+
+    def all_procs(self) -> list[Proc]:
+        return [*self.processors, *self.workers, *self.gateways]
+
+    def start(self, gateways: int = 2) -> None:
+        bootstrap = self.bootstrap
+        if bootstrap is None and self.brokers == 1:
+            self.broker = EmbeddedKafka(self.folder / "broker", port=0).start()
+            bootstrap = self.broker.bootstrap
+        elif bootstrap is None:
+            self.cluster = EmbeddedCluster(self.folder / "cluster", size=self.brokers).start()
+            bootstrap = self.cluster.bootstrap
+        self.env = chaos_env(bootstrap, self.folder, 3 if self.brokers >= 3 else 1)
+        ensure_topics(self.settings)
+        logs = self.folder / "logs"
+        for i in range(2):
+            env = {**self.env, "THREADLINE_DATA_DIR": str(self.folder / f"processor-{i}")}
+            self.processors.append(Proc("processor", f"processor-{i}", env, logs / f"processor-{i}.log"))
+            env = {**self.env, "THREADLINE_INSTANCE_ID": f"worker-{i}"}
+            self.workers.append(Proc("worker", f"worker-{i}", env, logs / f"worker-{i}.log"))
+        for i in range(gateways):
+            port = free_port()
+            self.ports.append(port)
+            env = {**self.env, "THREADLINE_HTTP_PORT": str(port)}
+            self.gateways.append(Proc("gateway", f"gateway-{i}", env, logs / f"gateway-{i}.log"))
+        for proc in self.all_procs():
+            proc.start()
+
+    def restart_broker(self) -> None:
+        """SIGKILL the (single) broker, then start it again on the same port and data."""
+        assert self.broker is not None, "only a broker of our own is restarted"
+        self.broker.kill()
+        self.broker.start()
+
+    def kill_cluster_node(self, node: int) -> None:
+        assert self.cluster is not None
+        self.cluster.nodes[node].kill()
+
+    def stop(self) -> None:
+        for proc in self.all_procs():
+            proc.stop()
+        if self.broker is not None:
+            self.broker.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
+
+    def logs(self) -> Mapping[str, Path]:
+        return {p.name: p.log for p in self.all_procs()}
+
