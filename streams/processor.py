@@ -57,7 +57,7 @@ from streams.serialization import (
     encode_stream,
 )
 from streams.state_store import PartitionStore, TableStores
-from streams.thread import answer_message_id_for, apply, decide, next_deadline_ms
+from streams.thread import answer_message_id_for, apply, decide, next_deadline_ms, uuid5_text
 from streams.topics import ensure_topics
 
 __all__ = ["Processor", "ProcessorStats", "run_processor"]
@@ -75,7 +75,7 @@ def _now_ms() -> int:
 
 def _derived_id(parent: str, index: int) -> str:
     digest = hashlib.sha1(f"{parent}:{index}".encode(), usedforsecurity=False).digest()
-    return str(uuid.UUID(bytes=digest[:16], version=5))
+    return uuid5_text(digest)
 
 
 def _position(msg: Message) -> tuple[str, int, int]:
