@@ -45,6 +45,7 @@ class ConnectorConfig:
     webhook_backoff_max_s: float
     audit_retention_ms: int
     crash_after_call: float  # test switch: probability of os._exit(137) after a call
+    crash_kinds: frozenset[str]  # test switch: the outbox kinds it applies to (empty: all)
 
     @property
     def chat_enabled(self) -> bool:
@@ -81,4 +82,6 @@ class ConnectorConfig:
             webhook_backoff_max_s=_float(env, "THREADLINE_WEBHOOK_BACKOFF_MAX_S", 60.0),
             audit_retention_ms=int(_float(env, "THREADLINE_AUDIT_RETENTION_S", 90 * 86_400) * 1000),
             crash_after_call=_float(env, "THREADLINE_CONNECTOR_CRASH_AFTER_CALL", 0.0),
+            crash_kinds=frozenset(k.strip() for k in env.get(
+                "THREADLINE_CONNECTOR_CRASH_KINDS", "").split(",") if k.strip()),
         )

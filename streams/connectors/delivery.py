@@ -173,12 +173,17 @@ class Calls:
         except Exception as exc:  # a bug or an unexpected reply: as if it may have happened
             log.exception("call for %s broke", e.outbox_id)
             return Retry(f"{type(exc).__name__}: {exc}", None, maybe_done=True)
-        if isinstance(outcome, Done) and self.config.crash_after_call > 0 \
-                and self.random.random() < self.config.crash_after_call:
+        if isinstance(outcome, Done) and self._crash_now(e):
             # Test switch: die between the call and its record, as a crash would.
             log.warning("crash switch: exiting after the %s call for %s", e.kind.value, e.outbox_id)
             os._exit(CRASH_EXIT_STATUS)
         return outcome
+
+    def _crash_now(self, e: OutboxEntry) -> bool:
+        config = self.config
+        if config.crash_after_call <= 0 or (config.crash_kinds and e.kind.value not in config.crash_kinds):
+            return False
+        return self.random.random() < config.crash_after_call
 
     def finished(self) -> list[tuple[Job, Outcome]]:
         done = [(oid, jf) for oid, jf in self.in_flight.items() if jf[1].done()]

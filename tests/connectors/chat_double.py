@@ -114,6 +114,7 @@ class ChatDouble:
             asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        self._loop.close()
 
     @property
     def api_url(self) -> str:

@@ -53,6 +53,7 @@ class WebhookReceiver:
             asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        self._loop.close()
 
     def for_key(self, key: str) -> list[Received]:
         with self.lock:

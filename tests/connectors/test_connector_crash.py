@@ -1,0 +1,194 @@
+"""The connector dies between a chat call and its record, again and again, and is
+restarted: every answer is posted exactly once. And a deposed owner, frozen past
+its session timeout while it holds calls and entries, posts nothing twice."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from streams.connectors.ids import outbox_id_for
+from streams.connectors.outbox import ANSWER, OutboxStatus
+from tests.connectors.chat_double import ChatDouble
+from tests.connectors.stack import Stack, run_of, running_stack, thread_of, unique_channel, wait_until
+from tests.kafka_helpers import RoleProcess
+
+pytestmark = [pytest.mark.kafka]
+
+# Short leases so that a restarted connector reconciles soon after its predecessor died.
+LEASE = {"THREADLINE_CONNECTOR_LEASE_S": "1", "THREADLINE_CONNECTOR_CLOCK_MARGIN_S": "0.5"}
+
+
+@dataclass
+class Turn:
+    channel: str
+    ts: str  # of the person's message
+    thread: str
+    run: str
+    text: str
+
+
+@dataclass
+class Supervisor:
+    """Restarts the connector whenever it dies; kills it at random now and then."""
+
+    stack: Stack
+    name: str
+    env: dict[str, str]
+    rng: random.Random
+    exits: Counter[int] = field(default_factory=Counter)
+    kills: int = 0
+    chaos: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        proc = self.stack.connectors[self.name]
+        next_kill = time.monotonic() + self.rng.uniform(2, 5)
+        while not self.done.is_set():
+            if not proc.alive():
+                assert proc.proc is not None
+                self.exits[proc.proc.returncode] += 1
+                proc = RoleProcess("connector", self.env, proc.log).start()
+                self.stack.connectors[self.name] = proc
+            elif self.chaos.is_set() and time.monotonic() > next_kill:
+                proc.kill9()
+                self.kills += 1
+                next_kill = time.monotonic() + self.rng.uniform(2, 5)
+            time.sleep(0.05)
+
+
+def _chaos_run(stack: Stack, turns: int, seed: int) -> None:
+    rng = random.Random(seed)
+    name = "c1"
+    # The first incarnation dies right after its first post, for sure: one adoption at least.
+    stack.start_connector(name, THREADLINE_CONNECTOR_CRASH_AFTER_CALL="1",
+                          THREADLINE_CONNECTOR_CRASH_KINDS="chat_post", **LEASE)
+    env = stack.connector_env(name, THREADLINE_CONNECTOR_CRASH_AFTER_CALL="0.1", **LEASE)
+    supervisor = Supervisor(stack, name, env, rng)
+    watcher = threading.Thread(target=supervisor.run)
+    watcher.start()
+    try:
+        supervisor.chaos.set()
+        sent: list[Turn] = []
+        for n in range(turns):
+            channel = unique_channel()
+            text = f"turn {n}"
+            payload = stack.double.user_message(channel, text)
+            statuses = stack.double.deliver(stack.url(name), payload, attempts=80, pause_s=0.25)
+            assert statuses[-1] == 200, statuses
+            thread = thread_of(payload)
+            sent.append(Turn(channel, payload["event"]["ts"], thread, run_of(payload, thread), text))
+            time.sleep(rng.uniform(0, 0.1))
+        time.sleep(2.0)
+        supervisor.chaos.clear()  # the crash switch goes on; the random kills stop
+
+        def all_done() -> bool:
+            outboxes = stack.outboxes()
+            return all(
+                (o := outboxes.get(t.thread)) is not None and len(o.entries) == 3
+                and all(e.status is OutboxStatus.DELIVERED for e in o.entries)
+                for t in sent)
+
+        wait_until(all_done, 30 + turns, "every entry delivered", stack)
+    finally:
+        supervisor.done.set()
+        watcher.join()
+    _audit(stack, sent, supervisor)
+
+
+def _audit(stack: Stack, sent: list[Turn], supervisor: Supervisor) -> None:
+    posts = stack.double.bot_posts()
+    by_id = Counter(p.outbox_id for p in posts)
+    duplicated = [k for k, n in by_id.items() if n > 1]
+    assert not duplicated, f"posted twice: {duplicated}"
+    for t in sent:
+        answer_id = outbox_id_for(t.run, ANSWER)
+        (post,) = [p for p in posts if p.channel == t.channel]
+        assert post.outbox_id == answer_id
+        assert post.text.startswith(f"You said: {t.text}."), post.text
+        user = stack.double.message(t.channel, t.ts)
+        assert user is not None and user.reactions == {"white_check_mark"}
+    outboxes = stack.outboxes()
+    adopted = sum(e.adopted for t in sent for e in outboxes[t.thread].entries)
+    crashes = supervisor.exits[137]
+    print(f"\n{len(sent)} turns, {crashes} crash-switch exits, {supervisor.kills} kill -9, "
+          f"{adopted} posts adopted by reconciliation")
+    assert crashes >= 1 and adopted >= 1
+    assert crashes + supervisor.kills >= 3, "too few kills to mean anything"
+
+
+def test_killed_between_call_and_record_20_turns_are_each_posted_once(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    with running_stack(kafka_bootstrap, tmp_path) as stack:
+        _chaos_run(stack, 20, seed=11)
+
+
+@pytest.mark.chaos
+def test_chaos_100_turns_with_the_connector_killed_at_random_points(
+        request: pytest.FixtureRequest, kafka_bootstrap: str, tmp_path: Path) -> None:
+    if "chaos" not in (request.config.getoption("-m") or "") and not os.environ.get("THREADLINE_CHAOS"):
+        pytest.skip("about two minutes: run with -m chaos (make chaos) or THREADLINE_CHAOS=1")
+    with running_stack(kafka_bootstrap, tmp_path) as stack:
+        _chaos_run(stack, 100, seed=12)
+
+
+def test_a_deposed_owner_frozen_past_its_session_posts_nothing_twice(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    with running_stack(kafka_bootstrap, tmp_path, double=ChatDouble()) as stack:
+        a = stack.start_connector("a", THREADLINE_SLACK_BOT_TOKEN="xoxb-a")
+        stack.start_connector("b", THREADLINE_SLACK_BOT_TOKEN="xoxb-b")
+        stack.wait_for_group(2)
+        stack.double.hold("xoxb-a")  # a's calls wait at the chat until released
+        turns: list[Turn] = []
+        for n in range(8):
+            channel = unique_channel()
+            payload, statuses = stack.say("b", channel, f"frozen {n}")
+            assert statuses == [200]
+            thread = thread_of(payload)
+            turns.append(Turn(channel, payload["event"]["ts"], thread, run_of(payload, thread),
+                              f"frozen {n}"))
+        wait_until(lambda: stack.double.waiting["xoxb-a"] >= 1, 20, "a call of a at the gate", stack)
+        time.sleep(1.0)  # a's runs complete meanwhile: it holds their pending entries too
+        assert a.proc is not None
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        try:
+            held = stack.double.waiting["xoxb-a"]
+            stack.double.release("xoxb-a")  # a's calls take effect while a is frozen
+
+            def answered() -> bool:
+                posts = stack.double.bot_posts()
+                return all(any(p.channel == t.channel and p.text.startswith(f"You said: {t.text}.")
+                               for p in posts) for t in turns)
+
+            wait_until(answered, 40, "b answering every turn", stack)
+        finally:
+            os.kill(a.proc.pid, signal.SIGCONT)
+        def deposed() -> bool:  # by a refused transaction, or by the rebalance that came first
+            stats = stack.stats("a") or {}
+            return stats.get("fenced", 0) + stats.get("results_unrecorded", 0) >= 1
+
+        wait_until(deposed, 20, "a noticing it was deposed", stack)
+        stack.wait_for_group(2)
+        time.sleep(3.0)  # whatever a would still do, it has done by now
+        posts = stack.double.bot_posts()
+        by_id = Counter(p.outbox_id for p in posts)
+        assert max(by_id.values()) == 1, [k for k, n in by_id.items() if n > 1]
+        for t in turns:
+            (post,) = [p for p in posts if p.channel == t.channel]
+            assert post.outbox_id == outbox_id_for(t.run, ANSWER)
+            assert post.text.startswith(f"You said: {t.text}.")
+        by_a = [p for p in posts if p.bot_token == "xoxb-a"]
+        outboxes = stack.outboxes()
+        adopted = {e.outbox_id for t in turns for e in outboxes[t.thread].entries if e.adopted}
+        print(f"\na held {held} calls when frozen; posted {len(by_a)}; b adopted {len(adopted)}")
+        assert held >= 1 and by_a, "a never had a call in flight when it was frozen"
+        # a's calls were held until it froze, so it recorded none: b adopted every one.
+        assert {p.outbox_id for p in by_a} <= adopted
