@@ -67,6 +67,7 @@ log = logging.getLogger("threadline.processor")
 HISTORY_LIMIT = 50  # earlier messages handed to the agent with a dispatch
 TICK_INTERVAL_S = 0.1
 TICK_RESEND_MS = 2_000  # a due tick not yet acted on is sent again after this
+DEAD_LETTER_MAX_BYTES = 256 * 1024  # of a dead record's key and value kept in its dead letter
 
 
 def _now_ms() -> int:
@@ -258,6 +259,7 @@ class Processor:
                 topic, partition, offset = _position(msg)
                 positions[(topic, partition)] = offset + 1
                 self._process(msg, touched)
+            self._write_states(touched)
             offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
             if self.exactly_once:
                 self.producer.send_offsets_to_transaction(
@@ -307,8 +309,9 @@ class Processor:
         except DecodeError as exc:
             self._dead_letter(msg, str(exc), type(exc).__name__)
             return
-        store = self.stores.get(partition)
-        state = self._load(store, key)
+        # A thread touched earlier in the batch: its newest state is not in the store yet.
+        state = touched[(partition, key)] if (partition, key) in touched else \
+            self._load(self.stores.get(partition), key)
         events = decide(state, command, self.settings.policy)
         if not events:
             return
@@ -328,13 +331,22 @@ class Processor:
             if lifecycle is not None:
                 self.producer.produce(self.topics.stream, encode_stream(lifecycle, event_meta),
                                       key, partition=partition)
-        if new_state is not None:
-            encoded = encode_state(new_state)
+        self.cache[key] = new_state
+        touched[(partition, key)] = new_state
+
+    def _write_states(self, touched: dict[tuple[int, bytes], ThreadState | None]) -> None:
+        """Each thread's state as the batch leaves it, to the table and the changelog.
+
+        Once per thread and batch, not per command: the batch commits as one
+        transaction, so no reader could see a state between two of its commands."""
+        for (partition, key), state in touched.items():
+            if state is None:
+                continue
+            store = self.stores.get(partition)
+            encoded = encode_state(state)
             store.put(key, encoded)
             self.producer.produce(self.topics.threads, encoded, key, partition=partition,
                                   on_delivery=self._changelog_delivered(store))
-        self.cache[key] = new_state
-        touched[(partition, key)] = new_state
 
     @staticmethod
     def _changelog_delivered(store: PartitionStore) -> Callable[[KafkaError | None, Message], None]:
@@ -370,11 +382,19 @@ class Processor:
     def _dead_letter(self, msg: Message, reason: str, error_type: str) -> None:
         topic, partition, offset = _position(msg)
         log.warning("dead-lettering %s[%d]@%d: %s", topic, partition, offset, reason)
+        # A record near the broker's size limit would not fit in a dead letter that also
+        # carries it: the produce would fail, the processor crash, and the restarted one
+        # meet the same record again. Keep a prefix of anything that large.
+        value, key = msg.value() or b"", msg.key()
+        if len(value) > DEAD_LETTER_MAX_BYTES or len(key or b"") > DEAD_LETTER_MAX_BYTES:
+            reason += (f" (dead letter keeps the first {DEAD_LETTER_MAX_BYTES} bytes of its "
+                       f"{len(key or b'')}-byte key and {len(value)}-byte value)")
+            value, key = value[:DEAD_LETTER_MAX_BYTES], key and key[:DEAD_LETTER_MAX_BYTES]
         record = DeadLetter(source_topic=topic, source_partition=partition, source_offset=offset,
-                            key=msg.key(), value=msg.value() or b"", reason=reason,
+                            key=key, value=value, reason=reason,
                             error_type=error_type, failed_at_ms=_now_ms())
         # Compacted topics refuse null keys; a keyless record is keyed by its position.
-        key = msg.key() or f"{topic}/{partition}/{offset}".encode()
+        key = key or f"{topic}/{partition}/{offset}".encode()
         self.producer.produce(self.topics.dead_letter, encode_dead_letter(record), key,
                               partition=partition)
 
