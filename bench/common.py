@@ -167,7 +167,9 @@ class Child:
                 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
                 resource.setrlimit(resource.RLIMIT_NOFILE, (min(nofile, hard), hard))
 
-        self.proc = subprocess.Popen([sys.executable, *args], env=full_env, cwd=ROOT,
+        # BENCH_SRC: run the children from another checkout (before/after comparisons).
+        cwd = os.environ.get("BENCH_SRC") or ROOT
+        self.proc = subprocess.Popen([sys.executable, *args], env=full_env, cwd=cwd,
                                      stdout=out, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, preexec_fn=limits)
         out.close()
