@@ -1,0 +1,171 @@
+"""Bad input: the HTTP API fuzzed from its own /openapi.json, garbage records straight
+on the commands topic, and garbage Last-Event-ID values. No 5xx, no crash, every
+bad record dead-lettered with a reason, and processing goes on."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+import uuid
+from typing import Any
+
+import pytest
+import requests
+import schemathesis
+from confluent_kafka import Producer
+from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis.generation.modes import GenerationMode
+
+from streams.domain import CreateThread, ThreadCreated
+from streams.serialization import decode_dead_letter, decode_event, encode_command, new_meta
+from tests.chaos.conftest import AUTH, Live
+from tests.kafka_helpers import command_producer, read_topic, send_command
+
+pytestmark = pytest.mark.kafka
+
+EXAMPLES = int(os.environ.get("THREADLINE_FUZZ_EXAMPLES", "25"))
+BROKER_MAX_MESSAGE_BYTES = 1_048_588  # the broker's message.max.bytes default
+SSE_PATHS = ("/v1/threads/{thread_id}/stream", "/v1/runs/{run_id}/events")
+
+
+def _request(live: Live, method: str, path: str, body: Any = None,
+             headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(live.base + path, data=data, method=method,
+                                     headers={**AUTH, "Content-Type": "application/json",
+                                              **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}")
+
+
+def _thread(live: Live) -> str:
+    status, body = _request(live, "POST", "/v1/threads", {"title": "fuzz"})
+    assert status == 201, body
+    return str(body["thread_id"])
+
+
+def test_the_api_fuzzed_from_its_openapi_answers_no_5xx(live: Live) -> None:
+    schema = schemathesis.openapi.from_url(f"{live.base}/openapi.json")
+    thread_id = _thread(live)
+    http = requests.Session()
+    failures: list[str] = []
+    operations = 0
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        operations += 1
+        real = {"thread_id": thread_id} if operation.path not in SSE_PATHS and \
+            "{thread_id}" in operation.path else None
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            for fixed in (None, real):
+                strategy = operation.as_strategy(mode, path_parameters=fixed)
+
+                @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
+                          suppress_health_check=list(HealthCheck))
+                @given(case=strategy)
+                def call(case: Any) -> None:
+                    kwargs = case.as_transport_kwargs(base_url=live.base, headers=AUTH)
+                    # An SSE stream on a real thread stays open: only the status matters.
+                    with http.request(**kwargs, timeout=10, stream=True) as response:
+                        status = response.status_code
+                    if status >= 500:
+                        failures.append(f"{case.method} {case.formatted_path} {status}: "
+                                        f"{case.body!r:.200}")
+
+                try:
+                    call()
+                except Unsatisfiable:  # nothing to make invalid (e.g. no parameters)
+                    assert mode is GenerationMode.NEGATIVE, operation.path
+    assert operations >= 9
+    assert not failures, failures[:10]
+    with urllib.request.urlopen(f"{live.base}/healthz", timeout=10) as response:
+        assert response.status == 200
+    assert all(p.proc is not None and p.proc.poll() is None for p in live.procs), live.logs()
+
+
+def _event_id(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def test_garbage_last_event_ids_get_a_clear_400(live: Live) -> None:
+    thread_id = _thread(live)
+    status, body = _request(live, "POST", f"/v1/threads/{thread_id}/user_message",
+                            {"input_text": "something to resume"})
+    assert status == 202, body
+    run_id = body["run_id"]
+    garbage = [
+        "x", "!!!", "%00", "a" * 600, "v1.0.1.0.0.run",  # not base64url of an id
+        _event_id("v2.0.1.0.0.run"), _event_id("v1.0.-5.0.0.run"), _event_id("v1.0.1.0.9.run"),
+        _event_id("v1.0.1.0.0." + "r" * 65), _event_id("v1.0.1.0.0.run id"),
+        _event_id("v1.99999.1.0.0.run"),  # another partition
+        _event_id(f"v1.0.9999999999.0.0.{run_id}"),  # ahead of the stream
+        base64.urlsafe_b64encode(b"\xff\xfe\x00").decode(),
+    ]
+    paths = [f"/v1/threads/{thread_id}/stream", f"/v1/runs/{run_id}/events"]
+    for path in paths:
+        for token in garbage:
+            for how in ("header", "query"):
+                headers = {"Last-Event-ID": token} if how == "header" else {}
+                url = path if how == "header" else \
+                    f"{path}?last_event_id={urllib.request.quote(token)}"
+                try:
+                    status, problem = _request(live, "GET", url, headers=headers)
+                except UnicodeEncodeError:
+                    continue
+                assert status == 400, (path, token, how, status, problem)
+                assert problem["type"].endswith("/bad-last-event-id"), problem
+                assert problem["detail"], problem
+
+
+def test_bad_records_on_the_commands_topic_are_dead_lettered_and_processing_goes_on(
+        live: Live) -> None:
+    settings_ = live.settings
+    thread = f"bad-{uuid.uuid4()}"
+    valid = encode_command(CreateThread(thread, "fuzz", "x", 1), new_meta(thread, "fuzz", 1))
+    unknown_fingerprint = valid[:2] + bytes.fromhex("0123456789abcdef") + valid[10:]
+    oversized = valid[:10] + os.urandom(BROKER_MAX_MESSAGE_BYTES - 2_000)
+    bad = {
+        "malformed": b"definitely not avro",
+        "unknown schema": unknown_fingerprint,
+        "oversized": oversized,
+        "truncated": valid[: len(valid) // 2],
+        "empty": b"",
+    }
+    raw = Producer({"bootstrap.servers": settings_.bootstrap, "partitioner": "murmur2_random",
+                    "message.max.bytes": BROKER_MAX_MESSAGE_BYTES})
+    for value in bad.values():
+        raw.produce(settings_.topics.commands, value, thread.encode())
+    assert raw.flush(30) == 0
+    # A good command on the same partition, after the bad ones: it is still decided.
+    after = f"{thread}-after"
+    producer = command_producer(settings_)
+    send_command(producer, settings_, CreateThread(thread, "fuzz", "after the garbage",
+                                                   int(time.time() * 1000)), tenant="fuzz")
+    send_command(producer, settings_, CreateThread(after, "fuzz", "elsewhere",
+                                                   int(time.time() * 1000)), tenant="fuzz")
+    producer.flush(10)
+    created = read_topic(settings_, settings_.topics.events, lambda b: decode_event(b)[1],
+                         until=lambda r: {e.thread_id for e in r if isinstance(e, ThreadCreated)}
+                         >= {thread, after}, timeout=60)
+    assert {e.thread_id for e in created if isinstance(e, ThreadCreated)} >= {thread, after}, \
+        live.logs()
+    dead = read_topic(settings_, settings_.topics.dead_letter, decode_dead_letter,
+                      until=lambda r: len(r) >= len(bad), timeout=30)
+    assert len(dead) == len(bad), live.logs()
+    by_kind = {d.source_offset: d for d in dead}
+    reasons = [d.reason for d in sorted(by_kind.values(), key=lambda d: d.source_offset)]
+    assert all(d.source_topic == settings_.topics.commands and d.key == thread.encode()
+               for d in dead)
+    assert "unknown wire format" in reasons[0]
+    assert "unknown schema fingerprint" in reasons[1]
+    assert "dead letter keeps the first" in reasons[2], reasons[2]
+    assert len(by_kind[min(by_kind) + 2].value) < len(oversized)
+    assert reasons[3] and "empty record" in reasons[4], reasons
+    assert all(p.proc is not None and p.proc.poll() is None for p in live.procs), live.logs()
