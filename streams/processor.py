@@ -259,6 +259,7 @@ class Processor:
                 topic, partition, offset = _position(msg)
                 positions[(topic, partition)] = offset + 1
                 self._process(msg, touched)
+            self._write_states(touched)
             offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
             if self.exactly_once:
                 self.producer.send_offsets_to_transaction(
@@ -308,8 +309,9 @@ class Processor:
         except DecodeError as exc:
             self._dead_letter(msg, str(exc), type(exc).__name__)
             return
-        store = self.stores.get(partition)
-        state = self._load(store, key)
+        # A thread touched earlier in the batch: its newest state is not in the store yet.
+        state = touched[(partition, key)] if (partition, key) in touched else \
+            self._load(self.stores.get(partition), key)
         events = decide(state, command, self.settings.policy)
         if not events:
             return
@@ -329,13 +331,22 @@ class Processor:
             if lifecycle is not None:
                 self.producer.produce(self.topics.stream, encode_stream(lifecycle, event_meta),
                                       key, partition=partition)
-        if new_state is not None:
-            encoded = encode_state(new_state)
+        self.cache[key] = new_state
+        touched[(partition, key)] = new_state
+
+    def _write_states(self, touched: dict[tuple[int, bytes], ThreadState | None]) -> None:
+        """Each thread's state as the batch leaves it, to the table and the changelog.
+
+        Once per thread and batch, not per command: the batch commits as one
+        transaction, so no reader could see a state between two of its commands."""
+        for (partition, key), state in touched.items():
+            if state is None:
+                continue
+            store = self.stores.get(partition)
+            encoded = encode_state(state)
             store.put(key, encoded)
             self.producer.produce(self.topics.threads, encoded, key, partition=partition,
                                   on_delivery=self._changelog_delivered(store))
-        self.cache[key] = new_state
-        touched[(partition, key)] = new_state
 
     @staticmethod
     def _changelog_delivered(store: PartitionStore) -> Callable[[KafkaError | None, Message], None]:
