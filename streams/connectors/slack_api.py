@@ -99,9 +99,11 @@ class SlackApi:
             query = urllib.parse.urlencode({**params, **({"cursor": cursor} if cursor else {})})
             reply = http_request("GET", f"{self.base_url}/{method}?{query}", body=None,
                                  headers=self._headers(), timeout_s=self.timeout_s)
-            page = self._result(method, reply, maybe_done=False)
+            page = self._result(method, reply, maybe_done=False, done_errors=("thread_not_found",))
             if not isinstance(page, dict):
                 return page
+            if page.get("detail") == "thread_not_found":  # no thread: nothing was posted in it
+                return NotFound()
             for message in page.get("messages") or []:
                 if isinstance(message, dict) and outbox_id_in(message) == outbox_id:
                     return Found(str(message.get("ts")))

@@ -210,7 +210,8 @@ class ChatDouble:
 
     async def _api(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
-        token = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        token = token.strip() if scheme == "Bearer" else ""
         if request.method == "POST" and request.content_type == "application/json":
             args: dict[str, Any] = await request.json()
         else:
