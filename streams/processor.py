@@ -20,12 +20,15 @@ clock goes through the same fenced, transactional path as every other input.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import os
 import signal
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -67,6 +70,9 @@ log = logging.getLogger("threadline.processor")
 HISTORY_LIMIT = 50  # earlier messages handed to the agent with a dispatch
 TICK_INTERVAL_S = 0.1
 TICK_RESEND_MS = 2_000  # a due tick not yet acted on is sent again after this
+TXN_TIMEOUT_S = 30  # of each transactional call
+TXN_HANG_EXIT_S = TXN_TIMEOUT_S + 15  # a call this long ignored its timeout: exit
+HUNG_EXIT_STATUS = 70
 DEAD_LETTER_MAX_BYTES = 256 * 1024  # of a dead record's key and value kept in its dead letter
 
 
@@ -111,6 +117,40 @@ class _Partition:
     ticks_sent: dict[bytes, int] = field(default_factory=dict)  # thread key -> sent at
 
 
+class _Watchdog:
+    """Exits the process when a transactional call overruns its own timeout.
+
+    librdkafka 2.16's `send_offsets_to_transaction` can block far past its timeout
+    after a broker restart (seen in the chaos run: minutes, until the process was
+    stopped). The group then waits `max.poll.interval.ms` (5 min) for this member
+    and its partitions stall. Crash-only instead: the restarted instance's
+    `init_transactions` aborts the open transaction and the group moves on."""
+
+    def __init__(self) -> None:
+        self._call: tuple[str, float] | None = None  # what runs, and its deadline
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def guard(self, what: str, limit_s: float = TXN_HANG_EXIT_S) -> Iterator[None]:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="txn-watchdog", daemon=True)
+            self._thread.start()
+        self._call = (what, time.monotonic() + limit_s)
+        try:
+            yield
+        finally:
+            self._call = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(1.0)
+            call = self._call
+            if call is not None and time.monotonic() > call[1]:
+                log.critical("%s hung past its timeout; exiting so a restart recovers", call[0])
+                logging.shutdown()
+                os._exit(HUNG_EXIT_STATUS)
+
+
 class Processor:
     def __init__(self, settings: Settings, instance_id: str | None = None) -> None:
         self.settings = settings
@@ -122,6 +162,7 @@ class Processor:
         self.cache: dict[bytes, ThreadState | None] = {}
         self.stats = ProcessorStats()
         self.stopping = False
+        self.watchdog = _Watchdog()
         common = {"bootstrap.servers": settings.bootstrap, "log_level": 3}
         self.consumer = Consumer({
             **common,
@@ -262,9 +303,11 @@ class Processor:
             self._write_states(touched)
             offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
             if self.exactly_once:
-                self.producer.send_offsets_to_transaction(
-                    offsets, self.consumer.consumer_group_metadata(), 30)
-                self.producer.commit_transaction(30)
+                with self.watchdog.guard("send_offsets_to_transaction"):
+                    self.producer.send_offsets_to_transaction(
+                        offsets, self.consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
+                with self.watchdog.guard("commit_transaction"):
+                    self.producer.commit_transaction(TXN_TIMEOUT_S)
             else:  # at least once: a crash between flush and commit repeats the batch
                 if self.producer.flush(30):
                     raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "flush timed out"))
@@ -289,7 +332,8 @@ class Processor:
         if isinstance(err, KafkaError) and err.txn_requires_abort():
             log.warning("aborting transaction: %s", err)
             self.stats.aborts += 1
-            self.producer.abort_transaction(30)
+            with self.watchdog.guard("abort_transaction"):
+                self.producer.abort_transaction(TXN_TIMEOUT_S)
             self.stores.rollback_all()
             self.cache.clear()
             assigned = self.consumer.assignment()
