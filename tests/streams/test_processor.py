@@ -161,3 +161,29 @@ def test_a_malformed_record_goes_to_the_dead_letter_topic_and_processing_goes_on
     assert all(d.reason and d.source_topic == settings.topics.commands for d in dead)
     assert any("is not the command's thread_id" in d.reason for d in dead)
     assert not any(isinstance(e, ThreadCreated) and e.thread_id == "th-x" for e in events)
+
+
+def test_a_deadline_survives_a_processor_kill(
+    make_settings: SettingsFactory, test_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Deadlines are table state, not timers: a processor killed while an attempt is
+    pending still reschedules it after a restart."""
+    settings = make_settings(THREADLINE_HEARTBEAT_TIMEOUT_S="2", THREADLINE_MAX_ATTEMPTS="1")
+    ensure_topics(settings)
+    proc = RoleProcess("processor", test_env, tmp_path / "p.log").start()
+    try:
+        producer = command_producer(settings)
+        thread = f"th-{uuid.uuid4()}"
+        send_command(producer, settings, CreateThread(thread, "t", "deadline", _now()))
+        send_command(producer, settings, PostUserMessage(thread, "t", "m", "still there?", None, _now()))
+        producer.flush(10)
+        _events(settings, lambda r: _count(AttemptDispatched, r) >= 1)
+        proc.kill9()
+        time.sleep(3)  # the deadline passes while no processor runs
+        proc.start()
+        events = _events(settings, lambda r: _count(RunFailed, r) >= 1, timeout=40)
+        failed = next(e for e in events if isinstance(e, RunFailed))
+        assert failed.error.startswith("heartbeat_timeout"), (failed, proc.tail())
+        assert _count(RunFailed, events) == 1
+    finally:
+        proc.stop()
