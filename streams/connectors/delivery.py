@@ -147,29 +147,9 @@ class Calls:
         self.in_flight[job.entry.outbox_id] = (job, self.pool.submit(self._execute, job))
 
     def _execute(self, job: Job) -> Outcome:
-        e, chat = job.entry, self.chat
-        lease_s = self.config.lease_s
-
-        def before_send() -> bool:
-            return time.monotonic() - job.fence_mono < lease_s
-
+        e = job.entry
         try:
-            if job.reconcile:
-                assert chat is not None
-                return chat.find_outbox_message(e.channel, e.thread_ts, e.outbox_id,
-                                                e.created_at_ms / 1000 - RECONCILE_LOOKBACK_S)
-            if e.kind is OutboxKind.WEBHOOK_POST:
-                if self.webhook is None:
-                    return Refused("no webhook is configured")
-                outcome = self.webhook.post(job.text, e.outbox_id, before_send)
-            elif chat is None:
-                return Refused("no chat bot token is configured")
-            elif e.kind is OutboxKind.CHAT_POST:
-                outcome = chat.post_message(e.channel, job.text, e.thread_ts, e.outbox_id, before_send)
-            elif e.kind is OutboxKind.CHAT_UPDATE:
-                outcome = chat.update(e.channel, job.target_ts or "", job.text, e.outbox_id, before_send)
-            else:
-                outcome = chat.add_reaction(e.channel, job.target_ts or "", job.text, before_send)
+            outcome = self._call(job)
         except Exception as exc:  # a bug or an unexpected reply: as if it may have happened
             log.exception("call for %s broke", e.outbox_id)
             return Retry(f"{type(exc).__name__}: {exc}", None, maybe_done=True)
@@ -178,6 +158,27 @@ class Calls:
             log.warning("crash switch: exiting after the %s call for %s", e.kind.value, e.outbox_id)
             os._exit(CRASH_EXIT_STATUS)
         return outcome
+
+    def _call(self, job: Job) -> Outcome:
+        e, chat, lease_s = job.entry, self.chat, self.config.lease_s
+
+        def before_send() -> bool:
+            return time.monotonic() - job.fence_mono < lease_s
+
+        if e.kind is OutboxKind.WEBHOOK_POST:
+            if self.webhook is None:
+                return Refused("no webhook is configured")
+            return self.webhook.post(job.text, e.outbox_id, before_send)
+        if chat is None:
+            return Refused("no chat bot token is configured")
+        if job.reconcile:
+            return chat.find_outbox_message(e.channel, e.thread_ts, e.outbox_id,
+                                            e.created_at_ms / 1000 - RECONCILE_LOOKBACK_S)
+        if e.kind is OutboxKind.CHAT_POST:
+            return chat.post_message(e.channel, job.text, e.thread_ts, e.outbox_id, before_send)
+        if e.kind is OutboxKind.CHAT_UPDATE:
+            return chat.update(e.channel, job.target_ts or "", job.text, e.outbox_id, before_send)
+        return chat.add_reaction(e.channel, job.target_ts or "", job.text, before_send)
 
     def _crash_now(self, e: OutboxEntry) -> bool:
         config = self.config

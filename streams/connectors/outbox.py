@@ -80,6 +80,7 @@ CONFLICT_TEXT = ("I am still answering your previous message, so I did not take 
                  "Please send it again once that answer is in.")
 MAX_CHAT_TEXT = 39_000  # Slack truncates `text` past 40,000 characters
 KEEP_DONE = 16  # finished entries kept per thread, newest last
+DONE_TEXT_CHARS = 200  # of a finished entry's text (no longer needed), to keep records small
 
 
 class OutboxKind(StrEnum):
@@ -292,14 +293,21 @@ def mark_delivered(outbox: ChatOutbox, outbox_id: str, result_ts: str | None, ad
     if current is None or current.status.done:
         return outbox
     return prune(_change(outbox, outbox_id, now_ms, status=OutboxStatus.DELIVERED,
-                         result_ts=result_ts, adopted=adopted, error=None))
+                         result_ts=result_ts, adopted=adopted, error=None,
+                         text=current.text[:DONE_TEXT_CHARS]))
 
 
 def mark_failed(outbox: ChatOutbox, outbox_id: str, error: str, now_ms: int) -> ChatOutbox:
     current = outbox.get(outbox_id)
     if current is None or current.status.done:
         return outbox
-    return prune(_change(outbox, outbox_id, now_ms, status=OutboxStatus.FAILED, error=error))
+    return prune(_change(outbox, outbox_id, now_ms, status=OutboxStatus.FAILED, error=error,
+                         text=current.text[:DONE_TEXT_CHARS]))
+
+
+def _is_placeholder(e: OutboxEntry) -> bool:
+    # A run's answer post made when the run was accepted: it names the message it answers.
+    return e.role == ANSWER and e.target_ts is not None
 
 
 def prune(outbox: ChatOutbox, keep: int = KEEP_DONE) -> ChatOutbox:
@@ -311,8 +319,7 @@ def prune(outbox: ChatOutbox, keep: int = KEEP_DONE) -> ChatOutbox:
         return outbox
     needed = {e.target_outbox_id for e in outbox.entries if not e.status.done}
     edited = {e.target_outbox_id for e in outbox.entries if e.role == ANSWER_FINAL}
-    needed |= {e.outbox_id for e in done if e.role == ANSWER and e.text == PLACEHOLDER_TEXT
-               and e.outbox_id not in edited}
+    needed |= {e.outbox_id for e in done if _is_placeholder(e) and e.outbox_id not in edited}
     droppable = [e.outbox_id for e in done if e.outbox_id not in needed]
     drop = set(droppable[: len(done) - keep])
     return replace(outbox, entries=tuple(e for e in outbox.entries if e.outbox_id not in drop))

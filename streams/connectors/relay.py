@@ -82,6 +82,7 @@ class Relay:
         self.active: set[Key] = set()  # threads with entries not done
         self.unrecorded: list[tuple[Job, Outcome]] = []
         self.paused_until = 0.0
+        self.draining = False
         common = {"bootstrap.servers": settings.bootstrap, "log_level": 3,
                   "client.id": f"connector-{instance_id}"}
         self.consumer = Consumer({
@@ -119,8 +120,21 @@ class Relay:
                     continue
                 self._step(batch)
                 self.auditor.poll(0)
+            self._drain()
         finally:
             self.close()
+
+    def _drain(self, timeout_s: float = 5.0) -> None:
+        """On shutdown: let the calls in flight finish and record their results, so
+        that the next owner has nothing to reconcile; start no new call."""
+        self.draining = True
+        deadline = time.monotonic() + timeout_s
+        while self.calls.in_flight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            self._step([])
+        except KafkaException as exc:
+            log.warning("results not recorded at shutdown: %s", exc)
 
     def close(self) -> None:
         self.calls.close()
@@ -220,7 +234,7 @@ class Relay:
                 staged[key] = updated
                 self.unrecorded.append((job, outcome))  # until the transaction commits
         fenced: list[Job] = []
-        for key in sorted(self.active | set(staged)):
+        for key in [] if self.draining else sorted(self.active | set(staged)):
             current = self._outbox(staged, key)
             if current is not None:
                 updated = self.calls.choose(key[0], key[1], current, now_ms, fenced.append)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from streams.broker import free_port
@@ -94,10 +95,28 @@ class Stack:
                           lambda b: decode_event(b)[1], until=until, timeout=timeout)
 
     def outboxes(self) -> dict[str, ChatOutbox]:
-        """The newest committed outbox of every thread."""
-        records = read_topic(self.settings, outbox_topic(self.settings), decode_outbox,
-                             until=lambda _: False, timeout=2)
-        return {o.thread_id: o for o in records}
+        """The newest committed outbox of every thread, read to the end of the topic."""
+        topic = outbox_topic(self.settings)
+        consumer = Consumer({"bootstrap.servers": self.settings.bootstrap, "log_level": 3,
+                             "group.id": f"outbox-{uuid.uuid4()}", "enable.auto.commit": False,
+                             "isolation.level": "read_committed", "enable.partition.eof": True})
+        partitions = range(self.settings.partitions)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        found: dict[str, ChatOutbox] = {}
+        todo, deadline = set(partitions), time.monotonic() + 10
+        try:
+            while todo and time.monotonic() < deadline:
+                for msg in consumer.consume(500, timeout=0.2):
+                    error = msg.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            todo.discard(msg.partition() or 0)
+                        continue
+                    outbox = decode_outbox(msg.value() or b"")
+                    found[outbox.thread_id] = outbox
+        finally:
+            consumer.close()
+        return found
 
     def logs(self) -> str:
         procs = {"processor": self.processor, "worker": self.worker, **self.connectors}
