@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from chaos.audit import TERMINAL, Post, Seen, WatchLog
-from chaos.sse import AUTH, Api, GaveUp, iter_sse
+from chaos.sse import AUTH, IDLE, Api, GaveUp, iter_sse
 
 __all__ = ["Load", "LoadConfig"]
 
@@ -221,7 +221,11 @@ class Load:
                     if lost_at is not None:
                         log.max_reconnect_s = max(log.max_reconnect_s, time.monotonic() - lost_at)
                     opened.set()
-                    async for seen in iter_sse(response):
+                    async for seen in iter_sse(response, idle_s=1.0):
+                        if seen is IDLE:
+                            if finished() or time.monotonic() > drain_until:
+                                break
+                            continue
                         if seen.event == "message_not_streaming":
                             run = seen.fields.get("run_id")
                             if isinstance(run, str):

@@ -6,6 +6,8 @@ import asyncio
 import logging
 import random
 import shutil
+import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ __all__ = ["Config", "Outcome", "run"]
 log = logging.getLogger("chaos")
 
 KINDS = ("processor", "worker", "gateway", "broker")
+STALL_S = 45.0  # a run open this long is worth a look at every process's stack
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +100,13 @@ def _events(settings: Settings) -> list[Event]:
 
 async def _reference(session: aiohttp.ClientSession, bases: list[str], run_id: str) -> list[Seen]:
     """The run's events from its start, read in one go (retried whole if cut)."""
-    for attempt in range(10):
-        seen: list[Seen] = []
+    seen: list[Seen] = []
+    for attempt in range(4):
+        seen = []
         try:
             base = bases[attempt % len(bases)]
             async with session.get(f"{base}/v1/runs/{run_id}/events", headers=AUTH,
-                                   timeout=aiohttp.ClientTimeout(total=60)) as response:
+                                   timeout=aiohttp.ClientTimeout(total=20)) as response:
                 if response.status == 200:
                     async for event in iter_sse(response):
                         seen.append(event)
@@ -131,7 +135,7 @@ async def _collect(stack: Stack, load: Load) -> Observations:
                 status, body = 0, None
             stored[thread_id] = list(body.get("messages", [])) if status == 200 else []
         for post in load.posts:
-            if post.accepted:
+            if post.accepted and post.ended_at is not None:  # an open run has no whole replay
                 references[post.run_id] = await _reference(session, stack.bases, post.run_id)
     return Observations(posts=load.posts, events=events, stored=stored, references=references,
                         watchers=load.watchers, dead_letters=len(dead),
@@ -150,6 +154,31 @@ def _recovery(records: list[KillRecord], load: Load, drained_at: float) -> dict[
     return worst
 
 
+async def _monitor(load: Load, stack: Stack, until: asyncio.Event) -> None:
+    """Log progress; when a run is stalled, save every process's stacks (with
+    py-spy, if installed) next to the logs, for the post-mortem."""
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    dumped = 0.0
+    while not until.is_set():
+        await asyncio.sleep(5)
+        now = time.monotonic()
+        open_runs = [p for p in load.posts if p.accepted and p.ended_at is None]
+        stalled = [p for p in open_runs if now - (p.accepted_at or now) > STALL_S]
+        log.info("progress: %d accepted, %d in flight, %d stalled over %.0fs",
+                 sum(p.accepted for p in load.posts), len(open_runs), len(stalled), STALL_S)
+        if stalled and spy and now - dumped > 60:
+            dumped = now
+            out = stack.folder / "logs" / f"stacks-{int(now)}.txt"
+            for proc in stack.all_procs():
+                if proc.popen is not None and proc.exited() is None:
+                    dump = await asyncio.to_thread(
+                        subprocess.run, [spy, "dump", "--pid", str(proc.popen.pid)],
+                        capture_output=True, text=True, check=False)
+                    with out.open("a") as f:
+                        f.write(f"=== {proc.name}\n{dump.stdout}{dump.stderr}\n")
+            log.warning("stalled runs %s; stacks in %s", [p.run_id for p in stalled][:5], out)
+
+
 async def _chaos(config: Config, stack: Stack) -> Outcome:
     rng = random.Random(config.seed)
     load = Load(LoadConfig(threads=config.threads, seed=config.seed), stack.bases)
@@ -161,6 +190,7 @@ async def _chaos(config: Config, stack: Stack) -> Outcome:
     log.info("kill plan: %s", [(k.at_s, k.kind, k.index) for k in kills])
     supervising = asyncio.Event()
     supervisor = asyncio.create_task(chaos.supervise(supervising))
+    monitor = asyncio.create_task(_monitor(load, stack, supervising))
     await chaos.until_healthy(stack.bases)
     started = time.monotonic()
     posting_until = started + config.duration_s
@@ -170,7 +200,7 @@ async def _chaos(config: Config, stack: Stack) -> Outcome:
     drained_at = time.monotonic()
     observations = await _collect(stack, load)
     supervising.set()
-    await supervisor
+    await asyncio.gather(supervisor, monitor)
     report = audit(observations)
     outcome = Outcome(config, report, kills=dict(_count(k.kind for k in kills)),
                       recovery_s=_recovery(chaos.records, load, drained_at),

@@ -15,7 +15,7 @@ import aiohttp
 from chaos.audit import Seen
 from chaos.stack import API_KEY
 
-__all__ = ["AUTH", "Api", "GaveUp", "iter_sse"]
+__all__ = ["AUTH", "IDLE", "Api", "GaveUp", "iter_sse"]
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 REQUEST_TIMEOUT_S = 15.0
@@ -25,11 +25,21 @@ class GaveUp(Exception):
     """A request found no gateway that answered before its deadline."""
 
 
-async def iter_sse(response: aiohttp.ClientResponse) -> AsyncIterator[Seen]:
+IDLE = Seen("", "", "")  # yielded after `idle_s` without a complete event
+
+
+async def iter_sse(response: aiohttp.ClientResponse, idle_s: float | None = None) -> \
+        AsyncIterator[Seen]:
+    """The events of an SSE response; with `idle_s`, also `IDLE` whenever no line came
+    for that long, so the caller can look at the clock and its own state."""
     event_id, name, has_data = "", "message", False
     data: list[str] = []
     while True:
-        raw = await response.content.readline()
+        try:
+            raw = await asyncio.wait_for(response.content.readline(), idle_s)
+        except TimeoutError:
+            yield IDLE
+            continue
         if not raw:
             return
         line = raw.decode().rstrip("\r\n")
