@@ -25,8 +25,11 @@ run: install
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider --basetemp="$$(mktemp -d /tmp/threadline-test-XXXXXX)" $(PYTEST_ARGS)
 
+# The chaos program at full size (docs/chaos.md): its own broker, every role killed
+# with SIGKILL at seeded random moments, the broker restarted, then an audit.
+# CHAOS_SEED=n replays a run's kill plan; CHAOS_ARGS="--preset small" is the in-suite size.
 chaos: install
-	$(PY) -m pytest -q -m chaos $(PYTEST_ARGS)
+	$(PY) -m chaos --preset full $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) $(CHAOS_ARGS)
 
 bench: install
 	$(PY) -c 'import matplotlib, pyinstrument' 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +51,8 @@ def table_row(outcome: Outcome) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m chaos", description=__doc__)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="full")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=int(time.time()) % 100_000,
+                        help="the kill plan and the clients' choices (default: from the clock)")
     parser.add_argument("--threads", type=int)
     parser.add_argument("--duration", type=float, help="seconds of posting (kills inside)")
     parser.add_argument("--folder", type=Path, default=Path("var/chaos"))
