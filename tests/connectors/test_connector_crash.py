@@ -65,13 +65,13 @@ class Supervisor:
             time.sleep(0.05)
 
 
-def _chaos_run(stack: Stack, turns: int, seed: int) -> None:
+def _chaos_run(stack: Stack, turns: int, seed: int, crash_p: float) -> None:
     rng = random.Random(seed)
     name = "c1"
     # The first incarnation dies right after its first post, for sure: one adoption at least.
     stack.start_connector(name, THREADLINE_CONNECTOR_CRASH_AFTER_CALL="1",
                           THREADLINE_CONNECTOR_CRASH_KINDS="chat_post", **LEASE)
-    env = stack.connector_env(name, THREADLINE_CONNECTOR_CRASH_AFTER_CALL="0.1", **LEASE)
+    env = stack.connector_env(name, THREADLINE_CONNECTOR_CRASH_AFTER_CALL=str(crash_p), **LEASE)
     supervisor = Supervisor(stack, name, env, rng)
     watcher = threading.Thread(target=supervisor.run)
     watcher.start()
@@ -97,7 +97,7 @@ def _chaos_run(stack: Stack, turns: int, seed: int) -> None:
                 and all(e.status is OutboxStatus.DELIVERED for e in o.entries)
                 for t in sent)
 
-        wait_until(all_done, 30 + turns, "every entry delivered", stack)
+        wait_until(all_done, 60 + turns, "every entry delivered", stack)
     finally:
         supervisor.done.set()
         watcher.join()
@@ -128,7 +128,7 @@ def _audit(stack: Stack, sent: list[Turn], supervisor: Supervisor) -> None:
 def test_killed_between_call_and_record_20_turns_are_each_posted_once(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     with running_stack(kafka_bootstrap, tmp_path) as stack:
-        _chaos_run(stack, 20, seed=11)
+        _chaos_run(stack, 20, seed=11, crash_p=0.1)
 
 
 @pytest.mark.chaos
@@ -137,7 +137,7 @@ def test_chaos_100_turns_with_the_connector_killed_at_random_points(
     if "chaos" not in (request.config.getoption("-m") or "") and not os.environ.get("THREADLINE_CHAOS"):
         pytest.skip("about two minutes: run with -m chaos (make chaos) or THREADLINE_CHAOS=1")
     with running_stack(kafka_bootstrap, tmp_path) as stack:
-        _chaos_run(stack, 100, seed=12)
+        _chaos_run(stack, 100, seed=12, crash_p=0.05)
 
 
 def test_a_deposed_owner_frozen_past_its_session_posts_nothing_twice(
