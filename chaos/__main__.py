@@ -32,7 +32,7 @@ PRESETS = {
 }
 
 HEADER = ("| seed | threads | messages | accepted | 409s | answered | lost | duplicated | gaps "
-          "| stuck | kills p/w/g/b | self-exits | watched runs | reconnects | max recovery s "
+          "| stuck | kills p/w/g/b | self-exits | watched runs (unwatched) | reconnects | max recovery s "
           "p/w/g/b | longest run s | wall s |")
 
 
@@ -44,7 +44,7 @@ def table_row(outcome: Outcome) -> str:
     exits = sum(outcome.self_exits.values())
     return (f"| {outcome.config.seed} | {r.threads} | {r.messages} | {r.accepted} | "
             f"{r.conflicts} | {r.answered} | {r.lost} | {r.duplicated} | {r.gaps} | {r.stuck} | "
-            f"{kills} | {exits} | {r.watched_runs} | {outcome.reconnects} | {recovery} | "
+            f"{kills} | {exits} | {r.watched_runs} ({r.unwatched}) | {outcome.reconnects} | {recovery} | "
             f"{outcome.max_run_s:.1f} | {outcome.wall_s:.0f} |")
 
 

@@ -113,6 +113,7 @@ class Report:
     gaps: int = 0
     stuck: int = 0
     watched_runs: int = 0
+    unwatched: int = 0  # runs a thread watcher could not follow (not a violation)
     violations: list[str] = field(default_factory=list)
 
     @property
@@ -249,6 +250,7 @@ def _audit_watcher(log: WatchLog, obs: Observations, accepted: dict[str, Post],
         expected = {p.run_id for p in accepted.values() if p.thread_id == log.thread_id}
     for run in sorted(expected | set(log.runs)):
         if run in log.unwatched and not log.runs.get(run):
+            report.unwatched += 1
             continue
         seen = log.runs.get(run, [])
         if run in log.not_streaming:

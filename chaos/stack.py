@@ -134,7 +134,7 @@ class Stack:
         elif bootstrap is None:
             self.cluster = EmbeddedCluster(self.folder / "cluster", size=self.brokers).start()
             bootstrap = self.cluster.bootstrap
-        self.env = chaos_env(bootstrap, self.folder, 3 if self.brokers >= 3 else 1)
+        self.env = chaos_env(bootstrap, self.folder, 3 if self.cluster is not None else 1)
         ensure_topics(self.settings)
         logs = self.folder / "logs"
         for i in range(2):
