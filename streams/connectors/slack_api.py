@@ -88,7 +88,7 @@ class SlackApi:
     def find_outbox_message(self, channel: str, thread_ts: str | None, outbox_id: str,
                             oldest_s: float) -> Outcome:
         """`Found` with the ts of the message carrying `outbox_id`, else `NotFound`;
-        `Retry` or `Refused` if the history could not be read."""
+        `Retry` or `Refused` if the history could not be read (or not far enough)."""
         method = "conversations.replies" if thread_ts is not None else "conversations.history"
         params = {"channel": channel, "include_all_metadata": "true", "limit": "200",
                   "oldest": f"{max(oldest_s, 0):.6f}", "inclusive": "true"}
@@ -111,8 +111,8 @@ class SlackApi:
             cursor = metadata.get("next_cursor", "") if isinstance(metadata, dict) else ""
             if not cursor:
                 return NotFound()
-        return Retry(f"{method}: history longer than {HISTORY_PAGES} pages", 30.0,
-                     maybe_done=False)
+        # Not found in the pages read, and more there: calling again could post a duplicate.
+        return Refused(f"{method}: could not reconcile, more than {HISTORY_PAGES} pages of history")
 
     # --- plumbing ----------------------------------------------------------------------
 
