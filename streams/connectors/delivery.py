@@ -78,6 +78,7 @@ class Calls:
         self.in_flight: dict[str, tuple[Job, Future[Outcome]]] = {}
         self.runtime: dict[str, _Runtime] = {}
         self.kind_not_before: dict[OutboxKind, float] = {}  # rate limits, per API method
+        self.stale_reconciles: set[str] = set()
         self.random = random.Random()
 
     # --- choosing -------------------------------------------------------------------------
@@ -90,6 +91,11 @@ class Calls:
                 self.runtime[e.outbox_id] = _Runtime(
                     needs_reconcile=e.kind is OutboxKind.CHAT_POST
                     and e.status is OutboxStatus.DELIVERING)
+                in_flight = self.in_flight.get(e.outbox_id)
+                if in_flight is not None and in_flight[0].reconcile:
+                    # Read before the thread moved away and back: another owner may
+                    # have posted since, so "not found" no longer means anything.
+                    self.stale_reconciles.add(e.outbox_id)
 
     def free_slots(self) -> int:
         return self.config.concurrency - len(self.in_flight)
@@ -207,7 +213,7 @@ class Calls:
                 self.stats.add("adopted")
             case NotFound():
                 self.stats.add("reconciled_not_found")
-                rt.needs_reconcile = False
+                rt.needs_reconcile = e.outbox_id in self.stale_reconciles
             case Refused(error=error):
                 self.stats.add("refused")
                 log.warning("%s %s failed for good: %s", e.kind.value, e.outbox_id, error)
@@ -215,6 +221,8 @@ class Calls:
                 self.stats.add("not_sent")
             case Retry():
                 self._retry(e, rt, outcome)
+        if job.reconcile:
+            self.stale_reconciles.discard(e.outbox_id)
         if isinstance(outcome, Done | Found | Refused):
             self.runtime.pop(e.outbox_id, None)
             if job.coalesced_id is not None:

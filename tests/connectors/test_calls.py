@@ -206,3 +206,28 @@ def test_outcomes_set_retries_and_record_results() -> None:
     adopted = Calls.record(outbox, job, Found("1.6"), 5)
     assert adopted.entries[0].adopted
     calls.close()
+
+
+def test_a_reconciliation_read_before_the_thread_moved_away_and_back_counts_for_nothing(
+        double: ChatDouble) -> None:
+    config = _config(THREADLINE_CONNECTOR_LEASE_S="1", THREADLINE_CONNECTOR_CLOCK_MARGIN_S="0")
+    calls = Calls(config, ConnectorStats(), SlackApi(double.api_url, "xoxb-t"), None)
+    now = int(time.time() * 1000)
+    outbox = mark_delivering(_outbox(), outbox_id_for("r1", ANSWER), now - 5_000)
+    calls.restored(outbox)
+    double.hold("xoxb-t")
+    fenced: list[Job] = []
+    calls.choose(0, b"k", outbox, now, fenced.append)
+    deadline = time.monotonic() + 5
+    while double.waiting["xoxb-t"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    calls.restored(outbox)  # the partition was revoked and assigned again meanwhile
+    double.release("xoxb-t")
+    ((job, outcome),) = _wait_finished(calls)
+    assert job.reconcile and outcome == NotFound()
+    calls.note(job, outcome)
+    assert calls.runtime[job.entry.outbox_id].needs_reconcile, "a stale 'not found' was trusted"
+    calls.choose(0, b"k", outbox, now, fenced.append)
+    assert fenced == [] and len(calls.in_flight) == 1  # read again, not posted
+    _wait_finished(calls)
+    calls.close()
