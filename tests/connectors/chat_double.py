@@ -86,14 +86,14 @@ class ChatDouble:
         self.held: dict[str, asyncio.Event] = {}
         self.waiting: Counter[str] = Counter()  # token -> calls waiting at the gate
         self._last_ts = 0.0
-        self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self.port = 0
 
     # --- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> ChatDouble:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
         return self
