@@ -115,6 +115,10 @@ class SseEvent:
         return self.name == "done"
 
 
+# json.dumps(data, separators=(",", ":")), without building an encoder per call.
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
 def _frame(event_id: str, name: str, data: str) -> bytes:
     return f"id: {event_id}\nevent: {name}\ndata: {data}\n\n".encode()
 
@@ -182,7 +186,7 @@ def make_events(partition: int, offset: int, run_start: int, meta: EnvelopeMeta,
     name, fields = _payload_fields(output)
     data = {"thread_id": meta.thread_id, "run_id": output.run_id, "attempt": output.attempt,
             "message_id": output.message_id, **fields}
-    named = [(name, json.dumps(data, separators=(",", ":")))]
+    named = [(name, _COMPACT_JSON.encode(data))]
     if name in TERMINAL:
         named.append(("done", "[DONE]"))
     events = []

@@ -47,6 +47,7 @@ log = logging.getLogger("threadline.gateway")
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
 FIND_RUN_MARGIN_MS = 60_000
+REPLAY_BATCH = 200  # replayed events per write
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,9 +205,22 @@ async def _catch_up(request: web.Request, out: _Writer, plan: _Plan, partition: 
     events = replay(request.app[SETTINGS], partition, thread_id, scan_from=plan.scan_from,
                     after=plan.after, until=covered, run_id=run_id, from_time_ms=plan.from_time_ms)
     sent = out.last
+    # One write per REPLAY_BATCH events, not per event: a write costs as much as
+    # making the event, and the records are all there to read.
+    batch: list[SseEvent] = []
     async with contextlib.aclosing(events) as replayed:
-        async for event in replayed:
-            await out.send([event])
+        try:
+            async for event in replayed:
+                batch.append(event)
+                if len(batch) >= REPLAY_BATCH:
+                    await out.send(batch)
+                    batch = []
+        except Exception:
+            if batch:  # what was read goes out before the error ends the stream
+                await out.send(batch)
+            raise
+    if batch:
+        await out.send(batch)
     if plan.from_time_ms is not None and out.last == sent:
         raise ReplayGone(f"run {run_id} is no longer in the stream topic")
 
