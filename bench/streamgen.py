@@ -119,6 +119,12 @@ class Generator:
 # --- readers (helper processes) -------------------------------------------------------
 
 
+def complete_frames(data: bytes) -> tuple[bytes, bytes]:
+    """(the complete SSE frames at the start of `data`, the incomplete rest)."""
+    cut = data.rfind(b"\n\n") + 2
+    return data[:cut], data[cut:]
+
+
 def _latencies_from(chunk: bytes, now_ns: int, out: list[float]) -> int:
     found = _DELTA_TS.findall(chunk)
     for ts in found:
@@ -156,12 +162,14 @@ async def sse_clients(base: str, threads: list[str], clients: int, seconds: floa
             counts["connected"] += 1
             if counts["connected"] + counts["failed"] == clients:
                 connected.set()
+            rest = b""
             async with response:
                 while not stop.is_set():
                     chunk = await response.content.readany()
                     if not chunk:
                         return
-                    counts["events"] += _latencies_from(chunk, time.time_ns(), latencies)
+                    whole, rest = complete_frames(rest + chunk)
+                    counts["events"] += _latencies_from(whole, time.time_ns(), latencies)
         except (aiohttp.ClientError, OSError):
             counts["failed"] += 1
             if counts["connected"] + counts["failed"] == clients:
