@@ -87,6 +87,7 @@ class WatchLog:
     connects: int = 0
     cuts: int = 0  # deliberate ones
     max_reconnect_s: float = 0.0  # longest time from a lost connection to the next one
+    trail: list[str] = field(default_factory=list)  # connections, for a post-mortem
 
 
 @dataclass(slots=True)

@@ -51,6 +51,7 @@ class Load:
     watchers: list[WatchLog] = field(default_factory=list)
     stuck: list[str] = field(default_factory=list)
     ended: defaultdict[str, asyncio.Event] = field(default_factory=lambda: defaultdict(asyncio.Event))
+    end_seen: dict[str, float] = field(default_factory=dict)  # run -> when a client first saw it end
     server_errors: list[str] = field(default_factory=list)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -67,6 +68,12 @@ class Load:
                 for task in late:
                     task.cancel()
                 await asyncio.gather(*self.tasks, return_exceptions=True)
+        for post in self.posts:
+            post.ended_at = self.end_seen.get(post.run_id)
+
+    def saw_end(self, run_id: str) -> None:
+        self.end_seen.setdefault(run_id, time.monotonic())
+        self.ended[run_id].set()
 
     # --- one thread's client ------------------------------------------------------------
 
@@ -168,11 +175,9 @@ class Load:
             runs = body.get("runs", []) if status == 200 and isinstance(body, dict) else []
             if any(r.get("run_id") == post.run_id and r.get("status") in
                    ("completed", "failed", "cancelled") for r in runs):
-                event.set()
+                self.saw_end(post.run_id)
             elif time.monotonic() > deadline:
                 raise GaveUp(f"run {post.run_id} did not end within {self.config.run_deadline_s}s")
-        if post.ended_at is None:
-            post.ended_at = time.monotonic()
 
     # --- watchers ------------------------------------------------------------------------
 
@@ -218,6 +223,7 @@ class Load:
                         await asyncio.sleep(0.3)
                         continue
                     log.connects += 1
+                    log.trail.append(f"{time.monotonic():.2f} {base} after {decode_id(last_id)}")
                     if lost_at is not None:
                         log.max_reconnect_s = max(log.max_reconnect_s, time.monotonic() - lost_at)
                     opened.set()
@@ -235,7 +241,7 @@ class Load:
                         log.runs[run].append(seen)
                         last_id = seen.id or last_id
                         if seen.event in TERMINAL:
-                            self.ended[run].set()
+                            self.saw_end(run)
                         if seen.event == "done":
                             done.add(run)
                         if finished():
@@ -243,23 +249,27 @@ class Load:
                         budget -= 1
                         if budget <= 0:
                             log.cuts += 1
+                            log.trail.append(f"{time.monotonic():.2f} cut")
                             break
-            except (aiohttp.ClientError, TimeoutError, ValueError):
-                pass
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                log.trail.append(f"{time.monotonic():.2f} lost: {type(exc).__name__}")
             lost_at = time.monotonic()
             if finished():
                 return
             await asyncio.sleep(rng.uniform(0.0, 0.2))
 
 
+def decode_id(event_id: str) -> str:
+    """An event id's text: `v1.{partition}.{offset}.{sub}.{run_start}.{run_id}`."""
+    try:
+        return base64.urlsafe_b64decode(event_id + "=" * (-len(event_id) % 4)).decode()
+    except (ValueError, UnicodeDecodeError):
+        return f"?{event_id}"
+
+
 def run_of(seen: Seen) -> str:
-    """The run an event belongs to: in its data, or (`done`) in its id, which is
-    base64url of `v1.{partition}.{offset}.{sub}.{run_start}.{run_id}`."""
+    """The run an event belongs to: in its data, or (`done`) in its id."""
     run = seen.fields.get("run_id")
     if isinstance(run, str):
         return run
-    try:
-        text = base64.urlsafe_b64decode(seen.id + "=" * (-len(seen.id) % 4)).decode()
-    except (ValueError, UnicodeDecodeError):
-        return f"?{seen.id}"
-    return text.rsplit(".", 1)[-1]
+    return decode_id(seen.id).rsplit(".", 1)[-1]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
 import random
 import shutil
@@ -142,6 +144,22 @@ async def _collect(stack: Stack, load: Load) -> Observations:
                         server_errors=load.server_errors + api.server_errors, stuck=load.stuck)
 
 
+def _dump(path: Path, obs: Observations) -> None:
+    """What the clients saw, for the post-mortem of a failed run."""
+    def seen(events: list[Seen]) -> list[list[str]]:
+        return [[s.event, s.id, s.data[:300]] for s in events]
+
+    path.write_text(json.dumps({
+        "posts": [dataclasses.asdict(p) for p in obs.posts],
+        "references": {run: seen(events) for run, events in obs.references.items()},
+        "watchers": [{"name": w.name, "thread_id": w.thread_id, "run_id": w.run_id,
+                      "connects": w.connects, "cuts": w.cuts, "unwatched": sorted(w.unwatched),
+                      "not_streaming": sorted(w.not_streaming), "trail": w.trail,
+                      "runs": {run: seen(events) for run, events in w.runs.items()}}
+                     for w in obs.watchers],
+    }, indent=1))
+
+
 def _recovery(records: list[KillRecord], load: Load, drained_at: float) -> dict[str, float]:
     worst: dict[str, float] = {}
     for record in records:
@@ -162,7 +180,7 @@ async def _monitor(load: Load, stack: Stack, until: asyncio.Event) -> None:
     while not until.is_set():
         await asyncio.sleep(5)
         now = time.monotonic()
-        open_runs = [p for p in load.posts if p.accepted and p.ended_at is None]
+        open_runs = [p for p in load.posts if p.accepted and p.run_id not in load.end_seen]
         stalled = [p for p in open_runs if now - (p.accepted_at or now) > STALL_S]
         log.info("progress: %d accepted, %d in flight, %d stalled over %.0fs",
                  sum(p.accepted for p in load.posts), len(open_runs), len(stalled), STALL_S)
@@ -202,6 +220,8 @@ async def _chaos(config: Config, stack: Stack) -> Outcome:
     supervising.set()
     await asyncio.gather(supervisor, monitor)
     report = audit(observations)
+    if not report.ok:
+        _dump(stack.folder / "observations.json", observations)
     outcome = Outcome(config, report, kills=dict(_count(k.kind for k in kills)),
                       recovery_s=_recovery(chaos.records, load, drained_at),
                       self_exits=dict(chaos.self_exits))
