@@ -79,6 +79,7 @@ class Calls:
         self.runtime: dict[str, _Runtime] = {}
         self.kind_not_before: dict[OutboxKind, float] = {}  # rate limits, per API method
         self.stale_reconciles: set[str] = set()
+        self.reserved = 0  # calls fenced in this step, not launched yet
         self.random = random.Random()
 
     # --- choosing -------------------------------------------------------------------------
@@ -97,8 +98,12 @@ class Calls:
                     # have posted since, so "not found" no longer means anything.
                     self.stale_reconciles.add(e.outbox_id)
 
+    def begin_step(self) -> None:
+        """A new step: the calls fenced in the last one are launched or dropped by now."""
+        self.reserved = 0
+
     def free_slots(self) -> int:
-        return self.config.concurrency - len(self.in_flight)
+        return self.config.concurrency - len(self.in_flight) - self.reserved
 
     def choose(self, partition: int, key: bytes, outbox: ChatOutbox, now_ms: int,
                fence: Callable[[Job], None]) -> ChatOutbox:
@@ -138,6 +143,7 @@ class Calls:
             coalesced = coalescable_update(outbox, head)
             text = coalesced.text if coalesced is not None else head.text
             outbox = mark_delivering(outbox, head.outbox_id, now_ms)
+            self.reserved += 1
             fence(Job(partition, key, head, text, target_ts,
                       coalesced.outbox_id if coalesced else None, False, mono))
         return outbox

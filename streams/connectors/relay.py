@@ -215,6 +215,7 @@ class Relay:
         now_ms = _now_ms()
         staged: dict[Key, ChatOutbox] = {}
         read: dict[int, int] = {}
+        self.calls.begin_step()
         for msg in batch:
             self._plan(msg, staged, read, now_ms)
         fresh = self.calls.finished()
