@@ -83,7 +83,7 @@ class KafkaWriter:
 
             try:
                 self.producer.produce(topic, value, key, on_delivery=delivered)
-            except (BufferError, Exception) as exc:  # queue full, or the producer broke
+            except Exception as exc:  # BufferError (queue full), or the producer broke
                 raise WriteFailed(f"{topic}: {exc}") from exc
         try:
             await asyncio.wait_for(asyncio.gather(*futures), max(timeout_s, 0.001))

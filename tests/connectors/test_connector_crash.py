@@ -137,7 +137,7 @@ def test_chaos_100_turns_with_the_connector_killed_at_random_points(
     if "chaos" not in (request.config.getoption("-m") or "") and not os.environ.get("THREADLINE_CHAOS"):
         pytest.skip("about two minutes: run with -m chaos (make chaos) or THREADLINE_CHAOS=1")
     with running_stack(kafka_bootstrap, tmp_path) as stack:
-        _chaos_run(stack, 100, seed=12, crash_p=0.04, max_kills=10)
+        _chaos_run(stack, 100, seed=12, crash_p=0.06, max_kills=10)
 
 
 def test_a_deposed_owner_frozen_past_its_session_posts_nothing_twice(
