@@ -44,6 +44,7 @@ class ConnectorConfig:
     webhook_backoff_s: float
     webhook_backoff_max_s: float
     audit_retention_ms: int
+    offset_reset: str  # where a new connector group starts in the events: earliest | latest
     crash_after_call: float  # test switch: probability of os._exit(137) after a call
     crash_kinds: frozenset[str]  # test switch: the outbox kinds it applies to (empty: all)
 
@@ -81,6 +82,7 @@ class ConnectorConfig:
             webhook_backoff_s=_float(env, "THREADLINE_WEBHOOK_BACKOFF_S", 0.5),
             webhook_backoff_max_s=_float(env, "THREADLINE_WEBHOOK_BACKOFF_MAX_S", 60.0),
             audit_retention_ms=int(_float(env, "THREADLINE_AUDIT_RETENTION_S", 90 * 86_400) * 1000),
+            offset_reset=env.get("THREADLINE_CONNECTOR_OFFSET_RESET") or "earliest",
             crash_after_call=_float(env, "THREADLINE_CONNECTOR_CRASH_AFTER_CALL", 0.0),
             crash_kinds=frozenset(k.strip() for k in env.get(
                 "THREADLINE_CONNECTOR_CRASH_KINDS", "").split(",") if k.strip()),

@@ -87,7 +87,7 @@ class Relay:
                   "client.id": f"connector-{instance_id}"}
         self.consumer = Consumer({
             **common, "group.id": self.group_id, "group.instance.id": instance_id,
-            "enable.auto.commit": False, "auto.offset.reset": "earliest",
+            "enable.auto.commit": False, "auto.offset.reset": config.offset_reset,
             "isolation.level": "read_committed", "session.timeout.ms": settings.session_timeout_ms,
             "heartbeat.interval.ms": 1_000, "fetch.wait.max.ms": 20,
             "partition.assignment.strategy": "range",
