@@ -135,7 +135,7 @@ def test_killed_between_call_and_record_20_turns_are_each_posted_once(
 def test_chaos_100_turns_with_the_connector_killed_at_random_points(
         request: pytest.FixtureRequest, kafka_bootstrap: str, tmp_path: Path) -> None:
     if "chaos" not in (request.config.getoption("-m") or "") and not os.environ.get("THREADLINE_CHAOS"):
-        pytest.skip("about two minutes: run with -m chaos (make chaos) or THREADLINE_CHAOS=1")
+        pytest.skip("a minute or two: select it with -m chaos, or set THREADLINE_CHAOS=1")
     with running_stack(kafka_bootstrap, tmp_path) as stack:
         _chaos_run(stack, 100, seed=12, crash_p=0.06, max_kills=10)
 
