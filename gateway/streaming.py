@@ -165,6 +165,10 @@ async def _serve(request: web.Request, state: ThreadState, run_id: str | None) -
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
     out = _Writer(response, run_id is not None)
+    # Nothing at or before the resume position, whatever path it comes by: this
+    # gateway's feed may be behind the one the client read before, and then the
+    # live queue still brings events the client has (found by the chaos run).
+    out.last = plan.after
     sub, snapshot, covered = feed.subscribe(state.thread_id, run_id)
     here = feed.last_offsets.get(partition, -1)
     try:
@@ -180,6 +184,7 @@ async def _serve(request: web.Request, state: ThreadState, run_id: str | None) -
                     return response
                 plan = await _fresh_plan(request, state, None, here) if fallback == 0 \
                     else _live_plan(here)
+                out.last = plan.after
                 continue
             await out.send([e for e in snapshot if e.position > plan.after])
             break
