@@ -136,9 +136,15 @@ async def _collect(stack: Stack, load: Load) -> Observations:
             except GaveUp:
                 status, body = 0, None
             stored[thread_id] = list(body.get("messages", [])) if status == 200 else []
-        for post in load.posts:
-            if post.accepted and post.ended_at is not None:  # an open run has no whole replay
-                references[post.run_id] = await _reference(session, stack.bases, post.run_id)
+        gate = asyncio.Semaphore(8)
+
+        async def fetch(run_id: str) -> None:
+            async with gate:
+                references[run_id] = await _reference(session, stack.bases, run_id)
+
+        # An open run has no whole replay; its post is stuck already.
+        await asyncio.gather(*(fetch(p.run_id) for p in load.posts
+                               if p.accepted and p.ended_at is not None))
     return Observations(posts=load.posts, events=events, stored=stored, references=references,
                         watchers=load.watchers, dead_letters=len(dead),
                         server_errors=load.server_errors + api.server_errors, stuck=load.stuck)

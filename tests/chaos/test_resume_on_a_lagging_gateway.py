@@ -1,0 +1,75 @@
+"""Regression test for a duplicate the chaos run found: a client that read a run on one
+gateway and resumes (Last-Event-ID) on another whose stream feed is behind must not
+get the events between the feed's position and its own again."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+from aiokafka import TopicPartition
+
+from chaos.audit import Seen
+from chaos.sse import iter_sse
+from gateway.app import Options, create_app
+from gateway.keys import FEED
+from tests.chaos.conftest import AUTH, Live
+
+pytestmark = pytest.mark.kafka
+
+
+def _post(live: Live, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(live.base + path, data=json.dumps(body).encode(),
+                                     headers={**AUTH, "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        result: dict[str, Any] = json.loads(response.read())
+        return result
+
+
+async def _read(session: aiohttp.ClientSession, url: str, headers: dict[str, str],
+                until: str, timeout: float = 60) -> list[Seen]:
+    seen: list[Seen] = []
+
+    async def read() -> None:
+        async with session.get(url, headers=headers) as response:
+            assert response.status == 200, await response.text()
+            async for event in iter_sse(response):
+                seen.append(event)
+                if event.event == until:
+                    return
+
+    await asyncio.wait_for(read(), timeout)
+    return seen
+
+
+async def test_a_resume_on_a_gateway_whose_feed_is_behind_repeats_nothing(live: Live) -> None:
+    lagging = TestServer(create_app(live.settings, Options(keepalive_s=1.0)), host="127.0.0.1")
+    await lagging.start_server()
+    try:
+        feed = lagging.app[FEED]
+        await asyncio.sleep(1.0)  # let its feed reach the end once
+        tps = [TopicPartition(live.settings.topics.stream, p)
+               for p in range(live.settings.partitions)]
+        feed._consumer.pause(*tps)  # from now on it falls behind
+        thread_id = _post(live, "/v1/threads", {"title": "lag"})["thread_id"]
+        run_id = _post(live, f"/v1/threads/{thread_id}/user_message",
+                       {"input_text": "[slow] resume me elsewhere"})["run_id"]
+        async with aiohttp.ClientSession() as session:
+            first = await _read(session, f"{live.base}/v1/runs/{run_id}/events", AUTH,
+                                until="text_delta")
+            resumed_task = asyncio.create_task(_read(
+                session, str(lagging.make_url(f"/v1/runs/{run_id}/events")),
+                {**AUTH, "Last-Event-ID": first[-1].id}, until="done"))
+            await asyncio.sleep(1.0)  # the resumed stream waits on the paused feed
+            feed._consumer.resume(*tps)
+            resumed = await resumed_task
+            reference = await _read(session, f"{live.base}/v1/runs/{run_id}/events", AUTH,
+                                    until="done")
+    finally:
+        await lagging.close()
+    assert first + resumed == reference, [e.event for e in first + resumed]
