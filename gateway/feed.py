@@ -47,13 +47,13 @@ log = logging.getLogger("threadline.gateway")
 class Subscriber:
     """One SSE client's queue of live events (of a thread, or of one run)."""
 
-    __slots__ = ("closed", "limit", "pending", "run_id", "thread_id", "wake")
+    __slots__ = ("_waiter", "closed", "limit", "pending", "run_id", "thread_id")
 
     def __init__(self, thread_id: str, run_id: str | None, limit: int) -> None:
         self.thread_id, self.run_id, self.limit = thread_id, run_id, limit
         self.pending: deque[SseEvent] = deque()
-        self.wake = asyncio.Event()
         self.closed: str | None = None  # why: "overflow" | "shutdown"
+        self._waiter: asyncio.Future[None] | None = None  # set while next_batch waits
 
     def push(self, event: SseEvent) -> None:
         if self.closed is not None or (self.run_id is not None and event.run_id != self.run_id):
@@ -62,24 +62,41 @@ class Subscriber:
             self.close("overflow")
             return
         self.pending.append(event)
-        self.wake.set()
+        self._wake()
 
     def close(self, reason: str) -> None:
         if self.closed is None:
             self.closed = reason
-        self.wake.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def next_batch(self, timeout_s: float) -> list[SseEvent]:
         """The queued events, waiting up to `timeout_s` for one; [] on timeout."""
         if not self.pending and self.closed is None:
+            # A bare future and a timer, not asyncio.wait_for: that makes a task per
+            # call, and every live client calls this once per event it is sent.
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_later(timeout_s, _expire, waiter)
             try:
-                await asyncio.wait_for(self.wake.wait(), timeout_s)
-            except TimeoutError:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+            if not self.pending and self.closed is None:
                 return []
-        self.wake.clear()
         batch = list(self.pending)
         self.pending.clear()
         return batch
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 @dataclass(slots=True)
