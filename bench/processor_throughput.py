@@ -57,7 +57,8 @@ BARE = "bare loop, events only"
 BARE_SAME = "bare loop, same records"
 EOS = "threadline processor, exactly-once"
 ALO = "threadline processor, at-least-once"
-CASES = {BARE: "bare", BARE_SAME: "bare-same", EOS: "eos", ALO: "alo"}
+FAUST = "faust processor, exactly-once"
+CASES = {BARE: "bare", BARE_SAME: "bare-same", EOS: "eos", ALO: "alo", FAUST: "faust"}
 
 
 def payload(threads: int, messages: int) -> list[Command]:
@@ -237,8 +238,10 @@ def run_case(bootstrap: str, case: str, records: list[tuple[bytes, bytes]],
     preload(settings, records)
     load = load_text()
     try:
-        result = run_child_json("bench.processor_throughput",
-                                ["child", CASES[case], "--count", str(len(records))], env,
+        module, args = "bench.processor_throughput", ["child", CASES[case]]
+        if case == FAUST:
+            module, args = "bench.faust_processor", []
+        result = run_child_json(module, [*args, "--count", str(len(records))], env,
                                 folder / f"{CASES[case]}-{settings.topic_prefix}log", 300)
     finally:
         cleanup(settings)
@@ -247,7 +250,7 @@ def run_case(bootstrap: str, case: str, records: list[tuple[bytes, bytes]],
 
 
 def run(bootstrap: str, threads: int = 1000, messages: int = 3, repeats: int = 3,
-        cases: tuple[str, ...] = (BARE, BARE_SAME, EOS, ALO)) -> list[Figure]:
+        cases: tuple[str, ...] = (BARE, BARE_SAME, EOS, ALO, FAUST)) -> list[Figure]:
     records = encoded(payload(threads, messages))
     folder = VAR / "bench-logs"
     runs: dict[str, list[dict[str, Any]]] = {case: [] for case in cases}
@@ -282,5 +285,6 @@ if __name__ == "__main__":
         from bench.common import broker
 
         with broker() as bootstrap:
-            for figure in run(bootstrap, repeats=1):
+            cases = tuple(c for c in CASES if CASES[c] in sys.argv[1:]) or tuple(CASES)
+            for figure in run(bootstrap, repeats=1, cases=cases):
                 print(figure.case, figure.values)
