@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -135,7 +136,14 @@ class Stack:
             self.cluster = EmbeddedCluster(self.folder / "cluster", size=self.brokers).start()
             bootstrap = self.cluster.bootstrap
         self.env = chaos_env(bootstrap, self.folder, 3 if self.cluster is not None else 1)
-        ensure_topics(self.settings)
+        for attempt in range(5):  # a cluster just started may still be electing its leaders
+            try:
+                ensure_topics(self.settings)
+                break
+            except Exception:
+                if attempt == 4:
+                    raise
+                time.sleep(3)
         logs = self.folder / "logs"
         for i in range(2):
             env = {**self.env, "THREADLINE_DATA_DIR": str(self.folder / f"processor-{i}")}
