@@ -287,6 +287,7 @@ class Processor:
 
     def _process_batch(self, batch: list[Message]) -> None:
         positions: dict[tuple[str, int], int] = {}
+        starts: dict[tuple[str, int], int] = {}  # where to rewind to if the batch aborts
         if self.exactly_once:
             self.producer.begin_transaction()
         touched: dict[tuple[int, bytes], ThreadState | None] = {}
@@ -299,6 +300,7 @@ class Processor:
                     continue
                 topic, partition, offset = _position(msg)
                 positions[(topic, partition)] = offset + 1
+                starts.setdefault((topic, partition), offset)
                 self._process(msg, touched)
             self._write_states(touched)
             offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
@@ -314,7 +316,7 @@ class Processor:
                 if offsets:
                     self.consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
-            self._recover(exc)
+            self._recover(exc, starts)
             return
         self.stores.commit_all()
         for (partition, key), state in touched.items():
@@ -324,8 +326,10 @@ class Processor:
         self.stats.last_batch_at = now
         self.stats.batches += 1
         self.stats.commands += len(batch)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("committed %d commands up to %s", len(batch), sorted(positions.items()))
 
-    def _recover(self, exc: KafkaException) -> None:
+    def _recover(self, exc: KafkaException, starts: dict[tuple[str, int], int]) -> None:
         err = exc.args[0]
         if not self.exactly_once:
             raise exc
@@ -336,10 +340,10 @@ class Processor:
                 self.producer.abort_transaction(TXN_TIMEOUT_S)
             self.stores.rollback_all()
             self.cache.clear()
-            assigned = self.consumer.assignment()
-            for tp in self.consumer.committed(assigned, timeout=30):
-                if tp.offset >= 0:
-                    self.consumer.seek(tp)
+            # Back to the batch's first records: the committed offsets would miss a
+            # partition that never committed (no offset to seek to).
+            for (topic, partition), offset in starts.items():
+                self.consumer.seek(TopicPartition(topic, partition, offset))
             return
         raise exc  # fatal (fenced or broken): crash, a restart recovers from Kafka
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     ConfigResource,
@@ -88,7 +88,7 @@ def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[TopicSpec
             except Exception as exc:  # a racing creator is fine
                 if "TOPIC_ALREADY_EXISTS" not in str(exc):
                     raise
-    _verify(admin, specs, timeout_s)
+    _verify(admin, specs, timeout_s, settings.bootstrap)
     return specs
 
 
@@ -105,7 +105,7 @@ def _cleanup_policy(admin: AdminClient, topic: str, deadline: float) -> str:
             time.sleep(0.2)
 
 
-def _verify(admin: AdminClient, specs: list[TopicSpec], timeout_s: float) -> None:
+def _verify(admin: AdminClient, specs: list[TopicSpec], timeout_s: float, bootstrap: str) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         topics = admin.list_topics(timeout=timeout_s).topics
@@ -126,3 +126,29 @@ def _verify(admin: AdminClient, specs: list[TopicSpec], timeout_s: float) -> Non
                             f"{spec.config['cleanup.policy']}")
     if problems:
         raise TopicMismatch("existing topics disagree with the contract:\n  " + "\n  ".join(problems))
+    _wait_until_served(bootstrap, specs, deadline)
+
+
+def _wait_until_served(bootstrap: str, specs: list[TopicSpec], deadline: float) -> None:
+    """Wait until every partition's leader has created its log. Metadata shows a new
+    topic before that; a produce in the gap fails and, seen on a loaded machine,
+    librdkafka's idempotent producer can then take the retry for a duplicate and
+    report success for records never written."""
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "threadline-topics",
+                      "log_level": 0})
+    try:
+        pending = [TopicPartition(s.name, p) for s in specs for p in range(s.partitions)]
+        while pending:
+            waiting = []
+            for tp in pending:
+                try:
+                    probe.get_watermark_offsets(tp, timeout=5)
+                except KafkaException:
+                    waiting.append(tp)
+            if waiting and time.monotonic() > deadline:
+                raise TopicMismatch(f"{len(waiting)} partitions have no serving leader, e.g. {waiting[0]}")
+            pending = waiting
+            if pending:
+                time.sleep(0.2)
+    finally:
+        probe.close()

@@ -81,10 +81,27 @@ def command_producer(settings: Settings) -> Producer:
                      "enable.idempotence": True, "linger.ms": 2})
 
 
+DELIVERY_ERRORS: list[str] = []
+
+
+def _delivered(err: KafkaError | None, msg: Any) -> None:
+    if err is not None:
+        DELIVERY_ERRORS.append(f"{msg.topic()}[{msg.partition()}]: {err}")
+
+
 def send_command(producer: Producer, settings: Settings, command: Command, tenant: str = "t") -> None:
+    """Publish a command; a failed delivery is recorded in DELIVERY_ERRORS, which
+    `flush_all` turns into a test failure, so a lost command is never blamed on
+    the processor."""
     meta = new_meta(command.thread_id, tenant, int(time.time() * 1000))
     producer.produce(settings.topics.commands, encode_command(command, meta),
-                     command.thread_id.encode())
+                     command.thread_id.encode(), on_delivery=_delivered)
+
+
+def flush_all(producer: Producer, timeout: float = 60) -> None:
+    left = producer.flush(timeout)
+    assert left == 0, f"{left} commands still undelivered after {timeout}s"
+    assert not DELIVERY_ERRORS, DELIVERY_ERRORS[:5]
 
 
 def read_topic(

@@ -26,7 +26,7 @@ from streams.domain import (
 from streams.serialization import decode_event
 from streams.thread import run_id_for
 from streams.topics import ensure_topics
-from tests.kafka_helpers import RoleProcess, command_producer, read_topic, send_command
+from tests.kafka_helpers import RoleProcess, command_producer, flush_all, read_topic, send_command
 
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
 
@@ -64,7 +64,7 @@ def _burst(settings: Settings, seed: int, duration_s: float) -> list[tuple[str, 
             del queues[thread]
         producer.poll(0)
         time.sleep(pause)
-    producer.flush(30)
+    flush_all(producer)
     return expected
 
 
