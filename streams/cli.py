@@ -2,10 +2,11 @@
 
     threadline broker      the embedded Kafka broker (foreground)
     threadline topics      create/verify the topics and exit
-    threadline processor   the thread processor (Faust agent)
+    threadline processor   the thread processor (transactional, RocksDB tables)
     threadline worker      an agent worker
     threadline gateway     the HTTP/SSE gateway
-    threadline run         all of the above, until Ctrl-C or SIGTERM
+    threadline connector   the chat (Slack Events API) and webhook connector
+    threadline run         broker, processor, worker and gateway, until Ctrl-C or SIGTERM
 """
 
 from __future__ import annotations
