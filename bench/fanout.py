@@ -1,6 +1,6 @@
 """Fan-out: one gateway process with 1k, 5k and 10k SSE clients spread over threads.
 
-For each client count a fresh gateway process (`threadline gateway`, fd limit
+For each client count a fresh stack (topics, port) and gateway process (`threadline gateway`, fd limit
 raised) serves clients from two client processes (aiohttp, raw chunks, one regex
 per chunk), spread round-robin over 100 threads. Memory per idle connection is the
 gateway's RSS growth from before the clients connect to after, divided by the
@@ -85,7 +85,9 @@ def one(stack: Stack, threads: list[str], clients: int, rate: float, seconds: fl
               "p50 ms": percentile(latencies, 50), "p99 ms": percentile(latencies, 99),
               "KiB/idle conn": (rss1 - rss0) / max(connected, 1) / 1024,
               "connect s": connect_s}
-    note = f"{failed} clients failed to connect" if failed else ""
+    note = f"gateway RSS {rss0 / 2**20:.0f} MiB before the clients, {rss1 / 2**20:.0f} MiB with them"
+    if failed:
+        note += f"; {failed} clients failed to connect"
     figure = Figure(BENCH, f"{clients} clients", values, None,
                     {"gateway": cpu / max(received, 1) * 1e6}, load, note)
     print(f"  {clients:6d} clients: {values['events/s']:8.0f} events/s "
@@ -97,12 +99,15 @@ def one(stack: Stack, threads: list[str], clients: int, rate: float, seconds: fl
 
 def run(bootstrap: str, counts: tuple[int, ...] = (1000, 5000, 10_000), rate: float = RATE,
         seconds: float = SECONDS) -> list[Figure]:
-    stack = new_stack(bootstrap)
-    threads = seed_threads(stack.settings, THREADS)
-    try:
-        return [one(stack, threads, clients, rate, seconds) for clients in counts]
-    finally:
-        stack.stop()
+    figures = []
+    for clients in counts:  # a fresh stack (topics, port, gateway) for each count
+        stack = new_stack(bootstrap)
+        threads = seed_threads(stack.settings, THREADS)
+        try:
+            figures.append(one(stack, threads, clients, rate, seconds))
+        finally:
+            stack.stop()
+    return figures
 
 
 if __name__ == "__main__":
