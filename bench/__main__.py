@@ -14,9 +14,10 @@ import importlib
 import json
 import logging
 import time
+from pathlib import Path
 
 from bench.common import VAR, Figure, broker, load_text
-from bench.report import print_table, write_report
+from bench.report import git_head, print_table, write_report
 
 BENCHMARKS = {
     "processor": "bench.processor_throughput",
@@ -32,7 +33,16 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), default=None)
     parser.add_argument("--write", action="store_true", help="write the report with --only too")
+    parser.add_argument("--from-results", metavar="JSON", default=None,
+                        help="measure nothing: rewrite the report from a run's saved results "
+                             "(var/bench-results.json), e.g. after editing bench/NOTES.md")
     args = parser.parse_args()
+    if args.from_results:
+        saved = json.loads(Path(args.from_results).read_text())
+        figures = [Figure(**f) for f in saved["figures"]]
+        print_table(figures)
+        write_report(figures, saved["meta"])
+        return
     logging.basicConfig(level=logging.WARNING)
     names = args.only or list(BENCHMARKS)
     started, load_before = time.time(), load_text()
@@ -46,7 +56,7 @@ def main() -> None:
             figures += module.run(bootstrap)
             print(f"   {name} took {time.monotonic() - t0:.0f} s", flush=True)
     meta = {"started": started, "seconds": time.time() - started, "load_before": load_before,
-            "load_after": load_text(), "benchmarks": names}
+            "load_after": load_text(), "benchmarks": names, "commit": git_head()}
     VAR.mkdir(exist_ok=True)
     (VAR / "bench-results.json").write_text(json.dumps(
         {"meta": meta, "figures": [f.to_json() for f in figures]}, indent=1))

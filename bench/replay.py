@@ -88,7 +88,9 @@ def _bare(stack: Stack, partition: int, start: int, last: int, decode: bool) -> 
     consumer.assign([TopicPartition(settings.topics.stream, partition, start)])
     done = False
     while not done:
-        for msg in consumer.consume(2000, 1.0):
+        # A short timeout: consume(n, timeout) returns early only once it has n records,
+        # so the range's last, short batch would otherwise wait out the timeout.
+        for msg in consumer.consume(2000, 0.005):
             if msg.error() is not None:
                 continue
             if decode:

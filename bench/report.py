@@ -141,7 +141,7 @@ def _markdown_table(group: list[Figure]) -> str:
     return "\n".join(lines + (["", *notes] if notes else []))
 
 
-def _git_head() -> str:
+def git_head() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                               capture_output=True, check=False).stdout.strip()
@@ -161,7 +161,7 @@ def write_report(figures: list[Figure], meta: dict[str, object]) -> None:
         "fixes with before/after, what bounds a missed target) follow the tables.",
         "",
         f"- run: {started:%Y-%m-%d %H:%M}, {float(meta['seconds']):.0f} s "  # type: ignore[arg-type]
-        f"(commit {_git_head()}), {os.cpu_count()} cores, one embedded Kafka 3.9 broker "
+        f"(commit {meta.get('commit') or git_head()}), {os.cpu_count()} cores, one embedded Kafka 3.9 broker "
         "on 127.0.0.1",
         f"- load average (1, 5, 15 min) before: {meta['load_before']}, after: "
         f"{meta['load_after']} (other engineers' test suites share the machine)",

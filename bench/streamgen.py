@@ -211,14 +211,15 @@ def direct_consumer(settings: Settings, seconds: float, ready_file: Path | None)
         ready_file.write_text("{}")
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        for msg in consumer.consume(1000, 0.1):
-            if msg.error() is not None:
-                continue
-            now = time.time_ns()
-            _, output = decode_stream(msg.value() or b"")
-            payload = output.payload
-            if isinstance(payload, TextDelta) and payload.delta.startswith("ts"):
-                latencies.append((now - int(payload.delta[2:])) / 1e6)
+        # poll, not consume(n, timeout): that waits for n records or the whole timeout.
+        msg = consumer.poll(0.1)
+        if msg is None or msg.error() is not None:
+            continue
+        now = time.time_ns()
+        _, output = decode_stream(msg.value() or b"")
+        payload = output.payload
+        if isinstance(payload, TextDelta) and payload.delta.startswith("ts"):
+            latencies.append((now - int(payload.delta[2:])) / 1e6)
     consumer.close()
     return {"latencies": latencies, "events": len(latencies)}
 
