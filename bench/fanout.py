@@ -30,12 +30,14 @@ CLIENT_PROCESSES = 2
 NOFILE = 20_000
 
 
-async def _generate(stack: Stack, threads: list[str], rate: float, seconds: float) -> \
-        tuple[int, float]:
+async def _generate(stack: Stack, threads: list[str], rate: float, seconds: float,
+                    readers: list[Child]) -> tuple[int, float]:
     async with Generator(stack.settings, threads) as generator:
         await generator.start_runs()
         await asyncio.sleep(1.0)
         stack.mark()
+        for reader in readers:
+            reader.mark()
         t0 = time.perf_counter()
         sent = await generator.deltas(rate, seconds)
         return sent, time.perf_counter() - t0
@@ -61,9 +63,10 @@ def one(stack: Stack, threads: list[str], clients: int, rate: float, seconds: fl
         time.sleep(1.0)
         rss1 = gateway.rss()
         load = load_text()
-        sent, elapsed = asyncio.run(_generate(stack, threads, rate, seconds))
+        sent, elapsed = asyncio.run(_generate(stack, threads, rate, seconds, readers))
         time.sleep(1.0)
         cpu = gateway.cpu_since_mark()
+        clients_cpu = sum(reader.cpu_since_mark() for reader in readers)
         results = collect(readers, outs, seconds + 120)
     finally:
         for reader in readers:
@@ -89,7 +92,8 @@ def one(stack: Stack, threads: list[str], clients: int, rate: float, seconds: fl
     if failed:
         note += f"; {failed} clients failed to connect"
     figure = Figure(BENCH, f"{clients} clients", values, None,
-                    {"gateway": cpu / max(received, 1) * 1e6}, load, note)
+                    {"gateway": cpu / max(received, 1) * 1e6,
+                     "clients (2)": clients_cpu / max(received, 1) * 1e6}, load, note)
     print(f"  {clients:6d} clients: {values['events/s']:8.0f} events/s "
           f"({values['delivered %']:.0f}% of offered), p50 {values['p50 ms']:.1f} p99 "
           f"{values['p99 ms']:.1f} ms, {values['KiB/idle conn']:.1f} KiB/conn (load {load})",
