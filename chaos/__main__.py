@@ -32,8 +32,8 @@ PRESETS = {
 }
 
 HEADER = ("| seed | threads | messages | accepted | 409s | answered | lost | duplicated | gaps "
-          "| stuck | kills p/w/g/b | self-exits | watched runs (unwatched) | reconnects | max recovery s "
-          "p/w/g/b | longest run s | wall s |")
+          "| stuck | kills p/w/g/b | self-exits | watched runs (unwatched) | reconnects "
+          "| streams cut short | max recovery s p/w/g/b | longest run s | wall s |")
 
 
 def table_row(outcome: Outcome) -> str:
@@ -44,7 +44,8 @@ def table_row(outcome: Outcome) -> str:
     exits = sum(outcome.self_exits.values())
     return (f"| {outcome.config.seed} | {r.threads} | {r.messages} | {r.accepted} | "
             f"{r.conflicts} | {r.answered} | {r.lost} | {r.duplicated} | {r.gaps} | {r.stuck} | "
-            f"{kills} | {exits} | {r.watched_runs} ({r.unwatched}) | {outcome.reconnects} | {recovery} | "
+            f"{kills} | {exits} | {r.watched_runs} ({r.unwatched}) | {outcome.reconnects} | "
+            f"{r.cut_short} | {recovery} | "
             f"{outcome.max_run_s:.1f} | {outcome.wall_s:.0f} |")
 
 

@@ -115,6 +115,7 @@ class Report:
     stuck: int = 0
     watched_runs: int = 0
     unwatched: int = 0  # runs a thread watcher could not follow (not a violation)
+    cut_short: int = 0  # runs whose last streamed execution lost the race to report
     violations: list[str] = field(default_factory=list)
 
     @property
@@ -211,9 +212,10 @@ def _terminals(seen: list[Seen]) -> int:
     return sum(s.event in TERMINAL for s in seen)
 
 
-def final_text(seen: list[Seen]) -> str | None:
-    """The text the run's last execution streamed: the deltas after the last
-    `message_start` of the attempt that ended the run."""
+def final_text(seen: list[Seen]) -> tuple[str, bool] | None:
+    """The text the run's last execution streamed (the deltas after the last
+    `message_start` of the attempt that ended the run), and whether that execution
+    got to its `message_end` before the run's terminal event."""
     terminal = next((s for s in reversed(seen) if s.event in TERMINAL), None)
     if terminal is None:
         return None
@@ -222,8 +224,14 @@ def final_text(seen: list[Seen]) -> str | None:
               if s.event == "message_start" and s.fields.get("attempt") == attempt]
     if not starts:
         return None
-    return "".join(str(s.fields.get("delta", "")) for s in seen[starts[-1]:]
-                   if s.event == "text_delta")
+    last = seen[starts[-1]:]
+    text = "".join(str(s.fields.get("delta", "")) for s in last if s.event == "text_delta")
+    return text, any(s.event == "message_end" for s in last)
+
+
+def _answer_in(terminal: Seen) -> str | None:
+    message = terminal.fields.get("message")
+    return str(message.get("text")) if isinstance(message, dict) else None
 
 
 def _audit_reference(ref: list[Seen] | None, post: Post, answer: str | None,
@@ -237,10 +245,17 @@ def _audit_reference(ref: list[Seen] | None, post: Post, answer: str | None,
                      f"events and ends with {ref[-1].event}")
     if len({s.id for s in ref}) != len(ref):
         report._fail("duplicated", f"run {run}: the reference replay repeats an event id")
+    terminal = next((s for s in ref if s.event in TERMINAL), None)
+    if answer is not None and terminal is not None and _answer_in(terminal) != answer:
+        report._fail("gaps", f"run {run}: {terminal.event} does not carry the stored answer")
     streamed = final_text(ref)
-    if answer is not None and streamed is not None and streamed != answer:
-        report._fail("gaps", f"run {run}: the last execution streamed {len(streamed)} "
+    if answer is None or streamed is None or streamed[0] == answer:
+        return
+    if streamed[1]:  # a whole execution whose deltas do not add up to the answer
+        report._fail("gaps", f"run {run}: the last execution streamed {len(streamed[0])} "
                      f"characters, the stored answer has {len(answer)}")
+    else:  # cut off by the run's end: another execution of the attempt reported first
+        report.cut_short += 1
 
 
 def _audit_watcher(log: WatchLog, obs: Observations, accepted: dict[str, Post],

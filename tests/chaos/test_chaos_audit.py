@@ -44,7 +44,8 @@ def _reference() -> list[Seen]:
         _seen(24, "text_delta", attempt=2, delta="You said: hi."),
         _seen(25, "text_delta", attempt=2, delta=" amber river."),
         _seen(26, "text_end", attempt=2, text=ANSWER), _seen(27, "message_end", attempt=2),
-        _seen(28, "run_completed", attempt=2), _seen(28, "done", sub=1),
+        _seen(28, "run_completed", attempt=2, message={"message_id": "answer-1", "text": ANSWER}),
+        _seen(28, "done", sub=1),
     ]
 
 
@@ -72,7 +73,7 @@ def test_a_clean_run_passes_and_counts() -> None:
     report = audit(_clean())
     assert report.ok, report.violations
     assert (report.accepted, report.answered, report.conflicts, report.watched_runs) == (1, 1, 1, 2)
-    assert final_text(_reference()) == ANSWER
+    assert final_text(_reference()) == (ANSWER, True)
 
 
 def _watcher(obs: Observations) -> list[Seen]:
@@ -109,6 +110,10 @@ BREAKAGES: dict[str, tuple[Breakage, str]] = {
         lambda o: o.stored[THREAD].append(dict(o.stored[THREAD][1])), "duplicated"),
     "the stream lost a delta the answer has": (
         lambda o: o.references[RUN].pop(10), "gaps"),
+    "the terminal event carries another answer": (
+        lambda o: o.references[RUN].__setitem__(13, _seen(
+            28, "run_completed", attempt=2, message={"message_id": "answer-1", "text": "?"})),
+        "gaps"),
     "something waited forever": (
         lambda o: o.stuck.append("run-watcher: still waiting"), "stuck"),
 }
@@ -159,3 +164,19 @@ def test_a_pending_post_that_was_never_decided_is_lost() -> None:
 def test_the_run_of_a_done_event_is_read_from_its_id() -> None:
     assert run_of(_seen(28, "done", sub=1)) == RUN
     assert run_of(_seen(12, "message_start")) == RUN
+
+
+def test_a_last_execution_cut_off_by_another_one_reporting_first_is_counted_not_failed() -> None:
+    """Attempt 2 ran twice (its dispatch redelivered before the first execution's
+    report was decided): the second execution's stream is cut off by run_completed,
+    which carries the first one's whole answer."""
+    obs = _clean()
+    second = [_seen(29, "message_start", attempt=2), _seen(30, "text_start", attempt=2),
+              _seen(31, "text_delta", attempt=2, delta="You said")]
+    reference = obs.references[RUN]
+    reference[13:13] = second
+    for watcher in obs.watchers:
+        watcher.runs[RUN] = list(reference)
+    report = audit(obs)
+    assert report.ok, report.violations
+    assert report.cut_short == 1
