@@ -12,7 +12,11 @@ from aiohttp import web
 
 __all__ = ["demo_page"]
 
-EVENTS = ["run_accepted", "attempt_dispatched", "message_start", "text_start", "text_delta", "text_end", "step", "citations", "message_end", "retry_scheduled", "run_completed", "run_failed", "run_cancelled", "done", "message_not_streaming"]
+EVENTS = [
+    "run_accepted", "attempt_dispatched", "message_start", "text_start", "text_delta", "text_end",
+    "step", "citations", "message_end", "retry_scheduled", "run_completed", "run_failed",
+    "run_cancelled", "done", "message_not_streaming",
+]
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Threadline watcher</title>
