@@ -270,11 +270,16 @@ def run(bootstrap: str, threads: int = 1000, messages: int = 3, repeats: int = 3
         base = None if case in (BARE, BARE_SAME) else BARE
         figures.append(Figure(BENCH, case, values, base, {"processor": median(cpu)},
                               " / ".join(r["load"] for r in runs[case])))
-    base_rate = {f.case: f.values["cmd/s"] for f in figures}
+    # Ratios round by round (the cases of a round run within a minute or two of each
+    # other, under about the same load), then the median over the rounds.
     for f in figures:
         for base in (BARE, BARE_SAME):
-            if base in base_rate and f.case != base:
-                f.values[f"x {base}"] = f.values["cmd/s"] / base_rate[base]
+            if base not in runs or f.case == base:
+                continue
+            pairs = zip(runs[f.case], runs[base], strict=False)
+            f.values[f"x {base}"] = median([r["per_s"] / b["per_s"] for r, b in pairs])
+        rounds = " | ".join(f"{r['per_s']:.0f}" for r in runs[f.case])
+        f.note = f"cmd/s by round: {rounds}"
     return figures
 
 
