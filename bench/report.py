@@ -72,6 +72,8 @@ TARGETS = [
 def _fmt(value: float) -> str:
     if isinstance(value, float) and math.isnan(value):
         return "n/a"
+    if float(value).is_integer() and abs(value) < 100:
+        return f"{value:.0f}"
     if abs(value) >= 100:
         return f"{value:,.0f}"
     if abs(value) >= 10:
@@ -175,8 +177,9 @@ def write_report(figures: list[Figure], meta: dict[str, object]) -> None:
     ]
     if plotted:
         parts += ["![benchmarks](benchmarks.png)", ""]
-    for bench, group in by_bench(figures).items():
-        parts += [f"## {TITLES.get(bench, bench)}", "", _markdown_table(group), ""]
+    groups = by_bench(figures)
+    for bench in sorted(groups, key=lambda b: list(TITLES).index(b) if b in TITLES else 99):
+        parts += [f"## {TITLES.get(bench, bench)}", "", _markdown_table(groups[bench]), ""]
     if NOTES.exists():
         parts += [NOTES.read_text()]
     (DOCS / "benchmarks.md").write_text("\n".join(parts).rstrip() + "\n")
@@ -238,8 +241,9 @@ _PANELS: dict[str, Callable[[object, list[Figure]], None]] = {
     "token": lambda ax, g: _bars(ax, [f.case for f in g], _panel_values(g, ["p50 ms", "p99 ms"]),
                                  "ms"),
     "fanout": lambda ax, g: _bars(ax, [f.case for f in g],
-                                  {"events/s (k)": [f.values.get("events/s", 0) / 1000 for f in g],
-                                   "p99 ms": [f.values.get("p99 ms", 0) for f in g]},
-                                  "k events/s | ms"),
+                                  {"delivered": [f.values.get("events/s", 0) / 1000 for f in g],
+                                   "offered": [f.values.get("offered events/s", 0) / 1000
+                                               for f in g]},
+                                  "thousand events/s"),
     "replay": lambda ax, g: _bars(ax, [f.case for f in g], _panel_values(g, ["seconds"]), "s"),
 }
