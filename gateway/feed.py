@@ -272,9 +272,15 @@ class StreamFeed:
         state = self.tracker.admit(thread_id, record.offset, output)
         if state is None:
             if self.tracker.unknown:
-                # A run whose start the feed did not see: only Kafka can replay it.
+                # A run whose start the feed did not see: only Kafka can replay it. Its
+                # subscribers may need this record (one resumed inside that run, after a
+                # gateway restart whose feed started late): end their streams, so that
+                # they resume with Last-Event-ID and replay it (found by the chaos run).
                 window = self._window(thread_id)
                 window.covered_after = max(window.covered_after, (record.offset + 1, -1))
+                for sub in list(window.subscribers):
+                    if sub.run_id in (None, output.run_id):
+                        sub.close("unknown run")
             return
         window = self._window(thread_id)
         for event in make_events(partition, record.offset, state.start, meta, output):

@@ -83,7 +83,12 @@ def free_port() -> int:
 
 
 def _kafka_uuid() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    # Never starting with "-": StorageTool would read such a cluster id as an option
+    # (one start in 64 failed so; Kafka's own Uuid.randomUuid avoids it the same way).
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
 
 
 def _die_with_parent() -> None:
