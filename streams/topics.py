@@ -19,7 +19,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from streams.config import Settings
 
-__all__ = ["TopicMismatch", "TopicSpec", "ensure_topics", "topic_specs"]
+__all__ = ["TopicMismatch", "TopicSpec", "ensure_specs", "ensure_topics", "topic_specs"]
 
 
 class TopicMismatch(RuntimeError):
@@ -73,8 +73,13 @@ def _admin(settings: Settings) -> AdminClient:
 
 def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[TopicSpec]:
     """Create missing topics; raise TopicMismatch if an existing one disagrees."""
+    return ensure_specs(settings, topic_specs(settings), timeout_s)
+
+
+def ensure_specs(settings: Settings, specs: list[TopicSpec], timeout_s: float = 30.0) -> list[TopicSpec]:
+    """Create the missing topics of `specs`, check the existing ones against them,
+    and return once every partition has a serving leader."""
     admin = _admin(settings)
-    specs = topic_specs(settings)
     existing = admin.list_topics(timeout=timeout_s).topics
     missing = [s for s in specs if s.name not in existing]
     if missing:

@@ -12,12 +12,8 @@ that owns the events partition owns the outbox partition too.
 
 from __future__ import annotations
 
-import time
-
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-
 from streams.config import Settings
-from streams.topics import TopicMismatch, TopicSpec, ensure_topics
+from streams.topics import TopicSpec, ensure_specs, ensure_topics
 
 __all__ = ["audit_topic", "connector_topic_specs", "ensure_connector_topics", "outbox_topic"]
 
@@ -44,33 +40,8 @@ def connector_topic_specs(settings: Settings, audit_retention_ms: int) -> list[T
 
 def ensure_connector_topics(settings: Settings, audit_retention_ms: int,
                             timeout_s: float = 30.0) -> list[TopicSpec]:
-    """The core topics (`streams.topics.ensure_topics`), then the connector's;
-    TopicMismatch if an existing one has another partition count."""
+    """The core topics (`streams.topics.ensure_topics`), then the connector's, on
+    the same terms: TopicMismatch if an existing one disagrees, and only once every
+    partition has a serving leader (a query in the gap answers NOT_LEADER)."""
     ensure_topics(settings, timeout_s)
-    admin = AdminClient({"bootstrap.servers": settings.bootstrap, "log_level": 0})
-    specs = connector_topic_specs(settings, audit_retention_ms)
-    existing = admin.list_topics(timeout=timeout_s).topics
-    missing = [s for s in specs if s.name not in existing]
-    if missing:
-        futures = admin.create_topics(
-            [NewTopic(s.name, s.partitions, s.replication_factor, config=s.config) for s in missing],
-            operation_timeout=timeout_s)
-        for future in futures.values():
-            try:
-                future.result()
-            except Exception as exc:  # a racing creator is fine
-                if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                    raise
-    deadline = time.monotonic() + timeout_s
-    while True:
-        topics = admin.list_topics(timeout=timeout_s).topics
-        if all(s.name in topics and not topics[s.name].error for s in specs):
-            break
-        if time.monotonic() > deadline:
-            raise TopicMismatch("connector topics did not appear in metadata in time")
-        time.sleep(0.1)
-    for s in specs:
-        count = len(topics[s.name].partitions)
-        if count != s.partitions:
-            raise TopicMismatch(f"{s.name}: has {count} partitions, the contract says {s.partitions}")
-    return specs
+    return ensure_specs(settings, connector_topic_specs(settings, audit_retention_ms), timeout_s)
