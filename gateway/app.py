@@ -80,6 +80,7 @@ async def _kafka(app: web.Application) -> AsyncIterator[None]:
             started.append(client)
         yield
     finally:
+        await app[HEALTH].close()
         for client in reversed(started):
             try:
                 await client.stop()

@@ -1,13 +1,21 @@
-"""GET /healthz: 200 only when the broker answers and the processor and worker groups
-have members; 503 with what is missing otherwise."""
+"""GET /healthz: 200 only when the broker answers, the processor and worker groups
+have members and the read model is loaded; 503 with what is missing otherwise.
+
+The probe is aiokafka's admin client on the gateway's own loop, not librdkafka's:
+librdkafka's `AdminClient` aborted the whole process (an assertion in
+`rd_kafka_enq_once_del_source_return`) when a broker of a cluster died under a
+probe, and a cached one kept timing out after a broker restart while a fresh one
+answered (docs/chaos.md, bugs 6 and 7). A probe that fails drops its client, so
+the next one starts afresh."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from aiohttp import web
-from confluent_kafka.admin import AdminClient
+from aiokafka.admin import AIOKafkaAdminClient
 
 from gateway.keys import FEED, OPTIONS, READ_MODEL, SETTINGS
 
@@ -15,50 +23,75 @@ __all__ = ["HEALTH", "HealthProbe", "healthz"]
 
 
 class HealthProbe:
-    """Asks the broker about itself and the consumer groups (blocking; run in a thread)."""
+    """Asks the broker about itself and the consumer groups."""
 
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
-        self._admin: AdminClient | None = None  # made on first use: it starts threads
+        self._admin: AIOKafkaAdminClient | None = None
+        self._lock = asyncio.Lock()  # one probe at a time shares one client
 
-    def probe(self, groups: list[str], timeout_s: float) -> dict[str, Any]:
+    async def probe(self, groups: list[str], timeout_s: float) -> dict[str, Any]:
+        async with self._lock:
+            report: dict[str, Any] = {"broker": {"ok": False}, "groups": {}}
+            try:
+                async with asyncio.timeout(timeout_s):
+                    admin = await self._client(timeout_s)
+                    cluster = await admin.describe_cluster()
+                report["broker"] = {"ok": True, "brokers": len(cluster["brokers"])}
+            except Exception as exc:
+                report["broker"] = {"ok": False, "error": _describe(exc)}
+                await self.close()
+                return report
+            for group in groups:
+                try:
+                    async with asyncio.timeout(timeout_s):
+                        (response,) = await admin.describe_consumer_groups([group])
+                    report["groups"][group] = _group(response)
+                except Exception as exc:
+                    report["groups"][group] = {"members": 0, "error": _describe(exc)}
+                    await self.close()
+                    break
+            return report
+
+    async def _client(self, timeout_s: float) -> AIOKafkaAdminClient:
         if self._admin is None:
-            self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
-        return _probe(self._admin, groups, timeout_s)
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap,
+                                        request_timeout_ms=int(timeout_s * 1000))
+            try:
+                await admin.start()
+            except BaseException:
+                await admin.close()
+                raise
+            self._admin = admin
+        return self._admin
+
+    async def close(self) -> None:
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            with contextlib.suppress(Exception):  # closing toward a dead broker may fail too
+                await admin.close()
 
 
 HEALTH = web.AppKey("health", HealthProbe)
 
 
-def _probe(admin: AdminClient, groups: list[str], timeout_s: float) -> dict[str, Any]:
-    report: dict[str, Any] = {"broker": {"ok": False}, "groups": {}}
-    try:
-        metadata = admin.list_topics(timeout=timeout_s)
-        report["broker"] = {"ok": True, "brokers": len(metadata.brokers)}
-    except Exception as exc:
-        report["broker"] = {"ok": False, "error": str(exc)}
-        return report
-    futures = admin.describe_consumer_groups(groups, request_timeout=timeout_s)
-    for group, future in futures.items():
-        try:
-            description = future.result(timeout=timeout_s)
-            report["groups"][group] = {"members": len(description.members),
-                                       "state": description.state.name.lower()}
-        except Exception as exc:
-            report["groups"][group] = {"members": 0, "error": str(exc)}
-    return report
+def _group(response: Any) -> dict[str, Any]:
+    """One group of a DescribeGroups response: its state and member count."""
+    (group,) = response.to_object()["groups"]
+    if group["error_code"]:
+        return {"members": 0, "error": f"error code {group['error_code']}"}
+    return {"members": len(group["members"]), "state": group["state"].lower()}
+
+
+def _describe(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
 
 
 async def healthz(request: web.Request) -> web.Response:
     app = request.app
     prefix = app[SETTINGS].topic_prefix
     groups = [f"{prefix}processor", f"{prefix}worker"]
-    timeout_s = app[OPTIONS].health_timeout_s
-    try:
-        report = await asyncio.wait_for(
-            asyncio.to_thread(app[HEALTH].probe, groups, timeout_s), timeout_s * 3)
-    except TimeoutError:
-        report = {"broker": {"ok": False, "error": "timed out"}, "groups": {}}
+    report = await app[HEALTH].probe(groups, app[OPTIONS].health_timeout_s)
     missing = [g for g in groups if report["groups"].get(g, {}).get("members", 0) < 1]
     healthy = report["broker"]["ok"] and not missing and app[READ_MODEL].loaded
     report.update(status="ok" if healthy else "unavailable",
