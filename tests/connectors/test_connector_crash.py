@@ -81,6 +81,7 @@ def _chaos_run(stack: Stack, turns: int, seed: int, crash_p: float, max_kills: i
         for n in range(turns):
             if n in kill_before:
                 supervisor.kill.set()
+                wait_until(lambda: not supervisor.kill.is_set(), 30, "the kill", stack)
             channel = unique_channel()
             text = f"turn {n}"
             payload = stack.double.user_message(channel, text)
