@@ -40,6 +40,7 @@ from fastavro._write import write_data  # type: ignore[attr-defined]
 from fastavro.schema import fingerprint, load_schema, parse_schema, to_parsing_canonical_form
 from fastavro.types import Schema
 
+from streams.avro_reader import Reader, compile_reader
 from streams.config import Settings, TopicNames
 from streams.domain import Command, Event, ThreadState
 from streams.records import DeadLetter, Dispatch, StreamOutput
@@ -283,6 +284,7 @@ class _TopLevel:
     parsed: Schema
     fingerprint: bytes
     named_types: dict[str, Any]  # fastavro's named schemas of `parsed`, for write_data
+    reader: Reader  # compiled from `parsed`: records written with this very schema
 
     @property
     def json(self) -> dict[str, Any]:
@@ -295,7 +297,8 @@ def _load(name: str, directory: Path) -> _TopLevel:
     parsed = load_schema(str(directory / f"{name}.avsc"))
     named_types: dict[str, Any] = {}
     parse_schema(parsed, named_types)
-    return _TopLevel(name, parsed, schema_fingerprint(parsed), named_types)
+    return _TopLevel(name, parsed, schema_fingerprint(parsed), named_types,
+                     compile_reader(parsed, named_types))
 
 
 def schema_registry(directory: Path = SCHEMA_DIR) -> dict[bytes, dict[str, Any]]:
@@ -487,25 +490,23 @@ class Codec:
 
     def _read(self, expected: _TopLevel, data: bytes, build: Callable[[Any], T]) -> T:
         writer, start = self._writer_schema(expected, data)
-        body = BytesIO(data)
-        body.seek(start)
         try:
-            record = schemaless_reader(
-                body,
-                writer,
-                None if writer is expected.parsed else expected.parsed,
-                return_record_name=True,
-                return_record_name_override=True,
-            )
+            if writer is expected.parsed:  # this build's schema: the compiled reader
+                record, end = expected.reader(bytes(data), start)
+            else:  # another version: fastavro resolves it to ours
+                body = BytesIO(data)
+                body.seek(start)
+                record = schemaless_reader(body, writer, expected.parsed,
+                                           return_record_name=True,
+                                           return_record_name_override=True)
+                end = body.tell()
             value = build(record)
-        except Exception as exc:  # whatever malformed bytes make fastavro raise
+        except Exception as exc:  # whatever malformed bytes make the reader raise
             raise DecodeError(
                 f"malformed {expected.name} body: {type(exc).__name__}: {exc}"
             ) from exc
-        if body.tell() != len(data):
-            raise DecodeError(
-                f"{len(data) - body.tell()} trailing bytes after the {expected.name} body"
-            )
+        if end != len(data):
+            raise DecodeError(f"{len(data) - end} trailing bytes after the {expected.name} body")
         return value
 
     def _writer_schema(self, expected: _TopLevel, data: bytes) -> tuple[Schema, int]:
