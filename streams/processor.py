@@ -71,6 +71,7 @@ HISTORY_LIMIT = 50  # earlier messages handed to the agent with a dispatch
 TICK_INTERVAL_S = 0.1
 TICK_RESEND_MS = 2_000  # a due tick not yet acted on is sent again after this
 TXN_TIMEOUT_S = 30  # of each transactional call
+BATCH = 500  # commands per transaction at most
 TXN_HANG_EXIT_S = TXN_TIMEOUT_S + 15  # a call this long ignored its timeout: exit
 HUNG_EXIT_STATUS = 70
 DEAD_LETTER_MAX_BYTES = 256 * 1024  # of a dead record's key and value kept in its dead letter
@@ -206,7 +207,7 @@ class Processor:
         next_tick = time.monotonic()
         try:
             while not self.stopping:
-                batch = self.consumer.consume(500, timeout=0.05)
+                batch = self._next_batch()
                 if batch:
                     self._process_batch(batch)
                 if time.monotonic() >= next_tick:
@@ -214,6 +215,17 @@ class Processor:
                     next_tick = time.monotonic() + TICK_INTERVAL_S
         finally:
             self.close()
+
+    def _next_batch(self) -> list[Message]:
+        """What the consumer holds, up to BATCH records, at once; else the first record
+        within 50 ms and whatever came with it. `consume(n, timeout)` alone waits for
+        n records or the whole timeout: at a low rate every command waited for it."""
+        batch: list[Message] = self.consumer.consume(BATCH, timeout=0)
+        if not batch:
+            batch = self.consumer.consume(1, timeout=0.05)
+            if batch:
+                batch += self.consumer.consume(BATCH - 1, timeout=0)
+        return batch
 
     def close(self) -> None:
         try:
