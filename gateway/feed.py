@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -45,24 +46,47 @@ log = logging.getLogger("threadline.gateway")
 
 
 class Subscriber:
-    """One SSE client's queue of live events (of a thread, or of one run)."""
+    """One SSE client's live events (of a thread, or of one run).
 
-    __slots__ = ("_waiter", "closed", "limit", "pending", "run_id", "thread_id")
+    Queued until its stream has caught up (replay and window); then `attach`
+    gives it a sink that writes each event to the client's connection as it is
+    ingested, with no task wake-up, timer or queue per event: at 10k clients that
+    was most of the gateway's CPU per delivered event (docs/benchmarks.md)."""
+
+    __slots__ = ("_waiter", "closed", "limit", "pending", "run_id", "sink", "thread_id")
 
     def __init__(self, thread_id: str, run_id: str | None, limit: int) -> None:
         self.thread_id, self.run_id, self.limit = thread_id, run_id, limit
         self.pending: deque[SseEvent] = deque()
-        self.closed: str | None = None  # why: "overflow" | "shutdown"
-        self._waiter: asyncio.Future[None] | None = None  # set while next_batch waits
+        self.closed: str | None = None  # why: "overflow" | "shutdown" | "done" | ...
+        self.sink: Callable[[list[SseEvent]], bool] | None = None
+        self._waiter: asyncio.Future[None] | None = None  # set while a wait is on
 
     def push(self, event: SseEvent) -> None:
         if self.closed is not None or (self.run_id is not None and event.run_id != self.run_id):
+            return
+        if self.sink is not None:
+            if not self.sink([event]):
+                self.close("overflow")
             return
         if len(self.pending) >= self.limit:
             self.close("overflow")
             return
         self.pending.append(event)
         self._wake()
+
+    def attach(self, sink: Callable[[list[SseEvent]], bool]) -> None:
+        """From now on, deliver through `sink` at once: the queued events first.
+        `sink` returns False when the client cannot take more (gone, or too far
+        behind); the subscriber is then closed and its client resumes."""
+        if self.closed is not None:
+            return
+        queued = list(self.pending)
+        self.pending.clear()
+        if queued and not sink(queued):
+            self.close("overflow")
+            return
+        self.sink = sink
 
     def close(self, reason: str) -> None:
         if self.closed is None:
@@ -74,21 +98,24 @@ class Subscriber:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    async def wait(self, timeout_s: float) -> None:
+        """Until there is something to take (queued events; none once attached) or
+        the subscriber is closed, or `timeout_s` passed."""
+        if self.pending or self.closed is not None:
+            return
+        # A bare future and a timer, not asyncio.wait_for: that makes a task per call.
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout_s, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
     async def next_batch(self, timeout_s: float) -> list[SseEvent]:
         """The queued events, waiting up to `timeout_s` for one; [] on timeout."""
-        if not self.pending and self.closed is None:
-            # A bare future and a timer, not asyncio.wait_for: that makes a task per
-            # call, and every live client calls this once per event it is sent.
-            loop = asyncio.get_running_loop()
-            waiter = self._waiter = loop.create_future()
-            timer = loop.call_later(timeout_s, _expire, waiter)
-            try:
-                await waiter
-            finally:
-                timer.cancel()
-                self._waiter = None
-            if not self.pending and self.closed is None:
-                return []
+        await self.wait(timeout_s)
         batch = list(self.pending)
         self.pending.clear()
         return batch

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.http_writer import StreamWriter
 
 from gateway.auth import TENANT
 from gateway.feed import Subscriber
@@ -87,12 +88,14 @@ async def _resume(request: web.Request, partition: int, state: ThreadState,
 
 
 class _Writer:
-    def __init__(self, response: web.StreamResponse, run_stream: bool) -> None:
+    def __init__(self, response: web.StreamResponse, run_stream: bool,
+                 max_buffered: int = 1 << 20) -> None:
         self.response, self.run_stream = response, run_stream
+        self.max_buffered = max_buffered
         self.last: Position = (-1, -1)
         self.done = False
 
-    async def send(self, events: list[SseEvent]) -> None:
+    def _frames(self, events: list[SseEvent]) -> bytes:
         frames = []
         for event in events:
             if event.position <= self.last or self.done:
@@ -100,8 +103,34 @@ class _Writer:
             frames.append(event.frame)
             self.last = event.position
             self.done = self.run_stream and event.terminal
-        if frames:
-            await self.response.write(b"".join(frames))
+        return b"".join(frames)
+
+    async def send(self, events: list[SseEvent]) -> None:
+        data = self._frames(events)
+        if data:
+            await self.response.write(data)
+
+    def send_now(self, events: list[SseEvent]) -> bool:
+        """The live path: write without waiting. False if the connection is gone or
+        holds more than `max_buffered` unsent bytes (a client that stopped reading)."""
+        data = self._frames(events)
+        return not data or self.write_now(data)
+
+    def write_now(self, data: bytes) -> bool:
+        # aiohttp's StreamResponse.write is a coroutine only to wait for the buffer to
+        # drain; its payload writer's own framing (chunked or not) is synchronous.
+        writer = self.response._payload_writer  # pinned aiohttp; tests/gateway pin the API
+        if not isinstance(writer, StreamWriter):
+            return False
+        transport = writer.transport
+        if transport is None or transport.is_closing() or \
+                transport.get_write_buffer_size() > self.max_buffered:
+            return False
+        if writer.chunked:
+            writer._write_chunked_payload(data)
+        else:
+            writer._write(data)
+        return True
 
 
 async def thread_stream(request: web.Request) -> web.StreamResponse:
@@ -240,15 +269,24 @@ def _run_over(request: web.Request, state: ThreadState, run_id: str) -> bool:
 
 async def _live(request: web.Request, out: _Writer, sub: Subscriber, keepalive_s: float,
                 finished: Callable[[], bool]) -> None:
-    while not out.done:
-        # Nothing queued and the run over: its last events were sent already.
-        if not sub.pending and finished():
+    """Caught up: the feed writes each new event straight to this connection (see
+    `Subscriber.attach`); this task only keeps the connection alive and ends it."""
+
+    def sink(events: list[SseEvent]) -> bool:
+        if not out.send_now(events):
+            return False
+        if out.done:  # a run stream's terminal event went out
+            sub.close("done")
+        return True
+
+    sub.attach(sink)
+    while sub.closed is None and not out.done:
+        # The run over: everything up to its end was written when it was ingested.
+        if finished():
             return
-        batch = await sub.next_batch(keepalive_s)
+        await sub.wait(keepalive_s)
         transport = request.transport
         if sub.closed is not None or transport is None or transport.is_closing():
             return
-        if batch:
-            await out.send(batch)
-        else:
-            await out.response.write(comment_frame("keep-alive"))
+        if not out.write_now(comment_frame("keep-alive")):
+            return

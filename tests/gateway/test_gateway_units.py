@@ -11,7 +11,7 @@ from gateway.auth import redact
 from gateway.feed import Subscriber
 from gateway.kafka import partition_for
 from gateway.rest import message_id_for
-from gateway.sse import BadEventId, EventId, RunTracker, make_events
+from gateway.sse import BadEventId, EventId, RunTracker, SseEvent, make_events
 from streams.domain import AssistantMessage
 from streams.records import MessageEnd, MessageStart, RunLifecycle, StreamOutput, TextDelta
 from streams.serialization import new_meta
@@ -135,3 +135,39 @@ async def test_a_subscriber_that_falls_behind_is_closed_not_buffered_forever() -
     only_run = Subscriber("th", "another-run", limit=3)
     only_run.push(events[0])
     assert not only_run.pending
+
+
+async def test_an_attached_subscriber_writes_through_its_sink_queued_events_first() -> None:
+    meta = new_meta("th", "tenant", 1)
+    events = [e for offset in range(5) for e in make_events(
+        0, offset, 0, meta, _out(1, "A:text:0", offset, TextDelta("x")))]
+    sub = Subscriber("th", None, limit=10)
+    sub.push(events[0])
+    written: list[list[SseEvent]] = []
+    room = [True]
+
+    def sink(batch: list[SseEvent]) -> bool:
+        written.append(batch)
+        return room[0]
+
+    sub.attach(sink)
+    assert written == [[events[0]]] and not sub.pending
+    sub.push(events[1])
+    assert written[-1] == [events[1]] and not sub.pending and sub.closed is None
+    room[0] = False  # the client stopped reading: closed, it resumes with Last-Event-ID
+    sub.push(events[2])
+    assert sub.closed == "overflow"
+    sub.push(events[3])
+    assert len(written) == 3
+    await sub.wait(5)  # a closed subscriber does not wait
+
+
+def test_the_aiohttp_internals_the_live_path_writes_through_are_there() -> None:
+    # gateway.streaming._Writer.write_now writes with aiohttp's payload writer's own
+    # framing; an aiohttp upgrade that moves it must fail here, not in production.
+    from aiohttp.http_writer import StreamWriter
+    from aiohttp.web import StreamResponse
+
+    assert callable(StreamWriter._write_chunked_payload) and callable(StreamWriter._write)
+    assert isinstance(StreamWriter.transport, property)
+    assert StreamResponse()._payload_writer is None  # set by prepare()
