@@ -53,8 +53,13 @@ async def _posts(stack: Stack, session: aiohttp.ClientSession, threads: list[str
     return latencies, statuses
 
 
-def _direct(stack: Stack, count: int, rate: float) -> list[float]:
-    """Produce PostUserMessage commands at `rate` to fresh threads; time each decision."""
+def _direct(stack: Stack, count: int, rate: float) -> tuple[list[float], list[float], list[float]]:
+    """Produce PostUserMessage commands at `rate` to fresh threads; time each decision.
+
+    Returns the latencies and their two parts: until the processor produced the
+    decision (its CreateTime, set by librdkafka at `produce`), and from then until a
+    read_committed consumer got it (the rest of the batch, the transaction's commit,
+    its markers, the fetch)."""
     settings = stack.settings
     topics = settings.topics
     producer = Producer({"bootstrap.servers": settings.bootstrap, "partitioner": "murmur2_random",
@@ -74,6 +79,9 @@ def _direct(stack: Stack, count: int, rate: float) -> list[float]:
     producer.flush(30)
     sent: dict[str, float] = {}
     latencies: list[float] = []
+    produced: list[float] = []  # due -> the decision's CreateTime
+    visible: list[float] = []  # CreateTime -> received
+    wall_offset = time.time() - time.perf_counter()
     done = threading.Event()
 
     def read() -> None:
@@ -85,7 +93,11 @@ def _direct(stack: Stack, count: int, rate: float) -> list[float]:
             meta, _event = decode_event(msg.value() or b"")
             due = sent.pop(meta.traceparent or "", None)
             if due is not None:
-                latencies.append((time.perf_counter() - due) * 1000)
+                now = time.perf_counter()
+                latencies.append((now - due) * 1000)
+                created = msg.timestamp()[1] / 1000 - wall_offset  # on the perf_counter scale
+                produced.append((created - due) * 1000)
+                visible.append((now - created) * 1000)
         done.set()
 
     reader = threading.Thread(target=read, daemon=True)
@@ -105,7 +117,14 @@ def _direct(stack: Stack, count: int, rate: float) -> list[float]:
     producer.flush(30)
     done.wait(count / rate + 70)
     consumer.close()
-    return latencies
+    return latencies, produced, visible
+
+
+def _parts(produced: list[float], visible: list[float]) -> str:
+    return (f"until the processor produced the decision p50 {percentile(produced, 50):.1f} / "
+            f"p99 {percentile(produced, 99):.1f} ms; then until a read_committed consumer had "
+            f"it p50 {percentile(visible, 50):.1f} / p99 {percentile(visible, 99):.1f} ms "
+            "(CreateTime has millisecond resolution)")
 
 
 def _figure(case: str, latencies: list[float], rate: float, cpu: dict[str, float], load: str,
@@ -139,14 +158,27 @@ async def _run(bootstrap: str, rate: float, seconds: float) -> list[Figure]:
             await asyncio.sleep(2.0)  # the runs just started finish
             load = load_text()
             stack.children["processor"].mark()
-            direct = await asyncio.to_thread(_direct, stack, count, rate)
+            direct, produced, visible = await asyncio.to_thread(_direct, stack, count, rate)
             cpu = {"processor": stack.children["processor"].cpu_since_mark() / count * 1e6}
-            baseline = _figure("direct Kafka", direct, rate, cpu, load)
+            baseline = _figure("direct Kafka", direct, rate, cpu, load, note=_parts(produced, visible))
             print(f"  direct    p50 {baseline.values['p50 ms']:.1f}  p99 "
                   f"{baseline.values['p99 ms']:.1f} ms  (load {load})", flush=True)
             for metric in ("p50 ms", "p99 ms"):
                 gateway.values[f"adds {metric}"] = gateway.values[metric] - baseline.values[metric]
-            return [gateway, baseline]
+            # The same round trip with the processor alone: what the stack's own load
+            # (answers streamed by the worker, ingested by the gateway) costs it.
+            for role in ("gateway", "worker"):
+                stack.children.pop(role).stop()
+            await asyncio.sleep(2.0)
+            load = load_text()
+            stack.children["processor"].mark()
+            alone, produced, visible = await asyncio.to_thread(_direct, stack, count, rate)
+            cpu = {"processor": stack.children["processor"].cpu_since_mark() / count * 1e6}
+            quiet = _figure("direct Kafka, processor alone", alone, rate, cpu, load,
+                            note=_parts(produced, visible))
+            print(f"  alone     p50 {quiet.values['p50 ms']:.1f}  p99 "
+                  f"{quiet.values['p99 ms']:.1f} ms  (load {load})", flush=True)
+            return [gateway, baseline, quiet]
     finally:
         stack.stop()
 
