@@ -8,7 +8,8 @@ clients. Then `bench.streamgen` writes one run per thread and deltas at 600/s in
 all for 10 s (each delta reaches clients/100 clients: 6k, 30k and 60k events/s
 offered, so that 10k clients can show the 50k/s target met or missed), each
 carrying its produce time; delivered events/s and latency are counted by the
-clients.
+clients, and the gateway reports (in /healthz) how long after its CreateTime each
+record's events were written to every client: the gateway's share of the latency.
 """
 
 from __future__ import annotations
@@ -49,6 +50,15 @@ async def _healthy(stack: Stack) -> None:
         await stack.healthy(session)
 
 
+async def _write_lag(stack: Stack) -> dict[str, float]:
+    """The gateway's own view (/healthz feed stats): from each record's CreateTime
+    until its events were written to every caught-up client, p50 and p99."""
+    async with aiohttp.ClientSession() as session, \
+            session.get(f"{stack.base}/healthz") as response:
+        lag = (await response.json())["feed"]["write_lag_ms"]
+    return {"gateway write p50 ms": lag["p50"], "gateway write p99 ms": lag["p99"]}
+
+
 def one(stack: Stack, threads: list[str], clients: int, rate: float, seconds: float) -> Figure:
     stack.start(["gateway"], nofile=NOFILE)
     gateway = stack.children["gateway"]
@@ -67,6 +77,7 @@ def one(stack: Stack, threads: list[str], clients: int, rate: float, seconds: fl
         sent, elapsed = asyncio.run(_generate(stack, threads, rate, seconds, readers))
         time.sleep(1.0)
         cpu = gateway.cpu_since_mark()
+        write_lag = asyncio.run(_write_lag(stack))
         clients_cpu = sum(reader.cpu_since_mark() for reader in readers)
         results = collect(readers, outs, seconds + 120)
     finally:
@@ -88,7 +99,7 @@ def one(stack: Stack, threads: list[str], clients: int, rate: float, seconds: fl
               "offered events/s": offered / elapsed, "delivered %": received / offered * 100,
               "p50 ms": percentile(latencies, 50), "p99 ms": percentile(latencies, 99),
               "KiB/idle conn": (rss1 - rss0) / max(connected, 1) / 1024,
-              "connect s": connect_s}
+              "connect s": connect_s, **write_lag}
     note = f"gateway RSS {rss0 / 2**20:.0f} MiB before the clients, {rss1 / 2**20:.0f} MiB with them"
     if failed:
         note += f"; {failed} clients failed to connect"

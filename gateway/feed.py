@@ -49,9 +49,10 @@ class Subscriber:
     """One SSE client's live events (of a thread, or of one run).
 
     Queued until its stream has caught up (replay and window); then `attach`
-    gives it a sink that writes each event to the client's connection as it is
-    ingested, with no task wake-up, timer or queue per event: at 10k clients that
-    was most of the gateway's CPU per delivered event (docs/benchmarks.md)."""
+    gives it a sink, and the feed writes what each ingested batch brought to the
+    client's connection at the end of that batch, with no task wake-up or timer per
+    event: at 10k clients those were most of the gateway's CPU per delivered event
+    (docs/benchmarks.md). Under load batches grow, and so do the writes."""
 
     __slots__ = ("_waiter", "closed", "limit", "pending", "run_id", "sink", "thread_id")
 
@@ -62,31 +63,39 @@ class Subscriber:
         self.sink: Callable[[list[SseEvent]], bool] | None = None
         self._waiter: asyncio.Future[None] | None = None  # set while a wait is on
 
-    def push(self, event: SseEvent) -> None:
+    def push(self, event: SseEvent) -> bool:
+        """Queue `event`. True if it is the first one queued for an attached sink since
+        its last `flush`: the feed then flushes this subscriber at the end of the batch
+        it is ingesting, so a client gets one write per batch, not one per event."""
         if self.closed is not None or (self.run_id is not None and event.run_id != self.run_id):
-            return
-        if self.sink is not None:
-            if not self.sink([event]):
-                self.close("overflow")
-            return
+            return False
         if len(self.pending) >= self.limit:
             self.close("overflow")
-            return
+            return False
         self.pending.append(event)
-        self._wake()
+        if self.sink is None:
+            self._wake()
+            return False
+        return len(self.pending) == 1
+
+    def flush(self) -> None:
+        """Write what is queued through the attached sink."""
+        if self.sink is None or not self.pending or self.closed is not None:
+            return
+        batch = list(self.pending)
+        self.pending.clear()
+        if not self.sink(batch):
+            self.close("overflow")
 
     def attach(self, sink: Callable[[list[SseEvent]], bool]) -> None:
-        """From now on, deliver through `sink` at once: the queued events first.
-        `sink` returns False when the client cannot take more (gone, or too far
-        behind); the subscriber is then closed and its client resumes."""
+        """From now on, deliver through `sink` (the queued events at once): the feed
+        calls it once per ingested batch. `sink` returns False when the client cannot
+        take more (gone, or too far behind); the subscriber is then closed and its
+        client resumes."""
         if self.closed is not None:
             return
-        queued = list(self.pending)
-        self.pending.clear()
-        if queued and not sink(queued):
-            self.close("overflow")
-            return
         self.sink = sink
+        self.flush()
 
     def close(self, reason: str) -> None:
         if self.closed is None:
@@ -153,6 +162,8 @@ class StreamFeed:
         self.last_offsets: dict[int, int] = {}
         self.subscribers: set[Subscriber] = set()
         self._windows: OrderedDict[str, _Window] = OrderedDict()
+        self._dirty: list[Subscriber] = []  # attached subscribers with events to write
+        self._lag_ms: deque[float] = deque(maxlen=20_000)  # record CreateTime -> written
         self._dropped_floor: dict[int, Position] = {}
         self._consumer_: AIOKafkaConsumer | None = None  # made in start(): needs the loop
         self._task: asyncio.Task[None] | None = None
@@ -252,9 +263,15 @@ class StreamFeed:
         return None if state is None else (window.active_run, state.start)
 
     def stats(self) -> dict[str, object]:
+        lag = sorted(self._lag_ms)
         return {"subscribers": len(self.subscribers), "windows": len(self._windows),
                 "start_offsets": dict(self.start_offsets),
-                "positions": {p: o + 1 for p, o in self.last_offsets.items()}}
+                "positions": {p: o + 1 for p, o in self.last_offsets.items()},
+                # Over the last records ingested (at most 20,000): from their producer's
+                # CreateTime until their events were written to every caught-up client.
+                "write_lag_ms": {"records": len(lag),
+                                 "p50": round(lag[len(lag) // 2], 1) if lag else None,
+                                 "p99": round(lag[int(len(lag) * 0.99)], 1) if lag else None}}
 
     # --- ingestion --------------------------------------------------------------------
 
@@ -284,9 +301,22 @@ class StreamFeed:
 
     async def _step(self) -> None:
         batch = await self._consumer.getmany(timeout_ms=1000, max_records=2000)
-        for tp, records in batch.items():
-            for record in records:
-                self.ingest(tp.partition, record)
+        try:
+            for tp, records in batch.items():
+                for record in records:
+                    self.ingest(tp.partition, record)
+        finally:
+            self.flush()
+        # Written to every caught-up client by now: how long after its producer did.
+        now_ms = time.time() * 1000
+        for records in batch.values():
+            self._lag_ms.extend(now_ms - r.timestamp for r in records)
+
+    def flush(self) -> None:
+        """Write what the ingested records brought to every attached subscriber."""
+        dirty, self._dirty = self._dirty, []
+        for sub in dirty:
+            sub.flush()
 
     def ingest(self, partition: int, record: ConsumerRecord[bytes, bytes]) -> None:
         self.last_offsets[partition] = record.offset
@@ -313,7 +343,8 @@ class StreamFeed:
         for event in make_events(partition, record.offset, state.start, meta, output):
             window.events.append(event)
             for sub in list(window.subscribers):
-                sub.push(event)
+                if sub.push(event):
+                    self._dirty.append(sub)
         if isinstance(output.payload, RunLifecycle):
             if output.payload.event == "run_accepted":
                 window.active_run = output.run_id

@@ -137,12 +137,12 @@ async def test_a_subscriber_that_falls_behind_is_closed_not_buffered_forever() -
     assert not only_run.pending
 
 
-async def test_an_attached_subscriber_writes_through_its_sink_queued_events_first() -> None:
+async def test_an_attached_subscriber_writes_once_per_flush_queued_events_first() -> None:
     meta = new_meta("th", "tenant", 1)
-    events = [e for offset in range(5) for e in make_events(
+    events = [e for offset in range(6) for e in make_events(
         0, offset, 0, meta, _out(1, "A:text:0", offset, TextDelta("x")))]
     sub = Subscriber("th", None, limit=10)
-    sub.push(events[0])
+    assert sub.push(events[0]) is False  # not attached: queued, its handler woken
     written: list[list[SseEvent]] = []
     room = [True]
 
@@ -152,12 +152,17 @@ async def test_an_attached_subscriber_writes_through_its_sink_queued_events_firs
 
     sub.attach(sink)
     assert written == [[events[0]]] and not sub.pending
-    sub.push(events[1])
-    assert written[-1] == [events[1]] and not sub.pending and sub.closed is None
+    assert sub.push(events[1]) is True  # the first since the flush: the feed notes it
+    assert sub.push(events[2]) is False
+    assert len(written) == 1
+    sub.flush()
+    assert written[-1] == [events[1], events[2]] and not sub.pending and sub.closed is None
     room[0] = False  # the client stopped reading: closed, it resumes with Last-Event-ID
-    sub.push(events[2])
-    assert sub.closed == "overflow"
     sub.push(events[3])
+    sub.flush()
+    assert sub.closed == "overflow"
+    assert sub.push(events[4]) is False
+    sub.flush()
     assert len(written) == 3
     await sub.wait(5)  # a closed subscriber does not wait
 
