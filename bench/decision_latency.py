@@ -165,10 +165,22 @@ async def _run(bootstrap: str, rate: float, seconds: float) -> list[Figure]:
                   f"{baseline.values['p99 ms']:.1f} ms  (load {load})", flush=True)
             for metric in ("p50 ms", "p99 ms"):
                 gateway.values[f"adds {metric}"] = gateway.values[metric] - baseline.values[metric]
+            # Without the answers: the worker stopped, so no run streams (the posts are
+            # decided and stay queued). What the gateway's path costs on a free CPU.
+            more = await stack.create_threads(session, count)
+            stack.children.pop("worker").stop()
+            await asyncio.sleep(2.0)
+            load = load_text()
+            stack.mark()
+            latencies, statuses = await _posts(stack, session, more, rate)
+            cpu = stack.cpu_us_per(count)
+            idle = _figure("gateway, no answers streaming", latencies, rate, cpu, load,
+                           "direct Kafka, processor alone")
+            print(f"  no worker p50 {idle.values['p50 ms']:.1f}  p99 "
+                  f"{idle.values['p99 ms']:.1f} ms  (load {load})", flush=True)
             # The same round trip with the processor alone: what the stack's own load
             # (answers streamed by the worker, ingested by the gateway) costs it.
-            for role in ("gateway", "worker"):
-                stack.children.pop(role).stop()
+            stack.children.pop("gateway").stop()
             await asyncio.sleep(2.0)
             load = load_text()
             stack.children["processor"].mark()
@@ -178,7 +190,9 @@ async def _run(bootstrap: str, rate: float, seconds: float) -> list[Figure]:
                             note=_parts(produced, visible))
             print(f"  alone     p50 {quiet.values['p50 ms']:.1f}  p99 "
                   f"{quiet.values['p99 ms']:.1f} ms  (load {load})", flush=True)
-            return [gateway, baseline, quiet]
+            for metric in ("p50 ms", "p99 ms"):
+                idle.values[f"adds {metric}"] = idle.values[metric] - quiet.values[metric]
+            return [gateway, baseline, idle, quiet]
     finally:
         stack.stop()
 
