@@ -166,7 +166,7 @@ def write_report(figures: list[Figure], meta: dict[str, object]) -> None:
         f"(commit {meta.get('commit') or git_head()}), {os.cpu_count()} cores, one embedded Kafka 3.9 broker "
         "on 127.0.0.1",
         f"- load average (1, 5, 15 min) before: {meta['load_before']}, after: "
-        f"{meta['load_after']} (other engineers' test suites share the machine)",
+        f"{meta['load_after']} (the machine is shared; each row has its own load)",
         "- CPU is user + system seconds of each process (all threads, librdkafka's "
         "included) over the measured interval, per event",
         "",
