@@ -38,6 +38,14 @@ older than the partition's log start offset gets `message_not_streaming` (run an
 message id; fetch `GET /v1/threads/{id}/messages`); a thread stream then starts as a
 fresh one would (the active run from its start, else live), a run stream closes.
 
+Delivery. A stream first catches up (Kafka replay, then the feed's window) while
+its live events queue; then it is attached, and the feed writes each ingested
+batch's events straight to the client's connection at the end of that batch (one
+write per client per batch; no task wake-up per event). A client whose connection
+holds more than 1 MiB unsent, or whose queue reaches `queue_limit` while it catches
+up, is closed and resumes with Last-Event-ID. `/healthz` reports the feed's write
+lag: a record's CreateTime until its events were written to every attached client.
+
 Limits. The read model holds every thread of the topic in memory (one ThreadState a
 thread, plus a run -> thread index); a RocksDB-backed store would lift that. Records
 the stream topic compacted away (older than its 30 min lag, keyed by thread) leave
