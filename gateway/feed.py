@@ -84,7 +84,12 @@ class Subscriber:
             return
         batch = list(self.pending)
         self.pending.clear()
-        if not self.sink(batch):
+        try:
+            taken = self.sink(batch)
+        except Exception:  # one broken connection must not stop the feed for the rest
+            log.exception("writing to a subscriber of %s failed", self.thread_id)
+            taken = False
+        if not taken:
             self.close("overflow")
 
     def attach(self, sink: Callable[[list[SseEvent]], bool]) -> None:

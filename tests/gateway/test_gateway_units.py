@@ -166,6 +166,15 @@ async def test_an_attached_subscriber_writes_once_per_flush_queued_events_first(
     assert len(written) == 3
     await sub.wait(5)  # a closed subscriber does not wait
 
+    def broken(batch: list[SseEvent]) -> bool:
+        raise ConnectionResetError("gone")
+
+    other = Subscriber("th", None, limit=10)
+    other.attach(broken)
+    other.push(events[5])
+    other.flush()  # does not raise into the feed: the subscriber is closed instead
+    assert other.closed == "overflow"
+
 
 def test_the_aiohttp_internals_the_live_path_writes_through_are_there() -> None:
     # gateway.streaming._Writer.write_now writes with aiohttp's payload writer's own
