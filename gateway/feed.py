@@ -127,13 +127,6 @@ class Subscriber:
             timer.cancel()
             self._waiter = None
 
-    async def next_batch(self, timeout_s: float) -> list[SseEvent]:
-        """The queued events, waiting up to `timeout_s` for one; [] on timeout."""
-        await self.wait(timeout_s)
-        batch = list(self.pending)
-        self.pending.clear()
-        return batch
-
 
 def _expire(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():

@@ -78,7 +78,7 @@ def test_every_truncation_is_refused(name: str, schema: Any, named: dict[str, An
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_a_corrupted_byte_is_refused_or_read_as_fastavro_reads_it(data: st.DataObject) -> None:
-    name, schema, named = data.draw(st.sampled_from(SCHEMAS))
+    _name, schema, named = data.draw(st.sampled_from(SCHEMAS))
     random.seed(data.draw(st.integers(0, 2**32)))
     encoded = bytearray(_encode(schema, next(iter(generate_many(schema, 1)))))
     at = data.draw(st.integers(0, len(encoded) - 1))
