@@ -154,14 +154,13 @@ def not_streaming_frame(thread_id: str, run_id: str | None) -> bytes:
 
 
 def _payload_fields(output: StreamOutput) -> tuple[str, dict[str, Any]]:
+    """Event name and fields of every part but a text delta (`make_events` has those)."""
     payload = output.payload
     match payload:
         case MessageStart():
             return "message_start", {"role": payload.role}
         case TextStart():
             return "text_start", {}
-        case TextDelta():
-            return "text_delta", {"delta": payload.delta}
         case TextEnd():
             return "text_end", {"text": payload.text}
         case StepOutput():
@@ -189,10 +188,11 @@ def _payload_fields(output: StreamOutput) -> tuple[str, dict[str, Any]]:
 
 def make_events(partition: int, offset: int, run_start: int, meta: EnvelopeMeta,
                 output: StreamOutput) -> list[SseEvent]:
-    """The SSE events of one admitted record, in order (sub 0, 1, ...)."""
+    """The SSE events of one admitted record, in order (sub 0, 1, ...). Text deltas,
+    most records, skip `_payload_fields`' match."""
     payload = output.payload
     run_id = output.run_id
-    if type(payload) is TextDelta:  # most records: the same event, without the match
+    if type(payload) is TextDelta:
         name = "text_delta"
         text = _COMPACT_JSON.encode({
             "thread_id": meta.thread_id, "run_id": run_id, "attempt": output.attempt,
@@ -203,8 +203,7 @@ def make_events(partition: int, offset: int, run_start: int, meta: EnvelopeMeta,
             "thread_id": meta.thread_id, "run_id": run_id, "attempt": output.attempt,
             "message_id": output.message_id, **fields})
     event_id = _encode_id(partition, offset, 0, run_start, run_id)
-    first = SseEvent(partition, offset, 0, run_start, run_id, name,
-                     f"id: {event_id}\nevent: {name}\ndata: {text}\n\n".encode())
+    first = SseEvent(partition, offset, 0, run_start, run_id, name, _frame(event_id, name, text))
     if name not in TERMINAL:
         return [first]
     done_id = _encode_id(partition, offset, 1, run_start, run_id)
