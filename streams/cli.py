@@ -6,22 +6,28 @@
     threadline worker      an agent worker
     threadline gateway     the HTTP/SSE gateway
     threadline connector   the chat (Slack Events API) and webhook connector
-    threadline run         broker, processor, worker and gateway, until Ctrl-C or SIGTERM
+    threadline run         broker, processor, worker and gateway, each restarted if it
+                           exits, until Ctrl-C or SIGTERM
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import signal
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from streams.config import Settings
+from streams.supervisor import ProcessChild, Supervisor
+
+if TYPE_CHECKING:
+    from streams.broker import EmbeddedKafka
 
 __all__ = ["main"]
 
@@ -74,54 +80,102 @@ def _connector(settings: Settings) -> int:
     return run_connector(settings)
 
 
+DEV_KEYS = "dev=dev"
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for `localhost` and addresses in 127.0.0.0/8 or ::1: reachable from this machine only."""
+    name = host.strip().strip("[]").rstrip(".").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def dev_keys_refusal(settings: Settings) -> str | None:
+    """Why `threadline run` must not fall back to the development key, or None if it may."""
+    if settings.api_keys or is_loopback_host(settings.http_host):
+        return None
+    return (f"threadline: refusing to start: THREADLINE_HTTP_HOST={settings.http_host!r} is not a "
+            "loopback address and THREADLINE_API_KEYS is unset, so anyone who can reach the gateway "
+            "would get in with the well-known development key 'dev'. Set THREADLINE_API_KEYS="
+            "key1=tenantA,... to keys of your own (or serve on 127.0.0.1).")
+
+
+@dataclass
+class _BrokerChild:
+    """The embedded broker as a supervised child; started (and ready) before the supervisor."""
+
+    broker: EmbeddedKafka
+    name: str = "broker"
+
+    def start(self) -> int:
+        if self.broker.process is None or self.broker.process.poll() is not None:
+            self.broker.start(wait_s=0)  # the roles wait for it themselves
+        assert self.broker.process is not None
+        return self.broker.process.pid
+
+    def poll(self) -> int | None:
+        process = self.broker.process
+        return None if process is None else process.poll()
+
+    def terminate(self) -> None:
+        if self.broker.process is not None and self.broker.process.poll() is None:
+            self.broker.process.terminate()
+
+    def wait(self, timeout_s: float) -> None:
+        self.broker.stop(timeout_s)
+
+
 def _run_all(settings: Settings) -> int:
-    """Start each role as a child process; stop them all on Ctrl-C or SIGTERM."""
+    """Start each role as a child process and keep it running (`streams.supervisor`);
+    stop them all on Ctrl-C or SIGTERM."""
     from streams.broker import EmbeddedKafka
     from streams.topics import ensure_topics
 
+    refusal = dev_keys_refusal(settings)
+    if refusal is not None:
+        print(refusal, file=sys.stderr, flush=True)
+        return 2
+    supervisor: Supervisor | None = None
+
+    def _stop(*_: object) -> None:
+        if supervisor is not None:
+            supervisor.stop()
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
     broker: EmbeddedKafka | None = None
     env = dict(os.environ)
-    if not settings.bootstrap_servers:
-        broker = EmbeddedKafka(settings.data_dir / "broker", port=settings.kafka_port)
-        print(f"threadline: starting the embedded Kafka broker on port {broker.port} ...", flush=True)
-        broker.start()
-        env["KAFKA_BOOTSTRAP_SERVERS"] = broker.bootstrap
-        settings = settings.with_(bootstrap_servers=broker.bootstrap)
-    if not settings.api_keys:
-        env["THREADLINE_API_KEYS"] = "dev=dev"
-        print("threadline: THREADLINE_API_KEYS is unset; accepting the development key "
-              "'dev' (Authorization: Bearer dev) for tenant 'dev'", flush=True)
-    ensure_topics(settings)
-    children: list[subprocess.Popen[bytes]] = []
     try:
-        for role in ("processor", "worker", "gateway"):
-            children.append(subprocess.Popen([sys.executable, "-m", "streams.cli", role], env=env))
+        if not settings.bootstrap_servers:
+            broker = EmbeddedKafka(settings.data_dir / "broker", port=settings.kafka_port)
+            print(f"threadline: starting the embedded Kafka broker on port {broker.port} ...", flush=True)
+            broker.start()
+            env["KAFKA_BOOTSTRAP_SERVERS"] = broker.bootstrap
+            settings = settings.with_(bootstrap_servers=broker.bootstrap)
+        if not settings.api_keys:
+            env["THREADLINE_API_KEYS"] = DEV_KEYS
+            print("threadline: THREADLINE_API_KEYS is unset; accepting the development key "
+                  "'dev' (Authorization: Bearer dev) for tenant 'dev' on this machine only", flush=True)
+        ensure_topics(settings)
+        roles = [ProcessChild(role, [sys.executable, "-m", "streams.cli", role], env)
+                 for role in ("processor", "worker", "gateway")]
+        supervisor = Supervisor(roles, base=None if broker is None else _BrokerChild(broker))
         print(f"threadline: gateway on http://{settings.http_host}:{settings.http_port} "
-              f"(Kafka {settings.bootstrap}); Ctrl-C stops everything", flush=True)
-        stop = {"now": False}
-
-        def _stop(*_: object) -> None:
-            stop["now"] = True
-
-        signal.signal(signal.SIGINT, _stop)
-        signal.signal(signal.SIGTERM, _stop)
-        while not stop["now"]:
-            for child in children:
-                if child.poll() is not None:
-                    print(f"threadline: {child.args!r} exited with {child.returncode}", flush=True)
-                    stop["now"] = True
-            time.sleep(0.2)
+              f"(Kafka {settings.bootstrap}); a role that exits is restarted; "
+              "Ctrl-C stops everything", flush=True)
+        supervisor.run()
+    except KeyboardInterrupt:  # a signal before the supervisor was running
+        pass
     finally:
-        for child in children:
-            if child.poll() is None:
-                child.terminate()
-        for child in children:
-            try:
-                child.wait(20)
-            except subprocess.TimeoutExpired:
-                child.kill()
         if broker is not None:
             broker.stop()
+    print("threadline: stopped", flush=True)
     return 0
 
 

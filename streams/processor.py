@@ -95,10 +95,11 @@ def _position(msg: Message) -> tuple[str, int, int]:
 
 def instance_id_for(settings: Settings) -> str:
     """Stable across restarts of the same instance (same data folder), so that a
-    restarted instance's `init_transactions` aborts what its crashed self left open."""
-    if settings.instance_id:
-        return settings.instance_id
-    return hashlib.sha1(str(settings.data_dir).encode()).hexdigest()[:12]
+    restarted instance's `init_transactions` aborts what its crashed self left open;
+    unique per data folder's contents, so replicas never fence each other."""
+    from streams.identity import instance_id  # here: the rest of this module is being rewritten
+
+    return instance_id(settings)
 
 
 @dataclass

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from streams.config import Settings
+from streams.identity import instance_id
 
 __all__ = ["ConnectorConfig", "instance_id_for"]
 
 
 def instance_id_for(settings: Settings) -> str:
     """Stable across restarts of one instance (same data folder): its transactional
-    id and static group membership, so a restart replaces its crashed self at once."""
-    if settings.instance_id:
-        return settings.instance_id
-    return "c" + hashlib.sha1(str(settings.data_dir).encode()).hexdigest()[:12]
+    id and static group membership, so a restart replaces its crashed self at once.
+    Unique per data folder's contents (`streams.identity`), so replicas never fence
+    each other."""
+    return instance_id(settings, prefix="c")
 
 
 def _float(env: Mapping[str, str], name: str, default: float) -> float:

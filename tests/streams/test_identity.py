@@ -1,0 +1,80 @@
+"""An instance's identity: stored in its data folder on first start, stable after,
+different for two folders even at the same path, overridable."""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+from pathlib import Path
+
+import pytest
+
+from streams.config import Settings
+from streams.connectors.config import instance_id_for as connector_id
+from streams.identity import ID_FILE, InstanceIdError, instance_id, stored_instance_id
+from streams.processor import instance_id_for as processor_id
+
+
+def _settings(data_dir: Path, **env: str) -> Settings:
+    return Settings.from_env({"THREADLINE_DATA_DIR": str(data_dir), "THREADLINE_INSTANCE_ID": "",
+                              **env})
+
+
+def test_the_first_start_stores_an_id_and_every_later_start_reads_it_back(tmp_path: Path) -> None:
+    folder = tmp_path / "var"  # not created yet: the first start makes it
+    first = stored_instance_id(folder)
+    assert (folder / ID_FILE).read_text().strip() == first
+    assert stored_instance_id(folder) == first
+    assert processor_id(_settings(folder)) == first
+    assert list(folder.iterdir()) == [folder / ID_FILE], "no temporary file is left behind"
+
+
+def test_two_replicas_with_the_same_data_path_get_different_ids(tmp_path: Path) -> None:
+    """Two containers from one image both use `/app/var`: same path, own contents."""
+    folder = tmp_path / "app" / "var"
+    first = processor_id(_settings(folder))
+    shutil.rmtree(folder)  # the second container's own, empty folder at the same path
+    second = processor_id(_settings(folder))
+    assert first != second
+
+
+def test_the_override_wins_and_nothing_is_written(tmp_path: Path) -> None:
+    settings = _settings(tmp_path / "var", THREADLINE_INSTANCE_ID="proc-7")
+    assert processor_id(settings) == "proc-7"
+    assert connector_id(settings) == "proc-7"
+    assert not (tmp_path / "var").exists()
+
+
+def test_the_connector_in_the_same_folder_keeps_apart_by_its_prefix(tmp_path: Path) -> None:
+    settings = _settings(tmp_path / "var")
+    assert connector_id(settings) == "c" + processor_id(settings)
+    assert instance_id(settings, prefix="c") == connector_id(settings)
+
+
+@pytest.mark.parametrize("content", ["", "two words\n", "x" * 300, "évian"])
+def test_an_unusable_id_file_is_refused_with_its_path(tmp_path: Path, content: str) -> None:
+    (tmp_path / ID_FILE).write_text(content)
+    with pytest.raises(InstanceIdError, match=ID_FILE):
+        stored_instance_id(tmp_path)
+
+
+def test_an_id_written_by_an_operator_is_used_as_is(tmp_path: Path) -> None:
+    (tmp_path / ID_FILE).write_text("eu-west-processor-3\n")
+    assert processor_id(_settings(tmp_path)) == "eu-west-processor-3"
+
+
+def _start(folder: str, out: multiprocessing.Queue[str]) -> None:
+    out.put(stored_instance_id(Path(folder)))
+
+
+def test_starts_racing_on_one_empty_folder_agree_on_one_id(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("spawn")
+    out: multiprocessing.Queue[str] = context.Queue()
+    procs = [context.Process(target=_start, args=(str(tmp_path / "var"), out)) for _ in range(6)]
+    for p in procs:
+        p.start()
+    ids = {out.get(timeout=60) for _ in procs}
+    for p in procs:
+        p.join()
+    assert len(ids) == 1
+    assert ids == {(tmp_path / "var" / ID_FILE).read_text().strip()}
