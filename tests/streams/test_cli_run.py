@@ -1,0 +1,152 @@
+"""`threadline run` as a real process on the session broker: a role killed with
+SIGKILL is restarted and the stack keeps serving; the development key only on a
+loopback host."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streams.broker import free_port
+from streams.cli import dev_keys_refusal, is_loopback_host
+from streams.config import Settings
+from tests.kafka_helpers import wait_for
+
+DEV = {"Authorization": "Bearer dev"}
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "::1", "[::1]", "localhost", "LOCALHOST."])
+def test_loopback_hosts(host: str) -> None:
+    assert is_loopback_host(host)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "10.0.0.5", "example.com", "localhost.example",
+                                  "128.0.0.1"])
+def test_hosts_reachable_from_elsewhere(host: str) -> None:
+    assert not is_loopback_host(host)
+
+
+def test_the_dev_key_is_refused_off_loopback_unless_keys_are_set() -> None:
+    def refusal(**env: str) -> str | None:
+        return dev_keys_refusal(Settings.from_env({"THREADLINE_API_KEYS": "", **env}))
+
+    assert refusal(THREADLINE_HTTP_HOST="127.0.0.1") is None
+    assert refusal(THREADLINE_HTTP_HOST="0.0.0.0", THREADLINE_API_KEYS="k=t") is None
+    message = refusal(THREADLINE_HTTP_HOST="0.0.0.0")
+    assert message is not None and "THREADLINE_API_KEYS" in message and "'0.0.0.0'" in message
+
+
+def _threadline_run(env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "streams.cli", "run"],
+            env={**os.environ, **env, "PYTHONUNBUFFERED": "1"}, cwd=cwd,
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def test_run_refuses_the_dev_key_on_a_public_host(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    # An unreachable broker: the refusal comes before any Kafka work.
+    proc = _threadline_run({"THREADLINE_HTTP_HOST": "0.0.0.0", "THREADLINE_API_KEYS": "",
+                            "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"}, log, tmp_path)
+    assert proc.wait(60) == 2
+    text = log.read_text()
+    assert "refusing to start" in text and "THREADLINE_API_KEYS" in text, text
+
+
+def _http(method: str, url: str, body: Any = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={**DEV, "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+    except (urllib.error.URLError, OSError) as exc:
+        return 0, str(exc)
+
+
+def _children(pid: int) -> dict[str, int]:
+    """The role processes `threadline run` started: role -> pid."""
+    found: dict[str, int] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            if b"streams.cli" in argv:
+                found[argv[argv.index(b"streams.cli") + 1].decode()] = int(child)
+    return found
+
+
+@pytest.fixture
+def stack(test_env: dict[str, str], tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
+    port = free_port()
+    env = {**test_env, "THREADLINE_HTTP_HOST": "127.0.0.1", "THREADLINE_HTTP_PORT": str(port),
+           "THREADLINE_API_KEYS": "", "THREADLINE_AGENT_TOKENS_PER_S": "0",
+           "THREADLINE_DECISION_TIMEOUT_S": "20"}
+    log = tmp_path / "run.log"
+    proc = _threadline_run(env, log, tmp_path)
+    try:
+        yield proc, f"http://127.0.0.1:{port}", log
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _healthy(base: str) -> None:
+    wait_for(lambda: _http("GET", f"{base}/healthz")[0] == 200, timeout=120, interval=0.3)
+
+
+def _answered(base: str, text: str) -> None:
+    """A new thread and message are accepted, and the answer is stored."""
+    status, thread = _http("POST", f"{base}/v1/threads", {"title": "supervised"})
+    assert status == 201, thread
+    thread_id = thread["thread_id"]
+    status, run = _http("POST", f"{base}/v1/threads/{thread_id}/user_message", {"input_text": text})
+    assert status == 202, run
+
+    def answer() -> Any:
+        status, body = _http("GET", f"{base}/v1/threads/{thread_id}/messages")
+        return status == 200 and [m for m in body["messages"] if m["role"] == "assistant"]
+
+    stored = wait_for(answer, timeout=120, interval=0.3)
+    assert len(stored) == 1 and stored[0]["text"], stored
+
+
+@pytest.mark.kafka
+@pytest.mark.chaos
+def test_run_restarts_a_killed_processor_and_gateway_and_keeps_serving(
+        stack: tuple[subprocess.Popen[bytes], str, Path]) -> None:
+    proc, base, log = stack
+    _healthy(base)
+    _answered(base, "before the kills")
+    assert "accepting the development key 'dev'" in log.read_text()
+    for role in ("processor", "gateway"):
+        victim = _children(proc.pid)[role]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda role=role, victim=victim:  # type: ignore[misc]
+                 f"role {role} (pid {victim}) killed by SIGKILL" in log.read_text()
+                 and _children(proc.pid).get(role) not in (None, victim), timeout=120)
+        assert "restarting it in 0.5 s (failure 1 in a row)" in log.read_text()
+    assert proc.poll() is None, "the stack stopped"
+    _healthy(base)
+    _answered(base, "after the kills")
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0  # SIGTERM stops it, children included
+    assert "threadline: stopped" in log.read_text()
