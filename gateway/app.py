@@ -28,6 +28,7 @@ from gateway.problems import problem_middleware
 from gateway.read_model import ReadModel
 from streams.config import Settings
 from streams.domain import Event
+from streams.kafka_security import aiokafka_config
 from streams.topics import ensure_topics
 
 __all__ = ["Options", "create_app", "run_gateway"]
@@ -54,7 +55,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     app[OFFSETS] = offsets
     app[FEED] = StreamFeed(settings, read_model, offsets, window_events=options.window_events,
                            max_windows=options.max_windows, queue_limit=options.queue_limit)
-    app[HEALTH] = HealthProbe(settings.bootstrap)
+    app[HEALTH] = HealthProbe(settings.bootstrap, aiokafka_config(settings))
     app.cleanup_ctx.append(_kafka)
     app.on_shutdown.append(_close_streams)
     app.router.add_get("/healthz", healthz)

@@ -25,6 +25,7 @@ from gateway.kafka import new_consumer, run_forever, stop_client, stop_task, top
 from gateway.problems import Problem
 from streams.config import Settings
 from streams.domain import TERMINAL_EVENTS, Command, Event
+from streams.kafka_security import aiokafka_config
 from streams.serialization import DecodeError, decode_event, encode_command, new_meta
 
 __all__ = ["CommandBus", "new_traceparent"]
@@ -54,8 +55,7 @@ class CommandBus:
 
     async def start(self) -> None:
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.settings.bootstrap, acks="all", enable_idempotence=True,
-            linger_ms=2)
+            **aiokafka_config(self.settings), acks="all", enable_idempotence=True, linger_ms=2)
         await self._producer.start()
         consumer = self._consumer = new_consumer(self.settings)
         await consumer.start()

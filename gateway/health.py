@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -25,8 +26,9 @@ __all__ = ["HEALTH", "HealthProbe", "healthz"]
 class HealthProbe:
     """Asks the broker about itself and the consumer groups."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, client_args: Mapping[str, object] | None = None) -> None:
         self.bootstrap = bootstrap
+        self.client_args = dict(client_args or {})  # TLS and SASL: streams.kafka_security
         self._admin: AIOKafkaAdminClient | None = None
         self._lock = asyncio.Lock()  # one probe at a time shares one client
 
@@ -55,7 +57,7 @@ class HealthProbe:
 
     async def _client(self, timeout_s: float) -> AIOKafkaAdminClient:
         if self._admin is None:
-            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap,
+            admin = AIOKafkaAdminClient(**{**self.client_args, "bootstrap_servers": self.bootstrap},
                                         request_timeout_ms=int(timeout_s * 1000))
             try:
                 await admin.start()

@@ -13,6 +13,7 @@ from aiokafka.structs import OffsetAndTimestamp
 
 from streams.aio import stop_client
 from streams.config import Settings
+from streams.kafka_security import aiokafka_config
 
 __all__ = ["Offsets", "new_consumer", "partition_for", "run_forever", "stop_client", "stop_task",
            "topic_partitions"]
@@ -33,7 +34,7 @@ def topic_partitions(settings: Settings, topic: str) -> list[TopicPartition]:
 def new_consumer(settings: Settings, **overrides: object) -> AIOKafkaConsumer:
     """A group-less, read_committed consumer; the caller assigns partitions."""
     config: dict[str, object] = {
-        "bootstrap_servers": settings.bootstrap,
+        **aiokafka_config(settings),
         "group_id": None,
         "enable_auto_commit": False,
         "isolation_level": "read_committed",

@@ -16,6 +16,8 @@ import base64
 import contextlib
 import ctypes
 import os
+import re
+import secrets
 import shutil
 import signal
 import socket
@@ -39,6 +41,9 @@ __all__ = [
 KAFKA_VERSION = "3.9.1"
 POM = Path(__file__).resolve().parent.parent / "infra" / "kafka" / "pom.xml"
 HEAP = os.environ.get("THREADLINE_KAFKA_HEAP", "-Xms256m -Xmx1g")
+SCRAM = "SCRAM-SHA-512"
+BROKER_USER = "threadline-broker"  # the broker's own SCRAM user, inter-broker and readiness
+_SCRAM_SAFE = re.compile(r"[A-Za-z0-9._-]+")  # nothing to escape in the JAAS line or StorageTool's syntax
 
 
 class BrokerError(RuntimeError):
@@ -133,6 +138,10 @@ class EmbeddedKafka:
     replication_factor: int = 1
     min_insync_replicas: int = 1
     heap: str = HEAP
+    # name -> password: the client listener then takes SASL/SCRAM-SHA-512 only, with
+    # these users created when the storage is formatted (and a user of its own).
+    scram_users: dict[str, str] = field(default_factory=dict, repr=False)
+    broker_password: str = field(default="", repr=False)  # kept in the data folder
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -149,20 +158,33 @@ class EmbeddedKafka:
         return f"127.0.0.1:{self.port}"
 
     @property
+    def sasl(self) -> bool:
+        return bool(self.scram_users)
+
+    @property
+    def client_security(self) -> dict[str, str]:
+        """librdkafka settings of the broker's own user (for its readiness probe and admins)."""
+        if not self.sasl:
+            return {}
+        return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": SCRAM,
+                "sasl.username": BROKER_USER, "sasl.password": self.broker_password}
+
+    @property
     def log_file(self) -> Path:
         return self.data_dir / "server.log"
 
     def properties(self) -> str:
         rf, isr = self.replication_factor, self.min_insync_replicas
-        props = {
+        listener = "SASL_PLAINTEXT" if self.sasl else "PLAINTEXT"
+        props: dict[str, object] = {
             "process.roles": "broker,controller",
             "node.id": self.node_id,
             "controller.quorum.voters": self.voters,
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "listeners": f"{listener}://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"{listener}://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "inter.broker.listener.name": listener,
+            "listener.security.protocol.map": f"CONTROLLER:PLAINTEXT,{listener}:{listener}",
             "log.dirs": self.data_dir / "logs",
             "auto.create.topics.enable": "false",
             "num.partitions": 1,
@@ -182,11 +204,28 @@ class EmbeddedKafka:
             "num.io.threads": 4,
             "log.flush.interval.messages": 9223372036854775807,
         }
+        if self.sasl:
+            props |= {
+                "sasl.enabled.mechanisms": SCRAM,
+                "sasl.mechanism.inter.broker.protocol": SCRAM,
+                "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config":
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required "
+                    f'username="{BROKER_USER}" password="{self.broker_password}";',
+            }
         return "".join(f"{k}={v}\n" for k, v in props.items())
 
     def _prepare(self) -> tuple[Path, Path, Path]:
         libs = ensure_jars()
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.sasl and not self.broker_password:
+            # The SCRAM credentials live in the cluster metadata from the first format
+            # on, so the broker's own password must survive restarts.
+            secret = self.data_dir / "broker-password"
+            if not secret.exists():
+                fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as out:
+                    out.write(secrets.token_hex(24))
+            self.broker_password = secret.read_text().strip()
         config = self.data_dir / "server.properties"
         config.write_text(self.properties())
         log4j = self.data_dir / "log4j.properties"
@@ -196,6 +235,11 @@ class EmbeddedKafka:
             if not self.cluster_id:
                 self.cluster_id = _kafka_uuid()
             args = ["format", "-t", self.cluster_id, "-c", str(config), "--ignore-formatted"]
+            users = {**self.scram_users, BROKER_USER: self.broker_password} if self.sasl else {}
+            for name, password in users.items():
+                if not _SCRAM_SAFE.fullmatch(name) or not _SCRAM_SAFE.fullmatch(password):
+                    raise BrokerError(f"SCRAM user {name!r}: names and passwords are [A-Za-z0-9._-]+")
+                args += ["--add-scram", f"{SCRAM}=[name={name},password={password}]"]
             proc = subprocess.run(
                 _java(libs, "kafka.tools.StorageTool", args, log4j, "-Xmx256m"),
                 capture_output=True, text=True, check=False,
@@ -221,7 +265,7 @@ class EmbeddedKafka:
         from confluent_kafka.admin import AdminClient
 
         deadline = time.monotonic() + wait_s
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0, **self.client_security})
         last: Exception | None = None
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:

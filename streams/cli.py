@@ -34,10 +34,26 @@ __all__ = ["main"]
 log = logging.getLogger("threadline")
 
 
-def _broker(settings: Settings) -> int:
-    from streams.broker import KAFKA_VERSION, EmbeddedKafka
+def _embedded_broker(settings: Settings) -> EmbeddedKafka:
+    """The embedded broker of `settings`: with SASL/SCRAM-SHA-512 on its listener when
+    the clients are given SCRAM credentials (THREADLINE_KAFKA_SASL_USERNAME/_PASSWORD),
+    that user then being created when its storage is first formatted."""
+    from streams.broker import SCRAM, EmbeddedKafka
 
-    broker = EmbeddedKafka(settings.data_dir / "broker", port=settings.kafka_port)
+    security = settings.kafka_security
+    users: dict[str, str] = {}
+    if security.get("sasl.mechanism") == SCRAM and security.get("security.protocol") == "SASL_PLAINTEXT":
+        users[security["sasl.username"]] = security["sasl.password"]
+    elif security:
+        raise SystemExit("threadline: the embedded broker offers PLAINTEXT or SASL_PLAINTEXT with "
+                         f"{SCRAM} only; set KAFKA_BOOTSTRAP_SERVERS to use another cluster")
+    return EmbeddedKafka(settings.data_dir / "broker", port=settings.kafka_port, scram_users=users)
+
+
+def _broker(settings: Settings) -> int:
+    from streams.broker import KAFKA_VERSION
+
+    broker = _embedded_broker(settings)
     broker.start()
     print(f"threadline: Kafka {KAFKA_VERSION} (KRaft) serving on {broker.bootstrap}", flush=True)
     try:
@@ -132,7 +148,6 @@ class _BrokerChild:
 def _run_all(settings: Settings) -> int:
     """Start each role as a child process and keep it running (`streams.supervisor`);
     stop them all on Ctrl-C or SIGTERM."""
-    from streams.broker import EmbeddedKafka
     from streams.topics import ensure_topics
 
     refusal = dev_keys_refusal(settings)
@@ -153,7 +168,7 @@ def _run_all(settings: Settings) -> int:
     env = dict(os.environ)
     try:
         if not settings.bootstrap_servers:
-            broker = EmbeddedKafka(settings.data_dir / "broker", port=settings.kafka_port)
+            broker = _embedded_broker(settings)
             print(f"threadline: starting the embedded Kafka broker on port {broker.port} ...", flush=True)
             broker.start()
             env["KAFKA_BOOTSTRAP_SERVERS"] = broker.bootstrap

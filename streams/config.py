@@ -83,6 +83,8 @@ class Settings:
     session_timeout_ms: int  # consumer-group liveness: how fast a dead member's partitions move
     processing_guarantee: str  # "exactly_once" (default) | "at_least_once" (benchmarks only)
     extra: Mapping[str, str] = field(default_factory=dict)
+    # TLS and SASL settings of every Kafka client, as librdkafka keys (streams/kafka_security.py)
+    kafka_security: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def topics(self) -> TopicNames:
@@ -99,6 +101,8 @@ class Settings:
 
     @classmethod
     def from_env(cls, overrides: Mapping[str, str] | None = None) -> Settings:
+        from streams.kafka_security import security_from_env
+
         env: dict[str, str] = dict(os.environ)
         env.update(overrides or {})
         policy = Policy(
@@ -142,4 +146,5 @@ class Settings:
             session_timeout_ms=_ms(env, "THREADLINE_SESSION_TIMEOUT_S", 10.0),
             processing_guarantee=guarantee,
             extra={k: v for k, v in env.items() if k.startswith("THREADLINE_AGENT_")},
+            kafka_security=security_from_env(env),
         )

@@ -18,6 +18,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from streams.config import Settings
+from streams.kafka_security import librdkafka_config
 
 __all__ = ["TopicMismatch", "TopicSpec", "ensure_specs", "ensure_topics", "topic_specs"]
 
@@ -68,7 +69,7 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
 
 
 def _admin(settings: Settings) -> AdminClient:
-    return AdminClient({"bootstrap.servers": settings.bootstrap, "log_level": 0})
+    return AdminClient(librdkafka_config(settings, log_level=0))
 
 
 def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[TopicSpec]:
@@ -93,7 +94,7 @@ def ensure_specs(settings: Settings, specs: list[TopicSpec], timeout_s: float = 
             except Exception as exc:  # a racing creator is fine
                 if "TOPIC_ALREADY_EXISTS" not in str(exc):
                     raise
-    _verify(admin, specs, timeout_s, settings.bootstrap)
+    _verify(admin, specs, timeout_s, settings)
     return specs
 
 
@@ -110,7 +111,7 @@ def _cleanup_policy(admin: AdminClient, topic: str, deadline: float) -> str:
             time.sleep(0.2)
 
 
-def _verify(admin: AdminClient, specs: list[TopicSpec], timeout_s: float, bootstrap: str) -> None:
+def _verify(admin: AdminClient, specs: list[TopicSpec], timeout_s: float, settings: Settings) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         topics = admin.list_topics(timeout=timeout_s).topics
@@ -131,16 +132,15 @@ def _verify(admin: AdminClient, specs: list[TopicSpec], timeout_s: float, bootst
                             f"{spec.config['cleanup.policy']}")
     if problems:
         raise TopicMismatch("existing topics disagree with the contract:\n  " + "\n  ".join(problems))
-    _wait_until_served(bootstrap, specs, deadline)
+    _wait_until_served(settings, specs, deadline)
 
 
-def _wait_until_served(bootstrap: str, specs: list[TopicSpec], deadline: float) -> None:
+def _wait_until_served(settings: Settings, specs: list[TopicSpec], deadline: float) -> None:
     """Wait until every partition's leader has created its log. Metadata shows a new
     topic before that; a produce in the gap fails and, seen on a loaded machine,
     librdkafka's idempotent producer can then take the retry for a duplicate and
     report success for records never written."""
-    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "threadline-topics",
-                      "log_level": 0})
+    probe = Consumer(librdkafka_config(settings, **{"group.id": "threadline-topics", "log_level": 0}))
     try:
         pending = [TopicPartition(s.name, p) for s in specs for p in range(s.partitions)]
         while pending:

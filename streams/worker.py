@@ -81,6 +81,7 @@ from streams.domain import (
     ReportHeartbeat,
     Step,
 )
+from streams.kafka_security import aiokafka_config
 from streams.records import (
     CitationsOutput,
     Dispatch,
@@ -197,7 +198,7 @@ class _LifecycleWatch:
         self.caught_up: set[int] = set()  # read to the end at least once since assignment
         self._ready = asyncio.Event()  # set while `follow` is not under way
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap, client_id=f"{client_id}-lifecycle",
+            **aiokafka_config(settings), client_id=f"{client_id}-lifecycle",
             group_id=None, enable_auto_commit=False, isolation_level="read_committed",
             auto_offset_reset="latest", request_timeout_ms=15_000,
             # Most records here are other executions' text deltas: without a minimum,
@@ -575,11 +576,11 @@ class Worker:
         self.executions: dict[tuple[int, int], _Execution] = {}
         self.by_run: dict[str, set[_Execution]] = {}
         self.producer = AIOKafkaProducer(
-            bootstrap_servers=settings.bootstrap, client_id=f"worker-{self.worker_id}",
+            **aiokafka_config(settings), client_id=f"worker-{self.worker_id}",
             acks="all", enable_idempotence=True,  # the default partitioner is murmur2
         )
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap, client_id=f"worker-{self.worker_id}",
+            **aiokafka_config(settings), client_id=f"worker-{self.worker_id}",
             group_id=f"{settings.topic_prefix}worker", enable_auto_commit=False,
             isolation_level="read_committed", auto_offset_reset="earliest",
             session_timeout_ms=settings.session_timeout_ms,

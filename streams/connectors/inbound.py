@@ -34,6 +34,7 @@ from streams.connectors.slack_events import Turn, turn_of, verify
 from streams.connectors.stats import ConnectorStats
 from streams.connectors.topics import audit_topic
 from streams.domain import CreateThread, PostUserMessage
+from streams.kafka_security import librdkafka_config
 from streams.serialization import encode_command, new_meta
 
 __all__ = ["KafkaWriter", "WriteFailed", "create_inbound_app"]
@@ -56,11 +57,11 @@ class KafkaWriter:
 
     def __init__(self, settings: Settings, client_id: str, timeout_s: float) -> None:
         self.timeout_s = timeout_s
-        self.producer = Producer({
-            "bootstrap.servers": settings.bootstrap, "client.id": client_id, "log_level": 3,
+        self.producer = Producer(librdkafka_config(settings, **{
+            "client.id": client_id, "log_level": 3,
             "acks": "all", "enable.idempotence": True, "partitioner": "murmur2_random",
             "linger.ms": 1, "message.timeout.ms": max(1, int(timeout_s * 1000)),
-        })
+        }))
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="inbound-producer", daemon=True)
         self._poller.start()

@@ -52,6 +52,7 @@ from streams.connectors.delivery import Calls, Job
 from streams.connectors.outbox import ChatOutbox, OutboxKind, Sinks, plan
 from streams.connectors.stats import ConnectorStats
 from streams.connectors.topics import audit_topic, outbox_topic
+from streams.kafka_security import librdkafka_config
 from streams.serialization import DecodeError, decode_event
 
 __all__ = ["Relay"]
@@ -83,8 +84,7 @@ class Relay:
         self.unrecorded: list[tuple[Job, Outcome]] = []
         self.paused_until = 0.0
         self.draining = False
-        common = {"bootstrap.servers": settings.bootstrap, "log_level": 3,
-                  "client.id": f"connector-{instance_id}"}
+        common = librdkafka_config(settings, **{"log_level": 3, "client.id": f"connector-{instance_id}"})
         self.consumer = Consumer({
             **common, "group.id": self.group_id, "group.instance.id": instance_id,
             "enable.auto.commit": False, "auto.offset.reset": config.offset_reset,
@@ -180,9 +180,9 @@ class Relay:
     def _restore(self, partitions: list[int]) -> dict[int, dict[bytes, ChatOutbox]]:
         """The newest committed outbox of every thread in `partitions`."""
         tables: dict[int, dict[bytes, ChatOutbox]] = {p: {} for p in partitions}
-        reader = Consumer({"bootstrap.servers": self.settings.bootstrap, "log_level": 3,
-                           "group.id": f"{self.group_id}-restore", "enable.auto.commit": False,
-                           "isolation.level": "read_committed", "enable.partition.eof": True})
+        reader = Consumer(librdkafka_config(self.settings, **{
+            "log_level": 3, "group.id": f"{self.group_id}-restore", "enable.auto.commit": False,
+            "isolation.level": "read_committed", "enable.partition.eof": True}))
         try:
             todo = set()
             for p in partitions:
