@@ -142,6 +142,9 @@ class EmbeddedKafka:
     # these users created when the storage is formatted (and a user of its own).
     scram_users: dict[str, str] = field(default_factory=dict, repr=False)
     broker_password: str = field(default="", repr=False)  # kept in the data folder
+    # With SASL: run the StandardAuthorizer (nothing allowed without an ACL) with
+    # these users and the broker's own as super users.
+    super_users: tuple[str, ...] | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -211,6 +214,15 @@ class EmbeddedKafka:
                 "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config":
                     "org.apache.kafka.common.security.scram.ScramLoginModule required "
                     f'username="{BROKER_USER}" password="{self.broker_password}";',
+            }
+        if self.sasl and self.super_users is not None:
+            # ANONYMOUS is only ever the PLAINTEXT controller listener on 127.0.0.1:
+            # the node's own broker-to-controller traffic.
+            supers = [BROKER_USER, "ANONYMOUS", *self.super_users]
+            props |= {
+                "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                "allow.everyone.if.no.acl.found": "false",
+                "super.users": ";".join(f"User:{u}" for u in supers),
             }
         return "".join(f"{k}={v}\n" for k, v in props.items())
 

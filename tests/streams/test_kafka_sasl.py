@@ -1,23 +1,34 @@
-"""The embedded broker with SASL/SCRAM-SHA-512 on its listener (its own broker, not
+"""The embedded broker with SASL/SCRAM-SHA-512 on its listener (its own brokers, not
 the session's): an unauthenticated client and a wrong password are refused; a
 role given its credentials through the environment works, over librdkafka
-(topic set-up) and over aiokafka (the worker)."""
+(topic set-up) and over aiokafka (the worker). With an authorizer, the ACLs of
+docs/security.md (parsed from its block of kafka-acls commands) let each role do
+its work and no more."""
 
 from __future__ import annotations
 
+import re
+import shlex
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # exported, not in its __all__
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+)
 
 from streams.broker import EmbeddedKafka
 from streams.config import Settings
 from streams.kafka_security import aiokafka_config, librdkafka_config
 from streams.topics import ensure_topics
-from tests.kafka_helpers import RoleProcess, wait_for
+from tests.kafka_helpers import ROOT, RoleProcess, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -94,6 +105,115 @@ def test_roles_with_credentials_work(sasl_broker: EmbeddedKafka, tmp_path: Path)
                   "THREADLINE_KAFKA_SASL_PASSWORD": USERS["worker"]}
     worker = RoleProcess("worker", worker_env, tmp_path / "worker.log").start()
     try:  # aiokafka: the worker's producer, group consumer and lifecycle reader
+        wait_for(lambda: "assigned dispatch partitions" in worker.tail(200) or not worker.alive(),
+                 timeout=120)
+        assert worker.alive(), worker.tail()
+    finally:
+        worker.stop()
+
+
+# --- the ACLs of docs/security.md, applied verbatim to a broker with an authorizer ---
+
+PRINCIPALS = ("operator", "gateway", "processor", "worker", "connector", "analytics")
+
+
+@pytest.fixture(scope="module")
+def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
+    broker = EmbeddedKafka(tmp_path_factory.mktemp("acl-broker"), port=0,
+                           scram_users={p: f"{p}-secret" for p in PRINCIPALS}, super_users=("operator",))
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def _docs_acl_script() -> str:
+    text = (ROOT / "docs" / "security.md").read_text()
+    found = re.search(r"```sh\n(P=threadline\.\n.*?)```", text, re.S)
+    assert found, "the ACL block of docs/security.md"
+    return found.group(1)
+
+
+_RESOURCES = {"--topic": ResourceType.TOPIC, "--group": ResourceType.GROUP,
+              "--transactional-id": ResourceType.TRANSACTIONAL_ID}
+
+
+def _docs_acls(prefix: str) -> list[AclBinding]:
+    """The `acl ...` lines of the block (`kafka-acls.sh ... --add`), parsed strictly:
+    a flag this parser does not know fails the test rather than being skipped."""
+    script = _docs_acl_script().replace("\\\n", " ")
+    bindings: list[AclBinding] = []
+    for line in script.splitlines():
+        if not line.startswith("acl "):
+            continue
+        words = shlex.split(line.replace("${P}", prefix).replace("$P", prefix))[1:]
+        principals, operations, resources = [], [], []
+        pattern = ResourcePatternType.LITERAL
+        while words:
+            flag = words.pop(0)
+            if flag == "--cluster":
+                resources.append((ResourceType.BROKER, "kafka-cluster"))
+                continue
+            value = words.pop(0)
+            if flag == "--allow-principal":
+                principals.append(value)
+            elif flag == "--operation":
+                operations.append(AclOperation[re.sub(r"(?<!^)(?=[A-Z])", "_", value).upper()])
+            elif flag == "--resource-pattern-type":
+                pattern = ResourcePatternType[value.upper()]
+            elif flag in _RESOURCES:
+                resources.append((_RESOURCES[flag], value))
+            else:
+                raise AssertionError(f"unknown kafka-acls flag {flag} in docs/security.md")
+        assert principals and operations and resources, line
+        bindings += [AclBinding(kind, name, pattern, who, "*", op, AclPermissionType.ALLOW)
+                     for who in principals for op in operations for kind, name in resources]
+    return bindings
+
+
+def _apply_docs_acls(broker: EmbeddedKafka, prefix: str) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap, "log_level": 0, **broker.client_security})
+    for binding, done in admin.create_acls(_docs_acls(prefix), request_timeout=30).items():
+        assert done.result(30) is None, binding
+
+
+def _produce_error(settings: Settings, user: str, topic: str) -> KafkaError | None:
+    """The delivery error of one record written to `topic` as `user`, or None."""
+    outcome: list[KafkaError | None] = []
+    producer = Producer({"bootstrap.servers": settings.bootstrap, "log_level": 0,
+                         "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
+                         "sasl.username": user, "sasl.password": f"{user}-secret",
+                         "message.timeout.ms": 20_000,
+                         "on_delivery": lambda err, _msg: outcome.append(err)})
+    producer.produce(topic, b"x", b"k")
+    producer.flush(30)
+    assert len(outcome) == 1
+    return outcome[0]
+
+
+def test_the_documented_acls_let_each_role_do_its_work_and_no_more(
+        acl_broker: EmbeddedKafka, tmp_path: Path) -> None:
+    operator = _env(acl_broker, tmp_path, "operator", "operator-secret")
+    settings = Settings.from_env(operator)
+    ensure_topics(settings)  # the operator creates the topics
+    _apply_docs_acls(acl_broker, settings.topic_prefix)
+    topics = settings.topics
+    # Who may write commands: the four roles; analytics may not.
+    for user in ("gateway", "processor", "worker", "connector"):
+        assert _produce_error(settings, user, topics.commands) is None, user
+    denied = _produce_error(settings, "analytics", topics.commands)
+    assert denied is not None and denied.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    # Nobody but the processor writes decisions.
+    for user in ("gateway", "worker", "connector", "analytics"):
+        error = _produce_error(settings, user, topics.events)
+        assert error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, user
+    assert _produce_error(settings, "processor", topics.events) is None
+    # The worker does its work with exactly its ACLs (topics verified, group joined).
+    worker_env = {**operator, "THREADLINE_KAFKA_SASL_USERNAME": "worker",
+                  "THREADLINE_KAFKA_SASL_PASSWORD": "worker-secret"}
+    worker = RoleProcess("worker", worker_env, tmp_path / "worker.log").start()
+    try:
         wait_for(lambda: "assigned dispatch partitions" in worker.tail(200) or not worker.alive(),
                  timeout=120)
         assert worker.alive(), worker.tail()
