@@ -27,6 +27,7 @@ class TopicNames:
     dispatch: str
     dead_letter: str
     threads: str  # the processor's table changelog: the latest state of each thread
+    messages: str  # the stored history: one record per message, keyed thread_id/seq
 
     @classmethod
     def with_prefix(cls, prefix: str) -> TopicNames:
@@ -37,11 +38,12 @@ class TopicNames:
             dispatch=f"{prefix}dispatch",
             dead_letter=f"{prefix}dead-letter",
             threads=f"{prefix}threads",
+            messages=f"{prefix}messages",
         )
 
     def all(self) -> tuple[str, ...]:
         return (self.commands, self.events, self.stream, self.dispatch, self.dead_letter,
-                self.threads)
+                self.threads, self.messages)
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:

@@ -50,6 +50,10 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         # compacts eagerly and a restore reads little more than one record a thread.
         t.threads: {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
                     "segment.ms": str(3_600_000)},
+        # The stored history: one key per message (thread_id/seq), so compaction keeps
+        # every message and only drops superseded versions (a user message is
+        # rewritten once, when its run ends) and deleted threads' tombstoned records.
+        t.messages: base,
         # Live output: compacted *and* deleted after the replay window, so deltas
         # are transient (about 30 min) while the final answer lives in events.
         t.stream: {
