@@ -316,6 +316,23 @@ def schema_registry(directory: Path = SCHEMA_DIR) -> dict[bytes, dict[str, Any]]
 
 _SCHEMAS = {name: _load(name, SCHEMA_DIR) for name in TOP_LEVEL_SCHEMAS}
 _BY_FINGERPRINT = {s.fingerprint: s for s in _SCHEMAS.values()}
+HISTORY_DIR = SCHEMA_DIR / "history"
+
+
+def _retired(directory: Path = HISTORY_DIR) -> dict[bytes, tuple[str, Schema]]:
+    """{fingerprint: (top-level name, writer schema)} of the earlier versions of the
+    top-level schemas (`schemas/history/<name>-<fingerprint>.avsc`, named types
+    inlined): records already on the topics were written with them, and a reader of
+    this build resolves them to the current version."""
+    found: dict[bytes, tuple[str, Schema]] = {}
+    for path in sorted(directory.glob("*.avsc")):
+        name = path.stem.rsplit("-", 1)[0]
+        parsed = parse_schema(json.loads(path.read_text()))
+        found[schema_fingerprint(parsed)] = (name, parsed)
+    return found
+
+
+_RETIRED = _retired()
 _COMMANDS, _EVENTS, _DISPATCHES, _STREAMS, _DEAD_LETTERS, _STATES, _MESSAGES = _SCHEMAS.values()
 
 
@@ -547,6 +564,11 @@ class Codec:
                 raise DecodeError(f"truncated single-object header ({len(data)} bytes)")
             fp = data[2:_SINGLE_OBJECT_HEADER_LEN]
             known = _BY_FINGERPRINT.get(fp)
+            retired = _RETIRED.get(fp)
+            if known is None and retired is not None:
+                if retired[0] != expected.name:
+                    raise DecodeError(f"record is an earlier {retired[0]}, expected a {expected.name}")
+                return retired[1], _SINGLE_OBJECT_HEADER_LEN
             if known is None:
                 raise DecodeError(
                     f"unknown schema fingerprint {fp.hex()}: written with a schema version this "

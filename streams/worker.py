@@ -103,7 +103,7 @@ from streams.serialization import (
     encode_stream,
     new_meta,
 )
-from streams.thread import answer_message_id_for
+from streams.thread import OUTPUT_TOO_LARGE, answer_message_id_for
 from streams.topics import ensure_topics
 
 __all__ = ["DEFAULT_CONCURRENCY", "Fate", "PartitionOffsets", "Worker", "run_worker"]
@@ -412,6 +412,15 @@ class _Execution:
         parts = 0
         steps: list[Step] = []
         citations: list[Citation] = []
+        # The answer must fit the records that carry it whole: past the cap the run
+        # ends `output_too_large` (not retried: the agent would say as much again).
+        budget = self.worker.settings.policy.max_output_bytes
+
+        def spend(*texts: str) -> None:
+            nonlocal budget
+            budget -= sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+            if budget < 0:
+                raise AgentError(OUTPUT_TOO_LARGE, retryable=False)
 
         async def flush() -> None:
             nonlocal flush_at
@@ -446,6 +455,11 @@ class _Execution:
             if isinstance(output, TextChunk):
                 if not output.text:
                     continue
+                try:
+                    spend(output.text)
+                except AgentError:
+                    await close_text()
+                    raise
                 if part is None:
                     part, parts = [], parts + 1
                     await self._emit(TextStart(), f"text:{parts - 1}")
@@ -459,11 +473,13 @@ class _Execution:
                     await flush()
             elif isinstance(output, AgentStep):
                 await close_text()
+                spend(output.step.kind, output.step.name, output.step.payload_json)
                 steps.append(output.step)
                 step = output.step
                 await self._emit(StepOutput(step.kind, step.name, step.payload_json),
                                  f"step:{len(steps) - 1}")
             elif isinstance(output, AgentCitations):
+                spend(*(x for c in output.citations for x in (c.url, c.title)))
                 citations.extend(output.citations)
         await close_text()
         if citations:
