@@ -208,7 +208,7 @@ class ReadModel:
         """How long the topics keep tombstones: a store older than that missed some."""
         try:
             admin = AdminClient({"bootstrap.servers": self.settings.bootstrap, "log_level": 0})
-            resources = [ConfigResource("topic", t) for t in self._topics]
+            resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in self._topics]
             found = []
             for future in admin.describe_configs(resources, request_timeout=10).values():
                 entry = future.result(10).get("delete.retention.ms")

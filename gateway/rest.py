@@ -8,8 +8,9 @@ one point read, a page of messages or threads one range scan.
 
 Pagination: `limit` (messages: default 100, at most 1000; threads: default 50, at
 most 200) and opaque cursors. Messages come oldest first within a page; `after`
-continues forward, `before` alone reads the page just before it; `next_cursor`
-continues in the same direction and is null at the end.
+continues forward, `before` alone reads the page just before it (`before=end`: the
+newest messages); `next_cursor` continues in the same direction and is null at the
+end.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ __all__ = ["MAX_MESSAGES_PAGE", "MAX_THREADS_PAGE", "MESSAGES_PAGE", "THREADS_PA
 
 MESSAGES_PAGE, MAX_MESSAGES_PAGE = 100, 1000  # GET /v1/threads/{id}/messages: default, max
 THREADS_PAGE, MAX_THREADS_PAGE = 50, 200  # GET /v1/threads
+END_SEQ = (1 << 63) - 1  # `before=end`: the newest messages
 
 # Fixed forever: changing it changes the message id of every idempotency key.
 _KEY_NAMESPACE = uuid.UUID("5d0c7c1e-9b0e-4f57-a3a4-2c1f0f1f6a11")
@@ -172,10 +174,12 @@ def _limit(request: web.Request, default: int, maximum: int) -> int:
 
 
 def _seq_cursor(request: web.Request, name: str) -> int | None:
+    if name == "before" and request.query.get(name) == "end":
+        return END_SEQ
     parts = _parse_cursor(request, name, "m")
     if parts is None:
         return None
-    if len(parts) != 1 or not isinstance(parts[0], int) or parts[0] < 0:
+    if len(parts) != 1 or not isinstance(parts[0], int) or not 0 <= parts[0] < END_SEQ:
         raise Problem(400, "bad-cursor", f"'{name}' is not a cursor of this list")
     return parts[0]
 
