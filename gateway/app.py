@@ -26,7 +26,7 @@ from gateway.keys import BUS, FEED, OFFSETS, OPTIONS, READ_MODEL, SETTINGS, Opti
 from gateway.openapi import openapi
 from gateway.problems import problem_middleware
 from gateway.read_model import ReadModel
-from gateway.ready import READY, Readiness, readyz
+from gateway.ready import READY, Readiness, public_readyz, readyz
 from streams.config import Settings
 from streams.domain import Event, ThreadDeleted
 from streams.topics import ensure_topics
@@ -41,7 +41,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     # Room for the longest allowed input in UTF-8 plus the JSON around it.
     max_body = settings.policy.max_input_chars * 4 + 16_384
     app = web.Application(client_max_size=max_body, middlewares=[
-        problem_middleware, auth_middleware(settings.api_keys)])
+        problem_middleware, public_readyz(auth_middleware(settings.api_keys))])
     options = options or Options()
     offsets = Offsets(settings)
     read_model = ReadModel(settings, offsets, options.catch_up_timeout_s, options.store_name)

@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 from aiokafka import TopicPartition
 
 from gateway.decisions import CommandBus
@@ -34,7 +35,7 @@ from gateway.read_model import ReadModel
 from streams.config import Settings
 from streams.domain import CheckDeadlines
 
-__all__ = ["READY", "Readiness", "probe_thread_id", "readyz"]
+__all__ = ["READY", "Readiness", "probe_thread_id", "public_readyz", "readyz"]
 
 log = logging.getLogger("threadline.gateway")
 
@@ -130,3 +131,16 @@ async def readyz(request: web.Request) -> web.Response:
     ready, report = await request.app[READY].check()
     report["status"] = "ready" if ready else "unavailable"
     return web.json_response(report, status=200 if ready else 503)
+
+
+def public_readyz(auth: Middleware) -> Middleware:
+    """`auth` for every path but /readyz, which load balancers call without a key
+    (like /healthz; `gateway.auth.PUBLIC_PATHS` is another helper's to change)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/readyz":
+            return await handler(request)
+        return await auth(request, handler)
+
+    return middleware
