@@ -318,7 +318,8 @@ class ReadModel:
         return self.store.active_runs()
 
     def active_runs_of(self, tenant: str) -> list[ActiveRunStart]:
-        """The tenant's active runs (thread_id, run_id, accepted at)."""
+        """The tenant's active runs (thread_id, run_id, accepted at), as far as the
+        model has read: `await catch_up()` first to include a run decided just now."""
         return [(t, run, at) for t, (owner, run, at) in self.store.active.items()
                 if owner == tenant]
 

@@ -234,6 +234,7 @@ async def test_deleting_a_thread_cancels_its_run_ends_its_streams_and_erases_it(
     status, posted = await stack.post(thread_id, "[slow] still running when deleted")
     assert status == 202 and posted["status"] == "accepted", posted
     run_id = posted["run_id"]
+    assert await model.catch_up()  # the decision came back; its state may be a moment later
     assert (thread_id, run_id) in [(t, r) for t, r, _ in model.active_runs_of("tenant-a")]
     assert model.active_run_count("tenant-b") == 0
     status, page = await stack.get(f"/v1/threads/{thread_id}/messages")
