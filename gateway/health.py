@@ -112,7 +112,8 @@ async def healthz(request: web.Request) -> web.Response:
     missing = [g for g in groups if report["groups"].get(g, {}).get("members", 0) < 1]
     healthy = report["broker"]["ok"] and not missing and app[READ_MODEL].loaded
     report.update(status="ok" if healthy else "unavailable",
-                  read_model=app[READ_MODEL].stats(), feed=app[FEED].stats())
+                  read_model={k: v for k, v in app[READ_MODEL].stats().items() if k != "store"},
+                  feed=app[FEED].stats())
     if missing:
         report["missing_members"] = missing
     return web.json_response(report, status=200 if healthy else 503)

@@ -73,6 +73,7 @@ log = logging.getLogger("threadline.gateway")
 RECENT_WRITE_S = 30.0  # how long after a local write reads of the thread wait to catch up
 _POLL_S = 0.005
 DEFAULT_DELETE_RETENTION_MS = 24 * 3600 * 1000  # Kafka's default delete.retention.ms
+TOUCH_S = 600.0  # an idle store's saved_at is renewed this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +118,7 @@ class ReadModel:
         self._loaded = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._started_at = 0.0
+        self._touched_at = time.monotonic()
         self.mode = "cold"
         self.restore_s: float | None = None
         self.read_records = {THREADS: 0, MESSAGES: 0}  # since this process started
@@ -149,7 +151,7 @@ class ReadModel:
                         "are kept (%d ms): starting it afresh", path,
                         time.time() - saved / 1000, retention_ms)
             await asyncio.to_thread(self.store.wipe)
-        self._consumer_ = new_consumer(self.settings, max_partition_fetch_bytes=4 << 20)
+        self._consumer_ = new_consumer(self.settings, fetch_max_bytes=16 << 20)
         await self._consumer.start()
         tps = self._tps()
         self._consumer.assign(tps)
@@ -357,7 +359,12 @@ class ReadModel:
                     store.apply_message(key, record.value)
         moved = {(self._topics[tp.topic], tp.partition): offset
                  for tp, offset in positions.items() if offset != self._checkpointed[tp]}
-        store.commit(moved)
+        # An idle store is still current: say so now and then, or a restart after a
+        # quiet day would take it for one that missed tombstones.
+        touch = time.monotonic() - self._touched_at > TOUCH_S
+        if moved or touch:
+            self._touched_at = time.monotonic()
+        store.commit(moved, touch=touch)
         self._checkpointed.update(positions)
         for thread_id in deleted:
             if self.on_deleted is not None:

@@ -148,6 +148,7 @@ class ReadStore:
         table.set_block_cache(self._cache)
         table.set_cache_index_and_filter_blocks(True)
         table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+        table.set_bloom_filter(10, False)  # a restore asks for many rows that do not exist
         opts.set_block_based_table_factory(table)
         opts.set_write_buffer_size(16 << 20)
         opts.set_max_write_buffer_number(2)
@@ -186,9 +187,10 @@ class ReadStore:
         raw = self._db.get(_checkpoint_key(kind, partition))
         return int(raw) if raw is not None else None
 
-    def commit(self, offsets: dict[tuple[str, int], int]) -> None:
-        """Write the staged rows and the offsets they reach in one batch."""
-        if not self._pending and not offsets:
+    def commit(self, offsets: dict[tuple[str, int], int], *, touch: bool = False) -> None:
+        """Write the staged rows and the offsets they reach in one batch (with `touch`,
+        renew `saved_at_ms` even if nothing changed)."""
+        if not self._pending and not offsets and not touch:
             return
         batch = WriteBatch(raw_mode=True)
         for key, value in self._pending.items():
