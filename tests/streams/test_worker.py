@@ -53,6 +53,7 @@ from streams.serialization import (
     EnvelopeMeta,
     decode_command,
     decode_event,
+    decode_message,
     decode_state,
     decode_stream,
     encode_dispatch,
@@ -627,11 +628,13 @@ def test_a_run_streams_every_part_in_order_and_stores_the_streamed_text(stack: S
     started = next(e for e in _of_run(events, run) if isinstance(e, AttemptStarted))
     assert started.worker_id == "w1"
 
-    states = read_topic(settings, settings.topics.threads, decode_state, until=lambda s: any(
-        x.thread_id == thread and x.active_run is None and len(x.messages) == 2 for x in s))
-    final = [s for s in states if s.thread_id == thread][-1]
-    assert [(m.role, m.text) for m in final.messages] == [("user", "hello worker"),
-                                                          ("assistant", text)]
+    read_topic(settings, settings.topics.threads, decode_state, until=lambda s: any(
+        x.thread_id == thread and x.active_run is None and x.message_count == 2 for x in s))
+    records = read_topic(settings, settings.topics.messages, decode_message, until=lambda r: sum(
+        m.thread_id == thread for m, _ in r) >= 3)  # question, answer, question rewritten
+    history = {r.seq: r.message for m, r in records if m.thread_id == thread}
+    assert [(history[i].role, history[i].text) for i in sorted(history)] == [
+        ("user", "hello worker"), ("assistant", text)]
 
 
 @pytest.mark.kafka
