@@ -118,6 +118,31 @@ def _read_keyed(settings: Settings, topic: str, until: object) -> list[tuple[byt
         consumer.close()
 
 
+def _keys_to_end(settings: Settings, topic: str) -> list[bytes]:
+    """Every key on the topic now (read_committed), read to the end of each partition."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"r-{uuid.uuid4()}",
+                         "isolation.level": "read_committed", "enable.auto.commit": False,
+                         "enable.partition.eof": True, "log_level": 3})
+    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+    keys: list[bytes] = []
+    at_end: set[int] = set()
+    try:
+        while len(at_end) < len(parts):
+            for msg in consumer.consume(1000, timeout=1):
+                error = msg.error()
+                if error is not None:
+                    assert error.code() == KafkaError._PARTITION_EOF, error
+                    at_end.add(msg.partition() or 0)
+                    continue
+                keys.append(msg.key() or b"")
+    finally:
+        consumer.close()
+    return keys
+
+
 def _states(settings: Settings, thread: str, until_count: int) -> list[ThreadState]:
     states = read_topic(settings, settings.topics.threads, decode_state, until=lambda r: any(
         s.thread_id == thread and s.message_count >= until_count and s.active_run is None
@@ -250,5 +275,58 @@ def test_a_decision_over_the_record_limit_is_dead_lettered_not_a_crash(
                              until=lambda r: len(r) >= 1)
         assert "record_too_large" in letters[0].reason
         assert proc.alive()
+    finally:
+        proc.stop()
+
+
+def test_after_the_log_cleaner_ran_the_whole_history_reads_back(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Compaction keeps one record per key: every message, never a thread's last only."""
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+    )
+
+    env = {**env, "THREADLINE_DURABLE_REPLAY_S": "1"}
+    settings = Settings.from_env(env)
+    ensure_topics(settings)
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+    resource = ConfigResource(ConfigResource.Type.TOPIC, settings.topics.messages, incremental_configs=[
+        ConfigEntry("segment.ms", "300", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("min.cleanable.dirty.ratio", "0.01", incremental_operation=AlterConfigOpType.SET),
+    ])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+    proc = RoleProcess("processor", env, tmp_path / "processor.log").start()
+    try:
+        producer = command_producer(settings)
+        thread, filler = f"kept-{uuid.uuid4()}", f"filler-{uuid.uuid4()}"
+        for t in (thread, filler):
+            send_command(producer, settings, CreateThread(t, "t", "x", _now()))
+        turns = 50
+        _turns(producer, settings, thread, [(f"q{i}", f"a{i}") for i in range(turns)])
+        flush_all(producer)
+        # Each question is written twice (accepted, then with its run's end): the
+        # cleaner has run once only one record per key of the thread is left. New
+        # records on the filler thread roll the segments the cleaner may compact.
+        deadline = time.monotonic() + 240
+        filler_turn = 0
+        while True:
+            mine = [k for k in _keys_to_end(settings, settings.topics.messages)
+                    if parse_message_key(k)[0] == thread]
+            if len(mine) == 2 * turns:
+                break
+            assert time.monotonic() < deadline, f"no compaction: {len(mine)} records of the thread"
+            _turns(producer, settings, filler, [("f", "f")], start=filler_turn)
+            flush_all(producer)
+            filler_turn += 1
+            time.sleep(0.5)
+        history = _history(settings, thread, 2 * turns)
+        assert sorted(history) == list(range(2 * turns))
+        assert [history[2 * i].message.text for i in range(turns)] == [f"q{i}" for i in range(turns)]
+        assert all(history[2 * i].run_status is RunStatus.COMPLETED for i in range(turns))
     finally:
         proc.stop()
