@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -41,7 +42,8 @@ __all__ = ["BATCH", "migrate_partition", "migrated"]
 
 log = logging.getLogger("threadline.migration")
 
-BATCH = 200  # threads per transaction
+# Threads per transaction (THREADLINE_MIGRATION_BATCH): bounds a transaction's size.
+BATCH = int(os.environ.get("THREADLINE_MIGRATION_BATCH") or 200)
 
 
 def migrated(state: ThreadState, messages: tuple[StoredMessage, ...],

@@ -81,7 +81,15 @@ from streams.serialization import (
     encode_stream,
 )
 from streams.state_store import PartitionStore, TableStores
-from streams.thread import answer_message_id_for, decide, evolve, next_deadline_ms, uuid5_text
+from streams.thread import (
+    OUTPUT_TOO_LARGE,
+    answer_message_id_for,
+    decide,
+    evolve,
+    next_deadline_ms,
+    output_bytes,
+    uuid5_text,
+)
 from streams.topics import ensure_topics, record_limit
 
 __all__ = ["Processor", "ProcessorStats", "run_processor"]
@@ -189,6 +197,7 @@ class _Decision:
     outputs: list[_Output]
     history: list[tuple[MessageRecord | None, int, bytes | None]]  # (record, seq, raw)
     deleted: bool
+    too_large_output: bool = False  # the run ended output_too_large
 
 
 class Processor:
@@ -242,7 +251,8 @@ class Processor:
 
     def run(self) -> None:
         ensure_topics(self.settings)
-        self.max_record_bytes = record_limit(self.settings)
+        self.max_record_bytes = min(record_limit(self.settings),
+                                    self.settings.max_record_bytes or 2**31)
         # An answer must fit in each record that carries it whole (the event, the
         # lifecycle mirror, the history record), envelope included.
         self.policy = replace(self.policy, max_output_bytes=min(
@@ -453,6 +463,11 @@ class Processor:
         decision = self._decide(state, command, meta, partition, key, history)
         if decision is None:
             return
+        if isinstance(command, ReportAttemptCompleted) and decision.too_large_output:
+            # Kept for the operator: the answer that could not be stored.
+            self._dead_letter(msg, f"{OUTPUT_TOO_LARGE}: the answer is {output_bytes(command)} "
+                              f"bytes, the limit is {self.policy.max_output_bytes}",
+                              "OutputTooLarge")
         oversized = next((o for o in decision.outputs
                           if len(o.key) + len(o.value or b"") > self.max_record_bytes), None)
         if oversized is not None:
@@ -530,7 +545,9 @@ class Processor:
             for write in history_writes(before, event):
                 self._history_outputs(write, meta.thread_id, event_meta, history, outputs, writes)
             before = after
-        return _Decision(before, outputs, writes, deleted=state is not None and before is None)
+        return _Decision(before, outputs, writes, deleted=state is not None and before is None,
+                         too_large_output=any(isinstance(e, RunFailed) and e.error == OUTPUT_TOO_LARGE
+                                              for e in events))
 
     def _history_outputs(self, write: HistoryWrite, thread_id: str, meta: EnvelopeMeta,
                          history: MessageStore, outputs: list[_Output],
