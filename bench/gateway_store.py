@@ -118,10 +118,10 @@ def case(bootstrap: str, threads: int, messages: int) -> dict[str, Any]:
         return {"threads": threads, "messages": threads * messages, "write_s": written_s,
                 "cold_to_http_s": cold_s, "cold_restore_s": cold["read_model"]["restore_s"],
                 "cold_read": cold["read_model"]["read_until_loaded"],
-                "cold_rss_mb": cold_rss / 1024,
+                "cold_rss_mb": cold_rss / 1024, "cold_rocksdb": cold["read_model"]["rocksdb"],
                 "warm_to_http_s": warm_s, "warm_restore_s": warm["read_model"]["restore_s"],
                 "warm_read": warm["read_model"]["read_until_loaded"],
-                "warm_rss_mb": warm_rss / 1024}
+                "warm_rss_mb": warm_rss / 1024, "warm_rocksdb": warm["read_model"]["rocksdb"]}
     finally:
         shutil.rmtree(settings.data_dir, ignore_errors=True)
 

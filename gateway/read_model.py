@@ -335,7 +335,8 @@ class ReadModel:
                 "read_until_loaded": dict(self.read_until_loaded),
                 "read_since_start": dict(self.read_records),
                 "active_runs": 0 if store is None else len(store.active),
-                "message_rows_read": 0 if store is None else store.rows_read}
+                "message_rows_read": 0 if store is None else store.rows_read,
+                "rocksdb": {} if store is None else store.memory()}
 
     # --- restore -------------------------------------------------------------------
 

@@ -435,9 +435,10 @@ class ReadStore:
     def active_runs(self) -> list[ActiveRunStart]:
         return [(t, run, at) for t, (_, run, at) in self.active.items()]
 
-    def property(self, name: str) -> int | None:
-        value: int | None = self._db.property_int_value(name)
-        return value
+    def memory(self) -> dict[str, int]:
+        """RocksDB's memory: memtables and block cache (both capped at open)."""
+        memtables: int | None = self._db.property_int_value("rocksdb.cur-size-all-mem-tables")
+        return {"memtables_bytes": memtables or 0, "block_cache_bytes": self._cache.get_usage()}
 
 
 def _unpack_header(row: bytes) -> tuple[int, str]:
