@@ -30,15 +30,28 @@ from streams.config import Settings
 from streams.domain import Event
 from streams.topics import ensure_topics
 
-__all__ = ["Options", "create_app", "run_gateway"]
+__all__ = ["Options", "create_app", "max_body_bytes", "run_gateway"]
 
 log = logging.getLogger("threadline.gateway")
 
 
+# The widest legal JSON spelling of one character (a code point, as `len` and the
+# input limit count them): an astral one as an escaped surrogate pair, "\ud83d\ude00",
+# 12 bytes. Every other spelling is narrower: a BMP escape is 6 bytes for 1 character,
+# raw UTF-8 at most 4. So 12 bytes a character admits the longest allowed input
+# however a client escapes it, and the characters are counted after parsing.
+MAX_BYTES_PER_CHAR = 12
+JSON_OVERHEAD_BYTES = 16_384  # the other members, names and whitespace
+
+
+def max_body_bytes(max_input_chars: int) -> int:
+    """The request body limit: the longest input in its widest escaping, plus room."""
+    return max_input_chars * MAX_BYTES_PER_CHAR + JSON_OVERHEAD_BYTES
+
+
 def create_app(settings: Settings, options: Options | None = None) -> web.Application:
     """The gateway as an aiohttp application; Kafka clients start with the app."""
-    # Room for the longest allowed input in UTF-8 plus the JSON around it.
-    max_body = settings.policy.max_input_chars * 4 + 16_384
+    max_body = max_body_bytes(settings.policy.max_input_chars)
     app = web.Application(client_max_size=max_body, middlewares=[
         problem_middleware, auth_middleware(settings.api_keys)])
     options = options or Options()

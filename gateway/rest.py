@@ -73,6 +73,8 @@ async def _body(request: web.Request, *, required: bool) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise Problem(400, "malformed-json", f"the body is not JSON: {exc}") from exc
+    except RecursionError as exc:  # json's C scanner recurses once per nesting level
+        raise Problem(400, "malformed-json", "the body is nested too deeply") from exc
     if not isinstance(body, dict):
         raise Problem(422, "invalid-body", "the body must be a JSON object")
     return body
@@ -82,6 +84,11 @@ def _string(body: dict[str, Any], name: str, default: str | None = None) -> str:
     value = body.get(name, default)
     if not isinstance(value, str):
         raise Problem(422, "invalid-body", f"'{name}' must be a string", field=name)
+    try:  # JSON lets "\ud800" through; Avro, Kafka and every client want real text
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise Problem(422, "invalid-body", f"'{name}' holds an unpaired surrogate at character "
+                      f"{exc.start}: not Unicode text", field=name) from exc
     return value
 
 

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from gateway.app import Options, create_app
+from gateway.app import Options, create_app, max_body_bytes
 from gateway.openapi import SPEC
 from gateway.sse import EventId
 from streams.config import Settings
@@ -125,7 +125,8 @@ async def test_bad_input_gets_the_right_problem(stack: Stack) -> None:
         (post, b'{"input_text": ""}', 422, "/invalid-input"),
         (post, b'{"input_text": "  \\n "}', 422, "/invalid-input"),
         (post, json.dumps({"input_text": "x" * 32_001}).encode(), 422, "/invalid-input"),
-        (post, json.dumps({"input_text": "x" * 200_000}).encode(), 413, "/body-too-large"),
+        (post, json.dumps({"input_text": "x" * max_body_bytes(32_000)}).encode(), 413,
+         "/body-too-large"),
         ("/v1/threads", b'{"title": 5}', 422, "/invalid-body"),
         ("/v1/threads/does-not-exist/user_message", b'{"input_text": "hi"}', 404, "/not-found"),
     ]
