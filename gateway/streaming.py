@@ -31,14 +31,13 @@ from gateway.keys import FEED, OPTIONS, READ_MODEL, SETTINGS
 from gateway.problems import Problem
 from gateway.replay import ReplayGone, replay
 from gateway.sse import (
-    BadEventId,
-    EventId,
     Position,
     SseEvent,
     comment_frame,
     not_streaming_frame,
     retry_frame,
 )
+from gateway.tokens import BadEventId
 from streams.domain import ThreadState
 
 __all__ = ["run_events", "thread_stream"]
@@ -73,13 +72,13 @@ async def _resume(request: web.Request, partition: int, state: ThreadState,
         raise Problem(400, "bad-last-event-id", "last_message_id is not a message of this thread")
     if not token:
         return None
-    try:
-        event_id = EventId.decode(token.strip())
+    feed = request.app[FEED]
+    try:  # the one place a client's resume token is read
+        event_id = feed.tokens.verify(token.strip(), state.thread_id)
     except BadEventId as exc:
         raise Problem(400, "bad-last-event-id", str(exc)) from exc
     if event_id.partition != partition or (run_id is not None and event_id.run_id != run_id):
         raise Problem(400, "bad-last-event-id", "the event id is not from this stream")
-    feed = request.app[FEED]
     if event_id.offset > feed.last_offsets.get(partition, -1) and \
             event_id.offset >= await feed.end_offset(partition):
         raise Problem(400, "bad-last-event-id", "the event id is ahead of the stream")
@@ -236,8 +235,11 @@ async def _catch_up(request: web.Request, out: _Writer, plan: _Plan, partition: 
     """Replay (plan.after, covered] from Kafka if the window does not reach back that far."""
     if plan.after >= covered and plan.from_time_ms is None:
         return
-    events = replay(request.app[SETTINGS], partition, thread_id, scan_from=plan.scan_from,
-                    after=plan.after, until=covered, run_id=run_id, from_time_ms=plan.from_time_ms)
+    settings = request.app[SETTINGS]
+    events = replay(settings, request.app[FEED].tokens, partition, thread_id,
+                    scan_from=plan.scan_from, after=plan.after, until=covered, run_id=run_id,
+                    from_time_ms=plan.from_time_ms,
+                    max_records=settings.limits.replay_max_records)
     sent = out.last
     # One write per REPLAY_BATCH events, not per event: a write costs as much as
     # making the event, and the records are all there to read.
