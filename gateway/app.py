@@ -1,9 +1,9 @@
 """The gateway application: the app factory and `run_gateway`.
 
-`create_app(settings)` wires the routes, the middlewares (problem+json, API keys),
-the shared objects under `web.AppKey`s (`gateway.keys`), one `cleanup_ctx` that
-starts the Kafka clients and background tasks (threads read model, decisions
-consumer and command producer, stream feed) and stops them after, and an
+`create_app(settings)` wires the routes, the middlewares (problem+json, API keys, the
+per-tenant post rate), the shared objects under `web.AppKey`s (`gateway.keys`), one
+`cleanup_ctx` that starts the Kafka clients and background tasks (threads read model,
+decisions consumer and command producer, stream feed) and stops them after, and an
 `on_shutdown` hook that ends every open SSE stream so shutdown does not wait on them.
 """
 
@@ -22,7 +22,8 @@ from gateway.demo import demo_page
 from gateway.feed import StreamFeed
 from gateway.health import HEALTH, HealthProbe, healthz
 from gateway.kafka import Offsets
-from gateway.keys import BUS, FEED, OFFSETS, OPTIONS, READ_MODEL, SETTINGS, Options
+from gateway.keys import BUS, FEED, LIMITER, OFFSETS, OPTIONS, READ_MODEL, SETTINGS, Options
+from gateway.limits import TenantLimiter, post_rate_middleware
 from gateway.openapi import openapi
 from gateway.problems import problem_middleware
 from gateway.read_model import ReadModel
@@ -52,8 +53,10 @@ def max_body_bytes(max_input_chars: int) -> int:
 def create_app(settings: Settings, options: Options | None = None) -> web.Application:
     """The gateway as an aiohttp application; Kafka clients start with the app."""
     max_body = max_body_bytes(settings.policy.max_input_chars)
+    limiter = TenantLimiter(settings.limits)
     app = web.Application(client_max_size=max_body, middlewares=[
-        problem_middleware, auth_middleware(settings.api_keys)])
+        problem_middleware, auth_middleware(settings.api_keys), post_rate_middleware(limiter)])
+    app[LIMITER] = limiter
     options = options or Options()
     offsets = Offsets(settings)
     read_model = ReadModel(settings, offsets, options.catch_up_timeout_s)

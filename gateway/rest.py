@@ -17,7 +17,8 @@ from aiohttp import web
 
 from gateway.auth import TENANT
 from gateway.decisions import new_traceparent
-from gateway.keys import BUS, READ_MODEL, SETTINGS
+from gateway.keys import BUS, LIMITER, READ_MODEL, SETTINGS
+from gateway.limits import tenant_active_runs
 from gateway.problems import Problem
 from streams.domain import (
     CancelRun,
@@ -180,6 +181,8 @@ async def post_user_message(request: web.Request) -> web.Response:
                       f"limit is {limit}", field="input_text")
     key = _idempotency_key(request)
     tenant, thread_id = request[TENANT], state.thread_id
+    read_model = request.app[READ_MODEL]
+    request.app[LIMITER].admit_run(tenant, tenant_active_runs(read_model, tenant))
     message_id = message_id_for(tenant, thread_id, key) if key else str(uuid.uuid4())
     command = PostUserMessage(thread_id, tenant, message_id, text, key, _now_ms())
     request.app[READ_MODEL].note_write(thread_id)

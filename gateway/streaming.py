@@ -27,7 +27,7 @@ from aiohttp.http_writer import StreamWriter
 
 from gateway.auth import TENANT
 from gateway.feed import Subscriber
-from gateway.keys import FEED, OPTIONS, READ_MODEL, SETTINGS
+from gateway.keys import FEED, LIMITER, OPTIONS, READ_MODEL, SETTINGS
 from gateway.problems import Problem
 from gateway.replay import ReplayGone, replay
 from gateway.sse import (
@@ -185,37 +185,61 @@ async def _fresh_plan(request: web.Request, state: ThreadState, run_id: str | No
 async def _serve(request: web.Request, state: ThreadState, run_id: str | None) -> \
         web.StreamResponse:
     app = request.app
-    feed, options = app[FEED], app[OPTIONS]
+    feed, limiter, tenant = app[FEED], app[LIMITER], request[TENANT]
     partition = feed.partition_of(state.thread_id)
     plan = await _resume(request, partition, state, run_id)
     if plan is None:
         plan = await _fresh_plan(request, state, run_id)
-    response = web.StreamResponse(headers=SSE_HEADERS)
-    await response.prepare(request)
+    # The tenant's limits are checked before the headers go out, so a refusal is a 429.
+    with limiter.stream(tenant), contextlib.ExitStack() as replaying:
+        sub, snapshot, covered = feed.subscribe(state.thread_id, run_id)
+        try:
+            if _needs_replay(plan, covered):
+                replaying.enter_context(limiter.replay(tenant))
+            response = web.StreamResponse(headers=SSE_HEADERS)
+            await response.prepare(request)
+            return await _stream(request, response, state, run_id, plan, sub, snapshot,
+                                 covered, replaying)
+        finally:
+            feed.unsubscribe(sub)
+
+
+def _needs_replay(plan: _Plan, covered: Position) -> bool:
+    return plan.after < covered or plan.from_time_ms is not None
+
+
+async def _stream(request: web.Request, response: web.StreamResponse, state: ThreadState,
+                  run_id: str | None, plan: _Plan, sub: Subscriber, snapshot: list[SseEvent],
+                  covered: Position, replaying: contextlib.ExitStack) -> web.StreamResponse:
+    """Catch up (releasing the replay slot after), then live, on a prepared response."""
+    feed, options = request.app[FEED], request.app[OPTIONS]
+    partition = feed.partition_of(state.thread_id)
     out = _Writer(response, run_id is not None)
     # Nothing at or before the resume position, whatever path it comes by: this
     # gateway's feed may be behind the one the client read before, and then the
     # live queue still brings events the client has (found by the chaos run).
     out.last = plan.after
-    sub, snapshot, covered = feed.subscribe(state.thread_id, run_id)
     here = feed.last_offsets.get(partition, -1)
     try:
         await response.write(retry_frame(options.retry_ms))
         # A position retention removed: say so, then start as a fresh stream would,
-        # and if even that is gone, live.
-        for fallback in range(3):
-            try:
-                await _catch_up(request, out, plan, partition, state.thread_id, run_id, covered)
-            except ReplayGone:
-                await response.write(not_streaming_frame(state.thread_id, plan.run_id))
-                if run_id is not None:
-                    return response
-                plan = await _fresh_plan(request, state, None, here) if fallback == 0 \
-                    else _live_plan(here)
-                out.last = plan.after
-                continue
-            await out.send([e for e in snapshot if e.position > plan.after])
-            break
+        # and if even that is gone, live. (Only a replay raises ReplayGone, so a
+        # fallback runs while the replay slot is held.)
+        with replaying:
+            for fallback in range(3):
+                try:
+                    await _catch_up(request, out, plan, partition, state.thread_id, run_id,
+                                    covered)
+                except ReplayGone:
+                    await response.write(not_streaming_frame(state.thread_id, plan.run_id))
+                    if run_id is not None:
+                        return response
+                    plan = await _fresh_plan(request, state, None, here) if fallback == 0 \
+                        else _live_plan(here)
+                    out.last = plan.after
+                    continue
+                await out.send([e for e in snapshot if e.position > plan.after])
+                break
 
         def finished() -> bool:
             return run_id is not None and _run_over(request, state, run_id)
@@ -225,8 +249,6 @@ async def _serve(request: web.Request, state: ThreadState, run_id: str | None) -
         pass  # the client went away
     except Exception:  # the headers are sent: end the stream, the client resumes
         log.exception("stream of thread %s failed", state.thread_id)
-    finally:
-        feed.unsubscribe(sub)
     return response
 
 
