@@ -193,13 +193,14 @@ async def _serve(request: web.Request, state: ThreadState, run_id: str | None) -
     # The tenant's limits are checked before the headers go out, so a refusal is a 429.
     with limiter.stream(tenant), contextlib.ExitStack() as replaying:
         sub, snapshot, covered = feed.subscribe(state.thread_id, run_id)
+        here = feed.last_offsets.get(partition, -1)  # the feed's position at subscribing
         try:
             if _needs_replay(plan, covered):
                 replaying.enter_context(limiter.replay(tenant))
             response = web.StreamResponse(headers=SSE_HEADERS)
             await response.prepare(request)
             return await _stream(request, response, state, run_id, plan, sub, snapshot,
-                                 covered, replaying)
+                                 covered, here, replaying)
         finally:
             feed.unsubscribe(sub)
 
@@ -210,7 +211,8 @@ def _needs_replay(plan: _Plan, covered: Position) -> bool:
 
 async def _stream(request: web.Request, response: web.StreamResponse, state: ThreadState,
                   run_id: str | None, plan: _Plan, sub: Subscriber, snapshot: list[SseEvent],
-                  covered: Position, replaying: contextlib.ExitStack) -> web.StreamResponse:
+                  covered: Position, here: int,
+                  replaying: contextlib.ExitStack) -> web.StreamResponse:
     """Catch up (releasing the replay slot after), then live, on a prepared response."""
     feed, options = request.app[FEED], request.app[OPTIONS]
     partition = feed.partition_of(state.thread_id)
@@ -219,7 +221,6 @@ async def _stream(request: web.Request, response: web.StreamResponse, state: Thr
     # gateway's feed may be behind the one the client read before, and then the
     # live queue still brings events the client has (found by the chaos run).
     out.last = plan.after
-    here = feed.last_offsets.get(partition, -1)
     try:
         await response.write(retry_frame(options.retry_ms))
         # A position retention removed: say so, then start as a fresh stream would,
