@@ -114,3 +114,26 @@ async def test_a_replay_longer_than_the_cap_is_not_streamed(stack: Stack) -> Non
                               headers={**AUTH_A, "Last-Event-ID": events[-2].id or ""},
                               until=lambda _: False)
         assert tail == events[-1:]
+
+
+async def test_a_replay_decodes_large_batches_off_the_event_loop(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway import replay as replay_module  # here: the test then fails, not the import
+
+    threads: list[str] = []
+    to_thread = asyncio.to_thread
+
+    async def recording(func: Any, /, *args: Any, **kwargs: Any) -> Any:
+        threads.append(getattr(func, "__qualname__", repr(func)))
+        return await to_thread(func, *args, **kwargs)
+
+    monkeypatch.setattr(replay_module, "INLINE_DECODE", 4, raising=False)  # "large": > 4 records
+    monkeypatch.setattr(asyncio, "to_thread", recording)
+    thread_id = await stack.create_thread()
+    run_id, events = await _a_run(stack, thread_id)
+    async with _gateway(stack.settings, Options(keepalive_s=1)) as cold:  # all from Kafka
+        replayed = await read_sse(stack.session, str(cold.make_url(f"/v1/runs/{run_id}/events")),
+                                  headers={**AUTH_A, "Last-Event-ID": events[0].id or ""},
+                                  until=lambda _: False)
+    assert replayed == events[1:]
+    assert "_Replayer.events" in threads, threads
