@@ -2,7 +2,7 @@
 
 `create_app(settings)` wires the routes, the middlewares (problem+json, API keys, the
 per-tenant post rate), the shared objects under `web.AppKey`s (`gateway.keys`), one
-`cleanup_ctx` that starts the Kafka clients and background tasks (threads read model,
+`cleanup_ctx` that starts the Kafka clients and background tasks (read model,
 decisions consumer and command producer, stream feed) and stops them after, and an
 `on_shutdown` hook that ends every open SSE stream so shutdown does not wait on them.
 """
@@ -27,8 +27,9 @@ from gateway.limits import TenantLimiter, post_rate_middleware
 from gateway.openapi import openapi
 from gateway.problems import problem_middleware
 from gateway.read_model import ReadModel
+from gateway.ready import READY, Readiness, public_readyz, readyz
 from streams.config import Settings
-from streams.domain import Event
+from streams.domain import Event, ThreadDeleted
 from streams.topics import ensure_topics
 
 __all__ = ["Options", "create_app", "max_body_bytes", "run_gateway"]
@@ -55,29 +56,39 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     max_body = max_body_bytes(settings.policy.max_input_chars)
     limiter = TenantLimiter(settings.limits)
     app = web.Application(client_max_size=max_body, middlewares=[
-        problem_middleware, auth_middleware(settings.api_keys), post_rate_middleware(limiter)])
+        problem_middleware, public_readyz(auth_middleware(settings.api_keys)),
+        post_rate_middleware(limiter)])
     app[LIMITER] = limiter
     options = options or Options()
     offsets = Offsets(settings)
-    read_model = ReadModel(settings, offsets, options.catch_up_timeout_s)
+    read_model = ReadModel(settings, offsets, options.catch_up_timeout_s, options.store_name)
     bus = CommandBus(settings)
+    feed = StreamFeed(settings, read_model, offsets, window_events=options.window_events,
+                      max_windows=options.max_windows, queue_limit=options.queue_limit)
 
     def changed(event: Event) -> None:  # reads of a thread that just changed catch up first
         read_model.note_write(event.thread_id)
+        if isinstance(event, ThreadDeleted):  # its open streams end now
+            feed.drop_thread(event.thread_id)
 
     bus.on_event = changed
+    read_model.on_deleted = feed.drop_thread
     app[SETTINGS], app[OPTIONS], app[READ_MODEL], app[BUS] = settings, options, read_model, bus
     app[OFFSETS] = offsets
-    app[FEED] = StreamFeed(settings, read_model, offsets, window_events=options.window_events,
-                           max_windows=options.max_windows, queue_limit=options.queue_limit)
+    app[FEED] = feed
     app[HEALTH] = HealthProbe(settings.bootstrap)
+    app[READY] = Readiness(settings, bus, app[HEALTH], read_model,
+                           timeout_s=options.ready_timeout_s, cache_s=options.ready_cache_s)
     app.cleanup_ctx.append(_kafka)
     app.on_shutdown.append(_close_streams)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/demo", demo_page)
     app.router.add_post("/v1/threads", rest.create_thread)
+    app.router.add_get("/v1/threads", rest.list_threads)
     app.router.add_get("/v1/threads/{thread_id}", rest.get_thread)
+    app.router.add_delete("/v1/threads/{thread_id}", rest.delete_thread)
     app.router.add_get("/v1/threads/{thread_id}/messages", rest.list_messages)
     app.router.add_post("/v1/threads/{thread_id}/user_message", rest.post_user_message)
     app.router.add_post("/v1/threads/{thread_id}/runs/{run_id}/cancel", rest.cancel_run)

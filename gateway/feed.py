@@ -213,6 +213,18 @@ class StreamFeed:
         for sub in list(self.subscribers):
             sub.close(reason)
 
+    def drop_thread(self, thread_id: str) -> None:
+        """The thread was deleted: end its open streams and forget its window, so
+        nothing of it is sent again (new streams of it get 404 from the read model)."""
+        window = self._windows.pop(thread_id, None)
+        if window is None:
+            return
+        for sub in list(window.subscribers):
+            sub.close("deleted")
+        here = (self.last_offsets.get(window.partition, -1) + 1, -1)
+        self._dropped_floor[window.partition] = max(
+            here, self._dropped_floor.get(window.partition, here))
+
     def partition_of(self, thread_id: str) -> int:
         return partition_for(thread_id, self.settings.partitions)
 

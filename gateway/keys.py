@@ -27,6 +27,9 @@ class Options:
     queue_limit: int = 10_000  # per SSE client
     catch_up_timeout_s: float = 5.0
     health_timeout_s: float = 3.0
+    ready_timeout_s: float = 2.0  # how long one /readyz waits for the processor
+    ready_cache_s: float = 5.0  # a /readyz success is reused this long
+    store_name: str | None = None  # the read store's folder; default <host>-<port>
 
 
 SETTINGS = web.AppKey("settings", Settings)

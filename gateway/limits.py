@@ -117,13 +117,9 @@ class TenantLimiter:
 
 
 def tenant_active_runs(read_model: ReadModel, tenant: str) -> int:
-    """The tenant's runs in progress, as the read model knows them.
-
-    `ReadModel.active_runs()` yields (thread_id, run_id, accepted_ms); the thread's
-    tenant comes from its state. Only this function knows that shape."""
-    return sum(1 for thread_id, _run_id, _at in read_model.active_runs()
-               if (state := read_model.states.get(thread_id)) is not None
-               and state.tenant == tenant)
+    """The tenant's runs in progress, as far as the read model has read (the one
+    place that knows how the read model counts them)."""
+    return read_model.active_run_count(tenant)
 
 
 def post_rate_middleware(limiter: TenantLimiter) -> Middleware:

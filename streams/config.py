@@ -27,6 +27,7 @@ class TopicNames:
     dispatch: str
     dead_letter: str
     threads: str  # the processor's table changelog: the latest state of each thread
+    messages: str  # the stored history: one record per message, keyed thread_id/seq
 
     @classmethod
     def with_prefix(cls, prefix: str) -> TopicNames:
@@ -37,11 +38,12 @@ class TopicNames:
             dispatch=f"{prefix}dispatch",
             dead_letter=f"{prefix}dead-letter",
             threads=f"{prefix}threads",
+            messages=f"{prefix}messages",
         )
 
     def all(self) -> tuple[str, ...]:
         return (self.commands, self.events, self.stream, self.dispatch, self.dead_letter,
-                self.threads)
+                self.threads, self.messages)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +108,8 @@ class Settings:
     heartbeat_interval_ms: int
     delta_coalesce_ms: int
     decision_timeout_ms: int
+    context_chars: int  # history handed to an agent with a dispatch, at most (newest first)
+    max_record_bytes: int | None  # records written, at most; None: the topics' own limit
     processor_commit_interval_ms: int
     agent: str
     instance_id: str | None  # stable per instance; default derived from data_dir
@@ -139,6 +143,9 @@ class Settings:
             heartbeat_timeout_ms=_ms(env, "THREADLINE_HEARTBEAT_TIMEOUT_S", 60.0),
             attempt_timeout_ms=_ms(env, "THREADLINE_ATTEMPT_TIMEOUT_S", 300.0),
             max_input_chars=_int(env, "THREADLINE_MAX_INPUT_CHARS", 32_000),
+            max_output_bytes=_int(env, "THREADLINE_MAX_OUTPUT_BYTES", 512 * 1024),
+            idempotency_window_ms=_ms(env, "THREADLINE_IDEMPOTENCY_WINDOW_S", 24 * 3600),
+            max_idempotency_keys=_int(env, "THREADLINE_MAX_IDEMPOTENCY_KEYS", 256),
         )
         guarantee = env.get("THREADLINE_PROCESSING_GUARANTEE", "exactly_once")
         if guarantee not in ("exactly_once", "at_least_once"):
@@ -166,6 +173,8 @@ class Settings:
             heartbeat_interval_ms=_ms(env, "THREADLINE_HEARTBEAT_INTERVAL_S", 10.0),
             delta_coalesce_ms=_int(env, "THREADLINE_DELTA_COALESCE_MS", 5),
             decision_timeout_ms=_ms(env, "THREADLINE_DECISION_TIMEOUT_S", 5.0),
+            context_chars=_int(env, "THREADLINE_CONTEXT_CHARS", 100_000),
+            max_record_bytes=_int(env, "THREADLINE_MAX_RECORD_BYTES", 0) or None,
             processor_commit_interval_ms=_int(env, "THREADLINE_COMMIT_INTERVAL_MS", 50),
             agent=env.get("THREADLINE_AGENT", "builtin"),
             instance_id=env.get("THREADLINE_INSTANCE_ID") or None,

@@ -48,7 +48,8 @@ async def test_twenty_concurrent_posts_accept_exactly_one(stack: Stack) -> None:
     assert all(c["type"].endswith("/run-active") for c in conflicts)
     # Read-your-writes: the accepted run is visible at once.
     status, thread = await stack.get(f"/v1/threads/{thread_id}")
-    assert status == 200 and thread["runs"][0]["run_id"] == accepted["run_id"]
+    assert status == 200 and thread["active_run"]["run_id"] == accepted["run_id"]
+    assert thread["run_count"] == 1 and "runs" not in thread
     status, messages = await stack.get(f"/v1/threads/{thread_id}/messages")
     assert [m["message_id"] for m in messages["messages"]][:1] == [accepted["message_id"]]
 
@@ -148,7 +149,7 @@ async def test_bad_input_gets_the_right_problem(stack: Stack) -> None:
         assert content_type == "application/problem+json"
     status, _, body = await _raw(stack, "GET", "/v1/nothing-here", headers=AUTH_A)
     _assert_problem(status, body, 404)
-    status, _, body = await _raw(stack, "DELETE", f"/v1/threads/{thread_id}", headers=AUTH_A)
+    status, _, body = await _raw(stack, "PUT", f"/v1/threads/{thread_id}", headers=AUTH_A)
     _assert_problem(status, body, 405)
 
 
@@ -168,7 +169,8 @@ async def test_cancel_ends_the_run_and_a_second_cancel_is_refused(stack: Stack) 
     status, _, body = await _raw(stack, "POST", cancel, headers=AUTH_A)
     _assert_problem(status, body, 409)
     status, thread = await stack.get(f"/v1/threads/{thread_id}")
-    assert thread["active_run"] is None and thread["runs"][0]["status"] == "cancelled"
+    assert thread["active_run"] is None and thread["last_run"]["status"] == "cancelled"
+    assert thread["last_run"]["run_id"] == run_id
 
 
 async def test_openapi_describes_every_route(stack: Stack) -> None:

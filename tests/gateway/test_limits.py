@@ -1,15 +1,13 @@
-"""The per-tenant limiter alone: slots, the token bucket, the active-run cap."""
+"""The per-tenant limiter alone: slots, the token bucket, the active-run cap. (Counting
+a tenant's active runs is the read model's: tests/gateway/test_gateway_limits.py.)"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 
-from gateway.limits import TenantLimiter, tenant_active_runs
+from gateway.limits import TenantLimiter
 from gateway.problems import Problem
 from streams.config import GatewayLimits, Settings
-from streams.domain import ThreadState
 
 
 class Clock:
@@ -87,24 +85,6 @@ def test_active_runs_beyond_the_cap_are_refused() -> None:
     with pytest.raises(Problem) as refused:
         limiter.admit_run("a", 2)
     _refused(refused, "too-many-active-runs", 5)
-
-
-@dataclass
-class _Model:
-    states: dict[str, ThreadState] = field(default_factory=dict)
-    active: list[tuple[str, str, int]] = field(default_factory=list)
-
-    def active_runs(self) -> list[tuple[str, str, int]]:
-        return self.active
-
-
-def test_a_tenants_active_runs_are_counted_from_the_read_model() -> None:
-    model = _Model({t: ThreadState(thread_id=t, tenant=tenant, title="", created_at_ms=0)
-                    for t, tenant in [("t1", "a"), ("t2", "a"), ("t3", "b"), ("t4", "a")]},
-                   [("t1", "r1", 0), ("t2", "r2", 0), ("t3", "r3", 0), ("gone", "r4", 0)])
-    assert tenant_active_runs(model, "a") == 2  # type: ignore[arg-type]
-    assert tenant_active_runs(model, "b") == 1  # type: ignore[arg-type]
-    assert tenant_active_runs(model, "c") == 0  # type: ignore[arg-type]
 
 
 def test_limits_come_from_the_environment() -> None:

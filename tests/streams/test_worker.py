@@ -52,7 +52,9 @@ from streams.records import (
 from streams.serialization import (
     EnvelopeMeta,
     decode_command,
+    decode_dead_letter,
     decode_event,
+    decode_message,
     decode_state,
     decode_stream,
     encode_dispatch,
@@ -627,11 +629,13 @@ def test_a_run_streams_every_part_in_order_and_stores_the_streamed_text(stack: S
     started = next(e for e in _of_run(events, run) if isinstance(e, AttemptStarted))
     assert started.worker_id == "w1"
 
-    states = read_topic(settings, settings.topics.threads, decode_state, until=lambda s: any(
-        x.thread_id == thread and x.active_run is None and len(x.messages) == 2 for x in s))
-    final = [s for s in states if s.thread_id == thread][-1]
-    assert [(m.role, m.text) for m in final.messages] == [("user", "hello worker"),
-                                                          ("assistant", text)]
+    read_topic(settings, settings.topics.threads, decode_state, until=lambda s: any(
+        x.thread_id == thread and x.active_run is None and x.message_count == 2 for x in s))
+    records = read_topic(settings, settings.topics.messages, decode_message, until=lambda r: sum(
+        m.thread_id == thread for m, _ in r) >= 3)  # question, answer, question rewritten
+    history = {r.seq: r.message for m, r in records if m.thread_id == thread}
+    assert [(history[i].role, history[i].text) for i in sorted(history)] == [
+        ("user", "hello worker"), ("assistant", text)]
 
 
 @pytest.mark.kafka
@@ -701,3 +705,29 @@ def test_cancelling_mid_stream_ends_the_run_and_its_output(stack: Stack) -> None
     assert not any(isinstance(r.out.payload, MessageEnd) for r in out)
     assert len(_text_of(out)) < len(reply_for(text, 12))
     assert not any(isinstance(e, (RunCompleted, RunFailed)) for e in _of_run(events, run))
+
+
+@pytest.mark.kafka
+def test_hostile_input_never_stops_a_worker(test_env: dict[str, str], tmp_path: Path) -> None:
+    """An unreadable dispatch goes to the dead letters; an answer over the output cap
+    ends its run output_too_large (not retried); the worker serves on."""
+    env = {**test_env, **FAST, "THREADLINE_MAX_OUTPUT_BYTES": "40"}
+    with _stack(env, tmp_path, ["w1"]) as stack:
+        settings = stack.settings
+        producer = Producer({"bootstrap.servers": settings.bootstrap})
+        producer.produce(settings.topics.dispatch, b"\xc3\x01not a dispatch", b"garbage",
+                         partition=0)
+        producer.produce(settings.topics.dispatch, b"\x00" * 300_000, b"big", partition=1)
+        assert producer.flush(10) == 0
+        runs = [stack.post(f"question {i}")[1] for i in range(2)]
+        events = _events(settings, lambda e: all(
+            any(isinstance(x, RunFailed) for x in _of_run(e, r)) for r in runs), timeout=60)
+        for run in runs:
+            failed = [e for e in _of_run(events, run) if isinstance(e, RunFailed)]
+            assert [(f.error, f.attempt) for f in failed] == [("output_too_large", 1)], stack.logs()
+        letters = read_topic(settings, settings.topics.dead_letter, decode_dead_letter,
+                             until=lambda r: len(r) >= 2)
+        assert sorted((d.source_partition, d.error_type) for d in letters) == [
+            (0, "DecodeError"), (1, "DecodeError")]
+        assert len(letters[0].value) <= 256 * 1024 and len(letters[1].value) <= 256 * 1024
+        assert stack.workers["w1"].alive(), stack.logs()
