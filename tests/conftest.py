@@ -116,7 +116,7 @@ def pytest_configure(config: pytest.Config) -> None:
             _hypothesis_seed = given
     else:
         _hypothesis_seed = secrets.randbits(64)
-    hypothesis_core.global_force_seed = _hypothesis_seed
+    hypothesis_core.global_force_seed = _hypothesis_seed  # type: ignore[assignment]
 
 
 def _seed_line() -> str:
