@@ -77,7 +77,6 @@ class Settings:
     heartbeat_interval_ms: int
     delta_coalesce_ms: int
     decision_timeout_ms: int
-    processor_commit_interval_ms: int
     agent: str
     instance_id: str | None  # stable per instance; default derived from data_dir
     session_timeout_ms: int  # consumer-group liveness: how fast a dead member's partitions move
@@ -136,7 +135,6 @@ class Settings:
             heartbeat_interval_ms=_ms(env, "THREADLINE_HEARTBEAT_INTERVAL_S", 10.0),
             delta_coalesce_ms=_int(env, "THREADLINE_DELTA_COALESCE_MS", 5),
             decision_timeout_ms=_ms(env, "THREADLINE_DECISION_TIMEOUT_S", 5.0),
-            processor_commit_interval_ms=_int(env, "THREADLINE_COMMIT_INTERVAL_MS", 50),
             agent=env.get("THREADLINE_AGENT", "builtin"),
             instance_id=env.get("THREADLINE_INSTANCE_ID") or None,
             session_timeout_ms=_ms(env, "THREADLINE_SESSION_TIMEOUT_S", 10.0),
