@@ -88,6 +88,9 @@ def _chaos_run(stack: Stack, turns: int, seed: int, crash_p: float, max_kills: i
         sent: list[Turn] = []
         for n in range(turns):
             if n in kill_before:
+                # Not before the first incarnation has died by its switch after a post:
+                # a kill that came first (a slow machine) would leave no post to adopt.
+                wait_until(lambda: supervisor.exits[137] >= 1, 60, "the first crash", stack)
                 supervisor.kill.set()
                 wait_until(lambda: not supervisor.kill.is_set(), 30, "the kill", stack)
             channel = unique_channel()
