@@ -110,7 +110,6 @@ class Settings:
     decision_timeout_ms: int
     context_chars: int  # history handed to an agent with a dispatch, at most (newest first)
     max_record_bytes: int | None  # records written, at most; None: the topics' own limit
-    processor_commit_interval_ms: int
     agent: str
     instance_id: str | None  # stable per instance; default derived from data_dir
     session_timeout_ms: int  # consumer-group liveness: how fast a dead member's partitions move
@@ -175,7 +174,6 @@ class Settings:
             decision_timeout_ms=_ms(env, "THREADLINE_DECISION_TIMEOUT_S", 5.0),
             context_chars=_int(env, "THREADLINE_CONTEXT_CHARS", 100_000),
             max_record_bytes=_int(env, "THREADLINE_MAX_RECORD_BYTES", 0) or None,
-            processor_commit_interval_ms=_int(env, "THREADLINE_COMMIT_INTERVAL_MS", 50),
             agent=env.get("THREADLINE_AGENT", "builtin"),
             instance_id=env.get("THREADLINE_INSTANCE_ID") or None,
             session_timeout_ms=_ms(env, "THREADLINE_SESSION_TIMEOUT_S", 10.0),

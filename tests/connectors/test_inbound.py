@@ -115,15 +115,19 @@ def test_what_is_not_a_persons_message_is_not_a_turn(change: dict[str, Any]) -> 
 
 
 async def test_a_turn_that_cannot_be_written_is_answered_503_within_slacks_deadline(
-        tmp_path: Path) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     dead = Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
                               "THREADLINE_DATA_DIR": str(tmp_path)})
     app, stats = _app(dead, THREADLINE_CONNECTOR_INBOUND_TIMEOUT_S="1")
     async with TestClient(TestServer(app)) as client:
         body = json.dumps(_event()).encode()
-        started = time.monotonic()
-        response = await client.post("/slack/events", data=body, headers=_headers(body))
-        assert response.status == 503 and time.monotonic() - started < 3.0
+        with caplog.at_level("WARNING", logger="threadline"):
+            response = await client.post("/slack/events", data=body, headers=_headers(body))
+        assert response.status == 503 and (await response.json())["error"] == "not_durable"
+        # Answered because the write failed by the connector's own deadline (1 s, under
+        # Slack's 3 s: the asyncio timeout and librdkafka's message.timeout.ms are both
+        # set from it), rather than timed with a stopwatch on a loaded machine.
+        assert "not queued" in caplog.text and "answering 503" in caplog.text, caplog.text
         # Not a turn: acknowledged without any write (a write would have failed).
         bot = json.dumps(_event(bot_id="B0BOT")).encode()
         assert (await client.post("/slack/events", data=bot, headers=_headers(bot))).status == 200

@@ -202,11 +202,12 @@ async def test_positions_older_than_the_log_start_get_message_not_streaming(
         assert gone[0].id is None
         assert gone[0].json["message_id"] == answer_message_id_for(first)
         # A thread stream says so too, then goes on live.
+        opened = asyncio.Event()
         resumed_task = asyncio.create_task(read_sse(
             stack.session, f"{cold}/v1/threads/{script.thread_id}/stream",
             headers={**AUTH_A, "Last-Event-ID": before[3].id or ""},
-            until=lambda e: e[-1].event == "done"))
-        await asyncio.sleep(0.5)
+            until=lambda e: e[-1].event == "done", opened=opened))
+        await asyncio.wait_for(opened.wait(), 30)  # open before the next run (no sleep)
         script.plain_run(second, ["new"])
         resumed = await resumed_task
         assert resumed[0].event == "message_not_streaming"

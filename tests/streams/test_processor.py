@@ -40,7 +40,14 @@ from streams.serialization import (
 from streams.thread import run_id_for
 from streams.topics import ensure_topics
 from tests.conftest import SettingsFactory
-from tests.kafka_helpers import RoleProcess, command_producer, read_topic, send_command
+from tests.kafka_helpers import (
+    RoleProcess,
+    command_producer,
+    marked,
+    read_topic,
+    send_command,
+    send_marker,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -91,9 +98,8 @@ def test_a_run_goes_from_post_to_completion_through_kafka_alone(
     ):
         send_command(producer, settings, report)
     producer.flush(10)
-    events = _events(settings, lambda r: _count(RunCompleted, r) >= 1)
-    time.sleep(0.5)
-    events = _events(settings, lambda r: _count(RunCompleted, r) >= 1)
+    # A marker after the reports: once it is decided, so is the redelivered report.
+    events = _events(settings, marked(send_marker(producer, settings, thread)))
     assert _count(RunCompleted, events) == 1
     completed = next(e for e in events if isinstance(e, RunCompleted))
     assert completed.message.text == "the answer"

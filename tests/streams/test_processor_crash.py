@@ -8,6 +8,7 @@ import collections
 import random
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,15 @@ from streams.domain import (
 from streams.serialization import decode_event
 from streams.thread import run_id_for
 from streams.topics import ensure_topics
-from tests.kafka_helpers import RoleProcess, command_producer, flush_all, read_topic, send_command
+from tests.kafka_helpers import (
+    RoleProcess,
+    command_producer,
+    flush_all,
+    marked,
+    read_topic,
+    send_command,
+    send_marker,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
 
@@ -71,14 +80,17 @@ def _burst(settings: Settings, seed: int, duration_s: float) -> list[tuple[str, 
 def _audit(settings: Settings, expected: list[tuple[str, str]]) -> None:
     runs = {run_id_for(t, m) for t, m in expected}
 
-    def complete(events: list[object]) -> bool:
+    def complete(events: Sequence[object]) -> bool:
         return {e.run_id for e in events if isinstance(e, RunCompleted)} >= runs
 
+    read_topic(settings, settings.topics.events, lambda b: decode_event(b)[1],
+               until=complete, timeout=90)
+    # A marker on every thread: once each is decided, every command sent before it
+    # was too, and anything duplicated has landed (not a sleep that hopes so).
+    producer = command_producer(settings)
+    markers = marked(*(send_marker(producer, settings, t) for t in {t for t, _ in expected}))
     events = read_topic(settings, settings.topics.events, lambda b: decode_event(b)[1],
-                        until=complete, timeout=90)
-    time.sleep(1.0)  # anything duplicated late would land by now
-    events = read_topic(settings, settings.topics.events, lambda b: decode_event(b)[1],
-                        until=complete, timeout=30)
+                        until=lambda es: complete(es) and markers(es), timeout=90)
     created = collections.Counter(e.thread_id for e in events if isinstance(e, ThreadCreated))
     accepted = collections.Counter(e.message_id for e in events if isinstance(e, MessageAccepted))
     started = collections.Counter(e.run_id for e in events if isinstance(e, RunAccepted))
