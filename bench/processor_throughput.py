@@ -35,21 +35,24 @@ from streams.domain import (
     PostUserMessage,
     ReportAttemptCompleted,
     ReportAttemptStarted,
+    StoredMessage,
     ThreadState,
 )
+from streams.history import MessagePut, RunStatusChanged, context_window, history_writes, message_key
 from streams.processor import Processor, _derived_id, _lifecycle
-from streams.records import Dispatch, HistoryMessage
+from streams.records import Dispatch, MessageRecord
 from streams.serialization import (
     EnvelopeMeta,
     decode_command,
     encode_command,
     encode_dispatch,
     encode_event,
+    encode_message,
     encode_state,
     encode_stream,
     new_meta,
 )
-from streams.thread import apply, decide, run_id_for
+from streams.thread import decide, evolve, run_id_for
 from streams.topics import ensure_topics
 
 BENCH = "processor"
@@ -147,6 +150,7 @@ def _child_bare(settings: Settings, count: int, same_records: bool) -> dict[str,
     producer.init_transactions(30)
     consumer.subscribe([topics.commands])
     states: dict[bytes, ThreadState | None] = {}
+    histories: dict[bytes, list[StoredMessage]] = {}
     meter = _Meter()
     done = batches = 0
     while done < count:
@@ -167,9 +171,10 @@ def _child_bare(settings: Settings, count: int, same_records: bool) -> dict[str,
             done += 1
             if not events:
                 continue
-            new_state = apply(state, events)
-            states[key] = new_state
+            new_state, before = state, state
+            thread_history = histories.setdefault(key, [])
             for index, event in enumerate(events):
+                new_state = evolve(before, event, settings.policy)
                 event_meta = meta
                 if same_records:
                     event_meta = EnvelopeMeta(_derived_id(meta.envelope_id, index), meta.thread_id,
@@ -178,21 +183,36 @@ def _child_bare(settings: Settings, count: int, same_records: bool) -> dict[str,
                 producer.produce(topics.events, encode_event(event, event_meta), key,
                                  partition=partition)
                 if not same_records or new_state is None:
+                    before = new_state
                     continue
-                if isinstance(event, AttemptDispatched):
-                    user = next(m for m in new_state.messages if m.message_id == event.message_id)
-                    history = tuple(HistoryMessage(m.message_id, m.role, m.text)
-                                    for m in new_state.messages
-                                    if m.message_id != event.message_id)[-50:]
+                # The same records as the processor, its history kept in memory instead
+                # of in a RocksDB table.
+                for write in history_writes(before, event):
+                    if isinstance(write, MessagePut):
+                        record = MessageRecord(write.seq, write.message, write.run_status)
+                        thread_history.append(write.message)
+                    elif isinstance(write, RunStatusChanged) and write.seq < len(thread_history):
+                        record = MessageRecord(write.seq, thread_history[write.seq],
+                                               write.run_status, write.run_attempts)
+                    else:
+                        continue
+                    producer.produce(topics.messages, encode_message(record, event_meta),
+                                     message_key(meta.thread_id, record.seq), partition=partition)
+                if isinstance(event, AttemptDispatched) and new_state.active_run is not None:
+                    seq = new_state.active_run.message_seq
+                    context = context_window(reversed(thread_history[:seq]),
+                                             settings.context_chars, 50)
                     dispatch = Dispatch(event.run_id, event.message_id, event.attempt,
-                                        f"agent-{new_state.thread_id}", user.text, history,
-                                        event.at_ms)
+                                        f"agent-{new_state.thread_id}", thread_history[seq].text,
+                                        context, event.at_ms)
                     producer.produce(topics.dispatch, encode_dispatch(dispatch, event_meta), key,
                                      partition=partition)
-                lifecycle = _lifecycle(event, new_state)
+                lifecycle = _lifecycle(event, before)
                 if lifecycle is not None:
                     producer.produce(topics.stream, encode_stream(lifecycle, event_meta), key,
                                      partition=partition)
+                before = new_state
+            states[key] = new_state
             if same_records and new_state is not None:
                 touched[(partition, key)] = new_state
         for (partition, key), state in touched.items():

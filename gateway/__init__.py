@@ -3,16 +3,20 @@
 Modules, one concern each:
 
     app          create_app (routes, middlewares, AppKeys, cleanup_ctx), run_gateway
-    rest         JSON endpoints: threads, user messages, cancel, messages
+    rest         JSON endpoints: threads (list, get, delete), user messages, cancel, messages
     streaming    the two SSE endpoints: where a stream starts, replay, live
     feed         the one stream-topic consumer per process, per-thread windows, subscribers
     replay       short-lived per-request reads of positions older than the window
-    sse          pure: event ids, frames, the superseded-execution filter (RunTracker)
+    sse          pure: frames, the superseded-execution filter (RunTracker)
+    tokens       pure: event ids as signed resume tokens; the one place a client's is read
+    limits       per-tenant limits: streams, replays, posts a second, active runs (429)
     decisions    command producer and the events consumer that answers waiting requests
-    read_model   the threads changelog in memory, with read-your-writes catch-up
+    read_model   threads and messages from a local store, restored from the changelogs,
+                 with read-your-writes catch-up; read_store: that RocksDB store
     auth         API keys to tenants; an access log that redacts access_token
     problems     RFC 9457 problem+json for every error
-    health       /healthz; openapi: /openapi.json; keys: AppKeys and Options
+    health       /healthz (liveness); ready: /readyz (the processor decides on every
+                 partition); openapi: /openapi.json; keys: AppKeys and Options
     kafka        aiokafka helpers: partitioning, group-less consumers, offsets queries
 
 Decisions. A write publishes a command (acks=all) carrying a fresh W3C traceparent;
@@ -32,7 +36,10 @@ position whose run start is unknown (ids never carry that, in practice) filters 
 that position on and may let through output of an execution superseded earlier.
 
 Replay positions: `Last-Event-ID`, or `last_event_id` / `last_entry_id` (reference
-API) in the query, resume after that event. `last_message_id` (reference API) alone
+API) in the query, resume after that event. Each is a resume token (`gateway.tokens`):
+HMAC-signed by a key every gateway of the deployment shares, bound to its thread, and
+verified before anything is read; a replay that would read more than
+`replay_max_records` offsets is answered as a position that is gone. `last_message_id` (reference API) alone
 names a message the client holds; the stream then starts as a fresh one. A position
 older than the partition's log start offset gets `message_not_streaming` (run and
 message id; fetch `GET /v1/threads/{id}/messages`); a thread stream then starts as a
@@ -46,8 +53,13 @@ holds more than 1 MiB unsent, or whose queue reaches `queue_limit` while it catc
 up, is closed and resumes with Last-Event-ID. `/healthz` reports the feed's write
 lag: a record's CreateTime until its events were written to every attached client.
 
-Limits. The read model holds every thread of the topic in memory (one ThreadState a
-thread, plus a run -> thread index); a RocksDB-backed store would lift that. Records
+Deletes. A ThreadDeleted decision (seen by every gateway's events consumer) or the
+thread's tombstone in the changelog ends the thread's open streams and drops its
+feed window; every route then answers 404 for it, so nothing of it is replayed.
+
+Limits. The read store is on local disk: a gateway that was down longer than the
+topics keep tombstones (`delete.retention.ms`, 24 h by default) starts it afresh,
+as it must (a deleted thread could otherwise survive in it). Records
 the stream topic compacted away (older than its 30 min lag, keyed by thread) leave
 gaps a replay cannot see; only a log start past the position is detected.
 """

@@ -6,6 +6,9 @@ partitions, read_committed, from the end at start) resolves the waiters. A decis
 is matched to its command by the W3C `traceparent` the gateway puts on each command:
 the processor copies it onto every event it decides, and each command gets its own
 span id, so even two requests with the same message id are told apart.
+A command that decides several events (a DeleteThread on a thread with a live run:
+RunCancelled, then ThreadDeleted) is answered by the kind of event the caller
+names (`until`).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ class CommandBus:
         self.on_event: Callable[[Event], None] | None = None  # every decision seen
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None  # made in start(): needs the loop
-        self._waiters: dict[str, asyncio.Future[Event]] = {}
+        self._waiters: dict[str, tuple[asyncio.Future[Event], type[Event] | None]] = {}
         self._run_watchers: defaultdict[str, set[asyncio.Future[Event]]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
 
@@ -73,29 +76,34 @@ class CommandBus:
         if self._producer is not None:
             await stop_client(self._producer)
 
-    async def publish(self, command: Command, tenant: str, traceparent: str) -> None:
-        """Queue `command` durably; Problem 503 if Kafka does not take it."""
+    async def publish(self, command: Command, tenant: str, traceparent: str | None) -> \
+            tuple[int, int]:
+        """Queue `command` durably and return its (partition, offset); Problem 503 if
+        Kafka does not take it."""
         assert self._producer is not None, "CommandBus.start() first"
         meta = new_meta(command.thread_id, tenant, int(time.time() * 1000), traceparent)
         try:
-            await self._producer.send_and_wait(
+            sent = await self._producer.send_and_wait(
                 self.settings.topics.commands, encode_command(command, meta),
                 key=command.thread_id.encode())
         except KafkaError as exc:
             log.warning("publishing %s failed: %s", type(command).__name__, exc)
             raise Problem(503, "unavailable",
                           "the command could not be queued; retry the request") from exc
+        return sent.partition, sent.offset
 
     async def decide(self, command: Command, tenant: str, traceparent: str,
-                     watch_run: str | None = None) -> Event | None:
-        """Publish `command` and return the first event decided on it, or None if none
-        came within `decision_timeout_ms` (the command stays queued and will be decided).
+                     watch_run: str | None = None, until: type[Event] | None = None) -> \
+            Event | None:
+        """Publish `command` and return the first event decided on it (with `until`,
+        the first of that type), or None if none came within `decision_timeout_ms`
+        (the command stays queued and will be decided).
 
         With `watch_run`, a terminal event of that run also answers (a cancel that
         arrives after the run ended decides nothing)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Event] = loop.create_future()
-        self._waiters[traceparent] = future
+        self._waiters[traceparent] = (future, until)
         if watch_run is not None:
             self._run_watchers[watch_run].add(future)
         try:
@@ -125,9 +133,11 @@ class CommandBus:
                     continue
                 if self.on_event is not None:
                     self.on_event(event)
-                waiter = self._waiters.pop(meta.traceparent or "", None)
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(event)
+                waiter = self._waiters.get(meta.traceparent or "")
+                if waiter is not None and (waiter[1] is None or isinstance(event, waiter[1])):
+                    del self._waiters[meta.traceparent or ""]
+                    if not waiter[0].done():
+                        waiter[0].set_result(event)
                 if isinstance(event, TERMINAL_EVENTS):
                     for watcher in self._run_watchers.pop(event.run_id, ()):
                         if not watcher.done():

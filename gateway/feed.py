@@ -36,6 +36,7 @@ from gateway.kafka import (
 )
 from gateway.read_model import ReadModel
 from gateway.sse import Position, RunTracker, SseEvent, make_events
+from gateway.tokens import ResumeTokens
 from streams.config import Settings
 from streams.records import RunLifecycle
 from streams.serialization import DecodeError, decode_stream
@@ -155,6 +156,7 @@ class StreamFeed:
         self.queue_limit = queue_limit
         self.backfill_margin_ms = backfill_margin_ms
         self.topic = settings.topics.stream
+        self.tokens = ResumeTokens.from_settings(settings)  # signs ids; replays and resumes share it
         self.tracker = RunTracker()
         self.start_offsets: dict[int, int] = {}
         self.last_offsets: dict[int, int] = {}
@@ -210,6 +212,18 @@ class StreamFeed:
     def close_all(self, reason: str) -> None:
         for sub in list(self.subscribers):
             sub.close(reason)
+
+    def drop_thread(self, thread_id: str) -> None:
+        """The thread was deleted: end its open streams and forget its window, so
+        nothing of it is sent again (new streams of it get 404 from the read model)."""
+        window = self._windows.pop(thread_id, None)
+        if window is None:
+            return
+        for sub in list(window.subscribers):
+            sub.close("deleted")
+        here = (self.last_offsets.get(window.partition, -1) + 1, -1)
+        self._dropped_floor[window.partition] = max(
+            here, self._dropped_floor.get(window.partition, here))
 
     def partition_of(self, thread_id: str) -> int:
         return partition_for(thread_id, self.settings.partitions)
@@ -338,7 +352,8 @@ class StreamFeed:
                         sub.close("unknown run")
             return
         window = self._window(thread_id)
-        for event in make_events(partition, record.offset, state.start, meta, output):
+        for event in make_events(self.tokens, partition, record.offset, state.start, meta,
+                                 output):
             window.events.append(event)
             for sub in list(window.subscribers):
                 if sub.push(event):

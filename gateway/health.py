@@ -1,5 +1,7 @@
 """GET /healthz: 200 only when the broker answers, the processor and worker groups
 have members and the read model is loaded; 503 with what is missing otherwise.
+It is liveness: a processor that joined its group may still be restoring its
+tables; `/readyz` (`gateway.ready`) says whether decisions are being made.
 
 The probe is aiokafka's admin client on the gateway's own loop, not librdkafka's:
 librdkafka's `AdminClient` aborted the whole process (an assertion in
@@ -16,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
+from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from gateway.keys import FEED, OPTIONS, READ_MODEL, SETTINGS
@@ -54,6 +57,20 @@ class HealthProbe:
                     await self.close()
                     break
             return report
+
+    async def committed(self, group: str, partitions: list[TopicPartition],
+                        timeout_s: float) -> dict[TopicPartition, int]:
+        """The group's committed offsets on `partitions` (absent: none committed);
+        raises if the broker does not answer (and drops the client)."""
+        async with self._lock:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    admin = await self._client(timeout_s)
+                    found = await admin.list_consumer_group_offsets(group, partitions=partitions)
+            except Exception:
+                await self.close()
+                raise
+        return {tp: meta.offset for tp, meta in found.items() if meta.offset >= 0}
 
     async def _client(self, timeout_s: float) -> AIOKafkaAdminClient:
         if self._admin is None:
@@ -97,7 +114,8 @@ async def healthz(request: web.Request) -> web.Response:
     missing = [g for g in groups if report["groups"].get(g, {}).get("members", 0) < 1]
     healthy = report["broker"]["ok"] and not missing and app[READ_MODEL].loaded
     report.update(status="ok" if healthy else "unavailable",
-                  read_model={"loaded": app[READ_MODEL].loaded}, feed=app[FEED].stats())
+                  read_model={k: v for k, v in app[READ_MODEL].stats().items() if k != "store"},
+                  feed=app[FEED].stats())
     if missing:
         report["missing_members"] = missing
     return web.json_response(report, status=200 if healthy else 503)

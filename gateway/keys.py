@@ -9,10 +9,11 @@ from aiohttp import web
 from gateway.decisions import CommandBus
 from gateway.feed import StreamFeed
 from gateway.kafka import Offsets
+from gateway.limits import TenantLimiter
 from gateway.read_model import ReadModel
 from streams.config import Settings
 
-__all__ = ["BUS", "FEED", "OFFSETS", "OPTIONS", "READ_MODEL", "SETTINGS", "Options"]
+__all__ = ["BUS", "FEED", "LIMITER", "OFFSETS", "OPTIONS", "READ_MODEL", "SETTINGS", "Options"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,9 @@ class Options:
     queue_limit: int = 10_000  # per SSE client
     catch_up_timeout_s: float = 5.0
     health_timeout_s: float = 3.0
+    ready_timeout_s: float = 2.0  # how long one /readyz waits for the processor
+    ready_cache_s: float = 5.0  # a /readyz success is reused this long
+    store_name: str | None = None  # the read store's folder; default <host>-<port>
 
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -34,3 +38,4 @@ BUS = web.AppKey("bus", CommandBus)
 READ_MODEL = web.AppKey("read_model", ReadModel)
 FEED = web.AppKey("feed", StreamFeed)
 OFFSETS = web.AppKey("offsets", Offsets)
+LIMITER = web.AppKey("limiter", TenantLimiter)

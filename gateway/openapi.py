@@ -23,6 +23,8 @@ _THREAD_ID = {"name": "thread_id", "in": "path", "required": True, "schema": {"t
 _RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
 _UNAUTHORIZED = _problem("Missing or unknown API key")
 _NOT_FOUND = _problem("No such thread or run for this tenant")
+_POSTS = _problem("Too many posts a second for this tenant (Retry-After)")
+_STREAMS = _problem("Too many open streams or replays for this tenant (Retry-After)")
 _SSE_PARAMS = [
     {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"},
      "description": "Resume right after this event id."},
@@ -35,6 +37,17 @@ _SSE_PARAMS = [
                     "as a fresh one (the run in progress, else live)."},
     {"name": "access_token", "in": "query", "schema": {"type": "string"},
      "description": "The API key, for EventSource clients (also the threadline_token cookie)."},
+]
+_LIMIT_MESSAGES = {"name": "limit", "in": "query",
+                   "schema": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100},
+                   "description": "Messages per page: 100 if absent, at most 1000."}
+_CURSORS = [
+    {"name": "after", "in": "query", "schema": {"type": "string"},
+     "description": "A next_cursor: the messages after it, oldest first."},
+    {"name": "before", "in": "query", "schema": {"type": "string"},
+     "description": "A cursor, or `end`: the messages just before it, oldest first within "
+                    "the page (alone, it pages backwards toward the start; `end` reads the "
+                    "newest messages)."},
 ]
 _SSE = {"description": "text/event-stream. Events: message_start, text_start, text_delta, "
                        "text_end, step, citations, message_end, run_accepted, "
@@ -52,12 +65,30 @@ SPEC: dict[str, Any] = {
                 "type": {"type": "string"}, "title": {"type": "string"},
                 "status": {"type": "integer"}, "detail": {"type": "string"},
                 "instance": {"type": "string"}}},
-            "Thread": {"type": "object", "properties": {
+            "Thread": {"type": "object", "description": (
+                "A thread's bounded state. There is no list of its runs (it grew without "
+                "bound): `last_run` is the most recent run that ended, and each user "
+                "message carries its run's status (GET .../messages)."), "properties": {
+                "id": {"type": "string", "description": "Same as thread_id."},
                 "thread_id": {"type": "string"}, "title": {"type": "string"},
-                "created_at_ms": {"type": "integer"}, "workflow_id": {"type": "string"},
-                "message_count": {"type": "integer"},
-                "active_run": {"type": ["object", "null"]}, "runs": {"type": "array"},
+                "created_at_ms": {"type": "integer"},
+                "updated_at_ms": {"type": "integer",
+                                  "description": "When the last event changed the thread."},
+                "workflow_id": {"type": "string"},
+                "message_count": {"type": "integer"}, "run_count": {"type": "integer"},
+                "active_run": {"type": ["object", "null"], "properties": {
+                    "run_id": {"type": "string"}, "message_id": {"type": "string"},
+                    "attempt": {"type": "integer"}, "status": {"type": "string"},
+                    "accepted_at_ms": {"type": ["integer", "null"]}}},
+                "last_run": {"type": ["object", "null"], "properties": {
+                    "run_id": {"type": "string"}, "message_id": {"type": "string"},
+                    "status": {"type": "string"}, "attempts": {"type": "integer"}}},
                 "status": {"type": "string", "enum": ["created", "pending"]}}},
+            "Threads": {"type": "object", "properties": {
+                "threads": {"type": "array", "items": {"$ref": "#/components/schemas/Thread"}},
+                "next_cursor": {"type": ["string", "null"],
+                                "description": "Pass as `cursor` for the next page; null "
+                                               "at the end."}}},
             "RunStarted": {"type": "object", "required": ["workflow_id", "run_id", "message_id"],
                            "properties": {
                                "workflow_id": {"type": "string"}, "run_id": {"type": "string"},
@@ -67,11 +98,17 @@ SPEC: dict[str, Any] = {
             "Messages": {"type": "object", "properties": {
                 "thread_id": {"type": "string"},
                 "messages": {"type": "array", "items": {"type": "object", "properties": {
+                    "seq": {"type": "integer", "description": "0-based position in the thread."},
                     "message_id": {"type": "string"},
                     "role": {"type": "string", "enum": ["user", "assistant"]},
                     "text": {"type": "string"}, "run_id": {"type": "string"},
                     "created_at_ms": {"type": "integer"}, "steps": {"type": "array"},
-                    "citations": {"type": "array"}}}}}},
+                    "citations": {"type": "array"},
+                    "run_status": {"type": ["string", "null"], "description": (
+                        "User messages only: the status of the run the message started.")}}}},
+                "next_cursor": {"type": ["string", "null"], "description": (
+                    "Continues in the direction read: pass it as `after` (or as `before` "
+                    "if this page was read with `before`); null at the end.")}}},
             "Cancel": {"type": "object", "properties": {
                 "run_id": {"type": "string"},
                 "status": {"type": "string", "enum": ["cancelled", "pending"]}}},
@@ -79,30 +116,59 @@ SPEC: dict[str, Any] = {
     },
     "security": [{"bearer": []}],
     "paths": {
-        "/healthz": {"get": {"security": [], "summary": "Broker, processor and worker liveness",
+        "/healthz": {"get": {"security": [], "summary": "Liveness: the broker answers, the "
+                                                        "processor and worker groups have "
+                                                        "members, the read model is loaded",
                              "responses": {"200": {"description": "healthy"},
                                            "503": {"description": "something is missing"}}}},
+        "/readyz": {"get": {"security": [], "summary": (
+            "Readiness, what a load balancer should probe: 200 only when the processor "
+            "owns every partition, has restored it and decides (a probe command per "
+            "partition is processed); a success is reused for 5 s"),
+            "responses": {"200": {"description": "decisions are being made"},
+                          "503": {"description": "not yet (partitions_waiting)"}}}},
         "/openapi.json": {"get": {"security": [], "summary": "This document",
                                   "responses": {"200": {"description": "OpenAPI 3.1"}}}},
         "/demo": {"get": {"security": [], "summary": "A browser page watching a thread's stream "
                                                      "(/demo#key=KEY&thread=ID)",
                           "responses": {"200": {"description": "HTML"}}}},
-        "/v1/threads": {"post": {
+        "/v1/threads": {"get": {
+            "summary": "The tenant's threads, most recently updated first",
+            "parameters": [
+                {"name": "limit", "in": "query", "schema": {
+                    "type": "integer", "minimum": 1, "maximum": 200, "default": 50}},
+                {"name": "cursor", "in": "query", "schema": {"type": "string"},
+                 "description": "The previous page's next_cursor."}],
+            "responses": {"200": _json("A page of threads", "Threads"),
+                          "400": _problem("Bad limit or cursor"), "401": _UNAUTHORIZED}},
+            "post": {
             "summary": "Create a thread",
             "requestBody": {"content": {"application/json": {"schema": {
                 "type": "object", "properties": {"title": {"type": "string"}}}}}},
             "responses": {"201": _json("Created", "Thread"),
                           "202": _json("Queued, not decided yet", "Thread"),
                           "400": _problem("Malformed JSON"), "401": _UNAUTHORIZED,
-                          "413": _problem("Body too large"), "422": _problem("Invalid body")}}},
+                          "413": _problem("Body too large"), "422": _problem("Invalid body"),
+                          "429": _POSTS}}},
         "/v1/threads/{thread_id}": {"get": {
             "summary": "A thread", "parameters": [_THREAD_ID],
             "responses": {"200": _json("The thread", "Thread"), "401": _UNAUTHORIZED,
-                          "404": _NOT_FOUND}}},
-        "/v1/threads/{thread_id}/messages": {"get": {
-            "summary": "Stored messages, user and assistant, in order",
+                          "404": _NOT_FOUND}},
+            "delete": {
+            "summary": "Delete a thread: its state and every message (a run in flight is "
+                       "cancelled first); then 404 everywhere, and its open streams end",
             "parameters": [_THREAD_ID],
-            "responses": {"200": _json("The messages", "Messages"), "401": _UNAUTHORIZED,
+            "responses": {"204": {"description": "Deleted"},
+                          "202": {"description": "Queued, not decided yet (status pending)",
+                                  "content": {"application/json": {"schema": {
+                                      "type": "object"}}}},
+                          "401": _UNAUTHORIZED, "404": _NOT_FOUND}}},
+        "/v1/threads/{thread_id}/messages": {"get": {
+            "summary": "Stored messages, user and assistant, oldest first, a page at a "
+                       "time (without limit: the first 100, with next_cursor)",
+            "parameters": [_THREAD_ID, _LIMIT_MESSAGES, *_CURSORS],
+            "responses": {"200": _json("A page of messages", "Messages"),
+                          "400": _problem("Bad limit or cursor"), "401": _UNAUTHORIZED,
                           "404": _NOT_FOUND}}},
         "/v1/threads/{thread_id}/user_message": {"post": {
             "summary": "Post a user message: starts a run",
@@ -118,21 +184,24 @@ SPEC: dict[str, Any] = {
                           "409": _problem("A run is active (active_run_id)"),
                           "413": _problem("Body too large"),
                           "422": _problem("Empty or too long input, bad body, or the "
-                                          "Idempotency-Key was used with another body")}}},
+                                          "Idempotency-Key was used with another body"),
+                          "429": _problem("Too many posts a second, or runs in progress, "
+                                          "for this tenant (Retry-After)")}}},
         "/v1/threads/{thread_id}/runs/{run_id}/cancel": {"post": {
             "summary": "Cancel a run", "parameters": [_THREAD_ID, _RUN_ID],
             "responses": {"202": _json("Cancelled or pending", "Cancel"), "401": _UNAUTHORIZED,
-                          "404": _NOT_FOUND, "409": _problem("The run already ended")}}},
+                          "404": _NOT_FOUND, "409": _problem("The run already ended"),
+                          "429": _POSTS}}},
         "/v1/threads/{thread_id}/stream": {"get": {
             "summary": "Every run of the thread as server-sent events",
             "parameters": [_THREAD_ID, *_SSE_PARAMS],
             "responses": {"200": _SSE, "400": _problem("Unusable Last-Event-ID"),
-                          "401": _UNAUTHORIZED, "404": _NOT_FOUND}}},
+                          "401": _UNAUTHORIZED, "404": _NOT_FOUND, "429": _STREAMS}}},
         "/v1/runs/{run_id}/events": {"get": {
             "summary": "One run from its start; closes after done",
             "parameters": [_RUN_ID, *_SSE_PARAMS],
             "responses": {"200": _SSE, "400": _problem("Unusable Last-Event-ID"),
-                          "401": _UNAUTHORIZED, "404": _NOT_FOUND}}},
+                          "401": _UNAUTHORIZED, "404": _NOT_FOUND, "429": _STREAMS}}},
     },
 }
 

@@ -3,11 +3,20 @@
 Writes publish a command and answer with the processor's decision on it; if none
 comes within `decision_timeout_ms`, they answer 202 with `"status": "pending"`: the
 command is durably queued and will be decided, so the client must not see an error.
-Reads come from the threads read model (`gateway.read_model`).
+Reads come from the read model (`gateway.read_model`), a local store: a thread is
+one point read, a page of messages or threads one range scan.
+
+Pagination: `limit` (messages: default 100, at most 1000; threads: default 50, at
+most 200) and opaque cursors. Messages come oldest first within a page; `after`
+continues forward, `before` alone reads the page just before it (`before=end`: the
+newest messages); `next_cursor` continues in the same direction and is null at the
+end.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import time
 import uuid
@@ -17,11 +26,14 @@ from aiohttp import web
 
 from gateway.auth import TENANT
 from gateway.decisions import new_traceparent
-from gateway.keys import BUS, READ_MODEL, SETTINGS
+from gateway.kafka import partition_for
+from gateway.keys import BUS, LIMITER, READ_MODEL, SETTINGS
+from gateway.limits import tenant_active_runs
 from gateway.problems import Problem
 from streams.domain import (
     CancelRun,
     CreateThread,
+    DeleteThread,
     Event,
     MessageAccepted,
     PostUserMessage,
@@ -31,15 +43,21 @@ from streams.domain import (
     RunCompleted,
     RunRejected,
     RunStatus,
-    StoredMessage,
     ThreadCreated,
+    ThreadDeleted,
     ThreadState,
     workflow_id_for,
 )
+from streams.records import MessageRecord
 from streams.thread import run_id_for
 
-__all__ = ["cancel_run", "create_thread", "get_thread", "list_messages", "message_id_for",
-           "post_user_message"]
+__all__ = ["MAX_MESSAGES_PAGE", "MAX_THREADS_PAGE", "MESSAGES_PAGE", "THREADS_PAGE",
+           "cancel_run", "create_thread", "delete_thread", "get_thread", "list_messages",
+           "list_threads", "message_id_for", "post_user_message"]
+
+MESSAGES_PAGE, MAX_MESSAGES_PAGE = 100, 1000  # GET /v1/threads/{id}/messages: default, max
+THREADS_PAGE, MAX_THREADS_PAGE = 50, 200  # GET /v1/threads
+END_SEQ = (1 << 63) - 1  # `before=end`: the newest messages
 
 # Fixed forever: changing it changes the message id of every idempotency key.
 _KEY_NAMESPACE = uuid.UUID("5d0c7c1e-9b0e-4f57-a3a4-2c1f0f1f6a11")
@@ -73,6 +91,8 @@ async def _body(request: web.Request, *, required: bool) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise Problem(400, "malformed-json", f"the body is not JSON: {exc}") from exc
+    except RecursionError as exc:  # json's C scanner recurses once per nesting level
+        raise Problem(400, "malformed-json", "the body is nested too deeply") from exc
     if not isinstance(body, dict):
         raise Problem(422, "invalid-body", "the body must be a JSON object")
     return body
@@ -82,29 +102,44 @@ def _string(body: dict[str, Any], name: str, default: str | None = None) -> str:
     value = body.get(name, default)
     if not isinstance(value, str):
         raise Problem(422, "invalid-body", f"'{name}' must be a string", field=name)
+    try:  # JSON lets "\ud800" through; Avro, Kafka and every client want real text
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise Problem(422, "invalid-body", f"'{name}' holds an unpaired surrogate at character "
+                      f"{exc.start}: not Unicode text", field=name) from exc
     return value
 
 
-def _message(m: StoredMessage) -> dict[str, Any]:
-    return {
-        "message_id": m.message_id, "role": m.role, "text": m.text, "run_id": m.run_id,
-        "created_at_ms": m.created_at_ms,
+def _message(record: MessageRecord, state: ThreadState) -> dict[str, Any]:
+    m = record.message
+    body: dict[str, Any] = {
+        "seq": record.seq, "message_id": m.message_id, "role": m.role, "text": m.text,
+        "run_id": m.run_id, "created_at_ms": m.created_at_ms,
         "steps": [{"kind": s.kind, "name": s.name, "payload_json": s.payload_json}
                   for s in m.steps],
         "citations": [{"url": c.url, "title": c.title} for c in m.citations],
     }
+    if m.role == "user":
+        run = state.active_run
+        status = run.status if run is not None and run.run_id == m.run_id else record.run_status
+        body["run_status"] = None if status is None else status.value
+    return body
 
 
 def _thread(state: ThreadState) -> dict[str, Any]:
-    run = state.active_run
+    run, last = state.active_run, state.last_run
     return {
-        "thread_id": state.thread_id, "title": state.title, "created_at_ms": state.created_at_ms,
-        "workflow_id": workflow_id_for(state.thread_id), "message_count": len(state.messages),
+        "id": state.thread_id, "thread_id": state.thread_id, "title": state.title,
+        "created_at_ms": state.created_at_ms,
+        "updated_at_ms": state.updated_at_ms or state.created_at_ms,
+        "workflow_id": workflow_id_for(state.thread_id), "message_count": state.message_count,
+        "run_count": state.run_count,
         "active_run": None if run is None else {
             "run_id": run.run_id, "message_id": run.message_id, "attempt": run.attempt,
-            "status": run.status.value},
-        "runs": [{"run_id": r.run_id, "message_id": r.message_id, "status": r.status.value,
-                  "attempts": r.attempts} for r in state.runs.values()],
+            "status": run.status.value, "accepted_at_ms": run.accepted_at_ms or None},
+        "last_run": None if last is None else {
+            "run_id": last.run_id, "message_id": last.message_id, "status": last.status.value,
+            "attempts": last.attempts},
     }
 
 
@@ -113,6 +148,48 @@ async def _own_thread(request: web.Request) -> ThreadState:
     if state is None:
         raise Problem(404, "not-found", "no such thread")
     return state
+
+
+def _cursor(*parts: object) -> str:
+    raw = json.dumps(parts, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _parse_cursor(request: web.Request, name: str, kind: str) -> list[Any] | None:
+    raw = request.query.get(name)
+    if raw is None:
+        return None
+    try:
+        parts = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+    except (ValueError, binascii.Error) as exc:
+        raise Problem(400, "bad-cursor", f"'{name}' is not a cursor of this list") from exc
+    if not isinstance(parts, list) or not parts or parts[0] != kind:
+        raise Problem(400, "bad-cursor", f"'{name}' is not a cursor of this list")
+    return parts[1:]
+
+
+def _limit(request: web.Request, default: int, maximum: int) -> int:
+    raw = request.query.get("limit")
+    if raw is None:
+        return default
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= maximum:
+        raise Problem(400, "bad-limit", f"'limit' must be an integer from 1 to {maximum}")
+    return limit
+
+
+def _seq_cursor(request: web.Request, name: str) -> int | None:
+    if name == "before" and request.query.get(name) == "end":
+        return END_SEQ
+    parts = _parse_cursor(request, name, "m")
+    if parts is None:
+        return None
+    if len(parts) != 1 or not isinstance(parts[0], int) or not 0 <= parts[0] < END_SEQ:
+        raise Problem(400, "bad-cursor", f"'{name}' is not a cursor of this list")
+    return parts[0]
 
 
 async def create_thread(request: web.Request) -> web.Response:
@@ -142,10 +219,53 @@ async def get_thread(request: web.Request) -> web.Response:
 
 
 async def list_messages(request: web.Request) -> web.Response:
-    """GET /v1/threads/{thread_id}/messages"""
+    """GET /v1/threads/{thread_id}/messages?limit=&after=|before="""
+    limit = _limit(request, MESSAGES_PAGE, MAX_MESSAGES_PAGE)
+    after, before = _seq_cursor(request, "after"), _seq_cursor(request, "before")
     state = await _own_thread(request)
+    page = request.app[READ_MODEL].messages(state.thread_id, after=after, before=before,
+                                             limit=limit)
+    next_cursor = None
+    if page.more and page.records:
+        backward = before is not None and after is None
+        next_cursor = _cursor("m", page.records[0 if backward else -1].seq)
     return _json(200, {"thread_id": state.thread_id,
-                       "messages": [_message(m) for m in state.messages]})
+                       "messages": [_message(r, state) for r in page.records],
+                       "next_cursor": next_cursor})
+
+
+async def list_threads(request: web.Request) -> web.Response:
+    """GET /v1/threads?limit=&cursor="""
+    limit = _limit(request, THREADS_PAGE, MAX_THREADS_PAGE)
+    parts = _parse_cursor(request, "cursor", "t")
+    after = None
+    if parts is not None:
+        if len(parts) != 2 or not isinstance(parts[0], int) or not isinstance(parts[1], str):
+            raise Problem(400, "bad-cursor", "'cursor' is not a cursor of this list")
+        after = (parts[0], parts[1])
+    page = await request.app[READ_MODEL].threads(request[TENANT], after=after, limit=limit)
+    last = page.states[-1] if page.states else None
+    next_cursor = None if not page.more or last is None else _cursor(
+        "t", last.updated_at_ms or last.created_at_ms, last.thread_id)
+    return _json(200, {"threads": [_thread(s) for s in page.states],
+                       "next_cursor": next_cursor})
+
+
+async def delete_thread(request: web.Request) -> web.Response:
+    """DELETE /v1/threads/{thread_id}"""
+    state = await _own_thread(request)
+    tenant, thread_id = request[TENANT], state.thread_id
+    read_model = request.app[READ_MODEL]
+    read_model.note_write(thread_id)
+    event = await request.app[BUS].decide(
+        DeleteThread(thread_id, tenant, _now_ms()), tenant,
+        new_traceparent(request.headers.get("traceparent")), until=ThreadDeleted)
+    if event is None:
+        return _json(202, {"thread_id": thread_id, "status": "pending"})
+    # The tombstones were committed with the decision: read them before answering,
+    # so this gateway answers 404 for the thread from now on.
+    await read_model.catch_up([partition_for(thread_id, request.app[SETTINGS].partitions)])
+    return web.Response(status=204)
 
 
 def _idempotency_key(request: web.Request) -> str | None:
@@ -173,6 +293,8 @@ async def post_user_message(request: web.Request) -> web.Response:
                       f"limit is {limit}", field="input_text")
     key = _idempotency_key(request)
     tenant, thread_id = request[TENANT], state.thread_id
+    read_model = request.app[READ_MODEL]
+    request.app[LIMITER].admit_run(tenant, tenant_active_runs(read_model, tenant))
     message_id = message_id_for(tenant, thread_id, key) if key else str(uuid.uuid4())
     command = PostUserMessage(thread_id, tenant, message_id, text, key, _now_ms())
     request.app[READ_MODEL].note_write(thread_id)
@@ -211,14 +333,14 @@ async def cancel_run(request: web.Request) -> web.Response:
     """POST /v1/threads/{thread_id}/runs/{run_id}/cancel"""
     run_id = request.match_info["run_id"]
     state = await _own_thread(request)
-    if run_id not in state.runs:
+    run = await request.app[READ_MODEL].run(request[TENANT], run_id)
+    if run is None or run.state.thread_id != state.thread_id:
         raise Problem(404, "not-found", "no such run on this thread")
     body = await _body(request, required=False)
     reason = _string(body, "reason", "cancelled by the client")[:500]
-    record = state.runs[run_id]
-    if record.status.is_terminal:
-        raise Problem(409, "run-finished", f"the run already ended ({record.status.value})",
-                      run_status=record.status.value)
+    if run.status is not None and run.status.is_terminal:
+        raise Problem(409, "run-finished", f"the run already ended ({run.status.value})",
+                      run_status=run.status.value)
     tenant = request[TENANT]
     command = CancelRun(state.thread_id, tenant, run_id, reason, _now_ms())
     request.app[READ_MODEL].note_write(state.thread_id)

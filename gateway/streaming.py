@@ -27,18 +27,18 @@ from aiohttp.http_writer import StreamWriter
 
 from gateway.auth import TENANT
 from gateway.feed import Subscriber
-from gateway.keys import FEED, OPTIONS, READ_MODEL, SETTINGS
+from gateway.keys import FEED, LIMITER, OPTIONS, READ_MODEL, SETTINGS
 from gateway.problems import Problem
+from gateway.read_model import RunView
 from gateway.replay import ReplayGone, replay
 from gateway.sse import (
-    BadEventId,
-    EventId,
     Position,
     SseEvent,
     comment_frame,
     not_streaming_frame,
     retry_frame,
 )
+from gateway.tokens import BadEventId
 from streams.domain import ThreadState
 
 __all__ = ["run_events", "thread_stream"]
@@ -68,18 +68,18 @@ async def _resume(request: web.Request, partition: int, state: ThreadState,
     token = (request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
              or request.query.get("last_entry_id"))
     message_id = request.query.get("last_message_id")
-    if message_id is not None and not any(
-            m.message_id == message_id for m in state.messages):
+    if message_id is not None and not request.app[READ_MODEL].has_message(
+            state.thread_id, message_id):
         raise Problem(400, "bad-last-event-id", "last_message_id is not a message of this thread")
     if not token:
         return None
-    try:
-        event_id = EventId.decode(token.strip())
+    feed = request.app[FEED]
+    try:  # the one place a client's resume token is read
+        event_id = feed.tokens.verify(token.strip(), state.thread_id)
     except BadEventId as exc:
         raise Problem(400, "bad-last-event-id", str(exc)) from exc
     if event_id.partition != partition or (run_id is not None and event_id.run_id != run_id):
         raise Problem(400, "bad-last-event-id", "the event id is not from this stream")
-    feed = request.app[FEED]
     if event_id.offset > feed.last_offsets.get(partition, -1) and \
             event_id.offset >= await feed.end_offset(partition):
         raise Problem(400, "bad-last-event-id", "the event id is ahead of the stream")
@@ -143,11 +143,10 @@ async def thread_stream(request: web.Request) -> web.StreamResponse:
 
 async def run_events(request: web.Request) -> web.StreamResponse:
     """GET /v1/runs/{run_id}/events"""
-    run_id = request.match_info["run_id"]
-    state = await request.app[READ_MODEL].thread_of_run(request[TENANT], run_id)
-    if state is None or run_id not in state.runs:
+    run = await request.app[READ_MODEL].run(request[TENANT], request.match_info["run_id"])
+    if run is None:
         raise _not_found("run")
-    return await _serve(request, state, run_id)
+    return await _serve(request, run.state, run)
 
 
 def _live_plan(here: int) -> _Plan:
@@ -155,14 +154,14 @@ def _live_plan(here: int) -> _Plan:
     return _Plan((here + 1, -1), here + 1, None)
 
 
-async def _fresh_plan(request: web.Request, state: ThreadState, run_id: str | None,
+async def _fresh_plan(request: web.Request, state: ThreadState, run: RunView | None,
                       here: int | None = None) -> _Plan:
     """Where a stream without a resume position starts; `here` is the feed's position
     when the client subscribed (None: not subscribed yet, take it now)."""
     feed = request.app[FEED]
     if here is None:
         here = feed.last_offsets.get(feed.partition_of(state.thread_id), -1)
-    if run_id is None:
+    if run is None:
         active = feed.active_run(state.thread_id)
         if active is None and state.active_run is not None:  # e.g. its window was evicted
             known = feed.tracker.runs.get(state.active_run.run_id)
@@ -171,63 +170,88 @@ async def _fresh_plan(request: web.Request, state: ThreadState, run_id: str | No
         if active is None:
             return _live_plan(here)
         return _Plan((active[1], -1), active[1], active[0])
+    run_id = run.run_id
     known = feed.tracker.runs.get(run_id)
     if known is None:  # maybe the feed has not read that far yet
         await feed.catch_up(feed.partition_of(state.thread_id))
         known = feed.tracker.runs.get(run_id)
     if known is not None:
         return _Plan((known.start, -1), known.start, run_id)
-    if not state.runs[run_id].status.is_terminal:
+    if not run.terminal:
         return _live_plan(here)  # its start is still ahead of the feed
-    accepted = next((m.created_at_ms for m in state.messages if m.run_id == run_id), 0)
-    return _Plan((-1, -1), 0, run_id, accepted - FIND_RUN_MARGIN_MS)
+    return _Plan((-1, -1), 0, run_id, run.accepted_at_ms - FIND_RUN_MARGIN_MS)
 
 
-async def _serve(request: web.Request, state: ThreadState, run_id: str | None) -> \
+async def _serve(request: web.Request, state: ThreadState, run: RunView | None) -> \
         web.StreamResponse:
+    run_id = None if run is None else run.run_id
     app = request.app
-    feed, options = app[FEED], app[OPTIONS]
+    feed, limiter, tenant = app[FEED], app[LIMITER], request[TENANT]
     partition = feed.partition_of(state.thread_id)
     plan = await _resume(request, partition, state, run_id)
     if plan is None:
-        plan = await _fresh_plan(request, state, run_id)
-    response = web.StreamResponse(headers=SSE_HEADERS)
-    await response.prepare(request)
+        plan = await _fresh_plan(request, state, run)
+    # The tenant's limits are checked before the headers go out, so a refusal is a 429.
+    with limiter.stream(tenant), contextlib.ExitStack() as replaying:
+        sub, snapshot, covered = feed.subscribe(state.thread_id, run_id)
+        here = feed.last_offsets.get(partition, -1)  # the feed's position at subscribing
+        try:
+            if _needs_replay(plan, covered):
+                replaying.enter_context(limiter.replay(tenant))
+            response = web.StreamResponse(headers=SSE_HEADERS)
+            await response.prepare(request)
+            return await _stream(request, response, state, run, plan, sub, snapshot,
+                                 covered, here, replaying)
+        finally:
+            feed.unsubscribe(sub)
+
+
+def _needs_replay(plan: _Plan, covered: Position) -> bool:
+    return plan.after < covered or plan.from_time_ms is not None
+
+
+async def _stream(request: web.Request, response: web.StreamResponse, state: ThreadState,
+                  run: RunView | None, plan: _Plan, sub: Subscriber, snapshot: list[SseEvent],
+                  covered: Position, here: int,
+                  replaying: contextlib.ExitStack) -> web.StreamResponse:
+    """Catch up (releasing the replay slot after), then live, on a prepared response."""
+    feed, options = request.app[FEED], request.app[OPTIONS]
+    partition = feed.partition_of(state.thread_id)
+    run_id = None if run is None else run.run_id
     out = _Writer(response, run_id is not None)
     # Nothing at or before the resume position, whatever path it comes by: this
     # gateway's feed may be behind the one the client read before, and then the
     # live queue still brings events the client has (found by the chaos run).
     out.last = plan.after
-    sub, snapshot, covered = feed.subscribe(state.thread_id, run_id)
-    here = feed.last_offsets.get(partition, -1)
     try:
         await response.write(retry_frame(options.retry_ms))
         # A position retention removed: say so, then start as a fresh stream would,
-        # and if even that is gone, live.
-        for fallback in range(3):
-            try:
-                await _catch_up(request, out, plan, partition, state.thread_id, run_id, covered)
-            except ReplayGone:
-                await response.write(not_streaming_frame(state.thread_id, plan.run_id))
-                if run_id is not None:
-                    return response
-                plan = await _fresh_plan(request, state, None, here) if fallback == 0 \
-                    else _live_plan(here)
-                out.last = plan.after
-                continue
-            await out.send([e for e in snapshot if e.position > plan.after])
-            break
+        # and if even that is gone, live. (Only a replay raises ReplayGone, so a
+        # fallback runs while the replay slot is held.)
+        with replaying:
+            for fallback in range(3):
+                try:
+                    await _catch_up(request, out, plan, partition, state.thread_id, run_id,
+                                    covered)
+                except ReplayGone:
+                    await response.write(not_streaming_frame(state.thread_id, plan.run_id))
+                    if run_id is not None:
+                        return response
+                    plan = await _fresh_plan(request, state, None, here) if fallback == 0 \
+                        else _live_plan(here)
+                    out.last = plan.after
+                    continue
+                await out.send([e for e in snapshot if e.position > plan.after])
+                break
 
         def finished() -> bool:
-            return run_id is not None and _run_over(request, state, run_id)
+            return run is not None and _run_over(request, run)
 
         await _live(request, out, sub, options.keepalive_s, finished)
     except ConnectionError:
         pass  # the client went away
     except Exception:  # the headers are sent: end the stream, the client resumes
         log.exception("stream of thread %s failed", state.thread_id)
-    finally:
-        feed.unsubscribe(sub)
     return response
 
 
@@ -236,8 +260,11 @@ async def _catch_up(request: web.Request, out: _Writer, plan: _Plan, partition: 
     """Replay (plan.after, covered] from Kafka if the window does not reach back that far."""
     if plan.after >= covered and plan.from_time_ms is None:
         return
-    events = replay(request.app[SETTINGS], partition, thread_id, scan_from=plan.scan_from,
-                    after=plan.after, until=covered, run_id=run_id, from_time_ms=plan.from_time_ms)
+    settings = request.app[SETTINGS]
+    events = replay(settings, request.app[FEED].tokens, partition, thread_id,
+                    scan_from=plan.scan_from, after=plan.after, until=covered, run_id=run_id,
+                    from_time_ms=plan.from_time_ms,
+                    max_records=settings.limits.replay_max_records)
     sent = out.last
     # One write per REPLAY_BATCH events, not per event: a write costs as much as
     # making the event, and the records are all there to read.
@@ -259,12 +286,12 @@ async def _catch_up(request: web.Request, out: _Writer, plan: _Plan, partition: 
         raise ReplayGone(f"run {run_id} is no longer in the stream topic")
 
 
-def _run_over(request: web.Request, state: ThreadState, run_id: str) -> bool:
+def _run_over(request: web.Request, run: RunView) -> bool:
     """True if the run ended and everything up to its end was already sent."""
-    known = request.app[FEED].tracker.runs.get(run_id)
+    known = request.app[FEED].tracker.runs.get(run.run_id)
     if known is not None:
         return known.terminal
-    return state.runs[run_id].status.is_terminal
+    return run.terminal
 
 
 async def _live(request: web.Request, out: _Writer, sub: Subscriber, keepalive_s: float,

@@ -15,7 +15,9 @@ records, and that malformed bytes raise. It reads the writer schema only, with n
 schema resolution: records of another schema version still go through fastavro.
 
 Malformed input raises IndexError, ValueError, UnicodeDecodeError or
-struct.error; the caller turns those into its DecodeError.
+struct.error; the caller turns those into its DecodeError. Where fastavro reads
+bytes no writer produces (a boolean byte other than 0 or 1, an `int` beyond 32
+bits), this reader refuses them rather than guess.
 """
 
 from __future__ import annotations
@@ -70,8 +72,18 @@ def _bytes(b: bytes, p: int) -> tuple[bytes, int]:
     return b[p:end], end
 
 
+def _int(b: bytes, p: int) -> tuple[int, int]:
+    n, p = _long(b, p)
+    if not -0x8000_0000 <= n <= 0x7FFF_FFFF:
+        raise ValueError(f"int {n} before {p} is beyond 32 bits")
+    return n, p
+
+
 def _boolean(b: bytes, p: int) -> tuple[bool, int]:
-    return b[p] == 1, p + 1
+    x = b[p]
+    if x > 1:
+        raise ValueError(f"boolean byte {x} at {p} is neither 0 nor 1")
+    return x == 1, p + 1
 
 
 _unpack_double = struct.Struct("<d").unpack_from
@@ -113,10 +125,10 @@ def _block_count(b: bytes, p: int, zero_width: bool) -> tuple[int, int]:
 
 
 _HELPERS: dict[str, Any] = {
-    "_long": _long, "_string": _string, "_bytes": _bytes, "_boolean": _boolean,
+    "_long": _long, "_int": _int, "_string": _string, "_bytes": _bytes, "_boolean": _boolean,
     "_double": _double, "_float": _float, "_null": _null, "_block_count": _block_count,
 }
-_PRIMITIVE_READERS = {"null": "_null", "boolean": "_boolean", "int": "_long", "long": "_long",
+_PRIMITIVE_READERS = {"null": "_null", "boolean": "_boolean", "int": "_int", "long": "_long",
                       "float": "_float", "double": "_double", "bytes": "_bytes",
                       "string": "_string"}
 
@@ -195,13 +207,13 @@ class _Compiler:
         kind = schema if isinstance(schema, str) else (
             schema.get("type") if isinstance(schema, dict) and not schema.get("logicalType")
             else None)
-        if kind in ("int", "long"):
+        if kind in ("int", "long"):  # a one-byte varint is in range of both
             return [f"{indent}x = b[p]",
                     f"{indent}if x < 128:",
                     f"{indent}    {target} = (x >> 1) ^ -(x & 1)",
                     f"{indent}    p += 1",
                     f"{indent}else:",
-                    f"{indent}    {target}, p = _long(b, p)"]
+                    f"{indent}    {target}, p = {_PRIMITIVE_READERS[kind]}(b, p)"]
         if kind == "string":
             return [f"{indent}x = b[p]",
                     f"{indent}if x < 128:",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from streams.domain import Policy
 
-__all__ = ["Settings", "TopicNames"]
+__all__ = ["GatewayLimits", "Settings", "TopicNames"]
 
 DAY_MS = 24 * 60 * 60 * 1000
 
@@ -27,6 +27,7 @@ class TopicNames:
     dispatch: str
     dead_letter: str
     threads: str  # the processor's table changelog: the latest state of each thread
+    messages: str  # the stored history: one record per message, keyed thread_id/seq
 
     @classmethod
     def with_prefix(cls, prefix: str) -> TopicNames:
@@ -37,11 +38,41 @@ class TopicNames:
             dispatch=f"{prefix}dispatch",
             dead_letter=f"{prefix}dead-letter",
             threads=f"{prefix}threads",
+            messages=f"{prefix}messages",
         )
 
     def all(self) -> tuple[str, ...]:
         return (self.commands, self.events, self.stream, self.dispatch, self.dead_letter,
-                self.threads)
+                self.threads, self.messages)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayLimits:
+    """What one tenant may cost a gateway (docs/security.md). 0 turns a limit off."""
+
+    streams_per_tenant: int = 1_000  # open SSE streams, per gateway process
+    replays_per_tenant: int = 8  # Kafka replays running at once, per gateway process
+    posts_per_s: float = 20.0  # user messages a second, per gateway process (token bucket)
+    post_burst: int = 50  # the bucket's size
+    active_runs_per_tenant: int = 32  # across the deployment (the read model's count)
+    replay_max_records: int = 100_000  # the longest partition span one replay reads
+    resume_token_keys: tuple[str, ...] = ()  # first signs, all verify; () derives one
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> GatewayLimits:
+        keys = tuple(k.strip() for k in env.get("THREADLINE_RESUME_TOKEN_KEYS", "").split(",")
+                     if k.strip())
+        d = cls()
+        return cls(
+            streams_per_tenant=_int(env, "THREADLINE_TENANT_MAX_STREAMS", d.streams_per_tenant),
+            replays_per_tenant=_int(env, "THREADLINE_TENANT_MAX_REPLAYS", d.replays_per_tenant),
+            posts_per_s=_float(env, "THREADLINE_TENANT_POSTS_PER_S", d.posts_per_s),
+            post_burst=_int(env, "THREADLINE_TENANT_POST_BURST", d.post_burst),
+            active_runs_per_tenant=_int(env, "THREADLINE_TENANT_MAX_ACTIVE_RUNS",
+                                        d.active_runs_per_tenant),
+            replay_max_records=_int(env, "THREADLINE_REPLAY_MAX_RECORDS", d.replay_max_records),
+            resume_token_keys=keys,
+        )
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -77,11 +108,13 @@ class Settings:
     heartbeat_interval_ms: int
     delta_coalesce_ms: int
     decision_timeout_ms: int
-    processor_commit_interval_ms: int
+    context_chars: int  # history handed to an agent with a dispatch, at most (newest first)
+    max_record_bytes: int | None  # records written, at most; None: the topics' own limit
     agent: str
     instance_id: str | None  # stable per instance; default derived from data_dir
     session_timeout_ms: int  # consumer-group liveness: how fast a dead member's partitions move
     processing_guarantee: str  # "exactly_once" (default) | "at_least_once" (benchmarks only)
+    limits: GatewayLimits = field(default_factory=GatewayLimits)
     extra: Mapping[str, str] = field(default_factory=dict)
     # TLS and SASL settings of every Kafka client, as librdkafka keys (streams/kafka_security.py)
     kafka_security: Mapping[str, str] = field(default_factory=dict)
@@ -113,6 +146,9 @@ class Settings:
             heartbeat_timeout_ms=_ms(env, "THREADLINE_HEARTBEAT_TIMEOUT_S", 60.0),
             attempt_timeout_ms=_ms(env, "THREADLINE_ATTEMPT_TIMEOUT_S", 300.0),
             max_input_chars=_int(env, "THREADLINE_MAX_INPUT_CHARS", 32_000),
+            max_output_bytes=_int(env, "THREADLINE_MAX_OUTPUT_BYTES", 512 * 1024),
+            idempotency_window_ms=_ms(env, "THREADLINE_IDEMPOTENCY_WINDOW_S", 24 * 3600),
+            max_idempotency_keys=_int(env, "THREADLINE_MAX_IDEMPOTENCY_KEYS", 256),
         )
         guarantee = env.get("THREADLINE_PROCESSING_GUARANTEE", "exactly_once")
         if guarantee not in ("exactly_once", "at_least_once"):
@@ -140,11 +176,13 @@ class Settings:
             heartbeat_interval_ms=_ms(env, "THREADLINE_HEARTBEAT_INTERVAL_S", 10.0),
             delta_coalesce_ms=_int(env, "THREADLINE_DELTA_COALESCE_MS", 5),
             decision_timeout_ms=_ms(env, "THREADLINE_DECISION_TIMEOUT_S", 5.0),
-            processor_commit_interval_ms=_int(env, "THREADLINE_COMMIT_INTERVAL_MS", 50),
+            context_chars=_int(env, "THREADLINE_CONTEXT_CHARS", 100_000),
+            max_record_bytes=_int(env, "THREADLINE_MAX_RECORD_BYTES", 0) or None,
             agent=env.get("THREADLINE_AGENT", "builtin"),
             instance_id=env.get("THREADLINE_INSTANCE_ID") or None,
             session_timeout_ms=_ms(env, "THREADLINE_SESSION_TIMEOUT_S", 10.0),
             processing_guarantee=guarantee,
+            limits=GatewayLimits.from_env(env),
             extra={k: v for k, v in env.items() if k.startswith("THREADLINE_AGENT_")},
             kafka_security=security_from_env(env),
         )

@@ -25,10 +25,13 @@ __all__ = [
     "Citation",
     "Command",
     "CreateThread",
+    "DeleteThread",
     "Event",
     "HeartbeatRecorded",
     "IdempotencyRecord",
+    "Known",
     "MessageAccepted",
+    "NOTHING_KNOWN",
     "Policy",
     "PostUserMessage",
     "RejectReason",
@@ -47,6 +50,7 @@ __all__ = [
     "Step",
     "StoredMessage",
     "ThreadCreated",
+    "ThreadDeleted",
     "ThreadState",
     "TERMINAL_EVENTS",
     "workflow_id_for",
@@ -73,6 +77,15 @@ class Policy:
     heartbeat_timeout_ms: int = 60_000
     attempt_timeout_ms: int = 300_000
     max_input_chars: int = 32_000
+    # Bounds on what one command may put into the thread's state and records:
+    max_title_chars: int = 500
+    max_id_chars: int = 255  # message ids and idempotency keys
+    max_output_bytes: int = 512 * 1024  # an answer's text, steps and citations, UTF-8
+    # The key-to-body check of an idempotency key expires after this window, and the
+    # state keeps at most this many keys (oldest dropped first). A message id that
+    # already ran never runs again, whatever its age: that check reads the history.
+    idempotency_window_ms: int = 24 * 60 * 60 * 1000
+    max_idempotency_keys: int = 256
 
     def backoff_ms(self, failed_attempt: int) -> int:
         """Delay before the attempt after `failed_attempt` (1-based)."""
@@ -139,6 +152,15 @@ class PostUserMessage:
     message_id: str
     text: str
     idempotency_key: str | None
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteThread:
+    """Erase the thread: its state and every stored message (a live run is cancelled)."""
+
+    thread_id: str
+    tenant: str
     now_ms: int
 
 
@@ -211,7 +233,21 @@ Command = (
     | ReportAttemptCompleted
     | ReportAttemptFailed
     | CheckDeadlines
+    | DeleteThread
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Known:
+    """What the shell looked up for a command beyond the bounded state.
+
+    The state holds no per-message index (its size must not grow with the thread),
+    so the shell reads the thread's stored history and hands the answer in here."""
+
+    message_run_id: str | None = None  # the run an earlier post of this message id started
+
+
+NOTHING_KNOWN = Known()
 
 
 # --- events: past tense, durable, the only way state changes ----------------
@@ -327,6 +363,14 @@ class RunCancelled:
     at_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class ThreadDeleted:
+    thread_id: str
+    tenant: str
+    message_count: int  # message records tombstoned: seq 0 .. message_count - 1
+    at_ms: int
+
+
 Event = (
     ThreadCreated
     | MessageAccepted
@@ -339,6 +383,7 @@ Event = (
     | RunCompleted
     | RunFailed
     | RunCancelled
+    | ThreadDeleted
 )
 
 TERMINAL_EVENTS = (RunCompleted, RunFailed, RunCancelled)
@@ -369,11 +414,13 @@ class ActiveRun:
     attempt_started_ms: int  # when the current attempt was dispatched
     last_heartbeat_ms: int  # last sign of life of the current attempt
     retry_due_ms: int | None  # when RETRY_WAIT ends
+    message_seq: int = -1  # seq of the user message in the thread's history
+    accepted_at_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class RunRecord:
-    """What a finished or active run was, kept to answer idempotent repeats."""
+    """What a run was when it ended."""
 
     run_id: str
     message_id: str
@@ -386,18 +433,24 @@ class IdempotencyRecord:
     message_id: str
     run_id: str
     payload_fingerprint: str
+    at_ms: int = 0  # first use; the key-to-body check expires a window later
 
 
 @dataclass(frozen=True, slots=True)
 class ThreadState:
-    """One thread's state; `None` in the table means the thread does not exist."""
+    """One thread's decision state; `None` in the table means the thread does not exist.
+
+    Bounded: its size does not depend on how many messages or runs the thread has
+    had (the history is stored per message, see `streams.history`), only on the
+    idempotency keys, which `Policy` caps by age and count."""
 
     thread_id: str
     tenant: str
     title: str
     created_at_ms: int
-    messages: tuple[StoredMessage, ...] = ()
     active_run: ActiveRun | None = None
-    runs: Mapping[str, RunRecord] = field(default_factory=_frozen_map)  # type: ignore[arg-type]
-    run_by_message: Mapping[str, str] = field(default_factory=_frozen_map)  # type: ignore[arg-type]
     idempotency: Mapping[str, IdempotencyRecord] = field(default_factory=_frozen_map)  # type: ignore[arg-type]
+    message_count: int = 0  # the seq of the next stored message
+    run_count: int = 0
+    last_run: RunRecord | None = None  # the most recent run that ended
+    updated_at_ms: int = 0

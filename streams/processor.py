@@ -29,15 +29,24 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from streams.config import Settings
 from streams.domain import (
+    NOTHING_KNOWN,
     AttemptDispatched,
     CheckDeadlines,
+    Command,
     Event,
+    Known,
+    MessageAccepted,
+    PostUserMessage,
+    ReportAttemptCompleted,
+    ReportAttemptFailed,
+    ReportAttemptStarted,
+    ReportHeartbeat,
     RetryScheduled,
     RunAccepted,
     RunCancelled,
@@ -46,7 +55,18 @@ from streams.domain import (
     ThreadState,
     workflow_id_for,
 )
-from streams.records import DeadLetter, Dispatch, HistoryMessage, RunLifecycle, StreamOutput
+from streams.history import (
+    HistoryErased,
+    HistoryWrite,
+    MessagePut,
+    RunStatusChanged,
+    context_window,
+    history_writes,
+    message_key,
+)
+from streams.message_store import MessageStore
+from streams.migration import migrate_partition
+from streams.records import DeadLetter, Dispatch, MessageRecord, RunLifecycle, StreamOutput
 from streams.serialization import (
     DecodeError,
     EnvelopeMeta,
@@ -56,18 +76,28 @@ from streams.serialization import (
     encode_dead_letter,
     encode_dispatch,
     encode_event,
+    encode_message,
     encode_state,
     encode_stream,
 )
 from streams.state_store import PartitionStore, TableStores
-from streams.thread import answer_message_id_for, apply, decide, next_deadline_ms, uuid5_text
-from streams.topics import ensure_topics
+from streams.thread import (
+    OUTPUT_TOO_LARGE,
+    answer_message_id_for,
+    decide,
+    evolve,
+    next_deadline_ms,
+    output_bytes,
+    uuid5_text,
+)
+from streams.topics import ensure_topics, record_limit
 
 __all__ = ["Processor", "ProcessorStats", "run_processor"]
 
 log = logging.getLogger("threadline.processor")
 
-HISTORY_LIMIT = 50  # earlier messages handed to the agent with a dispatch
+HISTORY_LIMIT = 50  # earlier messages handed to the agent with a dispatch, at most
+RECORD_TOO_LARGE = "record_too_large"  # RunFailed.error when a decision's record cannot fit
 TICK_INTERVAL_S = 0.1
 TICK_RESEND_MS = 2_000  # a due tick not yet acted on is sent again after this
 TXN_TIMEOUT_S = 30  # of each transactional call
@@ -153,18 +183,40 @@ class _Watchdog:
                 os._exit(HUNG_EXIT_STATUS)
 
 
+@dataclass(frozen=True, slots=True)
+class _Output:
+    topic: str
+    key: bytes
+    value: bytes | None  # None: a tombstone
+
+
+@dataclass
+class _Decision:
+    """What one command decided, encoded and checked, not yet produced."""
+
+    state: ThreadState | None
+    outputs: list[_Output]
+    history: list[tuple[MessageRecord | None, int, bytes | None]]  # (record, seq, raw)
+    deleted: bool
+    too_large_output: bool = False  # the run ended output_too_large
+
+
 class Processor:
     def __init__(self, settings: Settings, instance_id: str | None = None) -> None:
         self.settings = settings
         self.topics = settings.topics
+        self.policy = settings.policy
         self.instance_id = instance_id or instance_id_for(settings)
         self.group_id = f"{settings.topic_prefix}processor"
-        self.stores = TableStores(settings.data_dir / "processor" / self.instance_id, "threads")
+        root = settings.data_dir / "processor" / self.instance_id
+        self.stores = TableStores(root, "threads")
+        self.history_stores = TableStores(root, "messages")
         self.partitions: dict[int, _Partition] = {}
         self.cache: dict[bytes, ThreadState | None] = {}
         self.stats = ProcessorStats()
         self.stopping = False
         self.watchdog = _Watchdog()
+        self.max_record_bytes = 1_000_000  # until run() reads the topics' limit
         common = {"bootstrap.servers": settings.bootstrap, "log_level": 3}
         self.consumer = Consumer({
             **common,
@@ -200,11 +252,18 @@ class Processor:
 
     def run(self) -> None:
         ensure_topics(self.settings)
+        self.max_record_bytes = min(record_limit(self.settings),
+                                    self.settings.max_record_bytes or 2**31)
+        # An answer must fit in each record that carries it whole (the event, the
+        # lifecycle mirror, the history record), envelope included.
+        self.policy = replace(self.policy, max_output_bytes=min(
+            self.policy.max_output_bytes, self.max_record_bytes - _ENVELOPE_ROOM))
         if self.exactly_once:
             self.producer.init_transactions(30)
         self.consumer.subscribe([self.topics.commands], on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_revoke)
-        log.info("processor %s started on %s", self.instance_id, self.settings.bootstrap)
+        log.info("processor %s started on %s (records up to %d bytes)", self.instance_id,
+                 self.settings.bootstrap, self.max_record_bytes)
         next_tick = time.monotonic()
         try:
             while not self.stopping:
@@ -235,13 +294,14 @@ class Processor:
             log.exception("closing the consumer")
         self.ticker.flush(5)
         self.stores.close_all()
+        self.history_stores.close_all()
 
     # --- rebalance ------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Committed offsets first: a read_committed consumer waits here for a
-        # deposed owner's pending transactional offsets (KIP-447), so the changelog
-        # read next is complete up to that owner's last committed batch.
+        # deposed owner's pending transactional offsets (KIP-447), so the changelogs
+        # read next are complete up to that owner's last committed batch.
         committed = consumer.committed(partitions, timeout=60)
         for tp in partitions:
             self._restore(tp.partition)
@@ -251,30 +311,50 @@ class Processor:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             self.stores.close(tp.partition)
+            self.history_stores.close(tp.partition)
             self.partitions.pop(tp.partition, None)
         self.cache.clear()
         log.info("revoked %s", sorted(tp.partition for tp in partitions))
 
     def _restore(self, partition: int) -> None:
-        """Bring the partition's table up to the end of its changelog."""
-        store = self.stores.open(partition)
+        """Bring the partition's tables up to the end of their changelogs, then
+        migrate any state written before the messages topic existed."""
+        started = time.monotonic()
+        store = self._restore_table(self.stores, self.topics.threads, partition,
+                                    lambda s, key, value, offset: s.put(key, value, offset)
+                                    if value is not None else s.delete(key, offset))
+        history = self._restore_table(self.history_stores, self.topics.messages, partition,
+                                      lambda s, key, value, offset: MessageStore(s).restore(
+                                          key, value, offset))
+        migrated = migrate_partition(self, partition, store, MessageStore(history))
+        state = _Partition()
+        for key, raw in store.items():
+            due = next_deadline_ms(decode_state(raw), self.settings.policy)
+            if due is not None:
+                state.deadlines[key] = due
+        self.partitions[partition] = state
+        log.info("partition %d restored in %.2f s (%d legacy threads migrated)", partition,
+                 time.monotonic() - started, migrated)
+
+    def _restore_table(self, tables: TableStores, topic: str, partition: int,
+                       apply_record: Callable[[PartitionStore, bytes, bytes | None, int], None]) \
+            -> PartitionStore:
+        store = tables.open(partition)
         restorer = Consumer({
             "bootstrap.servers": self.settings.bootstrap, "group.id": f"{self.group_id}-restore",
             "enable.auto.commit": False, "isolation.level": "read_committed",
             "enable.partition.eof": True, "log_level": 3,
         })
         try:
-            low, high = restorer.get_watermark_offsets(
-                TopicPartition(self.topics.threads, partition), timeout=30)
+            low, high = restorer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
             start = store.checkpoint
             if start > high or start < low:  # the topic was recreated or trimmed
-                self.stores.wipe(partition)
-                store = self.stores.open(partition)
+                tables.wipe(partition)
+                store = tables.open(partition)
                 start = low
-            state = _Partition()
             restored = 0
             if start < high:
-                restorer.assign([TopicPartition(self.topics.threads, partition, start)])
+                restorer.assign([TopicPartition(topic, partition, start)])
                 while True:
                     msg = restorer.poll(1.0)
                     if msg is None:
@@ -284,15 +364,13 @@ class Processor:
                         if error.code() == KafkaError._PARTITION_EOF:
                             break
                         raise KafkaException(error)
-                    store.put(msg.key() or b"", msg.value() or b"", changelog_offset=_position(msg)[2])
+                    apply_record(store, msg.key() or b"", msg.value(), _position(msg)[2])
                     restored += 1
+                    if restored % 10_000 == 0:
+                        store.commit()  # bound the overlay; the checkpoint moves with it
                 store.commit()
-            for key, raw in store.items():
-                due = next_deadline_ms(decode_state(raw), self.settings.policy)
-                if due is not None:
-                    state.deadlines[key] = due
-            self.partitions[partition] = state
-            log.info("partition %d restored: %d changelog records from %d", partition, restored, start)
+            log.info("%s[%d]: %d changelog records from %d", topic, partition, restored, start)
+            return store
         finally:
             restorer.close()
 
@@ -304,6 +382,7 @@ class Processor:
         if self.exactly_once:
             self.producer.begin_transaction()
         touched: dict[tuple[int, bytes], ThreadState | None] = {}
+        deleted: set[tuple[int, bytes]] = set()
         try:
             for msg in batch:
                 error = msg.error()
@@ -314,24 +393,15 @@ class Processor:
                 topic, partition, offset = _position(msg)
                 positions[(topic, partition)] = offset + 1
                 starts.setdefault((topic, partition), offset)
-                self._process(msg, touched)
-            self._write_states(touched)
+                self._process(msg, touched, deleted)
+            self._write_states(touched, deleted)
             offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
-            if self.exactly_once:
-                with self.watchdog.guard("send_offsets_to_transaction"):
-                    self.producer.send_offsets_to_transaction(
-                        offsets, self.consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
-                with self.watchdog.guard("commit_transaction"):
-                    self.producer.commit_transaction(TXN_TIMEOUT_S)
-            else:  # at least once: a crash between flush and commit repeats the batch
-                if self.producer.flush(30):
-                    raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "flush timed out"))
-                if offsets:
-                    self.consumer.commit(offsets=offsets, asynchronous=False)
+            self._commit(offsets)
         except KafkaException as exc:
             self._recover(exc, starts)
             return
         self.stores.commit_all()
+        self.history_stores.commit_all()
         for (partition, key), state in touched.items():
             self._track_deadline(partition, key, state)
         now = time.monotonic()
@@ -341,6 +411,21 @@ class Processor:
         self.stats.commands += len(batch)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("committed %d commands up to %s", len(batch), sorted(positions.items()))
+
+    def _commit(self, offsets: list[TopicPartition]) -> None:
+        """Commit what was produced since the transaction began, with `offsets`."""
+        if self.exactly_once:
+            if offsets:
+                with self.watchdog.guard("send_offsets_to_transaction"):
+                    self.producer.send_offsets_to_transaction(
+                        offsets, self.consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
+            with self.watchdog.guard("commit_transaction"):
+                self.producer.commit_transaction(TXN_TIMEOUT_S)
+        else:  # at least once: a crash between flush and commit repeats the batch
+            if self.producer.flush(30):
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "flush timed out"))
+            if offsets:
+                self.consumer.commit(offsets=offsets, asynchronous=False)
 
     def _recover(self, exc: KafkaException, starts: dict[tuple[str, int], int]) -> None:
         err = exc.args[0]
@@ -352,6 +437,7 @@ class Processor:
             with self.watchdog.guard("abort_transaction"):
                 self.producer.abort_transaction(TXN_TIMEOUT_S)
             self.stores.rollback_all()
+            self.history_stores.rollback_all()
             self.cache.clear()
             # Back to the batch's first records: the committed offsets would miss a
             # partition that never committed (no offset to seek to).
@@ -360,7 +446,8 @@ class Processor:
             return
         raise exc  # fatal (fenced or broken): crash, a restart recovers from Kafka
 
-    def _process(self, msg: Message, touched: dict[tuple[int, bytes], ThreadState | None]) -> None:
+    def _process(self, msg: Message, touched: dict[tuple[int, bytes], ThreadState | None],
+                 deleted: set[tuple[int, bytes]]) -> None:
         _, partition, _ = _position(msg)
         key = msg.key() or b""
         try:
@@ -373,37 +460,137 @@ class Processor:
         # A thread touched earlier in the batch: its newest state is not in the store yet.
         state = touched[(partition, key)] if (partition, key) in touched else \
             self._load(self.stores.get(partition), key)
-        events = decide(state, command, self.settings.policy)
-        if not events:
+        history = MessageStore(self.history_stores.get(partition))
+        decision = self._decide(state, command, meta, partition, key, history)
+        if decision is None:
             return
-        new_state = apply(state, events)
+        if isinstance(command, ReportAttemptCompleted) and decision.too_large_output:
+            # Kept for the operator: the answer that could not be stored.
+            self._dead_letter(msg, f"{OUTPUT_TOO_LARGE}: the answer is {output_bytes(command)} "
+                              f"bytes, the limit is {self.policy.max_output_bytes}",
+                              "OutputTooLarge")
+        oversized = next((o for o in decision.outputs
+                          if len(o.key) + len(o.value or b"") > self.max_record_bytes), None)
+        if oversized is not None:
+            # No record of a command may stop the processor: the command goes to the
+            # dead letters, and a run it was about ends instead of waiting forever.
+            size = len(oversized.key) + len(oversized.value or b"")
+            self._dead_letter(msg, f"{RECORD_TOO_LARGE}: its decision needs a {size}-byte "
+                              f"{oversized.topic} record, the limit is {self.max_record_bytes}",
+                              "RecordTooLarge")
+            decision = self._fail_reported_run(state, command, meta, partition, key, history)
+            if decision is None:
+                return
+        for out in decision.outputs:
+            self.producer.produce(out.topic, out.value, out.key, partition=partition,
+                                  on_delivery=self._history_delivered(partition)
+                                  if out.topic == self.topics.messages else None)
+        for record, seq, raw in decision.history:
+            if record is None:
+                history.erase(meta.thread_id, seq)
+            else:
+                assert raw is not None
+                history.put(meta.thread_id, record, raw)
+        self.cache[key] = decision.state
+        touched[(partition, key)] = decision.state
+        if decision.deleted:
+            deleted.add((partition, key))
+        else:
+            deleted.discard((partition, key))
+
+    def _fail_reported_run(self, state: ThreadState | None, command: Command, meta: EnvelopeMeta,
+                           partition: int, key: bytes, history: MessageStore) -> _Decision | None:
+        """The decision instead of one whose records cannot fit: a worker's report on
+        the live attempt ends the run `record_too_large`; anything else decides nothing."""
+        if not isinstance(command, ReportAttemptCompleted | ReportAttemptStarted |
+                          ReportHeartbeat | ReportAttemptFailed):
+            return None
+        failed = ReportAttemptFailed(command.thread_id, command.run_id, command.attempt,
+                                     command.worker_id, RECORD_TOO_LARGE, False, command.now_ms)
+        decision = self._decide(state, failed, meta, partition, key, history)
+        if decision is None or any(len(o.key) + len(o.value or b"") > self.max_record_bytes
+                                   for o in decision.outputs):
+            return None
+        return decision
+
+    def _decide(self, state: ThreadState | None, command: Command, meta: EnvelopeMeta,
+                partition: int, key: bytes, history: MessageStore) -> _Decision | None:
+        """Decide `command` and encode every record it writes (nothing is produced)."""
+        known = NOTHING_KNOWN
+        if isinstance(command, PostUserMessage) and state is not None:
+            known = Known(history.run_of_message(state.thread_id, command.message_id))
+        events = decide(state, command, self.policy, known)
+        if not events:
+            return None
+        outputs: list[_Output] = []
+        writes: list[tuple[MessageRecord | None, int, bytes | None]] = []
+        before = state
+        input_text: str | None = None  # a user message accepted by this very command
         for index, event in enumerate(events):
+            after = evolve(before, event, self.policy)
+            owner = after or before
             event_meta = EnvelopeMeta(
                 envelope_id=_derived_id(meta.envelope_id, index), thread_id=meta.thread_id,
-                tenant=new_state.tenant if new_state else meta.tenant,
+                tenant=owner.tenant if owner is not None else meta.tenant,
                 produced_at_ms=_now_ms(), traceparent=meta.traceparent,
                 tracestate=meta.tracestate, schema_version=meta.schema_version,
             )
-            self.producer.produce(self.topics.events, encode_event(event, event_meta),
-                                  key, partition=partition)
-            if isinstance(event, AttemptDispatched) and new_state is not None:
-                self._dispatch(event, new_state, event_meta, partition, key)
-            lifecycle = _lifecycle(event, new_state)
+            outputs.append(_Output(self.topics.events, key, encode_event(event, event_meta)))
+            if isinstance(event, MessageAccepted):
+                input_text = event.text
+            if isinstance(event, AttemptDispatched) and after is not None:
+                outputs.append(self._dispatch(event, after, event_meta, key, history, input_text))
+            lifecycle = _lifecycle(event, before)
             if lifecycle is not None:
-                self.producer.produce(self.topics.stream, encode_stream(lifecycle, event_meta),
-                                      key, partition=partition)
-        self.cache[key] = new_state
-        touched[(partition, key)] = new_state
+                outputs.append(_Output(self.topics.stream, key, encode_stream(lifecycle, event_meta)))
+            for write in history_writes(before, event):
+                self._history_outputs(write, meta.thread_id, event_meta, history, outputs, writes)
+            before = after
+        return _Decision(before, outputs, writes, deleted=state is not None and before is None,
+                         too_large_output=any(isinstance(e, RunFailed) and e.error == OUTPUT_TOO_LARGE
+                                              for e in events))
 
-    def _write_states(self, touched: dict[tuple[int, bytes], ThreadState | None]) -> None:
+    def _history_outputs(self, write: HistoryWrite, thread_id: str, meta: EnvelopeMeta,
+                         history: MessageStore, outputs: list[_Output],
+                         writes: list[tuple[MessageRecord | None, int, bytes | None]]) -> None:
+        match write:
+            case MessagePut():
+                record = MessageRecord(write.seq, write.message, write.run_status,
+                                       write.run_attempts)
+            case RunStatusChanged():
+                stored = _staged(writes, write.seq) or history.record(thread_id, write.seq)
+                if stored is None:
+                    return
+                record = replace(stored, run_status=write.run_status,
+                                 run_attempts=write.run_attempts)
+            case HistoryErased():
+                for seq in range(write.message_count):
+                    outputs.append(_Output(self.topics.messages, message_key(thread_id, seq), None))
+                    writes.append((None, seq, None))
+                return
+        raw = encode_message(record, meta)
+        outputs.append(_Output(self.topics.messages, message_key(thread_id, record.seq), raw))
+        writes.append((record, record.seq, raw))
+
+    def _history_delivered(self, partition: int) -> Callable[[KafkaError | None, Message], None]:
+        store = self.history_stores.get(partition)
+        return self._changelog_delivered(store)
+
+    def _write_states(self, touched: dict[tuple[int, bytes], ThreadState | None],
+                      deleted: set[tuple[int, bytes]]) -> None:
         """Each thread's state as the batch leaves it, to the table and the changelog.
 
         Once per thread and batch, not per command: the batch commits as one
-        transaction, so no reader could see a state between two of its commands."""
+        transaction, so no reader could see a state between two of its commands.
+        A deleted thread's state becomes a tombstone."""
         for (partition, key), state in touched.items():
-            if state is None:
-                continue
             store = self.stores.get(partition)
+            if state is None:
+                if (partition, key) in deleted:
+                    store.delete(key)
+                    self.producer.produce(self.topics.threads, None, key, partition=partition,
+                                          on_delivery=self._changelog_delivered(store))
+                continue
             encoded = encode_state(state)
             store.put(key, encoded)
             self.producer.produce(self.topics.threads, encoded, key, partition=partition,
@@ -428,17 +615,27 @@ class Processor:
         return state
 
     def _dispatch(self, event: AttemptDispatched, state: ThreadState, meta: EnvelopeMeta,
-                  partition: int, key: bytes) -> None:
-        user = next(m for m in reversed(state.messages) if m.message_id == event.message_id)
-        history = tuple(
-            HistoryMessage(m.message_id, m.role, m.text)
-            for m in state.messages if m.message_id != event.message_id
-        )[-HISTORY_LIMIT:]
-        dispatch = Dispatch(run_id=event.run_id, message_id=event.message_id,
-                            attempt=event.attempt, workflow_id=workflow_id_for(state.thread_id),
-                            input_text=user.text, history=history, dispatched_at_ms=event.at_ms)
-        self.producer.produce(self.topics.dispatch, encode_dispatch(dispatch, meta), key,
-                              partition=partition)
+                  key: bytes, history: MessageStore, input_text: str | None) -> _Output:
+        """The dispatch record: the user message and as much recent history as the
+        context budget (THREADLINE_CONTEXT_CHARS) and the record limit allow."""
+        run = state.active_run
+        seq = run.message_seq if run is not None else -1
+        if input_text is None:  # a retry: the message was stored with the first attempt
+            stored = history.record(state.thread_id, seq) if seq >= 0 else None
+            input_text = stored.message.text if stored is not None else ""
+        budget = self.settings.context_chars
+        while True:
+            context = context_window(history.newest_first(state.thread_id, seq), budget,
+                                     HISTORY_LIMIT)
+            dispatch = Dispatch(run_id=event.run_id, message_id=event.message_id,
+                                attempt=event.attempt, workflow_id=workflow_id_for(state.thread_id),
+                                input_text=input_text, history=context,
+                                dispatched_at_ms=event.at_ms)
+            value = encode_dispatch(dispatch, meta)
+            # Characters are not bytes: halve the budget until the record fits.
+            if len(value) + len(key) <= self.max_record_bytes or not context:
+                return _Output(self.topics.dispatch, key, value)
+            budget = sum(len(m.text) for m in context) // 2
 
     def _dead_letter(self, msg: Message, reason: str, error_type: str) -> None:
         topic, partition, offset = _position(msg)
@@ -495,16 +692,25 @@ _LIFECYCLE_NAMES: dict[type, str] = {
     RetryScheduled: "retry_scheduled", RunCompleted: "run_completed",
     RunFailed: "run_failed", RunCancelled: "run_cancelled",
 }
+_ENVELOPE_ROOM = 16 * 1024  # of a record, for the envelope and ids around an answer
 
 
-def _lifecycle(event: Event, state: ThreadState | None) -> StreamOutput | None:
-    """The SSE-visible decisions, for the stream topic (see `RunLifecycle`)."""
+def _staged(writes: list[tuple[MessageRecord | None, int, bytes | None]],
+            seq: int) -> MessageRecord | None:
+    """Message `seq` as written earlier by the same decision, if it was."""
+    return next((r for r, s, _ in reversed(writes) if s == seq and r is not None), None)
+
+
+def _lifecycle(event: Event, before: ThreadState | None) -> StreamOutput | None:
+    """The SSE-visible decisions, for the stream topic (see `RunLifecycle`); `before`
+    is the state the event was decided on."""
     name = _LIFECYCLE_NAMES.get(type(event))
-    if name is None or state is None:
+    if name is None or before is None:
         return None
     run_id: str = event.run_id  # type: ignore[union-attr]
-    record = state.runs.get(run_id)
-    user_message_id = record.message_id if record else ""
+    run = before.active_run if before.active_run and before.active_run.run_id == run_id else None
+    user_message_id = event.message_id if isinstance(event, RunAccepted) else \
+        (run.message_id if run else "")
     attempt, detail, message = 0, "", None
     if isinstance(event, AttemptDispatched):
         attempt = event.attempt
@@ -515,7 +721,7 @@ def _lifecycle(event: Event, state: ThreadState | None) -> StreamOutput | None:
     elif isinstance(event, RunFailed):
         attempt, detail = event.attempt, event.error
     elif isinstance(event, RunCancelled):
-        attempt = record.attempts if record else 0  # the attempt that was running
+        attempt = run.attempt if run else 0  # the attempt that was running
         detail = event.reason
     return StreamOutput(run_id=run_id, attempt=attempt, message_id=answer_message_id_for(run_id),
                         part_id="lifecycle", seq=0,

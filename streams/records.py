@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from streams.domain import AssistantMessage, Citation
+from streams.domain import AssistantMessage, Citation, RunStatus, StoredMessage
 
 __all__ = [
     "CitationsOutput",
@@ -17,6 +17,7 @@ __all__ = [
     "Dispatch",
     "HistoryMessage",
     "MessageEnd",
+    "MessageRecord",
     "MessageStart",
     "RunLifecycle",
     "StepOutput",
@@ -35,6 +36,17 @@ class HistoryMessage:
     message_id: str
     role: str  # "user" | "assistant"
     text: str
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    """One stored message of a thread, a record of the messages topic (thread and
+    tenant are in the envelope; `streams.history` says what is written when)."""
+
+    seq: int
+    message: StoredMessage
+    run_status: RunStatus | None = None  # user messages: the status of their run
+    run_attempts: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,8 +42,8 @@ from fastavro.types import Schema
 
 from streams.avro_reader import Reader, compile_reader
 from streams.config import Settings, TopicNames
-from streams.domain import Command, Event, ThreadState
-from streams.records import DeadLetter, Dispatch, StreamOutput
+from streams.domain import Command, Event, RunRecord, StoredMessage, ThreadState
+from streams.records import DeadLetter, Dispatch, MessageRecord, StreamOutput
 
 __all__ = [
     "SCHEMA_DIR",
@@ -58,12 +58,15 @@ __all__ = [
     "decode_dead_letter",
     "decode_dispatch",
     "decode_event",
+    "decode_legacy_history",
+    "decode_message",
     "decode_state",
     "decode_stream",
     "encode_command",
     "encode_dead_letter",
     "encode_dispatch",
     "encode_event",
+    "encode_message",
     "encode_state",
     "encode_stream",
     "new_meta",
@@ -80,6 +83,7 @@ TOP_LEVEL_SCHEMAS = (  # one per topic, in the order of `_SCHEMAS` below
     "threadline.StreamEnvelope",
     "threadline.DeadLetter",
     "threadline.ThreadState",  # the threads topic: the processor's table changelog
+    "threadline.MessageRecord",  # the messages topic: the stored history
 )
 SINGLE_OBJECT_MARKER = b"\xc3\x01"
 CONFLUENT_MAGIC = 0x00
@@ -263,6 +267,9 @@ _DISPATCH = _binding(Dispatch)
 _STREAM = _binding(StreamOutput)
 _DEAD_LETTER = _binding(DeadLetter)
 _STATE = _binding(ThreadState)
+_MESSAGE = _binding(MessageRecord)
+_STORED = _binding(StoredMessage)
+_RUN_RECORD = _binding(RunRecord)
 
 
 # --- schemas and fingerprints ------------------------------------------------
@@ -309,7 +316,24 @@ def schema_registry(directory: Path = SCHEMA_DIR) -> dict[bytes, dict[str, Any]]
 
 _SCHEMAS = {name: _load(name, SCHEMA_DIR) for name in TOP_LEVEL_SCHEMAS}
 _BY_FINGERPRINT = {s.fingerprint: s for s in _SCHEMAS.values()}
-_COMMANDS, _EVENTS, _DISPATCHES, _STREAMS, _DEAD_LETTERS, _STATES = _SCHEMAS.values()
+HISTORY_DIR = SCHEMA_DIR / "history"
+
+
+def _retired(directory: Path = HISTORY_DIR) -> dict[bytes, tuple[str, Schema]]:
+    """{fingerprint: (top-level name, writer schema)} of the earlier versions of the
+    top-level schemas (`schemas/history/<name>-<fingerprint>.avsc`, named types
+    inlined): records already on the topics were written with them, and a reader of
+    this build resolves them to the current version."""
+    found: dict[bytes, tuple[str, Schema]] = {}
+    for path in sorted(directory.glob("*.avsc")):
+        name = path.stem.rsplit("-", 1)[0]
+        parsed = parse_schema(json.loads(path.read_text()))
+        found[schema_fingerprint(parsed)] = (name, parsed)
+    return found
+
+
+_RETIRED = _retired()
+_COMMANDS, _EVENTS, _DISPATCHES, _STREAMS, _DEAD_LETTERS, _STATES, _MESSAGES = _SCHEMAS.values()
 
 
 # --- the Confluent schema registry -------------------------------------------
@@ -393,6 +417,7 @@ class Codec:
             _STREAMS.name: f"{topics.stream}-value",
             _DEAD_LETTERS.name: f"{topics.dead_letter}-value",
             _STATES.name: f"{topics.threads}-value",
+            _MESSAGES.name: f"{topics.messages}-value",
         }
         self._headers: dict[str, bytes] = {}
         self._writers: dict[int, Schema] = {}  # Confluent id -> writer schema
@@ -468,6 +493,25 @@ class Codec:
         state: ThreadState = self._read(_STATES, data, _STATE.from_avro)
         return state
 
+    def decode_legacy_history(self, data: bytes) -> tuple[tuple[StoredMessage, ...],
+                                                           dict[str, RunRecord]]:
+        """The messages and runs a state written before the messages topic carries
+        (both empty in newer states); DecodeError if malformed."""
+        def build(r: Any) -> tuple[tuple[StoredMessage, ...], dict[str, RunRecord]]:
+            return (tuple(_STORED.from_avro(m) for m in r.get("messages") or ()),
+                    {k: _RUN_RECORD.from_avro(v) for k, v in (r.get("runs") or {}).items()})
+        result: tuple[tuple[StoredMessage, ...], dict[str, RunRecord]] = \
+            self._read(_STATES, data, build)
+        return result
+
+    def encode_message(self, record: MessageRecord, meta: EnvelopeMeta) -> bytes:
+        """A messages-topic record."""
+        return self._write(_MESSAGES, _META.to_avro(meta) | _MESSAGE.to_avro(record))
+
+    def decode_message(self, data: bytes) -> tuple[EnvelopeMeta, MessageRecord]:
+        """The envelope and stored message of a messages-topic record; DecodeError if malformed."""
+        return self._read(_MESSAGES, data, lambda r: (_META.from_avro(r), _MESSAGE.from_avro(r)))
+
     def _header(self, schema: _TopLevel) -> bytes:
         header = self._headers.get(schema.name)
         if header is None:
@@ -520,6 +564,11 @@ class Codec:
                 raise DecodeError(f"truncated single-object header ({len(data)} bytes)")
             fp = data[2:_SINGLE_OBJECT_HEADER_LEN]
             known = _BY_FINGERPRINT.get(fp)
+            retired = _RETIRED.get(fp)
+            if known is None and retired is not None:
+                if retired[0] != expected.name:
+                    raise DecodeError(f"record is an earlier {retired[0]}, expected a {expected.name}")
+                return retired[1], _SINGLE_OBJECT_HEADER_LEN
             if known is None:
                 raise DecodeError(
                     f"unknown schema fingerprint {fp.hex()}: written with a schema version this "
@@ -585,3 +634,6 @@ encode_dead_letter = _DEFAULT.encode_dead_letter
 decode_dead_letter = _DEFAULT.decode_dead_letter
 encode_state = _DEFAULT.encode_state
 decode_state = _DEFAULT.decode_state
+decode_legacy_history = _DEFAULT.decode_legacy_history
+encode_message = _DEFAULT.encode_message
+decode_message = _DEFAULT.decode_message

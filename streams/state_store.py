@@ -25,14 +25,14 @@ _CHECKPOINT = b"\x00checkpoint"  # sorts before every thread id
 
 
 class PartitionStore:
-    """One partition's table: thread_id -> encoded state, plus its checkpoint."""
+    """One partition's table: key -> encoded row, plus its changelog checkpoint."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
         self._db = Rdict(str(path), opts)
-        self._overlay: dict[bytes, bytes] = {}
+        self._overlay: dict[bytes, bytes | None] = {}  # None: a staged delete
         self._pending_offset: int | None = None
 
     @property
@@ -53,6 +53,12 @@ class PartitionStore:
         if changelog_offset is not None:
             self._pending_offset = max(self._pending_offset or 0, changelog_offset + 1)
 
+    def delete(self, key: bytes, changelog_offset: int | None = None) -> None:
+        """Stage a delete (a tombstone); it reaches RocksDB at `commit()`."""
+        self._overlay[key] = None
+        if changelog_offset is not None:
+            self._pending_offset = max(self._pending_offset or 0, changelog_offset + 1)
+
     def note_offset(self, changelog_offset: int) -> None:
         self._pending_offset = max(self._pending_offset or 0, changelog_offset + 1)
 
@@ -61,7 +67,10 @@ class PartitionStore:
             return
         batch = WriteBatch(raw_mode=True)
         for key, value in self._overlay.items():
-            batch.put(key, value)
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
         if self._pending_offset is not None:
             batch.put(_CHECKPOINT, str(self._pending_offset).encode())
         self._db.write(batch)
@@ -73,6 +82,7 @@ class PartitionStore:
         self._pending_offset = None
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
+        """The committed rows (not the staged ones)."""
         for key, value in self._db.items():
             if isinstance(key, bytes) and key != _CHECKPOINT:
                 yield key, value
@@ -83,7 +93,7 @@ class PartitionStore:
 
 
 class TableStores:
-    """The processor's table, one RocksDB per partition, opened on assignment."""
+    """One of the processor's tables, one RocksDB per partition, opened on assignment."""
 
     def __init__(self, root: Path, name: str) -> None:
         self.root = root

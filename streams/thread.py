@@ -23,9 +23,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from functools import lru_cache
 from types import MappingProxyType
-from typing import TypeVar, assert_never
+from typing import assert_never
 
 from streams.domain import (
+    NOTHING_KNOWN,
     ActiveRun,
     AssistantMessage,
     AttemptDispatched,
@@ -34,9 +35,11 @@ from streams.domain import (
     CheckDeadlines,
     Command,
     CreateThread,
+    DeleteThread,
     Event,
     HeartbeatRecorded,
     IdempotencyRecord,
+    Known,
     MessageAccepted,
     Policy,
     PostUserMessage,
@@ -53,8 +56,8 @@ from streams.domain import (
     RunRecord,
     RunRejected,
     RunStatus,
-    StoredMessage,
     ThreadCreated,
+    ThreadDeleted,
     ThreadState,
     workflow_id_for,
 )
@@ -62,6 +65,9 @@ from streams.domain import (
 __all__ = [
     "ATTEMPT_TIMEOUT",
     "HEARTBEAT_TIMEOUT",
+    "OUTPUT_TOO_LARGE",
+    "THREAD_DELETED",
+    "output_bytes",
     "answer_message_id_for",
     "apply",
     "decide",
@@ -77,7 +83,7 @@ __all__ = [
 _ID_NAMESPACE = uuid.UUID("d54544ca-b4dd-48dd-a9c2-e9e2b46811a5")
 _ID_NAMESPACE_BYTES = _ID_NAMESPACE.bytes
 
-_V = TypeVar("_V")
+_DEFAULT_POLICY = Policy()
 
 _LIVE = frozenset({RunStatus.DISPATCHED, RunStatus.RUNNING})
 
@@ -97,6 +103,10 @@ _RunEvent = (
 # RetryScheduled.reason and RunFailed.error when a deadline ends an attempt.
 HEARTBEAT_TIMEOUT = "heartbeat_timeout"
 ATTEMPT_TIMEOUT = "attempt_timeout"
+# RunFailed.error when a completed attempt's answer exceeds Policy.max_output_bytes.
+OUTPUT_TOO_LARGE = "output_too_large"
+# RunCancelled.reason when the thread is deleted under a live run.
+THREAD_DELETED = "thread deleted"
 
 
 # --- ids ---------------------------------------------------------------------
@@ -144,15 +154,21 @@ def initial_state() -> ThreadState | None:
     return None
 
 
-def decide(state: ThreadState | None, command: Command, policy: Policy) -> list[Event]:
-    """The events `command` causes on `state`; never raises, never mutates."""
+def decide(state: ThreadState | None, command: Command, policy: Policy,
+           known: Known = NOTHING_KNOWN) -> list[Event]:
+    """The events `command` causes on `state`; never raises, never mutates.
+
+    `known` carries what the shell looked up in the thread's stored history for this
+    command (see `Known`); the default knows nothing."""
     match command:
         case CreateThread():
-            return _create_thread(state, command)
+            return _create_thread(state, command, policy)
         case PostUserMessage():
-            return _post_user_message(state, command, policy)
+            return _post_user_message(state, command, policy, known)
         case CancelRun():
             return _cancel_run(state, command)
+        case DeleteThread():
+            return _delete_thread(state, command)
         case CheckDeadlines():
             return _check_deadlines(state, command, policy)
         case _:
@@ -160,8 +176,12 @@ def decide(state: ThreadState | None, command: Command, policy: Policy) -> list[
             return _worker_report(state, command, policy)
 
 
-def evolve(state: ThreadState | None, event: Event) -> ThreadState | None:
-    """The state after `event`; returns a new state and leaves `state` untouched."""
+def evolve(state: ThreadState | None, event: Event, policy: Policy = _DEFAULT_POLICY) -> \
+        ThreadState | None:
+    """The state after `event`; returns a new state and leaves `state` untouched.
+
+    `policy` bounds the idempotency keys kept (`idempotency_window_ms`,
+    `max_idempotency_keys`): fold with the policy the events were decided with."""
     if isinstance(event, ThreadCreated):
         if state is not None:
             return state
@@ -170,20 +190,24 @@ def evolve(state: ThreadState | None, event: Event) -> ThreadState | None:
             tenant=event.tenant,
             title=event.title,
             created_at_ms=event.at_ms,
+            updated_at_ms=event.at_ms,
         )
     if state is None or isinstance(event, RunRejected):
         return state
+    if isinstance(event, ThreadDeleted):
+        return None
     if isinstance(event, MessageAccepted):
-        return _message_accepted(state, event)
+        return _message_accepted(state, event, policy)
     if isinstance(event, RunAccepted):
         return _run_accepted(state, event)
     return _run_event(state, event)
 
 
-def apply(state: ThreadState | None, events: Iterable[Event]) -> ThreadState | None:
+def apply(state: ThreadState | None, events: Iterable[Event],
+          policy: Policy = _DEFAULT_POLICY) -> ThreadState | None:
     """Fold `evolve` over `events`."""
     for event in events:
-        state = evolve(state, event)
+        state = evolve(state, event, policy)
     return state
 
 
@@ -208,21 +232,35 @@ def next_deadline_ms(state: ThreadState | None, policy: Policy) -> int | None:
 # --- decide, per command -------------------------------------------------------
 
 
-def _create_thread(state: ThreadState | None, command: CreateThread) -> list[Event]:
-    if state is not None:
+def _create_thread(state: ThreadState | None, command: CreateThread, policy: Policy) -> list[Event]:
+    # An id past the limit would be copied into every record of the thread; the
+    # gateway never makes one, so only a producer writing to Kafka directly can.
+    if state is not None or len(command.thread_id) > policy.max_id_chars:
         return []
     return [
         ThreadCreated(
             thread_id=command.thread_id,
             tenant=command.tenant,
-            title=command.title,
+            title=command.title[: policy.max_title_chars],
             at_ms=command.now_ms,
         )
     ]
 
 
+def _delete_thread(state: ThreadState | None, command: DeleteThread) -> list[Event]:
+    if state is None or state.tenant != command.tenant:
+        return []
+    events: list[Event] = []
+    if state.active_run is not None:
+        events.append(RunCancelled(thread_id=state.thread_id, run_id=state.active_run.run_id,
+                                   reason=THREAD_DELETED, at_ms=command.now_ms))
+    events.append(ThreadDeleted(thread_id=state.thread_id, tenant=state.tenant,
+                                message_count=state.message_count, at_ms=command.now_ms))
+    return events
+
+
 def _post_user_message(
-    state: ThreadState | None, command: PostUserMessage, policy: Policy
+    state: ThreadState | None, command: PostUserMessage, policy: Policy, known: Known
 ) -> list[Event]:
     def reject(reason: RejectReason, detail: str, existing_run_id: str | None) -> list[Event]:
         return [
@@ -246,9 +284,15 @@ def _post_user_message(
             f"text has {len(command.text)} characters, the limit is {policy.max_input_chars}",
             None,
         )
+    if len(command.message_id) > policy.max_id_chars or not command.message_id:
+        return reject(RejectReason.INVALID, f"message_id must be 1 to {policy.max_id_chars} characters",
+                      None)
+    if command.idempotency_key is not None and len(command.idempotency_key) > policy.max_id_chars:
+        return reject(RejectReason.INVALID,
+                      f"idempotency_key is longer than {policy.max_id_chars} characters", None)
     if command.idempotency_key is not None:
         record = state.idempotency.get(command.idempotency_key)
-        if record is not None:
+        if record is not None and not _expired(record, command.now_ms, policy):
             if record.payload_fingerprint == payload_fingerprint(command.text):
                 return reject(RejectReason.DUPLICATE, "idempotency key already used", record.run_id)
             return reject(
@@ -256,7 +300,7 @@ def _post_user_message(
                 "idempotency key already used with another payload",
                 record.run_id,
             )
-    existing_run_id = state.run_by_message.get(command.message_id)
+    existing_run_id = known.message_run_id
     if existing_run_id is not None:
         return reject(RejectReason.DUPLICATE, "message id already has a run", existing_run_id)
     if state.active_run is not None:
@@ -388,6 +432,9 @@ def _worker_report(state: ThreadState | None, report: _WorkerReport, policy: Pol
                 )
             ]
         case ReportAttemptCompleted():
+            if output_bytes(report) > policy.max_output_bytes:
+                return [RunFailed(thread_id=state.thread_id, run_id=run.run_id,
+                                  attempt=run.attempt, error=OUTPUT_TOO_LARGE, at_ms=report.now_ms)]
             answer = AssistantMessage(
                 message_id=answer_message_id_for(run.run_id),
                 text=report.final_text,
@@ -459,28 +506,46 @@ def _backoff_ms(policy: Policy, failed_attempt: int) -> int:
 # --- evolve, per event ---------------------------------------------------------
 
 
-def _with(mapping: Mapping[str, _V], key: str, value: _V) -> Mapping[str, _V]:
-    return MappingProxyType({**mapping, key: value})
+def _expired(record: IdempotencyRecord, now_ms: int, policy: Policy) -> bool:
+    return now_ms - record.at_ms > policy.idempotency_window_ms
 
 
-def _message_accepted(state: ThreadState, event: MessageAccepted) -> ThreadState:
-    run_id = run_id_for(state.thread_id, event.message_id)
-    message = StoredMessage(
-        message_id=event.message_id,
-        role="user",
-        text=event.text,
-        run_id=run_id,
-        created_at_ms=event.at_ms,
-    )
+def output_bytes(report: ReportAttemptCompleted) -> int:
+    """The UTF-8 size of what a completed attempt stores: text, steps and citations."""
+    size = len(report.final_text.encode("utf-8", "surrogatepass"))
+    for step in report.steps:
+        size += sum(len(x.encode("utf-8", "surrogatepass"))
+                    for x in (step.kind, step.name, step.payload_json))
+    for citation in report.citations:
+        size += sum(len(x.encode("utf-8", "surrogatepass")) for x in (citation.url, citation.title))
+    return size
+
+
+def _message_accepted(state: ThreadState, event: MessageAccepted, policy: Policy) -> ThreadState:
     idempotency = state.idempotency
     if event.idempotency_key is not None:
         record = IdempotencyRecord(
             message_id=event.message_id,
-            run_id=run_id,
+            run_id=run_id_for(state.thread_id, event.message_id),
             payload_fingerprint=payload_fingerprint(event.text),
+            at_ms=event.at_ms,
         )
-        idempotency = _with(idempotency, event.idempotency_key, record)
-    return replace(state, messages=(*state.messages, message), idempotency=idempotency)
+        idempotency = _bounded_keys(idempotency, event.idempotency_key, record, policy)
+    return replace(state, message_count=state.message_count + 1, idempotency=idempotency,
+                   updated_at_ms=event.at_ms)
+
+
+def _bounded_keys(keys: Mapping[str, IdempotencyRecord], key: str, record: IdempotencyRecord,
+                  policy: Policy) -> Mapping[str, IdempotencyRecord]:
+    """`keys` with `key` added, less the expired keys and the oldest beyond the count
+    cap (insertion order is age order). A dropped key's message id still never runs
+    twice: `Known.message_run_id` answers that from the stored history."""
+    kept = {k: r for k, r in keys.items()
+            if k != key and not _expired(r, record.at_ms, policy)}
+    kept[key] = record
+    while len(kept) > max(policy.max_idempotency_keys, 1):
+        del kept[next(iter(kept))]
+    return MappingProxyType(kept)
 
 
 def _run_accepted(state: ThreadState, event: RunAccepted) -> ThreadState:
@@ -494,16 +559,11 @@ def _run_accepted(state: ThreadState, event: RunAccepted) -> ThreadState:
         attempt_started_ms=event.at_ms,
         last_heartbeat_ms=event.at_ms,
         retry_due_ms=None,
+        # decide emits MessageAccepted right before RunAccepted: the message is the newest.
+        message_seq=state.message_count - 1,
+        accepted_at_ms=event.at_ms,
     )
-    record = RunRecord(
-        run_id=event.run_id, message_id=event.message_id, status=RunStatus.DISPATCHED, attempts=0
-    )
-    return replace(
-        state,
-        active_run=run,
-        runs=_with(state.runs, event.run_id, record),
-        run_by_message=_with(state.run_by_message, event.message_id, event.run_id),
-    )
+    return replace(state, active_run=run, run_count=state.run_count + 1, updated_at_ms=event.at_ms)
 
 
 def _run_event(state: ThreadState, event: _RunEvent) -> ThreadState:
@@ -522,6 +582,7 @@ def _run_event(state: ThreadState, event: _RunEvent) -> ThreadState:
                     last_heartbeat_ms=event.at_ms,
                     retry_due_ms=None,
                 ),
+                event.at_ms,
             )
         case AttemptStarted():
             if event.attempt != run.attempt:
@@ -533,46 +594,35 @@ def _run_event(state: ThreadState, event: _RunEvent) -> ThreadState:
                     status=RunStatus.RUNNING,
                     last_heartbeat_ms=max(run.last_heartbeat_ms, event.at_ms),
                 ),
+                event.at_ms,
             )
         case HeartbeatRecorded():
             if event.attempt != run.attempt:
                 return state
-            # Status and attempts are unchanged, so the run record is left alone.
             updated = replace(run, last_heartbeat_ms=max(run.last_heartbeat_ms, event.at_ms))
             return replace(state, active_run=updated)
         case RetryScheduled():
             return _update_run(
-                state, replace(run, status=RunStatus.RETRY_WAIT, retry_due_ms=event.due_ms)
+                state, replace(run, status=RunStatus.RETRY_WAIT, retry_due_ms=event.due_ms),
+                event.at_ms,
             )
         case RunCompleted():
-            answer = StoredMessage(
-                message_id=event.message.message_id,
-                role="assistant",
-                text=event.message.text,
-                run_id=run.run_id,
-                created_at_ms=event.at_ms,
-                steps=event.message.steps,
-                citations=event.message.citations,
-            )
-            ended = _end_run(state, run, RunStatus.COMPLETED)
-            return replace(ended, messages=(*ended.messages, answer))
+            ended = _end_run(state, run, RunStatus.COMPLETED, event.at_ms)
+            return replace(ended, message_count=ended.message_count + 1)  # the answer is stored
         case RunFailed():
-            return _end_run(state, run, RunStatus.FAILED)
+            return _end_run(state, run, RunStatus.FAILED, event.at_ms)
         case RunCancelled():
-            return _end_run(state, run, RunStatus.CANCELLED)
+            return _end_run(state, run, RunStatus.CANCELLED, event.at_ms)
         case _:
             assert_never(event)
 
 
-def _update_run(state: ThreadState, run: ActiveRun) -> ThreadState:
-    record = RunRecord(
-        run_id=run.run_id, message_id=run.message_id, status=run.status, attempts=run.attempt
-    )
-    return replace(state, active_run=run, runs=_with(state.runs, run.run_id, record))
+def _update_run(state: ThreadState, run: ActiveRun, at_ms: int) -> ThreadState:
+    return replace(state, active_run=run, updated_at_ms=at_ms)
 
 
-def _end_run(state: ThreadState, run: ActiveRun, status: RunStatus) -> ThreadState:
+def _end_run(state: ThreadState, run: ActiveRun, status: RunStatus, at_ms: int) -> ThreadState:
     record = RunRecord(
         run_id=run.run_id, message_id=run.message_id, status=status, attempts=run.attempt
     )
-    return replace(state, active_run=None, runs=_with(state.runs, run.run_id, record))
+    return replace(state, active_run=None, last_run=record, updated_at_ms=at_ms)

@@ -20,7 +20,13 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from streams.config import Settings
 from streams.kafka_security import librdkafka_config
 
-__all__ = ["TopicMismatch", "TopicSpec", "ensure_specs", "ensure_topics", "topic_specs"]
+__all__ = ["TopicMismatch", "TopicSpec", "ensure_specs", "ensure_topics", "record_limit",
+           "topic_specs"]
+
+# librdkafka's own cap on a produced message (message.max.bytes), and room left under
+# the broker's cap for the record batch header around a single record.
+PRODUCER_MAX_BYTES = 1_000_000
+_BATCH_OVERHEAD = 512
 
 
 class TopicMismatch(RuntimeError):
@@ -51,6 +57,10 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         # compacts eagerly and a restore reads little more than one record a thread.
         t.threads: {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
                     "segment.ms": str(3_600_000)},
+        # The stored history: one key per message (thread_id/seq), so compaction keeps
+        # every message and only drops superseded versions (a user message is
+        # rewritten once, when its run ends) and deleted threads' tombstoned records.
+        t.messages: base,
         # Live output: compacted *and* deleted after the replay window, so deltas
         # are transient (about 30 min) while the final answer lives in events.
         t.stream: {
@@ -96,6 +106,19 @@ def ensure_specs(settings: Settings, specs: list[TopicSpec], timeout_s: float = 
                     raise
     _verify(admin, specs, timeout_s, settings)
     return specs
+
+
+def record_limit(settings: Settings, timeout_s: float = 30.0) -> int:
+    """The largest record (key and value) that every core topic accepts: the smallest
+    `max.message.bytes` among them, the producer's own cap, less batch overhead."""
+    admin = _admin(settings)
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in settings.topics.all()]
+    limit = PRODUCER_MAX_BYTES
+    for future in admin.describe_configs(resources, request_timeout=timeout_s).values():
+        entry = future.result(timeout=timeout_s).get("max.message.bytes")
+        if entry is not None and entry.value is not None:
+            limit = min(limit, int(entry.value))
+    return limit - _BATCH_OVERHEAD
 
 
 def _cleanup_policy(admin: AdminClient, topic: str, deadline: float) -> str:

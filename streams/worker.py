@@ -84,6 +84,7 @@ from streams.domain import (
 from streams.kafka_security import aiokafka_config
 from streams.records import (
     CitationsOutput,
+    DeadLetter,
     Dispatch,
     MessageEnd,
     MessageStart,
@@ -101,10 +102,11 @@ from streams.serialization import (
     decode_dispatch,
     decode_stream,
     encode_command,
+    encode_dead_letter,
     encode_stream,
     new_meta,
 )
-from streams.thread import answer_message_id_for
+from streams.thread import OUTPUT_TOO_LARGE, answer_message_id_for
 from streams.topics import ensure_topics
 
 __all__ = ["DEFAULT_CONCURRENCY", "Fate", "PartitionOffsets", "Worker", "run_worker"]
@@ -117,6 +119,7 @@ CATCH_UP_TIMEOUT_S = 5.0
 PREPARE_TIMEOUT_S = 10.0  # past this, run the dispatch without knowing its run's fate
 FATES_KEPT = 100_000  # runs whose fate is remembered, most recent first
 SHUTDOWN_TIMEOUT_S = 15.0
+DEAD_LETTER_MAX_BYTES = 256 * 1024  # of an unreadable dispatch kept in its dead letter
 OUTCOME_SEND_TRIES = 5
 SHUTDOWN_ERROR = "worker shutting down"
 
@@ -413,6 +416,15 @@ class _Execution:
         parts = 0
         steps: list[Step] = []
         citations: list[Citation] = []
+        # The answer must fit the records that carry it whole: past the cap the run
+        # ends `output_too_large` (not retried: the agent would say as much again).
+        budget = self.worker.settings.policy.max_output_bytes
+
+        def spend(*texts: str) -> None:
+            nonlocal budget
+            budget -= sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+            if budget < 0:
+                raise AgentError(OUTPUT_TOO_LARGE, retryable=False)
 
         async def flush() -> None:
             nonlocal flush_at
@@ -447,6 +459,11 @@ class _Execution:
             if isinstance(output, TextChunk):
                 if not output.text:
                     continue
+                try:
+                    spend(output.text)
+                except AgentError:
+                    await close_text()
+                    raise
                 if part is None:
                     part, parts = [], parts + 1
                     await self._emit(TextStart(), f"text:{parts - 1}")
@@ -460,11 +477,13 @@ class _Execution:
                     await flush()
             elif isinstance(output, AgentStep):
                 await close_text()
+                spend(output.step.kind, output.step.name, output.step.payload_json)
                 steps.append(output.step)
                 step = output.step
                 await self._emit(StepOutput(step.kind, step.name, step.payload_json),
                                  f"step:{len(steps) - 1}")
             elif isinstance(output, AgentCitations):
+                spend(*(x for c in output.citations for x in (c.url, c.title)))
                 citations.extend(output.citations)
         await close_text()
         if citations:
@@ -588,6 +607,7 @@ class Worker:
             fetch_max_wait_ms=100,
         )
         self.watch = _LifecycleWatch(settings, f"worker-{self.worker_id}", self._on_fate)
+        self._background: set[asyncio.Task[None]] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run attempts until `stop` is set, then shut down as the module says."""
@@ -624,8 +644,10 @@ class Worker:
         try:
             meta, dispatch = decode_dispatch(record.value or b"")
         except DecodeError as exc:
-            log.warning("skipping dispatch %d@%d: %s", partition, record.offset, exc)
-            offsets.finish(record.offset)
+            log.warning("dead-lettering dispatch %d@%d: %s", partition, record.offset, exc)
+            task = asyncio.create_task(self._dead_letter(partition, record, str(exc), offsets))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
             return
         if _now_ms() - dispatch.dispatched_at_ms > self.settings.policy.attempt_timeout_ms:
             # The processor has timed this attempt out already.
@@ -637,6 +659,28 @@ class Worker:
         self.by_run.setdefault(dispatch.run_id, set()).add(execution)
         execution.task = asyncio.create_task(self._execute(execution),
                                              name=f"run-{dispatch.run_id}-{dispatch.attempt}")
+
+    async def _dead_letter(self, partition: int, record: Any, reason: str,
+                           offsets: PartitionOffsets) -> None:
+        """Keep an unreadable dispatch on the dead-letter topic, then move past it (the
+        offset is committed only once the dead letter is acked)."""
+        topic = self.settings.topics.dispatch
+        key, value = record.key, (record.value or b"")[:DEAD_LETTER_MAX_BYTES]
+        letter = DeadLetter(source_topic=topic, source_partition=partition,
+                            source_offset=record.offset, key=key, value=value, reason=reason,
+                            error_type="DecodeError", failed_at_ms=_now_ms())
+        while True:
+            try:
+                delivery = await self.producer.send(
+                    self.settings.topics.dead_letter, encode_dead_letter(letter),
+                    key=key or f"{topic}/{partition}/{record.offset}".encode(), partition=partition)
+                await delivery
+                break
+            except KafkaError as exc:
+                log.warning("dead letter for dispatch %d@%d failed (%s); retrying", partition,
+                            record.offset, exc)
+                await asyncio.sleep(1)
+        offsets.finish(record.offset)
 
     async def _execute(self, execution: _Execution) -> None:
         run_id, attempt = execution.dispatch.run_id, execution.attempt

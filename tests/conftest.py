@@ -7,13 +7,16 @@ its own topic prefix and data folder, so tests share the broker, not state.
 
 from __future__ import annotations
 
-import contextlib
 import os
+import secrets
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import core as hypothesis_core
+from hypothesis import settings as hsettings
 
 from streams.config import Settings
 
@@ -86,9 +89,45 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda i: 1 if i.get_closest_marker("kafka") or i.get_closest_marker("chaos") else 0)
 
 
-with contextlib.suppress(Exception):
-    from hypothesis import settings as hsettings
+# --- hypothesis: a random seed every session, CI included, printed to replay a failure ---
 
-    hsettings.register_profile("ci", deadline=None, derandomize=True)
-    if os.environ.get("CI"):
-        hsettings.load_profile("ci")
+HYPOTHESIS_SEED_ENV = "THREADLINE_HYPOTHESIS_SEED"
+_hypothesis_seed: int | str | None = None
+
+# Hypothesis loads a "ci" profile of its own wherever it sees a CI variable, and
+# that one is derandomized: the same examples every run, so CI never finds what a
+# new seed would. Ours replaces it: random seeds (one per session, printed below).
+hsettings.register_profile("ci", hsettings.get_profile("default"), deadline=None,
+                           print_blob=True, derandomize=False)
+if os.environ.get("CI") or hsettings.get_current_profile_name() == "ci":
+    hsettings.load_profile("ci")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every property test of the session draws from one seed: `--hypothesis-seed`,
+    else `THREADLINE_HYPOTHESIS_SEED`, else a fresh random one. It is printed at the
+    start and the end of the run, so a failure found by chance can be replayed."""
+    global _hypothesis_seed
+    given = config.getoption("--hypothesis-seed", None) or os.environ.get(HYPOTHESIS_SEED_ENV)
+    if given:
+        try:
+            _hypothesis_seed = int(given)
+        except ValueError:
+            _hypothesis_seed = given
+    else:
+        _hypothesis_seed = secrets.randbits(64)
+    hypothesis_core.global_force_seed = _hypothesis_seed  # type: ignore[assignment]
+
+
+def _seed_line() -> str:
+    return f"hypothesis seed: {_hypothesis_seed} (replay: {HYPOTHESIS_SEED_ENV}={_hypothesis_seed})"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(_seed_line())
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    terminalreporter.write_line(_seed_line())

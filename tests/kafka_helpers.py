@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from streams.config import Settings
-from streams.domain import Command
+from streams.domain import Command, Event, PostUserMessage, RunRejected
 from streams.serialization import encode_command, new_meta
 
 T = TypeVar("T")
@@ -96,6 +96,25 @@ def send_command(producer: Producer, settings: Settings, command: Command, tenan
     meta = new_meta(command.thread_id, tenant, int(time.time() * 1000))
     producer.produce(settings.topics.commands, encode_command(command, meta),
                      command.thread_id.encode(), on_delivery=_delivered)
+
+
+def send_marker(producer: Producer, settings: Settings, thread_id: str, tenant: str = "t") -> str:
+    """A marker in `thread_id`'s partition of the commands: a post with no text,
+    which the processor refuses (`RunRejected`, INVALID) and which changes nothing.
+    Once its rejection is on `events`, every earlier command of that partition has
+    been decided: "nothing more arrived before it" can be asserted, where a sleep
+    would only hope so. Returns the marker's message id (see `marked`)."""
+    marker = f"marker-{uuid.uuid4()}"
+    send_command(producer, settings,
+                 PostUserMessage(thread_id, tenant, marker, "", None, int(time.time() * 1000)), tenant)
+    producer.flush(10)
+    return marker
+
+
+def marked(*markers: str) -> Callable[[list[Event]], bool]:
+    """An `until` for the events topic: every marker's rejection is there."""
+    wanted = set(markers)
+    return lambda events: wanted <= {e.message_id for e in events if isinstance(e, RunRejected)}
 
 
 def flush_all(producer: Producer, timeout: float = 60) -> None:

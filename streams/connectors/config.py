@@ -37,6 +37,7 @@ class ConnectorConfig:
     lease_s: float  # a fenced call must start within this, or it is fenced again
     clock_margin_s: float  # added to a lease before another owner reconciles
     call_timeout_s: float
+    retry_after_max_s: float  # a server's Retry-After is obeyed up to this
     concurrency: int  # chat and webhook calls in flight at once
     webhook_url: str  # empty: no webhook
     webhook_secret: str
@@ -64,6 +65,11 @@ class ConnectorConfig:
         # after which another instance owns the thread.
         lease = min(_float(env, "THREADLINE_CONNECTOR_LEASE_S", 2.0),
                      settings.session_timeout_ms / 2000)
+        webhook_url = env.get("THREADLINE_WEBHOOK_URL", "")
+        webhook_secret = env.get("THREADLINE_WEBHOOK_SECRET", "")
+        if webhook_url and not webhook_secret:
+            raise ValueError("THREADLINE_WEBHOOK_URL is set but THREADLINE_WEBHOOK_SECRET is empty: "
+                             "the receiver could not tell our requests from anyone's")
         return cls(
             signing_secret=env.get("THREADLINE_SLACK_SIGNING_SECRET", ""),
             bot_token=env.get("THREADLINE_SLACK_BOT_TOKEN", ""),
@@ -75,9 +81,10 @@ class ConnectorConfig:
             lease_s=lease,
             clock_margin_s=_float(env, "THREADLINE_CONNECTOR_CLOCK_MARGIN_S", 1.0),
             call_timeout_s=_float(env, "THREADLINE_CONNECTOR_CALL_TIMEOUT_S", 10.0),
+            retry_after_max_s=_float(env, "THREADLINE_CONNECTOR_RETRY_AFTER_MAX_S", 300.0),
             concurrency=int(env.get("THREADLINE_CONNECTOR_CONCURRENCY") or 8),
-            webhook_url=env.get("THREADLINE_WEBHOOK_URL", ""),
-            webhook_secret=env.get("THREADLINE_WEBHOOK_SECRET", ""),
+            webhook_url=webhook_url,
+            webhook_secret=webhook_secret,
             webhook_max_attempts=int(env.get("THREADLINE_WEBHOOK_MAX_ATTEMPTS") or 10),
             webhook_backoff_s=_float(env, "THREADLINE_WEBHOOK_BACKOFF_S", 0.5),
             webhook_backoff_max_s=_float(env, "THREADLINE_WEBHOOK_BACKOFF_MAX_S", 60.0),

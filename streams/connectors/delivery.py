@@ -260,11 +260,12 @@ class Calls:
         if outcome.maybe_done and e.kind is OutboxKind.CHAT_POST:
             rt.needs_reconcile = True
         if e.kind is OutboxKind.WEBHOOK_POST:
-            backoff = min(self.config.webhook_backoff_s * 2 ** (rt.failures - 1),
-                          self.config.webhook_backoff_max_s)
+            backoff = _backoff(self.config.webhook_backoff_s, self.config.webhook_backoff_max_s,
+                               rt.failures)
         else:
-            backoff = min(2.0 ** (rt.failures - 1), CHAT_BACKOFF_MAX_S)
-        delay = outcome.after_s if outcome.after_s is not None else backoff
+            backoff = _backoff(1.0, CHAT_BACKOFF_MAX_S, rt.failures)
+        delay = backoff if outcome.after_s is None else min(outcome.after_s,
+                                                            self.config.retry_after_max_s)
         rt.not_before = time.monotonic() + delay
         if outcome.rate_limited:
             self.stats.add("rate_limited")
@@ -274,3 +275,12 @@ class Calls:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        for sink in (self.chat, self.webhook):
+            if sink is not None:
+                sink.close()
+
+
+def _backoff(initial_s: float, max_s: float, failures: int) -> float:
+    """initial * 2^(failures - 1), at most max_s; the chat lane retries without end,
+    and 2.0 ** 1024 overflows a float, so the exponent stops growing first."""
+    return min(initial_s * 2.0 ** min(max(failures - 1, 0), 64), max_s)

@@ -19,6 +19,7 @@ from aiohttp import web
 from streams.config import Settings
 from streams.connectors.config import ConnectorConfig, instance_id_for
 from streams.connectors.delivery import Calls
+from streams.connectors.http_client import HttpClient
 from streams.connectors.inbound import create_inbound_app
 from streams.connectors.relay import Relay
 from streams.connectors.slack_api import SlackApi
@@ -36,10 +37,10 @@ def run_connector(settings: Settings) -> int:
     instance_id = instance_id_for(settings)
     ensure_connector_topics(settings, config.audit_retention_ms)
     stats = ConnectorStats()
-    chat = SlackApi(config.slack_api_url, config.bot_token, config.call_timeout_s) \
-        if config.chat_enabled else None
-    webhook = WebhookSink(config.webhook_url, config.webhook_secret, config.call_timeout_s) \
-        if config.webhook_enabled else None
+    chat = SlackApi(config.slack_api_url, config.bot_token, config.call_timeout_s,
+                    HttpClient(config.concurrency)) if config.chat_enabled else None
+    webhook = WebhookSink(config.webhook_url, config.webhook_secret, config.call_timeout_s,
+                          HttpClient(config.concurrency)) if config.webhook_enabled else None
     relay = Relay(settings, config, stats, instance_id, Calls(config, stats, chat, webhook))
     if not config.signing_secret:
         log.warning("THREADLINE_SLACK_SIGNING_SECRET is unset: every chat event is refused")

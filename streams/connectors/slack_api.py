@@ -7,7 +7,8 @@
     conversations.replies   \\ read back with `include_all_metadata=true` to find a
     conversations.history   / post made before a crash (reconciliation)
 
-Rate limits are HTTP 429 with `Retry-After` (seconds), per method.
+Rate limits are HTTP 429 with `Retry-After` (seconds), per method. A redirect
+is never followed (it would carry the bot token elsewhere): the call is refused.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from streams.connectors.calls import (
     Outcome,
     Refused,
     Retry,
-    http_request,
 )
+from streams.connectors.http_client import HttpClient
 
 __all__ = ["METADATA_EVENT_TYPE", "SlackApi", "outbox_id_in"]
 
@@ -49,10 +50,15 @@ def outbox_id_in(message: dict[str, Any]) -> str | None:
 
 
 class SlackApi:
-    def __init__(self, base_url: str, token: str, timeout_s: float = 10.0) -> None:
+    def __init__(self, base_url: str, token: str, timeout_s: float = 10.0,
+                 http: HttpClient | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.timeout_s = timeout_s
+        self.http = http or HttpClient()
+
+    def close(self) -> None:
+        self.http.close()
 
     # --- writes -------------------------------------------------------------------
 
@@ -97,8 +103,8 @@ class SlackApi:
         cursor = ""
         for _ in range(HISTORY_PAGES):
             query = urllib.parse.urlencode({**params, **({"cursor": cursor} if cursor else {})})
-            reply = http_request("GET", f"{self.base_url}/{method}?{query}", body=None,
-                                 headers=self._headers(), timeout_s=self.timeout_s)
+            reply = self.http.request("GET", f"{self.base_url}/{method}?{query}", body=None,
+                                      headers=self._headers(), timeout_s=self.timeout_s)
             page = self._result(method, reply, maybe_done=False, done_errors=("thread_not_found",))
             if not isinstance(page, dict):
                 return page
@@ -122,9 +128,9 @@ class SlackApi:
 
     def _write(self, method: str, body: dict[str, Any], before_send: BeforeSend | None,
                done_errors: tuple[str, ...] = ()) -> dict[str, Any] | Outcome:
-        reply = http_request("POST", f"{self.base_url}/{method}",
-                             body=json.dumps(body).encode(), headers=self._headers(),
-                             timeout_s=self.timeout_s, before_send=before_send)
+        reply = self.http.request("POST", f"{self.base_url}/{method}",
+                                  body=json.dumps(body).encode(), headers=self._headers(),
+                                  timeout_s=self.timeout_s, before_send=before_send)
         return self._result(method, reply, maybe_done=True, done_errors=done_errors)
 
     @staticmethod
@@ -132,6 +138,9 @@ class SlackApi:
                 done_errors: tuple[str, ...] = ()) -> dict[str, Any] | Outcome:
         if not isinstance(reply, HttpReply):
             return reply
+        if reply.redirect:
+            return Refused(f"{method}: HTTP {reply.status} to {reply.headers.get('Location', '?')}, "
+                           "not followed")
         if reply.status == 429:
             return Retry(f"{method}: rate limited", reply.retry_after_s() or 1.0,
                          maybe_done=False, rate_limited=True)

@@ -8,8 +8,9 @@ Each request carries
     X-Threadline-Signature: v1=<hex HMAC-SHA256(secret, "{timestamp}.{body}")>
 
 A 2xx is delivered; 408, 425, 429 and 5xx and transport failures are retried
-with exponential backoff (or the receiver's `Retry-After`) up to a number of
-attempts; any other status refuses the message for good. Retries go through the
+with exponential backoff (or the receiver's `Retry-After`, capped) up to a number
+of attempts; any other status refuses the message for good, a redirect too: it
+is never followed. The secret must not be empty (anyone could sign). Retries go through the
 outbox like every other call, so they survive restarts; a receiver that keeps
 the idempotency keys it has seen turns the at-least-once requests into one effect.
 """
@@ -20,7 +21,8 @@ import hashlib
 import hmac
 import time
 
-from streams.connectors.calls import BeforeSend, Done, HttpReply, Outcome, Refused, Retry, http_request
+from streams.connectors.calls import BeforeSend, Done, HttpReply, Outcome, Refused, Retry
+from streams.connectors.http_client import HttpClient
 
 __all__ = ["SIGNATURE_HEADER", "TIMESTAMP_HEADER", "WebhookSink", "sign", "verify"]
 
@@ -45,18 +47,22 @@ def verify(secret: str, timestamp: str, body: bytes, signature: str, *, now_s: f
 
 
 class WebhookSink:
-    def __init__(self, url: str, secret: str, timeout_s: float = 10.0) -> None:
+    def __init__(self, url: str, secret: str, timeout_s: float = 10.0,
+                 http: HttpClient | None = None) -> None:
+        if not secret:
+            raise ValueError("a webhook needs a signing secret: an empty one lets anyone sign")
         self.url = url
         self.secret = secret
         self.timeout_s = timeout_s
+        self.http = http or HttpClient()
 
     def post(self, body: str, outbox_id: str, before_send: BeforeSend | None = None) -> Outcome:
         data = body.encode()
         timestamp = str(int(time.time()))
         headers = {"Content-Type": "application/json", "Idempotency-Key": outbox_id,
                    TIMESTAMP_HEADER: timestamp, SIGNATURE_HEADER: sign(self.secret, timestamp, data)}
-        reply = http_request("POST", self.url, body=data, headers=headers,
-                             timeout_s=self.timeout_s, before_send=before_send)
+        reply = self.http.request("POST", self.url, body=data, headers=headers,
+                                  timeout_s=self.timeout_s, before_send=before_send)
         if not isinstance(reply, HttpReply):
             return reply
         if 200 <= reply.status < 300:
@@ -64,4 +70,10 @@ class WebhookSink:
         if reply.status >= 500 or reply.status in _RETRIED:
             return Retry(f"webhook: HTTP {reply.status}", reply.retry_after_s(), maybe_done=True,
                          rate_limited=reply.status == 429)
+        if reply.redirect:
+            return Refused(f"webhook: HTTP {reply.status} to {reply.headers.get('Location', '?')}, "
+                           "not followed")
         return Refused(f"webhook: HTTP {reply.status}")
+
+    def close(self) -> None:
+        self.http.close()

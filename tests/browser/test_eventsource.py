@@ -7,7 +7,6 @@ from __future__ import annotations
 import collections
 import json
 import shutil
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -62,12 +61,17 @@ def test_a_browser_eventsource_sees_every_run_whole_across_gateway_restarts(
             page.goto(f"{base}/demo#key=k1&thread={thread_id}")
             page.wait_for_function("window.threadline && window.threadline.opens >= 1", timeout=30_000)
             runs = []
+            deltas = "window.threadline.events.filter(e => e.type === 'text_delta').length"
             for n in range(3):
+                before = page.evaluate(deltas)
                 status, accepted = _call(base, "POST", f"/v1/threads/{thread_id}/user_message",
                                          {"input_text": f"message {n}"})
                 assert status == 202, accepted
                 runs.append(accepted["run_id"])
-                time.sleep(0.4)  # mid-stream: restart the gateway under the browser
+                # Mid-stream: once the browser has this run's first token (not after a
+                # 0.4 s sleep that may land before the run or after it), restart the
+                # gateway under the browser.
+                page.wait_for_function(f"{deltas} > {before}", timeout=60_000)
                 gateway.kill9()
                 gateway.start()
                 wait_for(lambda: _healthy(base), timeout=60)

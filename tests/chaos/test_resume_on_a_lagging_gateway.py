@@ -52,9 +52,15 @@ async def test_a_resume_on_a_gateway_whose_feed_is_behind_repeats_nothing(live: 
     await lagging.start_server()
     try:
         feed = lagging.app[FEED]
-        await asyncio.sleep(1.0)  # let its feed reach the end once
         tps = [TopicPartition(live.settings.topics.stream, p)
                for p in range(live.settings.partitions)]
+        # Its feed has reached the end once: a fetch answered for every partition
+        # (rather than a second's sleep that hopes so).
+        for _ in range(1200):
+            if all(feed._consumer.highwater(tp) is not None for tp in tps):
+                break
+            await asyncio.sleep(0.05)
+        assert all(feed._consumer.highwater(tp) is not None for tp in tps)
         feed._consumer.pause(*tps)  # from now on it falls behind
         thread_id = _post(live, "/v1/threads", {"title": "lag"})["thread_id"]
         run_id = _post(live, f"/v1/threads/{thread_id}/user_message",
@@ -65,7 +71,12 @@ async def test_a_resume_on_a_gateway_whose_feed_is_behind_repeats_nothing(live: 
             resumed_task = asyncio.create_task(_read(
                 session, str(lagging.make_url(f"/v1/runs/{run_id}/events")),
                 {**AUTH, "Last-Event-ID": first[-1].id}, until="done"))
-            await asyncio.sleep(1.0)  # the resumed stream waits on the paused feed
+            # The resumed stream has subscribed and waits on the paused feed.
+            for _ in range(1200):
+                if feed.subscribers or resumed_task.done():
+                    break
+                await asyncio.sleep(0.05)
+            assert feed.subscribers, "the resumed stream never subscribed to the lagging feed"
             feed._consumer.resume(*tps)
             resumed = await resumed_task
             reference = await _read(session, f"{live.base}/v1/runs/{run_id}/events", AUTH,

@@ -7,7 +7,9 @@ Web API (under `/api/`, bearer token, JSON bodies for writes, query for reads):
 (metadata only with `include_all_metadata=true`, `oldest`, cursor paging).
 Every Nth call of a rate-limited method is answered 429 with `Retry-After`.
 Calls of a held token wait at a gate until it is released (to freeze a caller
-mid-call). Every posted message is recorded, with its edits and reactions.
+mid-call). With `redirect_to`, every call is answered with a redirect there
+instead. Every posted message is recorded, with its edits and reactions, and
+every call's client address (`peers`: one per TCP connection).
 
 The server runs on its own thread and event loop, so blocking tests can use it.
 """
@@ -76,8 +78,11 @@ def slack_signature(secret: str, timestamp: str, body: bytes) -> str:
 class ChatDouble:
     def __init__(self, *, rate_limit_every: int = 0, retry_after_s: int = 1,
                  rate_limited: tuple[str, ...] = ("chat.postMessage", "conversations.replies",
-                                                  "conversations.history")) -> None:
+                                                  "conversations.history"),
+                 redirect_to: str = "", redirect_status: int = 302) -> None:
         self.rate_limit_every, self.retry_after_s = rate_limit_every, retry_after_s
+        self.redirect_to, self.redirect_status = redirect_to, redirect_status
+        self.peers: list[tuple[str, int]] = []
         self.rate_limited = rate_limited
         self.lock = threading.Lock()
         self.messages: list[ChatMessage] = []
@@ -210,6 +215,14 @@ class ChatDouble:
 
     async def _api(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        with self.lock:
+            self.peers.append((str(peer[0]), int(peer[1])) if peer else ("", 0))
+        if self.redirect_to:
+            with self.lock:
+                self.calls.append((method, "", self.redirect_status))
+            return web.Response(status=self.redirect_status,
+                                headers={"Location": f"{self.redirect_to}/{method}"})
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         token = token.strip() if scheme == "Bearer" else ""
         if request.method == "POST" and request.content_type == "application/json":

@@ -20,8 +20,8 @@ from confluent_kafka.admin import AdminClient
 from streams.broker import free_port
 from streams.config import Settings
 from streams.connectors.codec import decode_outbox
-from streams.connectors.ids import message_id_for
-from streams.connectors.outbox import ChatOutbox
+from streams.connectors.ids import message_id_for, outbox_id_for
+from streams.connectors.outbox import ANSWER, ChatOutbox
 from streams.connectors.topics import ensure_connector_topics, outbox_topic
 from streams.domain import Event, RunAccepted, RunCompleted
 from streams.serialization import decode_event
@@ -76,6 +76,20 @@ class Stack:
         """A person writes in `channel`; the event is delivered to connector `name`."""
         payload = self.double.user_message(channel, text, **kwargs)
         return payload, self.double.deliver(self.url(name), payload)
+
+    def marker_turn(self, name: str, channel: str, thread_ts: str | None = None,
+                    timeout: float = 30) -> str:
+        """A later turn, told to connector `name` and answered: a marker. The relay
+        reads a thread's events in order and delivers its lanes in order, so once the
+        marker's answer is posted, whatever an earlier event of the thread caused
+        has been done (instead of sleeping and hoping it would have been)."""
+        payload, statuses = self.say(name, channel, "marker", thread_ts=thread_ts)
+        assert statuses[-1] == 200, statuses
+        run = run_of(payload, thread_of(payload))
+        answer = outbox_id_for(run, ANSWER)
+        wait_until(lambda: any(p.outbox_id == answer and p.text.startswith("You said: marker.")
+                               for p in self.double.bot_posts(channel)), timeout, "the marker", self)
+        return run
 
     def wait_for_group(self, members: int, timeout: float = 40) -> None:
         admin = AdminClient({"bootstrap.servers": self.settings.bootstrap, "log_level": 0})

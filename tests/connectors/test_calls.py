@@ -3,6 +3,9 @@ sink, and how `Calls` chooses, fences and takes in outcomes."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -12,7 +15,7 @@ from streams.broker import free_port
 from streams.config import Settings
 from streams.connectors.calls import Done, Found, NotFound, NotSent, Refused, Retry
 from streams.connectors.config import ConnectorConfig
-from streams.connectors.delivery import Calls, Job
+from streams.connectors.delivery import Calls, Job, _Runtime
 from streams.connectors.ids import message_id_for, outbox_id_for
 from streams.connectors.outbox import (
     ANSWER,
@@ -231,3 +234,143 @@ def test_a_reconciliation_read_before_the_thread_moved_away_and_back_counts_for_
     assert fenced == [] and len(calls.in_flight) == 1  # read again, not posted
     _wait_finished(calls)
     calls.close()
+
+
+# --- redirects, secrets, Retry-After, backoff, the lease and the connection -------------------
+
+
+@pytest.fixture
+def trap() -> Iterator[WebhookReceiver]:
+    """Where a redirect points: anything that arrives here was followed."""
+    receiver = WebhookReceiver().start()
+    yield receiver
+    receiver.stop()
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_the_chat_client_follows_no_redirect_and_never_resends_its_token(
+        trap: WebhookReceiver, status: int) -> None:
+    moved = ChatDouble(redirect_to=f"http://127.0.0.1:{trap.port}/elsewhere",
+                       redirect_status=status).start()
+    try:
+        api = SlackApi(moved.api_url, "xoxb-secret")
+        assert isinstance(api.post_message("C1", "x", None, "id"), Refused)
+        assert isinstance(api.find_outbox_message("C1", "1.0", "id", 0), Refused)
+        assert [c[0] for c in moved.calls] == ["chat.postMessage", "conversations.replies"]
+    finally:
+        moved.stop()
+    assert trap.elsewhere == [], "the redirect was followed (with the bot token)"
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_the_webhook_sink_follows_no_redirect(trap: WebhookReceiver, status: int) -> None:
+    moved = WebhookReceiver(redirect_to=f"http://127.0.0.1:{trap.port}/elsewhere",
+                            redirect_status=status).start()
+    try:
+        outcome = WebhookSink(moved.url, "s3cret").post('{"x":1}', "key-1")
+        assert isinstance(outcome, Refused) and str(status) in outcome.error
+        assert len(moved.for_key("key-1")) == 1
+    finally:
+        moved.stop()
+    assert trap.elsewhere == []
+
+
+def test_an_empty_webhook_secret_is_refused() -> None:
+    with pytest.raises(ValueError, match="THREADLINE_WEBHOOK_SECRET"):
+        _config(THREADLINE_WEBHOOK_URL="https://example.com/hook", THREADLINE_WEBHOOK_SECRET="")
+    with pytest.raises(ValueError, match="secret"):
+        WebhookSink("https://example.com/hook", "")
+    assert _config(THREADLINE_WEBHOOK_SECRET="").webhook_secret == ""  # no webhook: no secret needed
+
+
+def test_a_servers_retry_after_is_capped() -> None:
+    limited = ChatDouble(rate_limit_every=1, retry_after_s=10**9).start()
+    calls = Calls(_config(THREADLINE_CONNECTOR_RETRY_AFTER_MAX_S="30"), ConnectorStats(),
+                  SlackApi(limited.api_url, "xoxb-t"), None)
+    try:
+        entry = _outbox().entries[0]
+        outcome = SlackApi(limited.api_url, "xoxb-t").post_message("C1", "x", None, "id")
+        assert isinstance(outcome, Retry) and outcome.after_s == 10**9
+        calls.note(Job(0, b"k", entry, entry.text, None, None, False, time.monotonic()), outcome)
+        assert calls.runtime[entry.outbox_id].not_before <= time.monotonic() + 30
+        assert calls.kind_not_before[entry.kind] <= time.monotonic() + 30
+    finally:
+        calls.close()
+        limited.stop()
+    assert _config().retry_after_max_s == 300.0
+
+
+def test_the_backoff_after_thousands_of_failures_is_the_cap_not_an_overflow() -> None:
+    calls = Calls(_config(), ConnectorStats(), None, None)
+    chat = _outbox().entries[0]
+    done = RunCompleted(THREAD, "r1", 1, AssistantMessage("a1", "final"), 2)
+    hook = plan(None, done, "slack:T1", Sinks(False, True), 1_000)
+    assert hook is not None
+    for entry, cap in ((chat, 60.0), (hook.entries[0], 60.0)):
+        calls.runtime[entry.outbox_id] = _Runtime(failures=5_000)
+        job = Job(0, b"k", entry, entry.text, None, None, False, time.monotonic())
+        calls.note(job, Retry("HTTP 502", None, maybe_done=False))
+        assert time.monotonic() < calls.runtime[entry.outbox_id].not_before <= time.monotonic() + cap
+    calls.close()
+
+
+class _RawServer:
+    """A bare TCP server: notes each accepted connection, answers one JSON reply per request."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.accepted = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.sock.accept()
+                self.accepted.set()
+                threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _answer(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536) or b"\r\n\r\n"
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            while len(body) < length:
+                body += conn.recv(65536)
+            reply = b'{"ok": true, "ts": "1.000001"}'
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                         b"Content-Length: " + str(len(reply)).encode() + b"\r\n\r\n" + reply)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_the_lease_is_checked_once_the_connection_is_open() -> None:
+    """Opening a connection (DNS, TCP, TLS) can take up to the call timeout: the
+    lease is judged after it, the moment before the request is written."""
+    server = _RawServer()
+    try:
+        api = SlackApi(f"http://127.0.0.1:{server.port}/api", "xoxb-t")
+        seen: list[bool] = []
+
+        def before_send() -> bool:
+            seen.append(server.accepted.wait(2.0))
+            return seen[-1]
+
+        assert api.post_message("C1", "x", None, "id", before_send) == Done("1.000001", "posted")
+        assert seen == [True], "the lease was checked before the connection was open"
+    finally:
+        server.close()
+
+
+def test_calls_to_one_host_reuse_a_kept_alive_connection(double: ChatDouble) -> None:
+    api = SlackApi(double.api_url, "xoxb-t")
+    for n in range(3):
+        assert isinstance(api.post_message("C1", f"m{n}", None, f"id-{n}", lambda: True), Done)
+    assert api.find_outbox_message("C1", None, "id-2", 0) == Found(double.bot_posts()[-1].ts)
+    assert len(double.peers) == 4 and len(set(double.peers)) == 1, double.peers

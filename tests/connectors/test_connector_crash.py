@@ -18,7 +18,15 @@ import pytest
 from streams.connectors.ids import outbox_id_for
 from streams.connectors.outbox import ANSWER, OutboxStatus
 from tests.connectors.chat_double import ChatDouble
-from tests.connectors.stack import Stack, run_of, running_stack, thread_of, unique_channel, wait_until
+from tests.connectors.stack import (
+    Stack,
+    completed,
+    run_of,
+    running_stack,
+    thread_of,
+    unique_channel,
+    wait_until,
+)
 from tests.kafka_helpers import RoleProcess
 
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
@@ -80,6 +88,9 @@ def _chaos_run(stack: Stack, turns: int, seed: int, crash_p: float, max_kills: i
         sent: list[Turn] = []
         for n in range(turns):
             if n in kill_before:
+                # Not before the first incarnation has died by its switch after a post:
+                # a kill that came first (a slow machine) would leave no post to adopt.
+                wait_until(lambda: supervisor.exits[137] >= 1, 60, "the first crash", stack)
                 supervisor.kill.set()
                 wait_until(lambda: not supervisor.kill.is_set(), 30, "the kill", stack)
             channel = unique_channel()
@@ -156,7 +167,8 @@ def test_a_deposed_owner_frozen_past_its_session_posts_nothing_twice(
             turns.append(Turn(channel, payload["event"]["ts"], thread, run_of(payload, thread),
                               f"frozen {n}"))
         wait_until(lambda: stack.double.waiting["xoxb-a"] >= 1, 20, "a call of a at the gate", stack)
-        time.sleep(1.0)  # a's runs complete meanwhile: it holds their pending entries too
+        # a's runs complete meanwhile: it holds their pending entries too.
+        stack.events(completed({t.run for t in turns}))
         assert a.proc is not None
         os.kill(a.proc.pid, signal.SIGSTOP)
         try:
@@ -177,8 +189,15 @@ def test_a_deposed_owner_frozen_past_its_session_posts_nothing_twice(
 
         wait_until(deposed, 20, "a noticing it was deposed", stack)
         stack.wait_for_group(2)
-        time.sleep(3.0)  # whatever a would still do, it has done by now
-        posts = stack.double.bot_posts()
+        # Markers: later turns until a has answered one of its own, so whatever a
+        # still had from before its freeze is behind it (not a sleep that hopes so).
+        markers: list[str] = []
+        while not any(p.bot_token == "xoxb-a" and p.channel in markers
+                      for p in stack.double.bot_posts()):
+            assert len(markers) < 24, "a never answered a later turn"
+            markers.append(unique_channel())
+            stack.marker_turn("b", markers[-1])
+        posts = [p for p in stack.double.bot_posts() if p.channel not in markers]
         by_id = Counter(p.outbox_id for p in posts)
         assert max(by_id.values()) == 1, [k for k, n in by_id.items() if n > 1]
         for t in turns:

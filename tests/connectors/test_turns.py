@@ -110,8 +110,9 @@ def test_redeliveries_of_one_event_make_one_turn(stack: Stack) -> None:
     events = [e for e in stack.events(three_duplicates, timeout=20) if e.thread_id == thread]
     assert accepted_runs(events) == [run]
     assert {e.reason for e in events if isinstance(e, RunRejected)} == {RejectReason.DUPLICATE}
-    time.sleep(1.0)  # a duplicate answer would be posted by now
-    assert len(stack.double.bot_posts(channel)) == 1
+    marker = stack.marker_turn("c1", channel, thread_ts=payload["event"]["ts"])
+    assert [p.outbox_id for p in stack.double.bot_posts(channel)] == [
+        outbox_id_for(run, ANSWER), outbox_id_for(marker, ANSWER)], "a duplicate answer before the marker"
 
 
 def test_a_message_while_a_run_is_active_gets_a_notice_and_no_run(stack: Stack) -> None:
@@ -195,7 +196,17 @@ def test_a_post_the_chat_refuses_fails_for_good_without_retrying(stack: Stack) -
     answer = stack.outboxes()[thread].get(outbox_id_for(run, ANSWER))
     assert answer is not None and "channel_not_found" in (answer.error or "")
     assert answer.attempts <= 2  # one more if the double rate limited the first
-    time.sleep(1.5)
+    # A marker: a later turn in the thread, refused in turn. The chat lane delivers in
+    # order, so a refused post still being retried would hold the marker back.
+    marker, _ = stack.say("c1", channel, "marker", thread_ts=payload["event"]["ts"])
+    marker_id = outbox_id_for(run_of(marker, thread), ANSWER)
+
+    def marker_failed() -> bool:
+        outbox = stack.outboxes().get(thread)
+        entry = outbox.get(marker_id) if outbox else None
+        return entry is not None and entry.status is OutboxStatus.FAILED
+
+    wait_until(marker_failed, 20, "the marker's failed entry", stack)
     again = stack.outboxes()[thread].get(outbox_id_for(run, ANSWER))
     assert again is not None and again.attempts == answer.attempts, "a refused post was retried"
     assert stack.double.bot_posts(channel) == []
@@ -209,7 +220,12 @@ def test_the_webhook_gets_the_answer_once_with_its_key_and_signature_through_5xx
     run = run_of(payload, thread)
     key = outbox_id_for(run, WEBHOOK)
     wait_until(lambda: any(r.status == 200 for r in receiver.for_key(key)), 30, "the webhook", stack)
-    time.sleep(1.5)  # a repeat after the success would arrive by now
+    # A marker: a later turn in the thread, whose webhook goes through once it is
+    # delivered. The webhook lane is in order: a repeat of the first came before it.
+    marker = stack.marker_turn("c1", channel, thread_ts=payload["event"]["ts"])
+    marker_key = outbox_id_for(marker, WEBHOOK)
+    wait_until(lambda: any(r.status == 200 for r in receiver.for_key(marker_key)), 30,
+               "the marker's webhook", stack)
     received = receiver.for_key(key)
     assert [r.status for r in received] == [500, 500, 200]
     assert len({r.body for r in received}) == 1

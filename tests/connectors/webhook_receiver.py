@@ -1,4 +1,7 @@
-"""A webhook receiver for tests: records every request, fails the first N per key."""
+"""A webhook receiver for tests: records every request, fails the first N per key,
+or answers every request with a redirect (`redirect_to`, `redirect_status`).
+Requests to any other path are recorded too, with their Authorization header
+(`elsewhere`): a trap for credentials a client re-sends after a redirect."""
 
 from __future__ import annotations
 
@@ -19,10 +22,20 @@ class Received:
     status: int
 
 
+@dataclass(frozen=True)
+class Stray:
+    method: str
+    path: str
+    authorization: str | None
+
+
 class WebhookReceiver:
-    def __init__(self, fail_first: int = 0, fail_status: int = 500) -> None:
+    def __init__(self, fail_first: int = 0, fail_status: int = 500, *, redirect_to: str = "",
+                 redirect_status: int = 302) -> None:
         self.fail_first, self.fail_status = fail_first, fail_status
+        self.redirect_to, self.redirect_status = redirect_to, redirect_status
         self.requests: list[Received] = []
+        self.elsewhere: list[Stray] = []
         self.seen: Counter[str] = Counter()
         self.lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -38,6 +51,7 @@ class WebhookReceiver:
     async def _start(self) -> None:
         app = web.Application()
         app.router.add_post("/hook", self._hook)
+        app.router.add_route("*", "/{tail:.*}", self._stray)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -59,9 +73,20 @@ class WebhookReceiver:
         with self.lock:
             return [r for r in self.requests if r.idempotency_key == key]
 
+    async def _stray(self, request: web.Request) -> web.Response:
+        await request.read()
+        with self.lock:
+            self.elsewhere.append(Stray(request.method, request.path_qs,
+                                        request.headers.get("Authorization")))
+        return web.json_response({"ok": True, "ts": "1.000001"})
+
     async def _hook(self, request: web.Request) -> web.Response:
         body = await request.read()
         key = request.headers.get("Idempotency-Key", "")
+        if self.redirect_to:
+            with self.lock:
+                self.requests.append(Received(key, "", "", body, self.redirect_status))
+            return web.Response(status=self.redirect_status, headers={"Location": self.redirect_to})
         with self.lock:
             self.seen[key] += 1
             status = self.fail_status if self.seen[key] <= self.fail_first else 200

@@ -11,9 +11,9 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from gateway.app import Options, create_app
+from gateway.app import Options, create_app, max_body_bytes
+from gateway.keys import FEED
 from gateway.openapi import SPEC
-from gateway.sse import EventId
 from streams.config import Settings
 from tests.gateway.conftest import AUTH_A, AUTH_B, KEYS, Stack, gateway_env
 from tests.gateway.sse_client import read_sse
@@ -48,7 +48,8 @@ async def test_twenty_concurrent_posts_accept_exactly_one(stack: Stack) -> None:
     assert all(c["type"].endswith("/run-active") for c in conflicts)
     # Read-your-writes: the accepted run is visible at once.
     status, thread = await stack.get(f"/v1/threads/{thread_id}")
-    assert status == 200 and thread["runs"][0]["run_id"] == accepted["run_id"]
+    assert status == 200 and thread["active_run"]["run_id"] == accepted["run_id"]
+    assert thread["run_count"] == 1 and "runs" not in thread
     status, messages = await stack.get(f"/v1/threads/{thread_id}/messages")
     assert [m["message_id"] for m in messages["messages"]][:1] == [accepted["message_id"]]
 
@@ -125,7 +126,8 @@ async def test_bad_input_gets_the_right_problem(stack: Stack) -> None:
         (post, b'{"input_text": ""}', 422, "/invalid-input"),
         (post, b'{"input_text": "  \\n "}', 422, "/invalid-input"),
         (post, json.dumps({"input_text": "x" * 32_001}).encode(), 422, "/invalid-input"),
-        (post, json.dumps({"input_text": "x" * 200_000}).encode(), 413, "/body-too-large"),
+        (post, json.dumps({"input_text": "x" * max_body_bytes(32_000)}).encode(), 413,
+         "/body-too-large"),
         ("/v1/threads", b'{"title": 5}', 422, "/invalid-body"),
         ("/v1/threads/does-not-exist/user_message", b'{"input_text": "hi"}', 404, "/not-found"),
     ]
@@ -138,7 +140,7 @@ async def test_bad_input_gets_the_right_problem(stack: Stack) -> None:
                                  headers={**json_a, "Idempotency-Key": "x" * 300})
     _assert_problem(status, body, 400)
     stream = f"/v1/threads/{thread_id}/stream"
-    good_elsewhere = EventId(99, 0, 0, 0, "r").encode()
+    good_elsewhere = stack.server.app[FEED].tokens.sign(thread_id, 99, 0, 0, 0, "r")
     for headers, query in [({"Last-Event-ID": "garbage!"}, ""), ({}, "?last_event_id=AAAA"),
                            ({"Last-Event-ID": good_elsewhere}, ""), ({}, "?last_message_id=nope")]:
         status, content_type, body = await _raw(stack, "GET", stream + query,
@@ -147,7 +149,7 @@ async def test_bad_input_gets_the_right_problem(stack: Stack) -> None:
         assert content_type == "application/problem+json"
     status, _, body = await _raw(stack, "GET", "/v1/nothing-here", headers=AUTH_A)
     _assert_problem(status, body, 404)
-    status, _, body = await _raw(stack, "DELETE", f"/v1/threads/{thread_id}", headers=AUTH_A)
+    status, _, body = await _raw(stack, "PUT", f"/v1/threads/{thread_id}", headers=AUTH_A)
     _assert_problem(status, body, 405)
 
 
@@ -167,7 +169,8 @@ async def test_cancel_ends_the_run_and_a_second_cancel_is_refused(stack: Stack) 
     status, _, body = await _raw(stack, "POST", cancel, headers=AUTH_A)
     _assert_problem(status, body, 409)
     status, thread = await stack.get(f"/v1/threads/{thread_id}")
-    assert thread["active_run"] is None and thread["runs"][0]["status"] == "cancelled"
+    assert thread["active_run"] is None and thread["last_run"]["status"] == "cancelled"
+    assert thread["last_run"]["run_id"] == run_id
 
 
 async def test_openapi_describes_every_route(stack: Stack) -> None:

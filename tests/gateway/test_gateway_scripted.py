@@ -10,7 +10,6 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from types import MappingProxyType
 
 import pytest
 from aiohttp.test_utils import TestServer
@@ -31,8 +30,22 @@ from streams.domain import (
     StoredMessage,
     ThreadState,
 )
-from streams.records import MessageEnd, MessageStart, RunLifecycle, StreamOutput, TextDelta
-from streams.serialization import decode_command, encode_state, encode_stream, new_meta
+from streams.history import message_key
+from streams.records import (
+    MessageEnd,
+    MessageRecord,
+    MessageStart,
+    RunLifecycle,
+    StreamOutput,
+    TextDelta,
+)
+from streams.serialization import (
+    decode_command,
+    encode_message,
+    encode_state,
+    encode_stream,
+    new_meta,
+)
 from streams.thread import answer_message_id_for, run_id_for
 from streams.topics import ensure_topics
 from tests.gateway.conftest import AUTH_A, Stack, gateway_env
@@ -52,14 +65,25 @@ class Script:
         self.created = int(time.time() * 1000)
 
     def state(self, run_id: str, status: RunStatus, answer: str | None = None) -> None:
+        """The thread with one run (the user message at seq 0, its answer at 1)."""
         user = StoredMessage(f"user-{run_id}", "user", "hi", run_id, self.created)
-        messages = (user,) if answer is None else (user, StoredMessage(
-            answer_message_id_for(run_id), "assistant", answer, run_id, self.created))
+        messages = [MessageRecord(0, user, status, 1)]
+        if answer is not None:
+            messages.append(MessageRecord(1, StoredMessage(
+                answer_message_id_for(run_id), "assistant", answer, run_id, self.created)))
         active = None if status.is_terminal else ActiveRun(
-            run_id, user.message_id, 1, status, self.created, self.created, None)
-        state = ThreadState(self.thread_id, TENANT, "scripted", self.created, messages, active,
-                            MappingProxyType({run_id: RunRecord(run_id, user.message_id,
-                                                                status, 1)}))
+            run_id, user.message_id, 1, status, self.created, self.created, None,
+            message_seq=0, accepted_at_ms=self.created)
+        last = RunRecord(run_id, user.message_id, status, 1) if status.is_terminal else None
+        state = ThreadState(self.thread_id, TENANT, "scripted", self.created, active_run=active,
+                            message_count=len(messages), run_count=1, last_run=last,
+                            updated_at_ms=self.created)
+        meta = new_meta(self.thread_id, TENANT, self.created)
+        for record in messages:
+            self.producer.produce(self.settings.topics.messages, encode_message(record, meta),
+                                  message_key(self.thread_id, record.seq),
+                                  partition=partition_for(self.thread_id,
+                                                          self.settings.partitions))
         self.producer.produce(self.settings.topics.threads, encode_state(state),
                               self.thread_id.encode())
         self.producer.flush(10)
@@ -178,11 +202,12 @@ async def test_positions_older_than_the_log_start_get_message_not_streaming(
         assert gone[0].id is None
         assert gone[0].json["message_id"] == answer_message_id_for(first)
         # A thread stream says so too, then goes on live.
+        opened = asyncio.Event()
         resumed_task = asyncio.create_task(read_sse(
             stack.session, f"{cold}/v1/threads/{script.thread_id}/stream",
             headers={**AUTH_A, "Last-Event-ID": before[3].id or ""},
-            until=lambda e: e[-1].event == "done"))
-        await asyncio.sleep(0.5)
+            until=lambda e: e[-1].event == "done", opened=opened))
+        await asyncio.wait_for(opened.wait(), 30)  # open before the next run (no sleep)
         script.plain_run(second, ["new"])
         resumed = await resumed_task
         assert resumed[0].event == "message_not_streaming"

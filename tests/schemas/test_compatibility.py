@@ -31,7 +31,10 @@ from fastavro.schema import load_schema
 from streams.serialization import SCHEMA_DIR
 
 REPO = SCHEMA_DIR.parent
-SCHEMA_FILES = sorted(SCHEMA_DIR.glob("*.avsc"))
+# The core schemas and the connectors' (schemas/connectors/), each folder resolving
+# its own named types.
+SCHEMA_FILES = sorted(SCHEMA_DIR.glob("*.avsc")) + sorted((SCHEMA_DIR / "connectors").glob("*.avsc"))
+SCHEMA_IDS = [p.relative_to(SCHEMA_DIR).with_suffix("").as_posix() for p in SCHEMA_FILES]
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -58,8 +61,10 @@ def _checkout_dir(repo: Path, commit: str, directory: Path, into: Path) -> Path:
     """The files of `directory` as they were at `commit`, written under `into`."""
     into.mkdir()
     relative = directory.relative_to(repo).as_posix()
-    for name in _git(repo, "ls-tree", "--name-only", f"{commit}:{relative}").split():
-        (into / name).write_text(_git(repo, "show", f"{commit}:{relative}/{name}"))
+    for line in _git(repo, "ls-tree", f"{commit}:{relative}").splitlines():
+        kind, name = line.split()[1], line.split("\t", 1)[1]
+        if kind == "blob":  # not the subfolders: each folder is a schema set of its own
+            (into / name).write_text(_git(repo, "show", f"{commit}:{relative}/{name}"))
     return into
 
 
@@ -155,7 +160,11 @@ def _check_full(old: Path, new: Path) -> None:
 # --- the checks ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", SCHEMA_FILES, ids=lambda p: p.stem)
+def test_every_schema_file_is_checked() -> None:
+    assert set(SCHEMA_FILES) == set(SCHEMA_DIR.rglob("*.avsc"))
+
+
+@pytest.mark.parametrize("path", SCHEMA_FILES, ids=SCHEMA_IDS)
 def test_schema_is_fully_compatible_with_its_previous_version(
     path: Path, tmp_path: Path
 ) -> None:
@@ -164,16 +173,17 @@ def test_schema_is_fully_compatible_with_its_previous_version(
     commit = _previous_commit(REPO, path)
     if commit is None:
         pytest.skip(f"{path.name} has no earlier committed version that differs")
-    old_dir = _checkout_dir(REPO, commit, SCHEMA_DIR, tmp_path / "old")
+    old_dir = _checkout_dir(REPO, commit, path.parent, tmp_path / "old")
     if not (old_dir / path.name).exists():
         pytest.skip(f"{path.name} did not exist at {commit[:12]}")
     _check_full(old_dir / path.name, path)
 
 
-def _changed(tmp_path: Path, name: str, change: Callable[[dict[str, Any]], None]) -> Path:
-    """A copy of schemas/ with `change` applied to the schema `name`."""
+def _changed(tmp_path: Path, name: str, change: Callable[[dict[str, Any]], None],
+             source: Path = SCHEMA_DIR) -> Path:
+    """A copy of `source` (schemas/) with `change` applied to the schema `name`."""
     directory = tmp_path / "new"
-    shutil.copytree(SCHEMA_DIR, directory)
+    shutil.copytree(source, directory)
     path = directory / f"{name}.avsc"
     schema = json.loads(path.read_text())
     change(schema)
@@ -197,6 +207,16 @@ def test_the_check_fails_a_new_required_field(tmp_path: Path) -> None:
     ))
     with pytest.raises(Exception, match="compat_probe"):
         _check_full(SCHEMA_DIR / ENVELOPE, new / ENVELOPE)
+
+
+def test_the_check_fails_a_connector_schema_that_gains_a_required_field(tmp_path: Path) -> None:
+    connectors = SCHEMA_DIR / "connectors"
+    new = _changed(tmp_path, "threadline.OutboxEntry", lambda s: s["fields"].append(
+        {"name": "compat_probe", "type": "string"}), source=connectors)
+    outbox = "threadline.ChatOutbox.avsc"
+    _check_full(connectors / outbox, connectors / outbox)
+    with pytest.raises(Exception, match="compat_probe"):
+        _check_full(connectors / outbox, new / outbox)
 
 
 def test_the_check_fails_a_new_enum_symbol_old_readers_do_not_know(tmp_path: Path) -> None:
@@ -232,7 +252,7 @@ def test_previous_version_is_found_in_git_history(tmp_path: Path) -> None:
     assert (old / "x.avsc").read_text() == "2"
 
 
-@pytest.mark.parametrize("path", SCHEMA_FILES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", SCHEMA_FILES, ids=SCHEMA_IDS)
 def test_every_schema_is_compatible_with_itself(path: Path) -> None:
     """The generator and both checks handle every file, so real pairs will be checked."""
     _check_full(path, path)

@@ -25,12 +25,14 @@ from streams.domain import (
     RunCompleted,
     RunFailed,
     RunRejected,
+    RunStatus,
     ThreadCreated,
 )
 from streams.serialization import (
     decode_dead_letter,
     decode_dispatch,
     decode_event,
+    decode_message,
     decode_state,
     encode_command,
     new_meta,
@@ -38,7 +40,14 @@ from streams.serialization import (
 from streams.thread import run_id_for
 from streams.topics import ensure_topics
 from tests.conftest import SettingsFactory
-from tests.kafka_helpers import RoleProcess, command_producer, read_topic, send_command
+from tests.kafka_helpers import (
+    RoleProcess,
+    command_producer,
+    marked,
+    read_topic,
+    send_command,
+    send_marker,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -89,16 +98,21 @@ def test_a_run_goes_from_post_to_completion_through_kafka_alone(
     ):
         send_command(producer, settings, report)
     producer.flush(10)
-    events = _events(settings, lambda r: _count(RunCompleted, r) >= 1)
-    time.sleep(0.5)
-    events = _events(settings, lambda r: _count(RunCompleted, r) >= 1)
+    # A marker after the reports: once it is decided, so is the redelivered report.
+    events = _events(settings, marked(send_marker(producer, settings, thread)))
     assert _count(RunCompleted, events) == 1
     completed = next(e for e in events if isinstance(e, RunCompleted))
     assert completed.message.text == "the answer"
     states = read_topic(settings, settings.topics.threads, decode_state,
-                        until=lambda r: any(s.active_run is None and len(s.messages) == 2 for s in r))
-    assert [(m.role, m.text) for m in states[-1].messages] == [
+                        until=lambda r: any(s.active_run is None and s.message_count == 2 for s in r))
+    assert states[-1].last_run is not None and states[-1].last_run.status is RunStatus.COMPLETED
+    # The history: one record per message, the question rewritten with its run's end.
+    records = read_topic(settings, settings.topics.messages, decode_message,
+                         until=lambda r: len(r) >= 3)
+    newest = {m.seq: m for _, m in records}
+    assert [(newest[i].message.role, newest[i].message.text) for i in (0, 1)] == [
         ("user", "hi there"), ("assistant", "the answer")]
+    assert newest[0].run_status is RunStatus.COMPLETED
 
 
 def test_concurrent_posts_to_one_thread_accept_exactly_one(

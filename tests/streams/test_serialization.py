@@ -36,6 +36,7 @@ from streams.domain import (
     Citation,
     Command,
     CreateThread,
+    DeleteThread,
     Event,
     HeartbeatRecorded,
     IdempotencyRecord,
@@ -57,6 +58,7 @@ from streams.domain import (
     Step,
     StoredMessage,
     ThreadCreated,
+    ThreadDeleted,
     ThreadState,
 )
 from streams.records import (
@@ -65,6 +67,7 @@ from streams.records import (
     Dispatch,
     HistoryMessage,
     MessageEnd,
+    MessageRecord,
     MessageStart,
     RunLifecycle,
     StepOutput,
@@ -86,12 +89,15 @@ from streams.serialization import (
     decode_dead_letter,
     decode_dispatch,
     decode_event,
+    decode_legacy_history,
+    decode_message,
     decode_state,
     decode_stream,
     encode_command,
     encode_dead_letter,
     encode_dispatch,
     encode_event,
+    encode_message,
     encode_state,
     encode_stream,
     new_meta,
@@ -115,6 +121,7 @@ COMMANDS: list[Command] = [
     ReportAttemptFailed(T, "r1", 1, "worker-a", "model timeout", True, 7),
     ReportAttemptFailed(T, "r1", 2, "worker-a", "bad request", False, 8),
     CheckDeadlines(T, 2**62),
+    DeleteThread(T, "acme", 9),
 ]
 EVENTS: list[Event] = [
     ThreadCreated(T, "acme", "Trip planning", 1),
@@ -131,6 +138,7 @@ EVENTS: list[Event] = [
     RunCompleted(T, "r1", 1, AssistantMessage("m-a1", "Done."), 9),
     RunFailed(T, "r1", 2, "gave up", -1),
     RunCancelled(T, "r1", "user asked", 11),
+    ThreadDeleted(T, "acme", 12, 13),
 ]
 PARTS: list[StreamPart] = [
     MessageStart("assistant"),
@@ -144,6 +152,11 @@ PARTS: list[StreamPart] = [
     RunLifecycle("run_accepted", "m1", ""),
     RunLifecycle("run_completed", "m1", "", AssistantMessage("a1", "Hello", (), CITES)),
 ]
+MESSAGES = [
+    MessageRecord(0, StoredMessage("m1", "user", "Hi ✈️", "r1", 2), RunStatus.COMPLETED, 2),
+    MessageRecord(1, StoredMessage("m-a1", "assistant", "Hello", "r1", 3, STEPS, CITES)),
+    MessageRecord(2**40, StoredMessage("m2", "user", "", "r2", 4), RunStatus.DISPATCHED),
+]
 DISPATCH = Dispatch(
     "r1", "m3", 2, "agent-thread-1", "And tomorrow?",
     (HistoryMessage("m1", "user", "Hi"), HistoryMessage("m-a1", "assistant", "Hello")), 10,
@@ -156,17 +169,10 @@ STATES = [
     ThreadState(T, "acme", "Trip planning", 1),
     ThreadState(
         T, "acme", "Trip planning", 1,
-        messages=(
-            StoredMessage("m1", "user", "Hi", "r1", 2),
-            StoredMessage("m-a1", "assistant", "Hello", "r1", 3, STEPS, CITES),
-        ),
-        active_run=ActiveRun("r2", "m2", 2, RunStatus.RETRY_WAIT, 4, 5, 6),
-        runs=MappingProxyType({
-            "r1": RunRecord("r1", "m1", RunStatus.COMPLETED, 1),
-            "r2": RunRecord("r2", "m2", RunStatus.RETRY_WAIT, 2),
-        }),
-        run_by_message=MappingProxyType({"m1": "r1", "m2": "r2"}),
-        idempotency=MappingProxyType({"idem-1": IdempotencyRecord("m1", "r1", "sha256:ab")}),
+        active_run=ActiveRun("r2", "m2", 2, RunStatus.RETRY_WAIT, 4, 5, 6, 2, 4),
+        idempotency=MappingProxyType({"idem-1": IdempotencyRecord("m1", "r1", "sha256:ab", 2)}),
+        message_count=3, run_count=2, last_run=RunRecord("r1", "m1", RunStatus.COMPLETED, 1),
+        updated_at_ms=5,
     ),
     *(
         ThreadState(T, "acme", "", 1, active_run=ActiveRun("r", "m", 1, status, 1, 2, None))
@@ -212,7 +218,63 @@ def test_stream_round_trip(part: StreamPart) -> None:
 def test_state_round_trip(state: ThreadState) -> None:
     decoded = decode_state(encode_state(state))
     assert decoded == state
-    assert isinstance(decoded.runs, MappingProxyType)  # stays read-only
+    assert isinstance(decoded.idempotency, MappingProxyType)  # stays read-only
+    assert decode_legacy_history(encode_state(state)) == ((), {})  # written empty
+
+
+@pytest.mark.parametrize("record", MESSAGES, ids=lambda r: str(r.seq))
+def test_message_record_round_trip(record: MessageRecord) -> None:
+    assert decode_message(encode_message(record, META)) == (META, record)
+
+
+def test_a_state_in_the_old_form_still_reads_with_its_history() -> None:
+    """A state written by release 0.1 (messages, runs and run_by_message inline):
+    the bounded fields read as before, the history through decode_legacy_history."""
+    old = _STATES_SCHEMA_V1_RECORD
+    data = _write_v1_state(old)
+    state = decode_state(data)
+    assert (state.thread_id, state.tenant, state.title, state.message_count) == (T, "acme", "t", 0)
+    messages, runs = decode_legacy_history(data)
+    assert [m.text for m in messages] == ["Hi", "Hello"]
+    assert runs == {"r1": RunRecord("r1", "m1", RunStatus.COMPLETED, 1)}
+
+
+_STATES_SCHEMA_V1_RECORD: dict[str, Any] = {
+    "thread_id": T, "tenant": "acme", "title": "t", "created_at_ms": 1,
+    "messages": [
+        {"message_id": "m1", "role": "user", "text": "Hi", "run_id": "r1", "created_at_ms": 2,
+         "steps": [], "citations": []},
+        {"message_id": "a1", "role": "assistant", "text": "Hello", "run_id": "r1",
+         "created_at_ms": 3, "steps": [], "citations": []},
+    ],
+    "active_run": None,
+    "runs": {"r1": {"run_id": "r1", "message_id": "m1", "status": "completed", "attempts": 1}},
+    "run_by_message": {"m1": "r1"},
+    "idempotency": {},
+}
+
+
+def _write_v1_state(record: dict[str, Any]) -> bytes:
+    """Bytes as release 0.1 wrote them, with its schema as kept in schemas/history/."""
+    path = next((SCHEMA_DIR / "history").glob("threadline.ThreadState-*.avsc"))
+    parsed = fastavro.parse_schema(json.loads(path.read_text()))
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, parsed, record)
+    return b"\xc3\x01" + schema_fingerprint(parsed) + out.getvalue()
+
+
+def test_records_written_with_earlier_schema_versions_still_read() -> None:
+    """Commands and events on the topics from release 0.1 (before DeleteThread and
+    ThreadDeleted joined the unions) decode with this build."""
+    for name, encode, decode, example in (
+        ("CommandEnvelope", encode_command, decode_command, COMMANDS[1]),
+        ("EventEnvelope", encode_event, decode_event, EVENTS[1]),
+    ):
+        path = next((SCHEMA_DIR / "history").glob(f"threadline.{name}-*.avsc"))
+        parsed = fastavro.parse_schema(json.loads(path.read_text()))
+        body = encode(example, META)[10:]  # the body is the same bytes for the old branches
+        data = b"\xc3\x01" + schema_fingerprint(parsed) + body
+        assert decode(data) == (META, example)
 
 
 def test_dispatch_and_dead_letter_round_trip() -> None:
@@ -273,9 +335,13 @@ def test_hypothesis_round_trip(cls: type, data: st.DataObject, produced_at_ms: i
 _STATE_STRATEGY = st.builds(
     ThreadState,
     created_at_ms=_INT64,
-    messages=st.lists(_strategy(StoredMessage), max_size=3).map(tuple),
     active_run=st.none() | _strategy(ActiveRun),
-    runs=st.dictionaries(st.text(), _strategy(RunRecord), max_size=3).map(MappingProxyType),
+    idempotency=st.dictionaries(st.text(), _strategy(IdempotencyRecord),
+                                max_size=3).map(MappingProxyType),
+    message_count=_INT64,
+    run_count=_INT64,
+    last_run=st.none() | _strategy(RunRecord),
+    updated_at_ms=_INT64,
 )
 
 
@@ -357,7 +423,8 @@ _AVRO_TYPE = {str: "string", bool: "boolean", bytes: "bytes", float: "double"}
 
 def _expected_avro(name: str, hint: Any) -> Any:
     if hint is int:
-        return "long" if name.endswith("_ms") or name in ("seq", "source_offset") else "int"
+        longs = ("_ms", "_count", "_seq")  # times, and counts and positions that only grow
+        return "long" if name.endswith(longs) or name in ("seq", "source_offset") else "int"
     if hint in _AVRO_TYPE:
         return _AVRO_TYPE[hint]
     args = get_args(hint)
@@ -388,17 +455,26 @@ BOUND = [
     Step, Citation, AssistantMessage, HistoryMessage, DeadLetter,
     StoredMessage, ActiveRun, RunRecord, IdempotencyRecord, ThreadState,
 ]
+# Fields kept in a schema for records written before they were dropped from the
+# dataclass: written with their default, read only by `decode_legacy_history`.
+LEGACY_FIELDS = {"threadline.ThreadState": {"messages", "runs", "run_by_message"}}
 
 
 @pytest.mark.parametrize("cls", BOUND, ids=lambda c: c.__name__)
 def test_record_fields_mirror_the_dataclass(cls: type) -> None:
-    assert _schema_types(f"threadline.{cls.__name__}") == _field_types(cls)
+    name = f"threadline.{cls.__name__}"
+    legacy = LEGACY_FIELDS.get(name, set())
+    assert [t for t in _schema_types(name) if t[0] not in legacy] == _field_types(cls)
+    for field in _avsc(name)["fields"]:
+        if field["name"] in legacy:
+            assert "default" in field and field["doc"].startswith("Legacy")
 
 
 def test_top_level_records_are_envelope_plus_body() -> None:
     envelope = _field_types(EnvelopeMeta)
     assert _schema_types("threadline.Dispatch") == envelope + _field_types(Dispatch)
     assert _schema_types("threadline.StreamEnvelope") == envelope + _field_types(StreamOutput)
+    assert _schema_types("threadline.MessageRecord") == envelope + _field_types(MessageRecord)
     for name in ("threadline.CommandEnvelope", "threadline.EventEnvelope"):
         assert [n for n, _ in _schema_types(name)] == [n for n, _ in envelope] + ["payload"]
         assert _schema_types(name)[:-1] == envelope
@@ -498,9 +574,13 @@ def test_apache_avro_reads_every_record_with_only_the_schema_files(
     for dead_letter in DEAD_LETTERS:
         got = _apache_read(apache, "threadline.DeadLetter", encode_dead_letter(dead_letter))
         assert got == _plain(dead_letter)
+    legacy = {"messages": [], "runs": {}, "run_by_message": {}}
     for state in STATES:
         got = _apache_read(apache, "threadline.ThreadState", encode_state(state))
-        assert got == _plain(state)
+        assert got == _plain(state) | legacy
+    for record in MESSAGES:
+        got = _apache_read(apache, "threadline.MessageRecord", encode_message(record, META))
+        assert got == meta | _plain(record)
 
 
 def test_we_read_what_apache_avro_writes(apache: avro.name.Names) -> None:
@@ -522,7 +602,11 @@ def test_we_read_what_apache_avro_writes(apache: avro.name.Names) -> None:
     for letter in DEAD_LETTERS:
         assert decode_dead_letter(write("threadline.DeadLetter", _plain(letter))) == letter
     for state in STATES:
-        assert decode_state(write("threadline.ThreadState", _plain(state))) == state
+        datum = _plain(state) | {"messages": [], "runs": {}, "run_by_message": {}}
+        assert decode_state(write("threadline.ThreadState", datum)) == state
+    for record in MESSAGES:
+        data = write("threadline.MessageRecord", meta | _plain(record))
+        assert decode_message(data) == (META, record)
 
 
 def test_schema_registry_maps_header_fingerprints_to_self_contained_schemas(
@@ -690,6 +774,8 @@ def test_confluent_round_trip_registers_each_schema_once(fake_registry: _FakeReg
     data = writer.encode_dead_letter(DEAD_LETTERS[0])
     assert reader.decode_dead_letter(data) == DEAD_LETTERS[0]
     assert reader.decode_state(writer.encode_state(STATES[1])) == STATES[1]
+    data = writer.encode_message(MESSAGES[0], META)
+    assert reader.decode_message(data) == (META, MESSAGES[0])
     assert set(fake_registry.subjects) == {f"{t}-value" for t in TOPICS.all()}
     posts = [r for r in fake_registry.requests if r.startswith("POST")]
     gets = [r for r in fake_registry.requests if r.startswith("GET")]

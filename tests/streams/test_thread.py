@@ -35,6 +35,7 @@ from streams.domain import (
     Event,
     HeartbeatRecorded,
     IdempotencyRecord,
+    Known,
     MessageAccepted,
     Policy,
     PostUserMessage,
@@ -48,11 +49,12 @@ from streams.domain import (
     RunCancelled,
     RunCompleted,
     RunFailed,
+    RunRecord,
     RunRejected,
     RunStatus,
     Step,
-    StoredMessage,
     ThreadCreated,
+    ThreadDeleted,
     ThreadState,
 )
 from streams.thread import (
@@ -90,10 +92,22 @@ class _Spec:
     def then(self, expected: Sequence[Event]) -> ThreadState | None:
         """Assert the decided events; return the state after them."""
         assert self.command is not None, "call .when(command) first"
-        state = apply(initial_state(), self.history)
-        actual = decide(state, self.command, self.policy)
+        state = apply(initial_state(), self.history, self.policy)
+        actual = decide(state, self.command, self.policy, known_for(self.history, self.command))
         assert actual == list(expected)
-        return apply(state, actual)
+        return apply(state, actual, self.policy)
+
+
+def known_for(history: Iterable[Event], command: Command) -> Known:
+    """What the processor's history lookup answers for `command` after `history`."""
+    if not isinstance(command, PostUserMessage):
+        return Known()
+    stored = {e.message_id for e in history if isinstance(e, MessageAccepted)}
+    for event in history:  # a deleted thread's history is gone with it
+        if isinstance(event, ThreadDeleted):
+            stored.clear()
+    return Known(run_id_for(command.thread_id, command.message_id)
+                 if command.message_id in stored else None)
 
 
 def given(events: Iterable[Event] = (), policy: Policy = POLICY) -> _Spec:
@@ -254,7 +268,8 @@ ATTEMPT_2 = [*IN_RETRY, dispatched(attempt=2, at=7_000)]
 
 def test_create_thread_on_a_missing_thread() -> None:
     state = given([]).when(CreateThread(T, TENANT, "Trip", now_ms=5)).then([created(at=5)])
-    assert state == ThreadState(thread_id=T, tenant=TENANT, title="Trip", created_at_ms=5)
+    assert state == ThreadState(thread_id=T, tenant=TENANT, title="Trip", created_at_ms=5,
+                                updated_at_ms=5)
 
 
 @pytest.mark.parametrize("tenant", [TENANT, "other"])
@@ -268,17 +283,13 @@ def test_create_thread_again_is_idempotent_whatever_the_title(tenant: str) -> No
 def test_a_message_is_accepted_and_its_first_attempt_dispatched() -> None:
     state = given([created()]).when(post(now=1_000)).then(accepted(at=1_000))
     assert state is not None
-    assert state.messages == (
-        StoredMessage(
-            message_id="m-1", role="user", text="hello", run_id=RUN1, created_at_ms=1_000
-        ),
-    )
+    assert (state.message_count, state.run_count) == (1, 1)
     assert state.active_run is not None
+    assert (state.active_run.message_seq, state.active_run.accepted_at_ms) == (0, 1_000)
     assert (state.active_run.run_id, state.active_run.attempt) == (RUN1, 1)
     assert state.active_run.status is RunStatus.DISPATCHED
     assert state.active_run.attempt_started_ms == state.active_run.last_heartbeat_ms == 1_000
-    assert state.runs[RUN1].status is RunStatus.DISPATCHED
-    assert state.run_by_message == {"m-1": RUN1}
+    assert state.last_run is None
     assert state.idempotency == {}
 
 
@@ -287,7 +298,8 @@ def test_an_idempotency_key_is_recorded_with_the_payload_fingerprint() -> None:
     assert state is not None
     assert state.idempotency == {
         "k-1": IdempotencyRecord(
-            message_id="m-1", run_id=RUN1, payload_fingerprint=payload_fingerprint("hello")
+            message_id="m-1", run_id=RUN1, payload_fingerprint=payload_fingerprint("hello"),
+            at_ms=1_000,
         )
     }
 
@@ -383,7 +395,6 @@ def test_attempt_started_moves_dispatched_to_running() -> None:
     assert state is not None and state.active_run is not None
     assert state.active_run.status is RunStatus.RUNNING
     assert state.active_run.last_heartbeat_ms == 2_000
-    assert state.runs[RUN1].status is RunStatus.RUNNING
 
 
 def test_attempt_started_again_is_idempotent() -> None:
@@ -421,16 +432,8 @@ def test_completion_ends_the_run_with_the_assistant_answer() -> None:
     )
     assert state is not None
     assert state.active_run is None
-    assert state.runs[RUN1].status is RunStatus.COMPLETED
-    assert state.messages[-1] == StoredMessage(
-        message_id=answer_message_id_for(RUN1),
-        role="assistant",
-        text="answer",
-        run_id=RUN1,
-        created_at_ms=5_000,
-        steps=STEPS,
-        citations=CITATIONS,
-    )
+    assert state.last_run == RunRecord(RUN1, "m-1", RunStatus.COMPLETED, 1)
+    assert state.message_count == 2  # the question and its answer
     assert answer_message_id_for(RUN1) != answer_message_id_for(RUN2)
 
 
@@ -452,8 +455,8 @@ def test_a_retryable_failure_of_the_last_attempt_fails_the_run() -> None:
         .then([RunFailed(thread_id=T, run_id=RUN1, attempt=2, error="boom", at_ms=8_000)])
     )
     assert state is not None and state.active_run is None
-    assert state.runs[RUN1].status is RunStatus.FAILED
-    assert state.runs[RUN1].attempts == 2
+    assert state.last_run == RunRecord(RUN1, "m-1", RunStatus.FAILED, 2)
+    assert state.message_count == 1  # no answer stored
 
 
 def test_a_non_retryable_failure_fails_the_run_at_once() -> None:
@@ -581,7 +584,6 @@ def test_the_next_attempt_is_dispatched_when_the_retry_is_due() -> None:
     assert (state.active_run.attempt, state.active_run.status) == (2, RunStatus.DISPATCHED)
     assert state.active_run.attempt_started_ms == state.active_run.last_heartbeat_ms == 7_000
     assert state.active_run.retry_due_ms is None
-    assert state.runs[RUN1].attempts == 2
 
 
 def test_a_retry_due_after_max_attempts_was_lowered_fails_the_run() -> None:
@@ -613,7 +615,7 @@ def test_the_active_run_can_be_cancelled(history: list[Event]) -> None:
         .then([RunCancelled(thread_id=T, run_id=RUN1, reason="user", at_ms=9_000)])
     )
     assert state is not None and state.active_run is None
-    assert state.runs[RUN1].status is RunStatus.CANCELLED
+    assert state.last_run is not None and state.last_run.status is RunStatus.CANCELLED
     assert next_deadline_ms(state, POLICY) is None
 
 
@@ -691,10 +693,10 @@ def test_states_are_never_mutated_in_place() -> None:
     assert repr(before) == snapshot
     assert before != after
     assert after is not None
+    keyed = apply(None, [created(), *accepted(key="k")])
+    assert keyed is not None
     with pytest.raises(TypeError):
-        after.runs[RUN2] = after.runs[RUN1]  # type: ignore[index]
-    with pytest.raises(TypeError):
-        after.run_by_message["m-2"] = RUN2  # type: ignore[index]
+        keyed.idempotency["k2"] = keyed.idempotency["k"]  # type: ignore[index]
 
 
 # --- properties -----------------------------------------------------------------------
@@ -748,8 +750,8 @@ class ThreadMachine(RuleBasedStateMachine):
     def execute(self, command: Command) -> list[Event]:
         self.healthy = False
         before, snapshot = self.state, repr(self.state)
-        events = self.decide_fn(before, command, self.policy)
-        after = apply(before, events)
+        events = self.decide_fn(before, command, self.policy, known_for(self.events, command))
+        after = apply(before, events, self.policy)
         assert repr(before) == snapshot, "decide or evolve mutated the state"
         if all(isinstance(event, RunRejected) for event in events):
             assert after == before
@@ -870,9 +872,13 @@ class ThreadMachine(RuleBasedStateMachine):
         active = self.state.active_run if self.state is not None else None
         assert ({active.run_id} if active is not None else set()) == self.open_runs
         if active is not None and self.state is not None:
-            record = self.state.runs[active.run_id]
-            assert (record.status, record.attempts) == (active.status, active.attempt)
+            assert active.attempt == self.attempts[active.run_id]
             assert 1 <= active.attempt <= self.policy.max_attempts, "attempt beyond max_attempts"
+        if self.state is not None:
+            # Bounded: only counters grow; the keys kept never exceed their cap.
+            stored = sum(isinstance(e, MessageAccepted | RunCompleted) for e in self.events)
+            assert self.state.message_count == stored
+            assert len(self.state.idempotency) <= max(self.policy.max_idempotency_keys, 1)
         assert all(count <= 1 for count in self.terminals.values())
         self.healthy = True
 
@@ -881,11 +887,11 @@ class ThreadMachine(RuleBasedStateMachine):
         self.healthy = False
         deadline = self.deadline_fn(self.state, self.policy)
         if deadline is None:
-            assert self.decide_fn(self.state, tick(self.now + 10**9), self.policy) == []
+            assert self.decide_fn(self.state, tick(self.now + 10**9), self.policy, Known()) == []
         else:
-            early = self.decide_fn(self.state, tick(deadline - 1), self.policy)
+            early = self.decide_fn(self.state, tick(deadline - 1), self.policy, Known())
             assert early == [], "a tick before next_deadline_ms fired"
-            due = self.decide_fn(self.state, tick(deadline), self.policy)
+            due = self.decide_fn(self.state, tick(deadline), self.policy, Known())
             assert due != [], "a tick at next_deadline_ms did nothing"
         self.healthy = True
 
@@ -895,9 +901,9 @@ class ThreadMachine(RuleBasedStateMachine):
         # Determinism: the command log replays to the same events and state.
         state, replayed = initial_state(), []
         for command in self.commands:
-            events = self.decide_fn(state, command, self.policy)
+            events = self.decide_fn(state, command, self.policy, known_for(replayed, command))
             replayed.extend(events)
-            state = apply(state, events)
+            state = apply(state, events, self.policy)
         assert replayed == self.events, "replay decided other events"
         assert state == self.state, "replay reached another state"
         # Liveness: with every worker gone, the clock alone ends every run.
@@ -1000,16 +1006,17 @@ def test_decide_never_raises_and_replays_identically(
 # --- the properties can fail ----------------------------------------------------------
 
 
-def _ignores_conflicts(state: ThreadState | None, command: Command, policy: Policy) -> list[Event]:
+def _ignores_conflicts(state: ThreadState | None, command: Command, policy: Policy,
+                       known: Known) -> list[Event]:
     if isinstance(command, PostUserMessage) and state is not None:
         state = replace(state, active_run=None)
-    return decide(state, command, policy)
+    return decide(state, command, policy, known)
 
 
 def _one_attempt_too_many(
-    state: ThreadState | None, command: Command, policy: Policy
+    state: ThreadState | None, command: Command, policy: Policy, known: Known
 ) -> list[Event]:
-    return decide(state, command, replace(policy, max_attempts=policy.max_attempts + 1))
+    return decide(state, command, replace(policy, max_attempts=policy.max_attempts + 1), known)
 
 
 def _deadline_one_late(state: ThreadState | None, policy: Policy) -> int | None:
@@ -1017,8 +1024,9 @@ def _deadline_one_late(state: ThreadState | None, policy: Policy) -> int | None:
     return None if deadline is None else deadline + 1
 
 
-def _never_times_out(state: ThreadState | None, command: Command, policy: Policy) -> list[Event]:
-    return [] if isinstance(command, CheckDeadlines) else decide(state, command, policy)
+def _never_times_out(state: ThreadState | None, command: Command, policy: Policy,
+                     known: Known) -> list[Event]:
+    return [] if isinstance(command, CheckDeadlines) else decide(state, command, policy, known)
 
 
 def _no_deadline(state: ThreadState | None, policy: Policy) -> None:
@@ -1028,8 +1036,9 @@ def _no_deadline(state: ThreadState | None, policy: Policy) -> None:
 _calls = itertools.count()
 
 
-def _counts_calls(state: ThreadState | None, command: Command, policy: Policy) -> list[Event]:
-    events = decide(state, command, policy)
+def _counts_calls(state: ThreadState | None, command: Command, policy: Policy,
+                  known: Known) -> list[Event]:
+    events = decide(state, command, policy, known)
     return [
         replace(e, detail=str(next(_calls))) if isinstance(e, RunRejected) else e for e in events
     ]

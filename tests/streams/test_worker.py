@@ -52,7 +52,9 @@ from streams.records import (
 from streams.serialization import (
     EnvelopeMeta,
     decode_command,
+    decode_dead_letter,
     decode_event,
+    decode_message,
     decode_state,
     decode_stream,
     encode_dispatch,
@@ -61,7 +63,15 @@ from streams.serialization import (
 from streams.thread import answer_message_id_for, run_id_for
 from streams.topics import ensure_topics
 from streams.worker import SHUTDOWN_ERROR, Fate, PartitionOffsets, Worker
-from tests.kafka_helpers import RoleProcess, command_producer, read_topic, send_command, wait_for
+from tests.kafka_helpers import (
+    RoleProcess,
+    command_producer,
+    marked,
+    read_topic,
+    send_command,
+    send_marker,
+    wait_for,
+)
 
 
 def _now() -> int:
@@ -309,11 +319,21 @@ async def test_concurrency_is_bounded_and_unstarted_dispatches_wait_for_the_next
                   for i in range(4)]
     agent = ScriptedAgent([TextChunk("working")], hang=True)
     stop = asyncio.Event()
-    task = asyncio.create_task(Worker(settings, agent, concurrency=2, worker_id="w-2").run(stop))
+    worker = Worker(settings, agent, concurrency=2, worker_id="w-2")
+    task = asyncio.create_task(worker.run(stop))
     try:
         await asyncio.to_thread(_read_stream, settings, lambda r: sum(
             isinstance(x.out.payload, TextDelta) for x in r) >= 2)
-        await asyncio.sleep(1.0)  # time to start more, were it allowed to
+        # Full, the worker pauses every partition it holds: from then on it cannot take
+        # another dispatch (and no later record reaches it to serve as a marker), so
+        # what it holds now is all it will hold. No sleep "to start more".
+        consumer = worker.consumer
+        for _ in range(600):
+            if consumer.assignment() and consumer.paused() >= consumer.assignment():
+                break
+            await asyncio.sleep(0.05)
+        assert consumer.assignment() and consumer.paused() >= consumer.assignment()
+        assert sorted(e.dispatch.input_text for e in worker.executions.values()) == ["q0", "q1"]
         assert sorted(message for _, message in agent.calls) == ["q0", "q1"]
     finally:
         stop.set()
@@ -446,7 +466,7 @@ def test_kill_9_mid_stream_reruns_the_attempt_on_the_other_worker(
     text = "[slow] survive a kill"
     with _stack(_kill_env(test_env), tmp_path, ["w1", "w2"]) as stack:
         settings = stack.settings
-        _, run = stack.post(text)
+        thread, run = stack.post(text)
         events = _events(settings, lambda e: any(isinstance(x, AttemptStarted)
                                                  for x in _of_run(e, run)))
         victim = next(e for e in _of_run(events, run) if isinstance(e, AttemptStarted)).worker_id
@@ -456,11 +476,10 @@ def test_kill_9_mid_stream_reruns_the_attempt_on_the_other_worker(
         stack.workers[victim].kill9()
         killed_at = _now()
 
-        events = _events(settings, lambda e: any(isinstance(x, RunCompleted)
-                                                 for x in _of_run(e, run)), timeout=45)
-        time.sleep(1.0)
-        events = _events(settings, lambda e: any(isinstance(x, RunCompleted)
-                                                 for x in _of_run(e, run)), timeout=10)
+        _events(settings, lambda e: any(isinstance(x, RunCompleted) for x in _of_run(e, run)),
+                timeout=45)
+        # A marker after the completion: once decided, so is any report sent before it.
+        events = _events(settings, marked(send_marker(stack.producer, settings, thread)))
         completed = [e for e in _of_run(events, run) if isinstance(e, RunCompleted)]
         assert len(completed) == 1, stack.logs()
         assert completed[0].attempt == 1  # the same attempt, redelivered to the survivor
@@ -575,8 +594,9 @@ def test_every_run_completes_exactly_once_when_a_worker_dies_among_them(
 
         events = _events(settings, all_done, timeout=90)
         assert all_done(events), stack.logs()
-        time.sleep(1.5)
-        events = _events(settings, all_done, timeout=10)
+        # A marker on every thread: once each is decided, so is every report before it.
+        markers = [send_marker(stack.producer, settings, thread) for thread in set(posted.values())]
+        events = _events(settings, marked(*markers))
         completions = [e.run_id for e in events if isinstance(e, RunCompleted)]
         assert sorted(completions) == sorted(posted), stack.logs()  # each exactly once
         assert not any(isinstance(e, RunFailed) for e in events)
@@ -627,11 +647,13 @@ def test_a_run_streams_every_part_in_order_and_stores_the_streamed_text(stack: S
     started = next(e for e in _of_run(events, run) if isinstance(e, AttemptStarted))
     assert started.worker_id == "w1"
 
-    states = read_topic(settings, settings.topics.threads, decode_state, until=lambda s: any(
-        x.thread_id == thread and x.active_run is None and len(x.messages) == 2 for x in s))
-    final = [s for s in states if s.thread_id == thread][-1]
-    assert [(m.role, m.text) for m in final.messages] == [("user", "hello worker"),
-                                                          ("assistant", text)]
+    read_topic(settings, settings.topics.threads, decode_state, until=lambda s: any(
+        x.thread_id == thread and x.active_run is None and x.message_count == 2 for x in s))
+    records = read_topic(settings, settings.topics.messages, decode_message, until=lambda r: sum(
+        m.thread_id == thread for m, _ in r) >= 3)  # question, answer, question rewritten
+    history = {r.seq: r.message for m, r in records if m.thread_id == thread}
+    assert [(history[i].role, history[i].text) for i in sorted(history)] == [
+        ("user", "hello worker"), ("assistant", text)]
 
 
 @pytest.mark.kafka
@@ -689,15 +711,48 @@ def test_cancelling_mid_stream_ends_the_run_and_its_output(stack: Stack) -> None
     stack.producer.flush(10)
     events = _events(settings, lambda e: any(isinstance(x, RunCancelled) for x in _of_run(e, run)))
     assert isinstance(_of_run(events, run)[-1], RunCancelled), stack.logs()
-    time.sleep(1.5)  # long enough for more tokens, had the worker gone on
-    records = _read_stream(settings, lambda r: bool(_lifecycle(r, run, "run_cancelled")))
-    cancelled = _lifecycle(records, run, "run_cancelled")[0]
+    # The worker says it stopped the execution; then a marker: a later run on the same
+    # thread, whose output lands in the same stream partition. Nothing of the
+    # cancelled run may follow the marker's first record (instead of a sleep "long
+    # enough for more tokens" and a 500 ms grace on produce timestamps).
+    stopped = re.compile(rf"run {re.escape(run)} attempt 1: execution \S+ stopped \(")
+    wait_for(lambda: stopped.search(stack.workers["w1"].log.read_text(errors="replace")), 30)
+    marker_message = f"m-{uuid.uuid4()}"
+    marker = run_id_for(thread, marker_message)
+    send_command(stack.producer, settings,
+                 PostUserMessage(thread, "t", marker_message, "marker", None, _now()))
+    stack.producer.flush(10)
+    records = _read_stream(settings, lambda r: bool(_lifecycle(r, marker, "run_completed")))
+    marker_from = min(r.offset for r in _output_of(records, marker))
     out = _output_of(records, run)
-    late = [r for r in out if r.offset > cancelled.offset]
-    grace_ms = 500
-    assert all(r.meta.produced_at_ms <= cancelled.meta.produced_at_ms + grace_ms for r in late), \
-        [(type(r.out.payload).__name__, r.meta.produced_at_ms - cancelled.meta.produced_at_ms)
-         for r in late]
+    assert not [r for r in out if r.offset > marker_from], _kinds(out)
+    assert _lifecycle(records, run, "run_cancelled")
     assert not any(isinstance(r.out.payload, MessageEnd) for r in out)
     assert len(_text_of(out)) < len(reply_for(text, 12))
     assert not any(isinstance(e, (RunCompleted, RunFailed)) for e in _of_run(events, run))
+
+
+@pytest.mark.kafka
+def test_hostile_input_never_stops_a_worker(test_env: dict[str, str], tmp_path: Path) -> None:
+    """An unreadable dispatch goes to the dead letters; an answer over the output cap
+    ends its run output_too_large (not retried); the worker serves on."""
+    env = {**test_env, **FAST, "THREADLINE_MAX_OUTPUT_BYTES": "40"}
+    with _stack(env, tmp_path, ["w1"]) as stack:
+        settings = stack.settings
+        producer = Producer({"bootstrap.servers": settings.bootstrap})
+        producer.produce(settings.topics.dispatch, b"\xc3\x01not a dispatch", b"garbage",
+                         partition=0)
+        producer.produce(settings.topics.dispatch, b"\x00" * 300_000, b"big", partition=1)
+        assert producer.flush(10) == 0
+        runs = [stack.post(f"question {i}")[1] for i in range(2)]
+        events = _events(settings, lambda e: all(
+            any(isinstance(x, RunFailed) for x in _of_run(e, r)) for r in runs), timeout=60)
+        for run in runs:
+            failed = [e for e in _of_run(events, run) if isinstance(e, RunFailed)]
+            assert [(f.error, f.attempt) for f in failed] == [("output_too_large", 1)], stack.logs()
+        letters = read_topic(settings, settings.topics.dead_letter, decode_dead_letter,
+                             until=lambda r: len(r) >= 2)
+        assert sorted((d.source_partition, d.error_type) for d in letters) == [
+            (0, "DecodeError"), (1, "DecodeError")]
+        assert len(letters[0].value) <= 256 * 1024 and len(letters[1].value) <= 256 * 1024
+        assert stack.workers["w1"].alive(), stack.logs()

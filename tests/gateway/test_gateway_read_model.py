@@ -1,0 +1,301 @@
+"""The read model against the real broker: paginated history of a 10,000-message
+thread read one range scan a page, a warm restart that reads only what came after
+its checkpoints, the tenant's thread list, and deleting a thread end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+from confluent_kafka import Producer
+
+from gateway.app import Options, create_app
+from gateway.kafka import partition_for
+from gateway.keys import READ_MODEL
+from gateway.read_model import ReadModel
+from streams.config import Settings
+from streams.domain import RunStatus, StoredMessage, ThreadState
+from streams.history import message_key, parse_message_key
+from streams.records import MessageRecord
+from streams.serialization import encode_message, encode_state, new_meta
+from streams.topics import ensure_topics
+from tests.gateway.conftest import AUTH_A, AUTH_B, Stack, gateway_env
+from tests.gateway.sse_client import read_sse
+
+pytestmark = pytest.mark.kafka
+
+TENANT = "tenant-a"
+
+
+class Writer:
+    """Writes thread states and message records as the processor would."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.producer = Producer({"bootstrap.servers": settings.bootstrap,
+                                  "enable.idempotence": True, "linger.ms": 20,
+                                  "partitioner": "murmur2_random"})
+        self.produced = 0
+
+    def state(self, thread_id: str, messages: int, updated: int = 2_000,
+              tenant: str = TENANT) -> None:
+        state = ThreadState(thread_id, tenant, f"title {thread_id}", 1_000,
+                            message_count=messages, run_count=(messages + 1) // 2,
+                            updated_at_ms=updated)
+        self.producer.produce(self.settings.topics.threads, encode_state(state),
+                              thread_id.encode())
+        self.produced += 1
+
+    def messages(self, thread_id: str, seqs: range, tenant: str = TENANT) -> None:
+        meta = new_meta(thread_id, tenant, 1_000)
+        partition = partition_for(thread_id, self.settings.partitions)
+        for seq in seqs:
+            user = seq % 2 == 0
+            message = StoredMessage(f"{thread_id}-{seq}", "user" if user else "assistant",
+                                    f"message {seq}", f"{thread_id}-run-{seq // 2}",
+                                    1_000 + seq)
+            record = MessageRecord(seq, message, RunStatus.COMPLETED if user else None,
+                                   1 if user else 0)
+            self.producer.produce(self.settings.topics.messages, encode_message(record, meta),
+                                  message_key(thread_id, seq), partition=partition)
+            self.produced += 1
+            if seq % 5_000 == 0:
+                self.producer.poll(0)
+
+    def delete(self, thread_id: str, messages: int) -> None:
+        partition = partition_for(thread_id, self.settings.partitions)
+        self.producer.produce(self.settings.topics.threads, None, thread_id.encode())
+        for seq in range(messages):
+            self.producer.produce(self.settings.topics.messages, None,
+                                  message_key(thread_id, seq), partition=partition)
+        self.produced += 1 + messages
+
+    def flush(self) -> None:
+        assert self.producer.flush(30) == 0
+
+
+@pytest.fixture
+def own_settings(kafka_bootstrap: str, tmp_path: Path) -> Settings:
+    settings = Settings.from_env(gateway_env(kafka_bootstrap, tmp_path))
+    ensure_topics(settings)
+    return settings
+
+
+@asynccontextmanager
+async def _gateway(settings: Settings, options: Options | None = None) -> \
+        AsyncIterator[tuple[str, ReadModel]]:
+    """A gateway on topics no processor reads: its start returns once the model loaded."""
+    app = create_app(settings, options or Options(keepalive_s=1))
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")), app[READ_MODEL]
+    finally:
+        await server.close()
+
+
+async def _get(session: aiohttp.ClientSession, url: str,
+               auth: dict[str, str] = AUTH_A) -> tuple[int, Any]:
+    async with session.get(url, headers=auth) as response:
+        return response.status, await response.json(content_type=None)
+
+
+async def test_the_history_of_ten_thousand_messages_pages_one_range_scan_at_a_time(
+        own_settings: Settings) -> None:
+    writer = Writer(own_settings)
+    thread_id, n = f"long-{uuid.uuid4()}", 10_000
+    writer.state(thread_id, n)
+    writer.messages(thread_id, range(n))
+    writer.flush()
+    async with _gateway(own_settings) as (base, model), aiohttp.ClientSession() as session:
+        url = f"{base}/v1/threads/{thread_id}/messages"
+        status, thread = await _get(session, f"{base}/v1/threads/{thread_id}")
+        assert status == 200 and thread["message_count"] == n
+        # Without limit: the first 100 and a cursor.
+        read_before = model.store.rows_read
+        status, page = await _get(session, url)
+        assert status == 200 and [m["seq"] for m in page["messages"]] == list(range(100))
+        assert model.store.rows_read - read_before == 101  # the page and one look-ahead
+        first = page["messages"][0]
+        assert (first["role"], first["text"], first["run_status"]) == \
+            ("user", "message 0", "completed")
+        assert "run_status" not in page["messages"][1]
+        # The whole history, 1,000 at a time, each page touching only its rows.
+        seqs: list[int] = []
+        cursor: str | None = None
+        pages = 0
+        while True:
+            query = "?limit=1000" + (f"&after={cursor}" if cursor else "")
+            read_before = model.store.rows_read
+            status, page = await _get(session, url + query)
+            assert status == 200, page
+            assert model.store.rows_read - read_before <= 1001
+            seqs += [m["seq"] for m in page["messages"]]
+            pages += 1
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert seqs == list(range(n)) and pages == 10
+        # Backwards from the end: the newest page first, each page oldest first.
+        status, page = await _get(session, url + "?limit=300&before=end")
+        assert [m["seq"] for m in page["messages"]] == list(range(n - 300, n))
+        status, page = await _get(session, url + f"?limit=300&before={page['next_cursor']}")
+        assert [m["seq"] for m in page["messages"]] == list(range(n - 600, n - 300))
+        # Bad parameters are 400 problems; another tenant gets 404.
+        for query in ("?limit=0", "?limit=1001", "?limit=x", "?after=nonsense",
+                      "?before=bm90IGpzb24"):
+            status, problem = await _get(session, url + query)
+            assert status == 400 and problem["status"] == 400, (query, problem)
+        status, _ = await _get(session, url, auth=AUTH_B)
+        assert status == 404
+
+
+async def test_a_warm_restart_reads_only_the_records_after_its_checkpoint(
+        own_settings: Settings) -> None:
+    writer = Writer(own_settings)
+    threads = [f"th-{i}-{uuid.uuid4()}" for i in range(200)]
+    for i, thread_id in enumerate(threads):
+        writer.state(thread_id, 2, updated=10_000 + i)
+        writer.messages(thread_id, range(2))
+    writer.flush()
+    async with _gateway(own_settings) as (base, model):
+        stats = model.stats()
+        assert stats["mode"] == "cold"
+        assert stats["read_until_loaded"] == {"t": 200, "m": 400}, stats
+        store_path = stats["store"]
+    # While the gateway is down: one new thread, one more message, one thread deleted.
+    fresh = f"new-{uuid.uuid4()}"
+    writer.state(fresh, 1, updated=99_000)
+    writer.messages(fresh, range(1))
+    writer.messages(threads[0], range(2, 3))
+    writer.state(threads[0], 3, updated=98_000)
+    writer.delete(threads[1], 2)
+    writer.flush()
+    async with _gateway(own_settings) as (base, model), aiohttp.ClientSession() as session:
+        stats = model.stats()
+        assert stats["mode"] == "warm" and stats["store"] == store_path
+        # 1 + 1 + 1 + 1 states and tombstones on threads; 1 + 1 + 2 on messages.
+        assert stats["read_until_loaded"] == {"t": 3, "m": 4}, stats
+        status, health = await _get(session, f"{base}/healthz", auth={})
+        assert health["read_model"]["read_until_loaded"] == {"t": 3, "m": 4}
+        status, page = await _get(session, f"{base}/v1/threads/{threads[0]}/messages")
+        assert [m["text"] for m in page["messages"]] == [f"message {i}" for i in range(3)]
+        status, _ = await _get(session, f"{base}/v1/threads/{threads[1]}")
+        assert status == 404
+        assert model.store.messages(threads[1]).records == []
+        status, listing = await _get(session, f"{base}/v1/threads?limit=3")
+        assert [t["thread_id"] for t in listing["threads"]] == [fresh, threads[0], threads[-1]]
+        status, page = await _get(session, f"{base}/v1/threads/{threads[150]}/messages")
+        assert [m["seq"] for m in page["messages"]] == [0, 1]
+    # A second gateway with the same settings beside a running one gets a store of its own.
+    async with _gateway(own_settings) as (_, first), _gateway(own_settings) as (_, second):
+        assert first.stats()["store"] == store_path
+        assert second.stats()["store"] == store_path + ".1"
+
+
+async def test_the_tenants_threads_list_newest_first_and_page(stack: Stack) -> None:
+    ids = [await stack.create_thread(title=f"list {i}") for i in range(3)]
+    other = await stack.create_thread(auth=AUTH_B)
+    status, posted = await stack.post(ids[0], "bump me to the top")
+    assert status == 202, posted
+    seen: list[str] = []
+    url = "/v1/threads?limit=2"
+    while url:
+        status, page = await stack.get(url)
+        assert status == 200, page
+        assert len(page["threads"]) <= 2
+        seen += [t["thread_id"] for t in page["threads"]]
+        url = f"/v1/threads?limit=2&cursor={page['next_cursor']}" if page["next_cursor"] else ""
+    assert seen[:3] == [ids[0], ids[2], ids[1]], seen
+    assert other not in seen and len(seen) == len(set(seen))
+    status, page = await stack.get("/v1/threads", auth=AUTH_B)
+    assert other in [t["thread_id"] for t in page["threads"]]
+    thread = next(t for t in page["threads"] if t["thread_id"] == other)
+    assert thread["id"] == other and thread["updated_at_ms"] >= thread["created_at_ms"]
+    status, problem = await stack.get("/v1/threads?cursor=abc")
+    assert status == 400, problem
+
+
+async def test_deleting_a_thread_cancels_its_run_ends_its_streams_and_erases_it(
+        stack: Stack) -> None:
+    model = stack.server.app[READ_MODEL]  # type: ignore[index]
+    thread_id = await stack.create_thread(title="to delete")
+    status, first = await stack.post(thread_id, "remember this")
+    assert status == 202
+    await read_sse(stack.session, stack.url(f"/v1/runs/{first['run_id']}/events"),
+                   headers=AUTH_A)
+    status, posted = await stack.post(thread_id, "[slow] still running when deleted")
+    assert status == 202 and posted["status"] == "accepted", posted
+    run_id = posted["run_id"]
+    assert await model.catch_up()  # the decision came back; its state may be a moment later
+    assert (thread_id, run_id) in [(t, r) for t, r, _ in model.active_runs_of("tenant-a")]
+    assert model.active_run_count("tenant-b") == 0
+    status, page = await stack.get(f"/v1/threads/{thread_id}/messages")
+    assert [m["seq"] for m in page["messages"]] == [0, 1, 2]
+    assert page["messages"][2]["run_status"] in ("dispatched", "running")
+    # Another tenant cannot delete it.
+    async with stack.session.delete(stack.url(f"/v1/threads/{thread_id}"),
+                                    headers=AUTH_B) as response:
+        assert response.status == 404
+    opened = asyncio.Event()
+    stream = asyncio.create_task(read_sse(
+        stack.session, stack.url(f"/v1/threads/{thread_id}/stream"), headers=AUTH_A,
+        opened=opened, until=lambda _: False))
+    await asyncio.wait_for(opened.wait(), 10)
+    async with stack.session.delete(stack.url(f"/v1/threads/{thread_id}"),
+                                    headers=AUTH_A) as response:
+        assert response.status == 204, await response.text()
+    streamed = await asyncio.wait_for(stream, 30)  # the open stream ended
+    assert all(e.json.get("run_id") == run_id for e in streamed if e.data != "[DONE]")
+    for path in (f"/v1/threads/{thread_id}", f"/v1/threads/{thread_id}/messages",
+                 f"/v1/threads/{thread_id}/stream", f"/v1/runs/{run_id}/events",
+                 f"/v1/runs/{first['run_id']}/events"):
+        status, body = await stack.get(path)
+        assert status == 404, (path, body)
+    async with stack.session.post(stack.url(f"/v1/threads/{thread_id}/runs/{run_id}/cancel"),
+                                  headers=AUTH_A) as response:
+        assert response.status == 404
+    async with stack.session.delete(stack.url(f"/v1/threads/{thread_id}"),
+                                    headers=AUTH_A) as response:
+        assert response.status == 404
+    status, listing = await stack.get("/v1/threads?limit=200")
+    assert thread_id not in [t["thread_id"] for t in listing["threads"]]
+    assert model.store.state(thread_id) is None
+    assert model.store.messages(thread_id).records == []
+    assert model.store.run(run_id) is None and model.store.run(first["run_id"]) is None
+    assert thread_id not in [t for t, _, _ in model.active_runs()]
+    # The topics' newest record of every key of the thread is a tombstone.
+    latest = _latest_values(stack.settings, stack.settings.topics.messages, thread_id)
+    assert sorted(latest) == [0, 1, 2] and set(latest.values()) == {None}, latest
+
+
+def _latest_values(settings: Settings, topic: str, thread_id: str) -> dict[int, bytes | None]:
+    """The newest value of each message key of the thread on the topic."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap,
+                         "group.id": f"reader-{uuid.uuid4()}", "enable.auto.commit": False,
+                         "isolation.level": "read_committed", "log_level": 3,
+                         "enable.partition.eof": True})
+    partition = partition_for(thread_id, settings.partitions)
+    consumer.assign([TopicPartition(topic, partition, 0)])
+    latest: dict[int, bytes | None] = {}
+    try:
+        while True:
+            msg = consumer.poll(5)
+            assert msg is not None, "no end of partition in 5 s"
+            if msg.error():
+                break
+            owner, seq = parse_message_key(msg.key())
+            if owner == thread_id:
+                latest[seq] = msg.value()
+    finally:
+        consumer.close()
+    return latest

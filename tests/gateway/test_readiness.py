@@ -1,0 +1,109 @@
+"""/readyz against a real processor restoring existing data: 503 until the processor
+has restored every partition and decides, then 200, and the first post after it is
+decided at once (not `pending`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+from confluent_kafka import Producer
+
+from gateway.app import Options, create_app
+from gateway.kafka import partition_for
+from gateway.ready import READY, probe_thread_id
+from streams.config import Settings
+from streams.domain import RunStatus, StoredMessage, ThreadState
+from streams.history import message_key
+from streams.records import MessageRecord
+from streams.serialization import encode_message, encode_state, new_meta
+from streams.topics import ensure_topics
+from tests.gateway.conftest import AUTH_A, gateway_env
+from tests.kafka_helpers import RoleProcess
+
+pytestmark = pytest.mark.kafka
+
+log = logging.getLogger("tests.readiness")
+
+THREADS = 20_000  # existing data the processor restores before it decides
+
+
+def test_probe_thread_ids_hash_to_their_partition() -> None:
+    for partitions in (1, 4, 12, 48):
+        for p in range(partitions):
+            assert partition_for(probe_thread_id(p, partitions), partitions) == p
+
+
+def _existing_data(settings: Settings) -> None:
+    producer = Producer({"bootstrap.servers": settings.bootstrap, "linger.ms": 50,
+                         "partitioner": "murmur2_random"})
+    for i in range(THREADS):
+        thread_id = f"old-{i}-{uuid.uuid4()}"
+        state = ThreadState(thread_id, "tenant-a", "old", 1_000, message_count=1, run_count=1,
+                            updated_at_ms=1_000 + i)
+        producer.produce(settings.topics.threads, encode_state(state), thread_id.encode())
+        message = StoredMessage(f"m-{i}", "user", "hello", f"r-{i}", 1_000)
+        producer.produce(settings.topics.messages, encode_message(
+            MessageRecord(0, message, RunStatus.COMPLETED, 1), new_meta(thread_id, "tenant-a", 0)),
+            message_key(thread_id, 0), partition=partition_for(thread_id, settings.partitions))
+        if i % 5_000 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+async def test_readyz_is_503_until_the_processor_restored_then_the_first_post_is_decided(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    env = gateway_env(kafka_bootstrap, tmp_path)
+    settings = Settings.from_env(env)
+    ensure_topics(settings)
+    _existing_data(settings)
+    app = create_app(settings, Options(ready_timeout_s=0.5, ready_cache_s=5))
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    processor = RoleProcess("processor", env, tmp_path / "processor.log")
+    try:
+        async with aiohttp.ClientSession() as session:
+            async def readyz() -> tuple[int, dict[str, object]]:
+                async with session.get(str(server.make_url("/readyz"))) as response:
+                    return response.status, await response.json()
+
+            status, body = await readyz()  # no processor: nothing decides
+            assert status == 503 and body["partitions_waiting"] == list(range(4)), body
+            written = app[READY].probes_written
+            status, body = await readyz()  # the probes still wait: none written again
+            assert status == 503 and app[READY].probes_written == written == 4
+            started = time.monotonic()
+            processor.start()
+            answers: list[int] = []
+            while not answers or answers[-1] != 200:
+                status, body = await readyz()
+                answers.append(status)
+                assert processor.alive(), processor.tail()
+                assert time.monotonic() - started < 120, (answers, processor.tail())
+            ready_s = time.monotonic() - started
+            # Ready implies restored: every partition's restore is in the processor's log.
+            restored = [line for line in processor.tail(400).splitlines()
+                        if "restored in" in line]
+            assert len(restored) == settings.partitions, processor.tail()
+            # The first post after 200 gets its decision, not "pending".
+            async with session.post(str(server.make_url("/v1/threads")), json={"title": "r"},
+                                    headers=AUTH_A) as response:
+                created = await response.json()
+                assert response.status == 201, created
+            async with session.post(
+                    str(server.make_url(f"/v1/threads/{created['thread_id']}/user_message")),
+                    json={"input_text": "decided?"}, headers=AUTH_A) as response:
+                posted = await response.json()
+                assert response.status == 202 and posted["status"] == "accepted", posted
+            status, body = await readyz()  # cached
+            assert status == 200 and body["cached"] is True
+            print(f"\nreadyz: {answers.count(503)} x 503, then 200; processor start to ready "
+                  f"{ready_s:.2f} s with {THREADS} threads and {THREADS} messages to restore")
+    finally:
+        await server.close()
+        processor.stop()

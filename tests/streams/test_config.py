@@ -1,0 +1,31 @@
+"""Every setting does something: each `Settings` field is read by the code outside
+`streams/config.py`, and each variable `from_env` reads is in the README."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from streams.config import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+CODE = [p for folder in ("streams", "gateway", "chaos", "bench") for p in (REPO / folder).rglob("*.py")
+        if p != REPO / "streams" / "config.py"]
+
+
+@pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(Settings)])
+def test_every_setting_is_read_by_the_code(name: str) -> None:
+    used = re.compile(rf"\.{name}\b")
+    assert any(used.search(p.read_text()) for p in CODE), f"Settings.{name} is read and never used"
+
+
+def test_every_variable_read_is_documented() -> None:
+    source = (REPO / "streams" / "config.py").read_text()
+    readme = (REPO / "README.md").read_text()
+    variables = set(re.findall(r'"((?:THREADLINE|KAFKA)_[A-Z_]+)"', source))
+    assert variables
+    undocumented = {v for v in variables if v not in readme and v.rstrip("_") not in readme}
+    assert not undocumented
