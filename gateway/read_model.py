@@ -341,7 +341,7 @@ class ReadModel:
     # --- restore -------------------------------------------------------------------
 
     async def _step(self) -> None:
-        batch = await self._consumer.getmany(timeout_ms=500, max_records=5000)
+        batch = await self._consumer.getmany(timeout_ms=500, max_records=1000)
         # Positions first: no await below suspends (known positions return at once),
         # so nothing reads a position before the rows it covers are committed.
         positions = {tp: await self._consumer.position(tp) for tp in self._checkpointed}
