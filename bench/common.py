@@ -53,7 +53,11 @@ def bench_env(bootstrap: str, partitions: int = 12, **extra: str) -> dict[str, s
         "THREADLINE_DATA_DIR": str(VAR / f"bench-{prefix.rstrip('.')}"),
         # No deadline falls due during a run: the clock's ticks would add commands.
         "THREADLINE_HEARTBEAT_TIMEOUT_S": "3600", "THREADLINE_ATTEMPT_TIMEOUT_S": "7200",
-        "THREADLINE_API_KEYS": "bench=bench", "THREADLINE_LOG_LEVEL": "WARNING", **extra,
+        "THREADLINE_API_KEYS": "bench=bench", "THREADLINE_LOG_LEVEL": "WARNING",
+        # One tenant stands for every client: no per-tenant limits.
+        "THREADLINE_TENANT_MAX_STREAMS": "0", "THREADLINE_TENANT_MAX_REPLAYS": "0",
+        "THREADLINE_TENANT_POSTS_PER_S": "0", "THREADLINE_TENANT_MAX_ACTIVE_RUNS": "0",
+        "THREADLINE_REPLAY_MAX_RECORDS": "0", **extra,
     }
 
 

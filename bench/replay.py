@@ -22,7 +22,7 @@ from bench.common import Figure, load_text, median
 from bench.stack import AUTH, Stack, new_stack
 from bench.streamgen import TENANT, complete_frames, seed_threads
 from gateway.kafka import partition_for
-from gateway.sse import EventId
+from gateway.tokens import ResumeTokens
 from streams.records import MessageStart, RunLifecycle, StreamOutput, TextDelta, TextStart
 from streams.serialization import decode_stream, encode_stream, new_meta
 from streams.thread import answer_message_id_for
@@ -113,7 +113,8 @@ async def _run(bootstrap: str, events: int, repeats: int) -> list[Figure]:
         async with aiohttp.ClientSession() as session:
             await stack.healthy(session)
         # Resume after message_start (offset start+1): every later event is replayed.
-        after = EventId(partition, start + 1, 0, start, run_id).encode()
+        after = ResumeTokens.from_settings(stack.settings).sign(thread, partition, start + 1, 0,
+                                                               start, run_id)
         expected = events - 2
         load = load_text()
         gateway_cpu = stack.children["gateway"]

@@ -260,7 +260,7 @@ class Load:
 
 
 def decode_id(event_id: str) -> str:
-    """An event id's text: `v1.{partition}.{offset}.{sub}.{run_start}.{run_id}`."""
+    """An event id's text: `v2.{partition}.{offset}.{sub}.{run_start}.{mac}.{run_id}`."""
     try:
         return base64.urlsafe_b64decode(event_id + "=" * (-len(event_id) % 4)).decode()
     except (ValueError, UnicodeDecodeError):

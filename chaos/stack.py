@@ -38,6 +38,9 @@ def chaos_env(bootstrap: str, folder: Path, replication: int) -> dict[str, str]:
         "THREADLINE_PARTITIONS": "6",
         "THREADLINE_REPLICATION_FACTOR": str(replication),
         "THREADLINE_API_KEYS": f"{API_KEY}=chaos",
+        # The load is one tenant standing for many: no per-tenant limits.
+        "THREADLINE_TENANT_MAX_STREAMS": "0", "THREADLINE_TENANT_MAX_REPLAYS": "0",
+        "THREADLINE_TENANT_POSTS_PER_S": "0", "THREADLINE_TENANT_MAX_ACTIVE_RUNS": "0",
         "THREADLINE_HEARTBEAT_INTERVAL_S": "0.5",
         "THREADLINE_HEARTBEAT_TIMEOUT_S": "4.5",
         "THREADLINE_SESSION_TIMEOUT_S": "6",

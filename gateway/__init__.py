@@ -7,7 +7,9 @@ Modules, one concern each:
     streaming    the two SSE endpoints: where a stream starts, replay, live
     feed         the one stream-topic consumer per process, per-thread windows, subscribers
     replay       short-lived per-request reads of positions older than the window
-    sse          pure: event ids, frames, the superseded-execution filter (RunTracker)
+    sse          pure: frames, the superseded-execution filter (RunTracker)
+    tokens       pure: event ids as signed resume tokens; the one place a client's is read
+    limits       per-tenant limits: streams, replays, posts a second, active runs (429)
     decisions    command producer and the events consumer that answers waiting requests
     read_model   threads and messages from a local store, restored from the changelogs,
                  with read-your-writes catch-up; read_store: that RocksDB store
@@ -34,7 +36,10 @@ position whose run start is unknown (ids never carry that, in practice) filters 
 that position on and may let through output of an execution superseded earlier.
 
 Replay positions: `Last-Event-ID`, or `last_event_id` / `last_entry_id` (reference
-API) in the query, resume after that event. `last_message_id` (reference API) alone
+API) in the query, resume after that event. Each is a resume token (`gateway.tokens`):
+HMAC-signed by a key every gateway of the deployment shares, bound to its thread, and
+verified before anything is read; a replay that would read more than
+`replay_max_records` offsets is answered as a position that is gone. `last_message_id` (reference API) alone
 names a message the client holds; the stream then starts as a fresh one. A position
 older than the partition's log start offset gets `message_not_streaming` (run and
 message id; fetch `GET /v1/threads/{id}/messages`); a thread stream then starts as a

@@ -1,9 +1,9 @@
 """The gateway application: the app factory and `run_gateway`.
 
-`create_app(settings)` wires the routes, the middlewares (problem+json, API keys),
-the shared objects under `web.AppKey`s (`gateway.keys`), one `cleanup_ctx` that
-starts the Kafka clients and background tasks (read model, decisions consumer and
-command producer, stream feed) and stops them after, and an
+`create_app(settings)` wires the routes, the middlewares (problem+json, API keys, the
+per-tenant post rate), the shared objects under `web.AppKey`s (`gateway.keys`), one
+`cleanup_ctx` that starts the Kafka clients and background tasks (read model,
+decisions consumer and command producer, stream feed) and stops them after, and an
 `on_shutdown` hook that ends every open SSE stream so shutdown does not wait on them.
 """
 
@@ -22,7 +22,8 @@ from gateway.demo import demo_page
 from gateway.feed import StreamFeed
 from gateway.health import HEALTH, HealthProbe, healthz
 from gateway.kafka import Offsets
-from gateway.keys import BUS, FEED, OFFSETS, OPTIONS, READ_MODEL, SETTINGS, Options
+from gateway.keys import BUS, FEED, LIMITER, OFFSETS, OPTIONS, READ_MODEL, SETTINGS, Options
+from gateway.limits import TenantLimiter, post_rate_middleware
 from gateway.openapi import openapi
 from gateway.problems import problem_middleware
 from gateway.read_model import ReadModel
@@ -31,17 +32,33 @@ from streams.config import Settings
 from streams.domain import Event, ThreadDeleted
 from streams.topics import ensure_topics
 
-__all__ = ["Options", "create_app", "run_gateway"]
+__all__ = ["Options", "create_app", "max_body_bytes", "run_gateway"]
 
 log = logging.getLogger("threadline.gateway")
 
 
+# The widest legal JSON spelling of one character (a code point, as `len` and the
+# input limit count them): an astral one as an escaped surrogate pair, "\ud83d\ude00",
+# 12 bytes. Every other spelling is narrower: a BMP escape is 6 bytes for 1 character,
+# raw UTF-8 at most 4. So 12 bytes a character admits the longest allowed input
+# however a client escapes it, and the characters are counted after parsing.
+MAX_BYTES_PER_CHAR = 12
+JSON_OVERHEAD_BYTES = 16_384  # the other members, names and whitespace
+
+
+def max_body_bytes(max_input_chars: int) -> int:
+    """The request body limit: the longest input in its widest escaping, plus room."""
+    return max_input_chars * MAX_BYTES_PER_CHAR + JSON_OVERHEAD_BYTES
+
+
 def create_app(settings: Settings, options: Options | None = None) -> web.Application:
     """The gateway as an aiohttp application; Kafka clients start with the app."""
-    # Room for the longest allowed input in UTF-8 plus the JSON around it.
-    max_body = settings.policy.max_input_chars * 4 + 16_384
+    max_body = max_body_bytes(settings.policy.max_input_chars)
+    limiter = TenantLimiter(settings.limits)
     app = web.Application(client_max_size=max_body, middlewares=[
-        problem_middleware, public_readyz(auth_middleware(settings.api_keys))])
+        problem_middleware, public_readyz(auth_middleware(settings.api_keys)),
+        post_rate_middleware(limiter)])
+    app[LIMITER] = limiter
     options = options or Options()
     offsets = Offsets(settings)
     read_model = ReadModel(settings, offsets, options.catch_up_timeout_s, options.store_name)

@@ -32,6 +32,10 @@ def redact(path_qs: str) -> str:
 
 
 def _tenant_for(keys: Mapping[str, str], presented: str) -> str | None:
+    # aiohttp decodes header bytes as UTF-8 with surrogateescape: a key that is not
+    # printable ASCII (as every issued key is) cannot match, and must not reach .encode().
+    if not (presented.isascii() and presented.isprintable()):
+        return None
     found = None
     for key, tenant in keys.items():  # compare against every key: no timing hint
         if hmac.compare_digest(key.encode(), presented.encode()):

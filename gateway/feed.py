@@ -36,6 +36,7 @@ from gateway.kafka import (
 )
 from gateway.read_model import ReadModel
 from gateway.sse import Position, RunTracker, SseEvent, make_events
+from gateway.tokens import ResumeTokens
 from streams.config import Settings
 from streams.records import RunLifecycle
 from streams.serialization import DecodeError, decode_stream
@@ -155,6 +156,7 @@ class StreamFeed:
         self.queue_limit = queue_limit
         self.backfill_margin_ms = backfill_margin_ms
         self.topic = settings.topics.stream
+        self.tokens = ResumeTokens.from_settings(settings)  # signs ids; replays and resumes share it
         self.tracker = RunTracker()
         self.start_offsets: dict[int, int] = {}
         self.last_offsets: dict[int, int] = {}
@@ -350,7 +352,8 @@ class StreamFeed:
                         sub.close("unknown run")
             return
         window = self._window(thread_id)
-        for event in make_events(partition, record.offset, state.start, meta, output):
+        for event in make_events(self.tokens, partition, record.offset, state.start, meta,
+                                 output):
             window.events.append(event)
             for sub in list(window.subscribers):
                 if sub.push(event):

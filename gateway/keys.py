@@ -9,10 +9,11 @@ from aiohttp import web
 from gateway.decisions import CommandBus
 from gateway.feed import StreamFeed
 from gateway.kafka import Offsets
+from gateway.limits import TenantLimiter
 from gateway.read_model import ReadModel
 from streams.config import Settings
 
-__all__ = ["BUS", "FEED", "OFFSETS", "OPTIONS", "READ_MODEL", "SETTINGS", "Options"]
+__all__ = ["BUS", "FEED", "LIMITER", "OFFSETS", "OPTIONS", "READ_MODEL", "SETTINGS", "Options"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,3 +38,4 @@ BUS = web.AppKey("bus", CommandBus)
 READ_MODEL = web.AppKey("read_model", ReadModel)
 FEED = web.AppKey("feed", StreamFeed)
 OFFSETS = web.AppKey("offsets", Offsets)
+LIMITER = web.AppKey("limiter", TenantLimiter)

@@ -23,6 +23,8 @@ _THREAD_ID = {"name": "thread_id", "in": "path", "required": True, "schema": {"t
 _RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
 _UNAUTHORIZED = _problem("Missing or unknown API key")
 _NOT_FOUND = _problem("No such thread or run for this tenant")
+_POSTS = _problem("Too many posts a second for this tenant (Retry-After)")
+_STREAMS = _problem("Too many open streams or replays for this tenant (Retry-After)")
 _SSE_PARAMS = [
     {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"},
      "description": "Resume right after this event id."},
@@ -146,7 +148,8 @@ SPEC: dict[str, Any] = {
             "responses": {"201": _json("Created", "Thread"),
                           "202": _json("Queued, not decided yet", "Thread"),
                           "400": _problem("Malformed JSON"), "401": _UNAUTHORIZED,
-                          "413": _problem("Body too large"), "422": _problem("Invalid body")}}},
+                          "413": _problem("Body too large"), "422": _problem("Invalid body"),
+                          "429": _POSTS}}},
         "/v1/threads/{thread_id}": {"get": {
             "summary": "A thread", "parameters": [_THREAD_ID],
             "responses": {"200": _json("The thread", "Thread"), "401": _UNAUTHORIZED,
@@ -181,21 +184,24 @@ SPEC: dict[str, Any] = {
                           "409": _problem("A run is active (active_run_id)"),
                           "413": _problem("Body too large"),
                           "422": _problem("Empty or too long input, bad body, or the "
-                                          "Idempotency-Key was used with another body")}}},
+                                          "Idempotency-Key was used with another body"),
+                          "429": _problem("Too many posts a second, or runs in progress, "
+                                          "for this tenant (Retry-After)")}}},
         "/v1/threads/{thread_id}/runs/{run_id}/cancel": {"post": {
             "summary": "Cancel a run", "parameters": [_THREAD_ID, _RUN_ID],
             "responses": {"202": _json("Cancelled or pending", "Cancel"), "401": _UNAUTHORIZED,
-                          "404": _NOT_FOUND, "409": _problem("The run already ended")}}},
+                          "404": _NOT_FOUND, "409": _problem("The run already ended"),
+                          "429": _POSTS}}},
         "/v1/threads/{thread_id}/stream": {"get": {
             "summary": "Every run of the thread as server-sent events",
             "parameters": [_THREAD_ID, *_SSE_PARAMS],
             "responses": {"200": _SSE, "400": _problem("Unusable Last-Event-ID"),
-                          "401": _UNAUTHORIZED, "404": _NOT_FOUND}}},
+                          "401": _UNAUTHORIZED, "404": _NOT_FOUND, "429": _STREAMS}}},
         "/v1/runs/{run_id}/events": {"get": {
             "summary": "One run from its start; closes after done",
             "parameters": [_RUN_ID, *_SSE_PARAMS],
             "responses": {"200": _SSE, "400": _problem("Unusable Last-Event-ID"),
-                          "401": _UNAUTHORIZED, "404": _NOT_FOUND}}},
+                          "401": _UNAUTHORIZED, "404": _NOT_FOUND, "429": _STREAMS}}},
     },
 }
 

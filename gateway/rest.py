@@ -27,7 +27,8 @@ from aiohttp import web
 from gateway.auth import TENANT
 from gateway.decisions import new_traceparent
 from gateway.kafka import partition_for
-from gateway.keys import BUS, READ_MODEL, SETTINGS
+from gateway.keys import BUS, LIMITER, READ_MODEL, SETTINGS
+from gateway.limits import tenant_active_runs
 from gateway.problems import Problem
 from streams.domain import (
     CancelRun,
@@ -90,6 +91,8 @@ async def _body(request: web.Request, *, required: bool) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise Problem(400, "malformed-json", f"the body is not JSON: {exc}") from exc
+    except RecursionError as exc:  # json's C scanner recurses once per nesting level
+        raise Problem(400, "malformed-json", "the body is nested too deeply") from exc
     if not isinstance(body, dict):
         raise Problem(422, "invalid-body", "the body must be a JSON object")
     return body
@@ -99,6 +102,11 @@ def _string(body: dict[str, Any], name: str, default: str | None = None) -> str:
     value = body.get(name, default)
     if not isinstance(value, str):
         raise Problem(422, "invalid-body", f"'{name}' must be a string", field=name)
+    try:  # JSON lets "\ud800" through; Avro, Kafka and every client want real text
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise Problem(422, "invalid-body", f"'{name}' holds an unpaired surrogate at character "
+                      f"{exc.start}: not Unicode text", field=name) from exc
     return value
 
 
@@ -285,6 +293,8 @@ async def post_user_message(request: web.Request) -> web.Response:
                       f"limit is {limit}", field="input_text")
     key = _idempotency_key(request)
     tenant, thread_id = request[TENANT], state.thread_id
+    read_model = request.app[READ_MODEL]
+    request.app[LIMITER].admit_run(tenant, tenant_active_runs(read_model, tenant))
     message_id = message_id_for(tenant, thread_id, key) if key else str(uuid.uuid4())
     command = PostUserMessage(thread_id, tenant, message_id, text, key, _now_ms())
     request.app[READ_MODEL].note_write(thread_id)

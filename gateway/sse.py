@@ -4,23 +4,21 @@ Pure: no I/O. The shared feed (`gateway.feed`) and the per-request Kafka replay
 (`gateway.replay`) both turn records into events with the same `RunTracker`, so an
 event has the same id, name and data whichever path delivers it.
 
-Event ids are opaque to clients: base64url of ``v1.{partition}.{offset}.{sub}.
-{run_start}.{run_id}``. ``sub`` numbers the events made from one record (a terminal
-lifecycle record makes two: the lifecycle event and ``done``); ``run_start`` is the
-offset of the run's ``run_accepted`` record, where a replay from Kafka starts reading
-so that its filter state equals the feed's.
+Event ids are opaque to clients: signed resume tokens (`gateway.tokens`) naming the
+partition, the offset, ``sub`` (it numbers the events made from one record: a
+terminal lifecycle record makes two, the lifecycle event and ``done``) and
+``run_start``, the offset of the run's ``run_accepted`` record, where a replay from
+Kafka starts reading so that its filter state equals the feed's.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
-import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from gateway.tokens import ResumeTokens
 from streams.records import (
     CitationsOutput,
     MessageEnd,
@@ -37,8 +35,6 @@ from streams.thread import answer_message_id_for
 
 __all__ = [
     "TERMINAL",
-    "BadEventId",
-    "EventId",
     "Position",
     "RunState",
     "RunTracker",
@@ -53,49 +49,6 @@ __all__ = [
 Position = tuple[int, int]  # (offset, sub): the order of events within a partition
 
 TERMINAL = frozenset({"run_completed", "run_failed", "run_cancelled"})
-_MAX_ID_CHARS = 512
-_ID_TEXT = re.compile(r"v1\.(\d{1,6})\.(-?\d{1,19})\.(-?\d{1,3})\.(-?\d{1,19})\.([0-9A-Za-z-]{1,64})")
-
-
-class BadEventId(ValueError):
-    """A Last-Event-ID (or last_event_id) that this gateway did not make."""
-
-
-@dataclass(frozen=True, slots=True)
-class EventId:
-    partition: int
-    offset: int
-    sub: int
-    run_start: int
-    run_id: str
-
-    @property
-    def position(self) -> Position:
-        return (self.offset, self.sub)
-
-    def encode(self) -> str:
-        return _encode_id(self.partition, self.offset, self.sub, self.run_start, self.run_id)
-
-    @classmethod
-    def decode(cls, token: str) -> EventId:
-        if not token or len(token) > _MAX_ID_CHARS:
-            raise BadEventId("event id is empty or too long")
-        try:
-            text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("ascii")
-        except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
-            raise BadEventId("event id is not base64url") from exc
-        match = _ID_TEXT.fullmatch(text)
-        if match is None:
-            raise BadEventId("event id is not one of this gateway's ids")
-        partition, offset, sub, start = (int(g) for g in match.groups()[:4])
-        if offset < 0 or sub < -1 or start < -1 or start > offset:
-            raise BadEventId("event id names an impossible position")
-        return cls(partition, offset, sub, start, match.group(5))
-
-
-def _encode_id(partition: int, offset: int, sub: int, run_start: int, run_id: str) -> str:
-    text = f"v1.{partition}.{offset}.{sub}.{run_start}.{run_id}"
-    return base64.urlsafe_b64encode(text.encode()).rstrip(b"=").decode()
 
 
 class SseEvent(NamedTuple):
@@ -186,10 +139,10 @@ def _payload_fields(output: StreamOutput) -> tuple[str, dict[str, Any]]:
     raise TypeError(f"unknown stream payload {type(payload).__name__}")
 
 
-def make_events(partition: int, offset: int, run_start: int, meta: EnvelopeMeta,
-                output: StreamOutput) -> list[SseEvent]:
-    """The SSE events of one admitted record, in order (sub 0, 1, ...). Text deltas,
-    most records, skip `_payload_fields`' match."""
+def make_events(tokens: ResumeTokens, partition: int, offset: int, run_start: int,
+                meta: EnvelopeMeta, output: StreamOutput) -> list[SseEvent]:
+    """The SSE events of one admitted record, in order (sub 0, 1, ...), their ids
+    signed by `tokens`. Text deltas, most records, skip `_payload_fields`' match."""
     payload = output.payload
     run_id = output.run_id
     if type(payload) is TextDelta:
@@ -202,11 +155,11 @@ def make_events(partition: int, offset: int, run_start: int, meta: EnvelopeMeta,
         text = _COMPACT_JSON.encode({
             "thread_id": meta.thread_id, "run_id": run_id, "attempt": output.attempt,
             "message_id": output.message_id, **fields})
-    event_id = _encode_id(partition, offset, 0, run_start, run_id)
+    event_id = tokens.sign(meta.thread_id, partition, offset, 0, run_start, run_id)
     first = SseEvent(partition, offset, 0, run_start, run_id, name, _frame(event_id, name, text))
     if name not in TERMINAL:
         return [first]
-    done_id = _encode_id(partition, offset, 1, run_start, run_id)
+    done_id = tokens.sign(meta.thread_id, partition, offset, 1, run_start, run_id)
     return [first, SseEvent(partition, offset, 1, run_start, run_id, "done",
                             _frame(done_id, "done", "[DONE]"))]
 

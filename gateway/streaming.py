@@ -27,19 +27,18 @@ from aiohttp.http_writer import StreamWriter
 
 from gateway.auth import TENANT
 from gateway.feed import Subscriber
-from gateway.keys import FEED, OPTIONS, READ_MODEL, SETTINGS
+from gateway.keys import FEED, LIMITER, OPTIONS, READ_MODEL, SETTINGS
 from gateway.problems import Problem
 from gateway.read_model import RunView
 from gateway.replay import ReplayGone, replay
 from gateway.sse import (
-    BadEventId,
-    EventId,
     Position,
     SseEvent,
     comment_frame,
     not_streaming_frame,
     retry_frame,
 )
+from gateway.tokens import BadEventId
 from streams.domain import ThreadState
 
 __all__ = ["run_events", "thread_stream"]
@@ -74,13 +73,13 @@ async def _resume(request: web.Request, partition: int, state: ThreadState,
         raise Problem(400, "bad-last-event-id", "last_message_id is not a message of this thread")
     if not token:
         return None
-    try:
-        event_id = EventId.decode(token.strip())
+    feed = request.app[FEED]
+    try:  # the one place a client's resume token is read
+        event_id = feed.tokens.verify(token.strip(), state.thread_id)
     except BadEventId as exc:
         raise Problem(400, "bad-last-event-id", str(exc)) from exc
     if event_id.partition != partition or (run_id is not None and event_id.run_id != run_id):
         raise Problem(400, "bad-last-event-id", "the event id is not from this stream")
-    feed = request.app[FEED]
     if event_id.offset > feed.last_offsets.get(partition, -1) and \
             event_id.offset >= await feed.end_offset(partition):
         raise Problem(400, "bad-last-event-id", "the event id is ahead of the stream")
@@ -187,37 +186,63 @@ async def _serve(request: web.Request, state: ThreadState, run: RunView | None) 
         web.StreamResponse:
     run_id = None if run is None else run.run_id
     app = request.app
-    feed, options = app[FEED], app[OPTIONS]
+    feed, limiter, tenant = app[FEED], app[LIMITER], request[TENANT]
     partition = feed.partition_of(state.thread_id)
     plan = await _resume(request, partition, state, run_id)
     if plan is None:
         plan = await _fresh_plan(request, state, run)
-    response = web.StreamResponse(headers=SSE_HEADERS)
-    await response.prepare(request)
+    # The tenant's limits are checked before the headers go out, so a refusal is a 429.
+    with limiter.stream(tenant), contextlib.ExitStack() as replaying:
+        sub, snapshot, covered = feed.subscribe(state.thread_id, run_id)
+        here = feed.last_offsets.get(partition, -1)  # the feed's position at subscribing
+        try:
+            if _needs_replay(plan, covered):
+                replaying.enter_context(limiter.replay(tenant))
+            response = web.StreamResponse(headers=SSE_HEADERS)
+            await response.prepare(request)
+            return await _stream(request, response, state, run, plan, sub, snapshot,
+                                 covered, here, replaying)
+        finally:
+            feed.unsubscribe(sub)
+
+
+def _needs_replay(plan: _Plan, covered: Position) -> bool:
+    return plan.after < covered or plan.from_time_ms is not None
+
+
+async def _stream(request: web.Request, response: web.StreamResponse, state: ThreadState,
+                  run: RunView | None, plan: _Plan, sub: Subscriber, snapshot: list[SseEvent],
+                  covered: Position, here: int,
+                  replaying: contextlib.ExitStack) -> web.StreamResponse:
+    """Catch up (releasing the replay slot after), then live, on a prepared response."""
+    feed, options = request.app[FEED], request.app[OPTIONS]
+    partition = feed.partition_of(state.thread_id)
+    run_id = None if run is None else run.run_id
     out = _Writer(response, run_id is not None)
     # Nothing at or before the resume position, whatever path it comes by: this
     # gateway's feed may be behind the one the client read before, and then the
     # live queue still brings events the client has (found by the chaos run).
     out.last = plan.after
-    sub, snapshot, covered = feed.subscribe(state.thread_id, run_id)
-    here = feed.last_offsets.get(partition, -1)
     try:
         await response.write(retry_frame(options.retry_ms))
         # A position retention removed: say so, then start as a fresh stream would,
-        # and if even that is gone, live.
-        for fallback in range(3):
-            try:
-                await _catch_up(request, out, plan, partition, state.thread_id, run_id, covered)
-            except ReplayGone:
-                await response.write(not_streaming_frame(state.thread_id, plan.run_id))
-                if run_id is not None:
-                    return response
-                plan = await _fresh_plan(request, state, None, here) if fallback == 0 \
-                    else _live_plan(here)
-                out.last = plan.after
-                continue
-            await out.send([e for e in snapshot if e.position > plan.after])
-            break
+        # and if even that is gone, live. (Only a replay raises ReplayGone, so a
+        # fallback runs while the replay slot is held.)
+        with replaying:
+            for fallback in range(3):
+                try:
+                    await _catch_up(request, out, plan, partition, state.thread_id, run_id,
+                                    covered)
+                except ReplayGone:
+                    await response.write(not_streaming_frame(state.thread_id, plan.run_id))
+                    if run_id is not None:
+                        return response
+                    plan = await _fresh_plan(request, state, None, here) if fallback == 0 \
+                        else _live_plan(here)
+                    out.last = plan.after
+                    continue
+                await out.send([e for e in snapshot if e.position > plan.after])
+                break
 
         def finished() -> bool:
             return run is not None and _run_over(request, run)
@@ -227,8 +252,6 @@ async def _serve(request: web.Request, state: ThreadState, run: RunView | None) 
         pass  # the client went away
     except Exception:  # the headers are sent: end the stream, the client resumes
         log.exception("stream of thread %s failed", state.thread_id)
-    finally:
-        feed.unsubscribe(sub)
     return response
 
 
@@ -237,8 +260,11 @@ async def _catch_up(request: web.Request, out: _Writer, plan: _Plan, partition: 
     """Replay (plan.after, covered] from Kafka if the window does not reach back that far."""
     if plan.after >= covered and plan.from_time_ms is None:
         return
-    events = replay(request.app[SETTINGS], partition, thread_id, scan_from=plan.scan_from,
-                    after=plan.after, until=covered, run_id=run_id, from_time_ms=plan.from_time_ms)
+    settings = request.app[SETTINGS]
+    events = replay(settings, request.app[FEED].tokens, partition, thread_id,
+                    scan_from=plan.scan_from, after=plan.after, until=covered, run_id=run_id,
+                    from_time_ms=plan.from_time_ms,
+                    max_records=settings.limits.replay_max_records)
     sent = out.last
     # One write per REPLAY_BATCH events, not per event: a write costs as much as
     # making the event, and the records are all there to read.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from streams.domain import Policy
 
-__all__ = ["Settings", "TopicNames"]
+__all__ = ["GatewayLimits", "Settings", "TopicNames"]
 
 DAY_MS = 24 * 60 * 60 * 1000
 
@@ -44,6 +44,35 @@ class TopicNames:
     def all(self) -> tuple[str, ...]:
         return (self.commands, self.events, self.stream, self.dispatch, self.dead_letter,
                 self.threads, self.messages)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayLimits:
+    """What one tenant may cost a gateway (docs/security.md). 0 turns a limit off."""
+
+    streams_per_tenant: int = 1_000  # open SSE streams, per gateway process
+    replays_per_tenant: int = 8  # Kafka replays running at once, per gateway process
+    posts_per_s: float = 20.0  # user messages a second, per gateway process (token bucket)
+    post_burst: int = 50  # the bucket's size
+    active_runs_per_tenant: int = 32  # across the deployment (the read model's count)
+    replay_max_records: int = 100_000  # the longest partition span one replay reads
+    resume_token_keys: tuple[str, ...] = ()  # first signs, all verify; () derives one
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> GatewayLimits:
+        keys = tuple(k.strip() for k in env.get("THREADLINE_RESUME_TOKEN_KEYS", "").split(",")
+                     if k.strip())
+        d = cls()
+        return cls(
+            streams_per_tenant=_int(env, "THREADLINE_TENANT_MAX_STREAMS", d.streams_per_tenant),
+            replays_per_tenant=_int(env, "THREADLINE_TENANT_MAX_REPLAYS", d.replays_per_tenant),
+            posts_per_s=_float(env, "THREADLINE_TENANT_POSTS_PER_S", d.posts_per_s),
+            post_burst=_int(env, "THREADLINE_TENANT_POST_BURST", d.post_burst),
+            active_runs_per_tenant=_int(env, "THREADLINE_TENANT_MAX_ACTIVE_RUNS",
+                                        d.active_runs_per_tenant),
+            replay_max_records=_int(env, "THREADLINE_REPLAY_MAX_RECORDS", d.replay_max_records),
+            resume_token_keys=keys,
+        )
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -86,6 +115,7 @@ class Settings:
     instance_id: str | None  # stable per instance; default derived from data_dir
     session_timeout_ms: int  # consumer-group liveness: how fast a dead member's partitions move
     processing_guarantee: str  # "exactly_once" (default) | "at_least_once" (benchmarks only)
+    limits: GatewayLimits = field(default_factory=GatewayLimits)
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -150,5 +180,6 @@ class Settings:
             instance_id=env.get("THREADLINE_INSTANCE_ID") or None,
             session_timeout_ms=_ms(env, "THREADLINE_SESSION_TIMEOUT_S", 10.0),
             processing_guarantee=guarantee,
+            limits=GatewayLimits.from_env(env),
             extra={k: v for k, v in env.items() if k.startswith("THREADLINE_AGENT_")},
         )

@@ -45,7 +45,10 @@ def verify(secret: str, timestamp: str | None, body: bytes, signature: str | Non
         fresh = abs(now_s - int(timestamp)) <= window_s
     except ValueError:
         return False
-    return fresh and hmac.compare_digest(sign(secret, timestamp, body), signature)
+    # As bytes: compare_digest refuses str with non-ASCII characters (a TypeError, so a
+    # 500), and a header aiohttp decoded with surrogateescape must not raise either.
+    presented = signature.encode("utf-8", "surrogateescape")
+    return fresh and hmac.compare_digest(sign(secret, timestamp, body).encode(), presented)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from streams.connectors.topics import audit_topic, ensure_connector_topics
 from streams.domain import CreateThread, PostUserMessage
 from streams.serialization import decode_command
 from tests.connectors.chat_double import SIGNING_SECRET, ChatDouble, slack_signature
+from tests.raw_http import raw_request
 
 EVENTS = ChatDouble()  # only its event payloads are used: no server
 
@@ -63,6 +64,29 @@ def test_signatures_match_slacks_scheme_and_the_window() -> None:
     assert not verify("", stamp, body, slack_signature("", stamp, body), now_s=now)
     assert not verify("s", None, body, "v0=00", now_s=now)
     assert not verify("s", "soon", body, "v0=00", now_s=now)
+
+
+def test_a_non_ascii_signature_is_refused_not_raised() -> None:
+    body, now = b'{"type":"event_callback"}', time.time()
+    stamp = str(int(now))
+    for signature in ["v0=\u00e9" * 10, "v0=" + "\udcff" * 64, "\u0661\u0662"]:
+        assert not verify("s", stamp, body, signature, now_s=now)
+    assert not verify("s", "\u0661\u0662\u0663", body, "v0=\u00e9", now_s=now)
+
+
+async def test_a_non_ascii_signature_header_gets_401(tmp_path: Path) -> None:
+    dead = Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
+                              "THREADLINE_DATA_DIR": str(tmp_path)})
+    app, stats = _app(dead)
+    body = json.dumps(_event()).encode()
+    stamp = str(int(time.time())).encode()
+    async with TestServer(app, host="127.0.0.1") as server:
+        for signature in [b"v0=\xc3\xa9\xc3\xa9", b"v0=\xff\xfe", "v0=\u00e9".encode("latin-1")]:
+            answer = await raw_request(str(server.make_url("/")), "POST", "/slack/events", [
+                (b"X-Slack-Request-Timestamp", stamp), (b"X-Slack-Signature", signature),
+                (b"Content-Type", b"application/json")], body)
+            assert answer.status == 401, answer
+    assert stats.inbound_refused == 3 and stats.inbound_accepted == 0
 
 
 def test_a_message_maps_to_the_chat_thread_it_starts_or_continues() -> None:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from gateway.kafka import partition_for
-from gateway.sse import EventId
+from gateway.keys import FEED
 from streams.agents.builtin import reply_for
 from tests.gateway.conftest import AUTH_A, Stack
 from tests.gateway.sse_client import Ev, read_sse
@@ -41,7 +41,8 @@ async def test_full_lifecycle_through_http(stack: Stack) -> None:
     assert set(kinds[4:-4]) == {"text_delta"}
     assert events[-1].data == "[DONE]"
     assert all(e.id for e in events) and len({e.id for e in events}) == len(events)
-    partitions = {EventId.decode(e.id or "").partition for e in events}
+    tokens = stack.server.app[FEED].tokens
+    partitions = {tokens.verify(e.id or "", thread_id).partition for e in events}
     assert partitions == {partition_for(thread_id, stack.settings.partitions)}
     datas = [e.json for e in events[:-1]]
     assert {d["run_id"] for d in datas} == {posted["run_id"]}

@@ -11,9 +11,9 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from gateway.app import Options, create_app
+from gateway.app import Options, create_app, max_body_bytes
+from gateway.keys import FEED
 from gateway.openapi import SPEC
-from gateway.sse import EventId
 from streams.config import Settings
 from tests.gateway.conftest import AUTH_A, AUTH_B, KEYS, Stack, gateway_env
 from tests.gateway.sse_client import read_sse
@@ -126,7 +126,8 @@ async def test_bad_input_gets_the_right_problem(stack: Stack) -> None:
         (post, b'{"input_text": ""}', 422, "/invalid-input"),
         (post, b'{"input_text": "  \\n "}', 422, "/invalid-input"),
         (post, json.dumps({"input_text": "x" * 32_001}).encode(), 422, "/invalid-input"),
-        (post, json.dumps({"input_text": "x" * 200_000}).encode(), 413, "/body-too-large"),
+        (post, json.dumps({"input_text": "x" * max_body_bytes(32_000)}).encode(), 413,
+         "/body-too-large"),
         ("/v1/threads", b'{"title": 5}', 422, "/invalid-body"),
         ("/v1/threads/does-not-exist/user_message", b'{"input_text": "hi"}', 404, "/not-found"),
     ]
@@ -139,7 +140,7 @@ async def test_bad_input_gets_the_right_problem(stack: Stack) -> None:
                                  headers={**json_a, "Idempotency-Key": "x" * 300})
     _assert_problem(status, body, 400)
     stream = f"/v1/threads/{thread_id}/stream"
-    good_elsewhere = EventId(99, 0, 0, 0, "r").encode()
+    good_elsewhere = stack.server.app[FEED].tokens.sign(thread_id, 99, 0, 0, 0, "r")
     for headers, query in [({"Last-Event-ID": "garbage!"}, ""), ({}, "?last_event_id=AAAA"),
                            ({"Last-Event-ID": good_elsewhere}, ""), ({}, "?last_message_id=nope")]:
         status, content_type, body = await _raw(stack, "GET", stream + query,

@@ -11,12 +11,15 @@ from gateway.auth import redact
 from gateway.feed import Subscriber
 from gateway.kafka import partition_for
 from gateway.rest import message_id_for
-from gateway.sse import BadEventId, EventId, RunTracker, SseEvent, make_events
+from gateway.sse import RunTracker, SseEvent, make_events
+from gateway.tokens import BadEventId, EventId, ResumeTokens, derived_key
+from streams.config import Settings
 from streams.domain import AssistantMessage
 from streams.records import MessageEnd, MessageStart, RunLifecycle, StreamOutput, TextDelta
 from streams.serialization import new_meta
 
 RUN = "run-1"
+TOKENS = ResumeTokens([b"test key"])
 
 
 def _out(attempt: int, part: str, seq: int, payload: object) -> StreamOutput:
@@ -28,28 +31,63 @@ def _life(event: str, attempt: int = 0) -> StreamOutput:
     return _out(attempt, "lifecycle", 0, RunLifecycle(event, "user-1", "", message))
 
 
+def _b64(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
 def test_event_ids_round_trip_and_reject_garbage() -> None:
-    event_id = EventId(3, 1234, 1, 1200, "5f0e8a2c-0000-4000-8000-000000000000")
-    token = event_id.encode()
-    assert "=" not in token and EventId.decode(token) == event_id
-    assert event_id.position == (1234, 1)
-    for garbage in ["", "not base64 !", base64.urlsafe_b64encode(b"v2.1.2.3.4.r").decode(),
-                    base64.urlsafe_b64encode(b"v1.1.-2.0.4.r").decode(),
-                    base64.urlsafe_b64encode(b"v1.1.2.0.4.r/../x").decode(),
-                    base64.urlsafe_b64encode(b"v1.1.2.0.9.r").decode(), "x" * 600]:
+    run = "5f0e8a2c-0000-4000-8000-000000000000"
+    token = TOKENS.sign("th", 3, 1234, 1, 1200, run)
+    assert "=" not in token and TOKENS.verify(token, "th") == EventId(3, 1234, 1, 1200, run)
+    assert EventId(3, 1234, 1, 1200, run).position == (1234, 1)
+    text = base64.urlsafe_b64decode(token + "==").decode()
+    mac = text.split(".")[5]
+    for garbage in ["", "not base64 !", _b64("v2.1.2.3.4.r"), _b64("v1.1.2.0.1.r"),
+                    _b64(f"v2.1.-2.0.4.{mac}.r"), _b64(f"v2.1.2.0.4.{mac}.r/../x"),
+                    _b64(f"v2.1.2.0.9.{mac}.r"), "x" * 600]:
         with pytest.raises(BadEventId):
-            EventId.decode(garbage)
+            TOKENS.verify(garbage, "th")
+
+
+def test_a_token_verifies_only_unchanged_for_its_thread_and_with_a_known_key() -> None:
+    token = TOKENS.sign("th", 3, 1234, 1, 1200, RUN)
+    fields = base64.urlsafe_b64decode(token + "==").decode().split(".")
+    for index, value in [(1, "4"), (2, "1233"), (3, "0"), (4, "0"), (6, "run-2")]:
+        forged = _b64(".".join([*fields[:index], value, *fields[index + 1:]]))
+        with pytest.raises(BadEventId):
+            TOKENS.verify(forged, "th")
+    with pytest.raises(BadEventId):
+        TOKENS.verify(token, "another-thread")
+    # Rotation: the new key signs, both verify; a gateway without the old key refuses.
+    rotated = ResumeTokens([b"new key", b"test key"])
+    assert rotated.verify(token, "th") == TOKENS.verify(token, "th")
+    with pytest.raises(BadEventId):
+        TOKENS.verify(rotated.sign("th", 3, 5, 0, 5, RUN), "th")
+    with pytest.raises(BadEventId):
+        ResumeTokens([b"new key"]).verify(token, "th")
+
+
+def test_the_default_key_is_shared_by_a_deployment_and_no_one_else() -> None:
+    keys = {"key-a": "tenant-a", "key-b": "tenant-b"}
+    assert derived_key(keys, "p.") == derived_key(dict(reversed(keys.items())), "p.")
+    assert derived_key(keys, "p.") != derived_key(keys, "q.")
+    assert derived_key(keys, "p.") != derived_key({"key-a": "tenant-a"}, "p.")
+    configured = Settings.from_env({"THREADLINE_RESUME_TOKEN_KEYS": "new, old",
+                                    "THREADLINE_API_KEYS": "k=t"})
+    assert configured.limits.resume_token_keys == ("new", "old")
+    token = ResumeTokens([b"old"]).sign("th", 0, 1, 0, 1, RUN)
+    assert ResumeTokens.from_settings(configured).verify(token, "th").offset == 1
 
 
 def test_a_terminal_record_makes_two_events_with_consecutive_ids() -> None:
     meta = new_meta("th", "tenant", 1)
-    events = make_events(2, 40, 30, meta, _life("run_completed", 1))
+    events = make_events(TOKENS, 2, 40, 30, meta, _life("run_completed", 1))
     assert [e.name for e in events] == ["run_completed", "done"]
     assert [e.position for e in events] == [(40, 0), (40, 1)]
     frame = events[1].frame.decode()
     assert frame.endswith("event: done\ndata: [DONE]\n\n")
     first = events[0].frame.decode().splitlines()
-    assert EventId.decode(first[0].removeprefix("id: ")) == EventId(2, 40, 0, 30, RUN)
+    assert TOKENS.verify(first[0].removeprefix("id: "), "th") == EventId(2, 40, 0, 30, RUN)
     data = json.loads(first[2].removeprefix("data: "))
     assert data["message"]["text"] == "hi" and data["run_id"] == RUN and data["thread_id"] == "th"
 
@@ -123,7 +161,7 @@ def test_partitioning_matches_kafkas_murmur2() -> None:
 async def test_a_subscriber_that_falls_behind_is_closed_not_buffered_forever() -> None:
     meta = new_meta("th", "tenant", 1)
     events = [e for offset in range(4) for e in make_events(
-        0, offset, 0, meta, _out(1, "A:text:0", offset, TextDelta("x")))]
+        TOKENS, 0, offset, 0, meta, _out(1, "A:text:0", offset, TextDelta("x")))]
     sub = Subscriber("th", None, limit=3)
     for event in events[:3]:
         sub.push(event)
@@ -142,7 +180,7 @@ async def test_a_subscriber_that_falls_behind_is_closed_not_buffered_forever() -
 async def test_an_attached_subscriber_writes_once_per_flush_queued_events_first() -> None:
     meta = new_meta("th", "tenant", 1)
     events = [e for offset in range(6) for e in make_events(
-        0, offset, 0, meta, _out(1, "A:text:0", offset, TextDelta("x")))]
+        TOKENS, 0, offset, 0, meta, _out(1, "A:text:0", offset, TextDelta("x")))]
     sub = Subscriber("th", None, limit=10)
     assert sub.push(events[0]) is False  # not attached: queued, its handler woken
     written: list[list[SseEvent]] = []

@@ -1,0 +1,98 @@
+"""The per-tenant limiter alone: slots, the token bucket, the active-run cap. (Counting
+a tenant's active runs is the read model's: tests/gateway/test_gateway_limits.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.limits import TenantLimiter
+from gateway.problems import Problem
+from streams.config import GatewayLimits, Settings
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _refused(problem: pytest.ExceptionInfo[Problem], slug: str, retry_after: int) -> None:
+    assert problem.value.status == 429 and problem.value.slug == slug
+    assert problem.value.headers["Retry-After"] == str(retry_after)
+
+
+def test_stream_and_replay_slots_are_counted_per_tenant_and_given_back() -> None:
+    limiter = TenantLimiter(GatewayLimits(streams_per_tenant=2, replays_per_tenant=1))
+    with limiter.stream("a"), limiter.stream("a"):
+        with pytest.raises(Problem) as refused, limiter.stream("a"):
+            pass
+        _refused(refused, "too-many-streams", 5)
+        with limiter.stream("b"):  # another tenant has its own
+            assert limiter.streams == {"a": 2, "b": 1}
+        with limiter.replay("a"):
+            with pytest.raises(Problem) as refused, limiter.replay("a"):
+                pass
+            _refused(refused, "too-many-replays", 1)
+    assert not limiter.streams and not limiter.replays
+    with limiter.stream("a"), limiter.stream("a"):  # given back, even after a refusal
+        pass
+    # A slot is given back when the block raises.
+    with pytest.raises(RuntimeError), limiter.stream("a"):
+        raise RuntimeError("the client went away")
+    assert not limiter.streams
+
+
+def test_zero_turns_a_limit_off() -> None:
+    limiter = TenantLimiter(GatewayLimits(streams_per_tenant=0, replays_per_tenant=0,
+                                          posts_per_s=0, active_runs_per_tenant=0))
+    with limiter.stream("a"), limiter.stream("a"), limiter.replay("a"), limiter.replay("a"):
+        for _ in range(1000):
+            limiter.post("a")
+        limiter.admit_run("a", 10_000)
+
+
+def test_posts_take_tokens_from_a_bucket_that_refills_at_the_rate() -> None:
+    clock = Clock()
+    limiter = TenantLimiter(GatewayLimits(posts_per_s=2.0, post_burst=3), clock)
+    for _ in range(3):
+        limiter.post("a")
+    with pytest.raises(Problem) as refused:
+        limiter.post("a")
+    _refused(refused, "too-many-posts", 1)
+    limiter.post("b")  # another tenant's bucket is full
+    clock.now += 0.5  # one token back
+    limiter.post("a")
+    with pytest.raises(Problem):
+        limiter.post("a")
+    clock.now += 100  # refills up to the burst, no more
+    for _ in range(3):
+        limiter.post("a")
+    with pytest.raises(Problem):
+        limiter.post("a")
+    slow = TenantLimiter(GatewayLimits(posts_per_s=0.1, post_burst=1), clock)
+    slow.post("a")
+    with pytest.raises(Problem) as refused:
+        slow.post("a")
+    _refused(refused, "too-many-posts", 10)  # when a whole token is back
+
+
+def test_active_runs_beyond_the_cap_are_refused() -> None:
+    limiter = TenantLimiter(GatewayLimits(active_runs_per_tenant=2))
+    limiter.admit_run("a", 0)
+    limiter.admit_run("a", 1)
+    with pytest.raises(Problem) as refused:
+        limiter.admit_run("a", 2)
+    _refused(refused, "too-many-active-runs", 5)
+
+
+def test_limits_come_from_the_environment() -> None:
+    limits = Settings.from_env({
+        "THREADLINE_TENANT_MAX_STREAMS": "3", "THREADLINE_TENANT_MAX_REPLAYS": "2",
+        "THREADLINE_TENANT_POSTS_PER_S": "0.5", "THREADLINE_TENANT_POST_BURST": "4",
+        "THREADLINE_TENANT_MAX_ACTIVE_RUNS": "6", "THREADLINE_REPLAY_MAX_RECORDS": "7"}).limits
+    assert (limits.streams_per_tenant, limits.replays_per_tenant, limits.posts_per_s,
+            limits.post_burst, limits.active_runs_per_tenant, limits.replay_max_records) == \
+        (3, 2, 0.5, 4, 6, 7)
+    assert Settings.from_env({}).limits == GatewayLimits()
