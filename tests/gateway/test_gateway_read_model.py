@@ -197,6 +197,8 @@ async def test_a_warm_restart_reads_only_the_records_after_its_checkpoint(
     # A second gateway with the same settings beside a running one gets a store of its own.
     async with _gateway(own_settings) as (_, first), _gateway(own_settings) as (_, second):
         assert first.stats()["store"] == store_path
+        assert first.stats()["read_until_loaded"] == {"t": 0, "m": 0}  # nothing new
+        assert second.stats()["mode"] == "cold"
         assert second.stats()["store"] == store_path + ".1"
 
 
