@@ -10,7 +10,9 @@ decisions consumer and command producer, stream feed) and stops them after, and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -25,9 +27,9 @@ from gateway.kafka import Offsets
 from gateway.keys import BUS, FEED, LIMITER, OFFSETS, OPTIONS, READ_MODEL, SETTINGS, Options
 from gateway.limits import TenantLimiter, post_rate_middleware
 from gateway.openapi import openapi
-from gateway.problems import problem_middleware
+from gateway.problems import Handler, Problem, problem_middleware
 from gateway.read_model import ReadModel
-from gateway.ready import READY, Readiness, public_readyz, readyz
+from gateway.ready import READY, Readiness, readyz
 from streams.config import Settings
 from streams.domain import Event, ThreadDeleted
 from streams.kafka_security import aiokafka_config
@@ -57,7 +59,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     max_body = max_body_bytes(settings.policy.max_input_chars)
     limiter = TenantLimiter(settings.limits)
     app = web.Application(client_max_size=max_body, middlewares=[
-        problem_middleware, public_readyz(auth_middleware(settings.api_keys)),
+        problem_middleware, starting_middleware, auth_middleware(settings.api_keys),
         post_rate_middleware(limiter)])
     app[LIMITER] = limiter
     options = options or Options()
@@ -82,6 +84,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
                            timeout_s=options.ready_timeout_s, cache_s=options.ready_cache_s)
     app.cleanup_ctx.append(_kafka)
     app.on_shutdown.append(_close_streams)
+    app.router.add_get("/livez", livez)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)
@@ -101,19 +104,53 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
 async def _kafka(app: web.Application) -> AsyncIterator[None]:
     await asyncio.to_thread(ensure_topics, app[SETTINGS])
     started: list[Offsets | ReadModel | CommandBus | StreamFeed] = []
+    feed_start: asyncio.Task[None] | None = None
     try:
-        # In this order: the feed's start reads the loaded read model.
-        for client in (app[OFFSETS], app[READ_MODEL], app[BUS], app[FEED]):
+        for client in (app[OFFSETS], app[READ_MODEL], app[BUS]):
             await client.start()
             started.append(client)
+        # The feed's start waits for the read model to load, which grows with the data
+        # on a cold start: serve meanwhile (/livez alive, /v1 503 until the feed runs).
+        feed_start = asyncio.create_task(_start_feed(app, started), name="feed start")
         yield
     finally:
+        if feed_start is not None and not feed_start.done():
+            feed_start.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await feed_start
         await app[HEALTH].close()
-        for client in reversed(started):
+        for running in reversed(started):
             try:
-                await client.stop()
+                await running.stop()
             except Exception:
-                log.exception("stopping %s", type(client).__name__)
+                log.exception("stopping %s", type(running).__name__)
+
+
+async def _start_feed(app: web.Application,
+                      started: list[Offsets | ReadModel | CommandBus | StreamFeed]) -> None:
+    try:
+        await app[FEED].start()
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # crash-only: a gateway that cannot follow the stream must restart
+        log.critical("the stream feed did not start; exiting", exc_info=True)
+        logging.shutdown()
+        os._exit(70)
+    started.append(app[FEED])
+
+
+@web.middleware
+async def starting_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """`/v1` answers 503 (with Retry-After) while the read model is still loading."""
+    if request.path.startswith("/v1/") and not request.app[FEED].started:
+        raise Problem(503, "starting", "the gateway is loading its read model; retry shortly",
+                      headers={"Retry-After": "2"})
+    return await handler(request)
+
+
+async def livez(request: web.Request) -> web.Response:
+    """GET /livez: the process serves (for a liveness probe: never fails on Kafka)."""
+    return web.json_response({"status": "alive", "loaded": request.app[FEED].started})
 
 
 async def _close_streams(app: web.Application) -> None:

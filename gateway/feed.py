@@ -203,6 +203,11 @@ class StreamFeed:
                  {tp.partition: o for tp, o in ends.items()})
         self._task = asyncio.create_task(run_forever("stream feed", self._step))
 
+    @property
+    def started(self) -> bool:
+        """Whether the feed follows the stream: streams can be served."""
+        return self._task is not None
+
     async def stop(self) -> None:
         self.close_all("shutdown")
         await stop_task(self._task)

@@ -112,7 +112,8 @@ async def healthz(request: web.Request) -> web.Response:
     groups = [f"{prefix}processor", f"{prefix}worker"]
     report = await app[HEALTH].probe(groups, app[OPTIONS].health_timeout_s)
     missing = [g for g in groups if report["groups"].get(g, {}).get("members", 0) < 1]
-    healthy = report["broker"]["ok"] and not missing and app[READ_MODEL].loaded
+    healthy = report["broker"]["ok"] and not missing and app[READ_MODEL].loaded and \
+        app[FEED].started
     report.update(status="ok" if healthy else "unavailable",
                   read_model={k: v for k, v in app[READ_MODEL].stats().items() if k != "store"},
                   feed=app[FEED].stats())

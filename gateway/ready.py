@@ -25,17 +25,17 @@ import time
 from typing import Any
 
 from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
 from aiokafka import TopicPartition
 
 from gateway.decisions import CommandBus
 from gateway.health import HealthProbe
 from gateway.kafka import partition_for
+from gateway.keys import FEED
 from gateway.read_model import ReadModel
 from streams.config import Settings
 from streams.domain import CheckDeadlines
 
-__all__ = ["READY", "Readiness", "probe_thread_id", "public_readyz", "readyz"]
+__all__ = ["READY", "Readiness", "probe_thread_id", "readyz"]
 
 log = logging.getLogger("threadline.gateway")
 
@@ -129,18 +129,6 @@ READY = web.AppKey("ready", Readiness)
 
 async def readyz(request: web.Request) -> web.Response:
     ready, report = await request.app[READY].check()
+    ready = ready and request.app[FEED].started  # /v1 answers 503 until the feed runs
     report["status"] = "ready" if ready else "unavailable"
     return web.json_response(report, status=200 if ready else 503)
-
-
-def public_readyz(auth: Middleware) -> Middleware:
-    """`auth` for every path but /readyz, which load balancers call without a key
-    (like /healthz; `gateway.auth.PUBLIC_PATHS` is another helper's to change)."""
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path == "/readyz":
-            return await handler(request)
-        return await auth(request, handler)
-
-    return middleware

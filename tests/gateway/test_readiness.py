@@ -4,6 +4,7 @@ decided at once (not `pending`)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -107,3 +108,42 @@ async def test_readyz_is_503_until_the_processor_restored_then_the_first_post_is
     finally:
         await server.close()
         processor.stop()
+
+
+async def test_a_cold_gateway_serves_livez_at_once_and_v1_once_its_read_model_loaded(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A cold start reads every thread and message first: meanwhile the process is
+    alive to a liveness probe, and /v1 says 503 with Retry-After, never a wrong 404."""
+    from streams.broker import free_port
+
+    env = {**gateway_env(kafka_bootstrap, tmp_path), "THREADLINE_HTTP_PORT": str(free_port())}
+    settings = Settings.from_env(env)
+    ensure_topics(settings)
+    _existing_data(settings)
+    base = f"http://127.0.0.1:{settings.http_port}"
+    gateway = RoleProcess("gateway", env, tmp_path / "gateway.log").start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            seen: list[tuple[int, int, str | None]] = []  # livez, /v1 status, Retry-After
+            while not seen or seen[-1][1] != 200:
+                assert gateway.alive(), gateway.tail()
+                try:
+                    async with session.get(base + "/livez") as live:
+                        live_status = live.status
+                    async with session.get(base + "/v1/threads?limit=1",
+                                           headers=AUTH_A) as response:
+                        body = await response.json(content_type=None)
+                        seen.append((live_status, response.status,
+                                     response.headers.get("Retry-After")))
+                        assert response.status in (200, 503), body
+                except aiohttp.ClientConnectionError:
+                    await asyncio.sleep(0.02)  # not listening yet
+            assert all(live == 200 for live, _, _ in seen)
+            loading = [s for s in seen if s[1] == 503]
+            assert loading, f"the load ended before the first answer: {seen[:3]}"
+            assert all(retry == "2" for _, _, retry in loading)
+            assert body["threads"], body  # the existing threads, once loaded
+            print(f"\ncold gateway: {len(loading)} answers of 503 while loading "
+                  f"{THREADS} threads and {THREADS} messages, then 200")
+    finally:
+        gateway.stop()
