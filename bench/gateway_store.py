@@ -10,7 +10,8 @@ the restore time and records read it reports, the time from spawn to the first
 answer, and VmRSS from /proc. Then it stops the gateway, writes 100 more states and
 messages, and starts it again on the same data folder and port: a warm restart.
 No processor or worker runs, so /healthz is 503; its read_model figures are what
-is measured. Not part of `make bench` (yet).
+is measured. Not part of `make bench` yet: `run(bootstrap)` returns its figures
+(bench "growth") for `bench/__main__.py`'s BENCHMARKS.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from bench.common import ROOT, bench_env, broker
+from bench.common import ROOT, Figure, bench_env, broker, load_text
 from gateway.kafka import partition_for
 from streams.broker import free_port
 from streams.config import Settings
@@ -124,6 +125,22 @@ def case(bootstrap: str, threads: int, messages: int) -> dict[str, Any]:
                 "warm_rss_mb": warm_rss / 1024, "warm_rocksdb": warm["read_model"]["rocksdb"]}
     finally:
         shutil.rmtree(settings.data_dir, ignore_errors=True)
+
+
+def run(bootstrap: str, sizes: tuple[int, ...] = (1_000, 100_000),
+        messages: int = 2) -> list[Figure]:
+    """The cases as report figures: each size against the smallest."""
+    figures = []
+    for n in sizes:
+        r = case(bootstrap, n, messages)
+        figures.append(Figure(
+            "growth", f"gateway store, {n:,} threads", {
+                "cold restore s": r["cold_restore_s"], "cold RSS MB": r["cold_rss_mb"],
+                "warm restart to HTTP s": r["warm_to_http_s"],
+                "warm restore s": r["warm_restore_s"], "warm RSS MB": r["warm_rss_mb"]},
+            baseline=None if n == sizes[0] else f"gateway store, {sizes[0]:,} threads",
+            load=load_text(), note=f"{n * messages:,} message records"))
+    return figures
 
 
 def main() -> None:

@@ -170,6 +170,8 @@ class ReadModel:
             self._consumer.seek(tp, starts[tp])
             self._checkpointed[tp] = starts[tp]
         self._initial_end = ends
+        if all(starts[tp] >= ends[tp] for tp in tps):  # nothing new since the checkpoints
+            self._mark_loaded()
         behind = sum(max(0, ends[tp] - starts[tp]) for tp in tps)
         log.info("read model %s start from %s: at most %d records to read, %d active runs",
                  self.mode, path, behind, len(self.store.active))
@@ -341,7 +343,7 @@ class ReadModel:
     # --- restore -------------------------------------------------------------------
 
     async def _step(self) -> None:
-        batch = await self._consumer.getmany(timeout_ms=500, max_records=5000)
+        batch = await self._consumer.getmany(timeout_ms=500, max_records=1000)
         # Positions first: no await below suspends (known positions return at once),
         # so nothing reads a position before the rows it covers are committed.
         positions = {tp: await self._consumer.position(tp) for tp in self._checkpointed}
@@ -373,10 +375,14 @@ class ReadModel:
         if not self._loaded.is_set():
             if any(positions[tp] < end for tp, end in self._initial_end.items()):
                 return
-            self.restore_s = time.monotonic() - self._started_at
-            self.read_until_loaded = dict(self.read_records)
-            self._loaded.set()
-            log.info("read model loaded (%s start) in %.2f s: read %d thread states and %d "
-                     "message records; %d active runs", self.mode, self.restore_s,
-                     self.read_records[THREADS], self.read_records[MESSAGES],
-                     len(store.active))
+            self._mark_loaded()
+
+    def _mark_loaded(self) -> None:
+        store = self.store
+        self.restore_s = time.monotonic() - self._started_at
+        self.read_until_loaded = dict(self.read_records)
+        self._loaded.set()
+        log.info("read model loaded (%s start) in %.2f s: read %d thread states and %d "
+                 "message records; %d active runs", self.mode, self.restore_s,
+                 self.read_records[THREADS], self.read_records[MESSAGES],
+                 len(store.active))

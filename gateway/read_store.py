@@ -17,7 +17,8 @@ Rows (keys are bytes; `len2(x)` is x's UTF-8 length as 2 bytes, then x):
     \\x00meta                        JSON: what the store was built from
     \\x01 kind partition(4)          changelog offset to read next (kind t|m)
     T thread_id                      header (updated_at, tenant) + encoded ThreadState
-    S len2(thread_id) seq(8)         encoded MessageRecord (messages topic value)
+    S len2(thread_id) seq(8)         len2(message_id) len2(run_id if user) + the encoded
+                                     MessageRecord (the messages topic's value)
     N len2(thread_id) message_id     seq(8) of that message
     R run_id                         len2(thread_id) + seq(8) of the run's user message
     L len2(tenant) inv(8) thread_id  the tenant's threads, newest updated_at first
@@ -60,7 +61,7 @@ __all__ = ["ActiveRunStart", "MessagePage", "ReadStore", "RunRef", "ThreadPage"]
 
 log = logging.getLogger("threadline.gateway")
 
-FORMAT = 1
+FORMAT = 2
 _META = b"\x00meta"
 _CHECKPOINT = b"\x01"
 _THREAD, _MESSAGE, _BY_ID, _RUN, _LIST, _ACTIVE = b"T", b"S", b"N", b"R", b"L", b"A"
@@ -309,10 +310,10 @@ class ReadStore:
             return
         row = _thread_prefix(_MESSAGE, thread_id) + _SEQ.pack(seq)
         old = self._get(row)
-        if old is not None:
-            self._unindex(thread_id, old)
+        old_header = None if old is None else old[:_header_size(old)]
         if value is None:
             if old is not None:
+                self._unindex(thread_id, old)
                 self._delete(row)
             return
         try:
@@ -320,24 +321,27 @@ class ReadStore:
         except DecodeError as exc:
             log.warning("skipping an undecodable message record: %s", exc)
             return
-        self._put(row, value)
         message = record.message
+        header = _len2(message.message_id) + \
+            _len2(message.run_id if message.role == "user" else "")
+        self._put(row, header + value)
+        # A user message is rewritten when its run ends: same ids, nothing to reindex
+        # (and the old row's ids are in its header, so it is never decoded again).
+        if old_header == header:
+            return
+        if old is not None:
+            self._unindex(thread_id, old)
         self._put(_thread_prefix(_BY_ID, thread_id) + message.message_id.encode(
             "utf-8", "surrogatepass"), _SEQ.pack(seq))
         if message.role == "user" and message.run_id:
             self._put(_RUN + message.run_id.encode("utf-8", "surrogatepass"),
                       _len2(thread_id) + _SEQ.pack(seq))
 
-    def _unindex(self, thread_id: str, stored: bytes) -> None:
-        try:
-            _, record = decode_message(stored)
-        except DecodeError:
-            return
-        message = record.message
-        self._delete(_thread_prefix(_BY_ID, thread_id) + message.message_id.encode(
-            "utf-8", "surrogatepass"))
-        if message.role == "user" and message.run_id:
-            self._delete(_RUN + message.run_id.encode("utf-8", "surrogatepass"))
+    def _unindex(self, thread_id: str, row: bytes) -> None:
+        message_id, run_id = _row_ids(row)
+        self._delete(_thread_prefix(_BY_ID, thread_id) + message_id)
+        if run_id:
+            self._delete(_RUN + run_id)
 
     def _erase_messages(self, thread_id: str) -> None:
         """A deleted thread: every message row and its index entries (the messages
@@ -370,7 +374,7 @@ class ReadStore:
 
     def message(self, thread_id: str, seq: int) -> MessageRecord | None:
         raw = self._db.get(_thread_prefix(_MESSAGE, thread_id) + _SEQ.pack(seq))
-        return None if raw is None else decode_message(raw)[1]
+        return None if raw is None else decode_message(raw[_header_size(raw):])[1]
 
     def message_seq(self, thread_id: str, message_id: str) -> int | None:
         raw = self._db.get(_thread_prefix(_BY_ID, thread_id) +
@@ -413,7 +417,7 @@ class ReadStore:
             more = len(rows) > limit
             rows = rows[:limit]
         self.rows_read += read
-        return MessagePage([decode_message(r)[1] for r in rows], more, read)
+        return MessagePage([decode_message(r[_header_size(r):])[1] for r in rows], more, read)
 
     def threads(self, tenant: str, *, after: tuple[int, str] | None = None,
                 limit: int = 50) -> ThreadPage:
@@ -439,6 +443,19 @@ class ReadStore:
         """RocksDB's memory: memtables and block cache (both capped at open)."""
         memtables: int | None = self._db.property_int_value("rocksdb.cur-size-all-mem-tables")
         return {"memtables_bytes": memtables or 0, "block_cache_bytes": self._cache.get_usage()}
+
+
+def _header_size(row: bytes) -> int:
+    """The length of a message row's header (its ids), before the encoded record."""
+    n = int.from_bytes(row[:2], "big")
+    return 4 + n + int.from_bytes(row[2 + n:4 + n], "big")
+
+
+def _row_ids(row: bytes) -> tuple[bytes, bytes]:
+    """A message row's message id and (user messages) run id, UTF-8."""
+    n = int.from_bytes(row[:2], "big")
+    m = int.from_bytes(row[2 + n:4 + n], "big")
+    return row[2:2 + n], row[4 + n:4 + n + m]
 
 
 def _unpack_header(row: bytes) -> tuple[int, str]:

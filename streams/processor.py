@@ -64,6 +64,7 @@ from streams.history import (
     history_writes,
     message_key,
 )
+from streams.kafka_security import librdkafka_config
 from streams.message_store import MessageStore
 from streams.migration import migrate_partition
 from streams.records import DeadLetter, Dispatch, MessageRecord, RunLifecycle, StreamOutput
@@ -217,7 +218,7 @@ class Processor:
         self.stopping = False
         self.watchdog = _Watchdog()
         self.max_record_bytes = 1_000_000  # until run() reads the topics' limit
-        common = {"bootstrap.servers": settings.bootstrap, "log_level": 3}
+        common = librdkafka_config(settings, log_level=3)
         self.consumer = Consumer({
             **common,
             "group.id": self.group_id,
@@ -340,11 +341,10 @@ class Processor:
                        apply_record: Callable[[PartitionStore, bytes, bytes | None, int], None]) \
             -> PartitionStore:
         store = tables.open(partition)
-        restorer = Consumer({
-            "bootstrap.servers": self.settings.bootstrap, "group.id": f"{self.group_id}-restore",
-            "enable.auto.commit": False, "isolation.level": "read_committed",
-            "enable.partition.eof": True, "log_level": 3,
-        })
+        restorer = Consumer(librdkafka_config(
+            self.settings, **{"group.id": f"{self.group_id}-restore", "enable.auto.commit": False,
+                              "isolation.level": "read_committed", "enable.partition.eof": True,
+                              "log_level": 3}))
         try:
             low, high = restorer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
             start = store.checkpoint

@@ -78,6 +78,26 @@ def test_pages_are_range_scans_that_read_only_their_rows(tmp_path: Path) -> None
     assert store.message_seq("a", "a-m7") == 7 and store.message_seq("a/0", "a-m7") is None
 
 
+def test_a_rewritten_message_keeps_its_indexes_and_another_one_replaces_them(
+        tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    _fill(store, "a", 2)
+    key, _ = _message("a", 0)
+    user = StoredMessage("a-m0", "user", "text 0", "a-run-0", 1_000)
+    meta = new_meta("a", "ten", 0)
+    store.apply_message(key, encode_message(MessageRecord(0, user, RunStatus.FAILED, 2), meta))
+    store.commit({})
+    record = store.message("a", 0)
+    assert record is not None and (record.run_status, record.run_attempts) == \
+        (RunStatus.FAILED, 2)
+    assert store.run("a-run-0") is not None and store.message_seq("a", "a-m0") == 0
+    other = StoredMessage("b-m0", "user", "other", "b-run", 1_000)
+    store.apply_message(key, encode_message(MessageRecord(0, other, RunStatus.DISPATCHED), meta))
+    store.commit({})
+    assert store.run("a-run-0") is None and store.message_seq("a", "a-m0") is None
+    assert store.run("b-run") is not None and store.message_seq("a", "b-m0") == 0
+
+
 def test_threads_list_newest_first_per_tenant_with_a_cursor(tmp_path: Path) -> None:
     store = _store(tmp_path)
     for i in range(5):

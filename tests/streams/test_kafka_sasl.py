@@ -113,6 +113,13 @@ def test_roles_with_credentials_work(sasl_broker: EmbeddedKafka, tmp_path: Path)
         assert worker.alive(), worker.tail()
     finally:
         worker.stop()
+    # librdkafka with transactions: the processor's consumer, producers and restorer.
+    processor = RoleProcess("processor", operator, tmp_path / "processor.log").start()
+    try:
+        wait_for(lambda: "assigned [" in processor.tail(200) or not processor.alive(), timeout=120)
+        assert processor.alive(), processor.tail()
+    finally:
+        processor.stop()
 
 
 # --- the ACLs of docs/security.md, applied verbatim to a broker with an authorizer ---
@@ -222,6 +229,16 @@ def test_the_documented_acls_let_each_role_do_its_work_and_no_more(
         assert worker.alive(), worker.tail()
     finally:
         worker.stop()
+    # And the processor with its own: transactions, its group, restoring both tables.
+    processor_env = {**operator, "THREADLINE_KAFKA_SASL_USERNAME": "processor",
+                     "THREADLINE_KAFKA_SASL_PASSWORD": "processor-secret"}
+    processor = RoleProcess("processor", processor_env, tmp_path / "processor.log").start()
+    try:
+        wait_for(lambda: "assigned [" in processor.tail(200) or not processor.alive(),
+                 timeout=120)
+        assert processor.alive(), processor.tail()
+    finally:
+        processor.stop()
 
 
 async def test_the_gateway_runs_under_its_documented_acls(acl_broker: EmbeddedKafka, tmp_path: Path) -> None:
