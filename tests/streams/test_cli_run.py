@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -17,9 +18,10 @@ from typing import Any
 
 import pytest
 
-from streams.broker import free_port
-from streams.cli import dev_keys_refusal, is_loopback_host
+from streams.broker import EmbeddedKafka, free_port
+from streams.cli import _BrokerChild, dev_keys_refusal, is_loopback_host
 from streams.config import Settings
+from streams.supervisor import Backoff, Supervisor
 from tests.kafka_helpers import wait_for
 
 DEV = {"Authorization": "Bearer dev"}
@@ -149,3 +151,24 @@ def test_run_restarts_a_killed_processor_and_gateway_and_keeps_serving(
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0  # SIGTERM stops it, children included
     assert "threadline: stopped" in log.read_text()
+
+
+@pytest.mark.kafka
+@pytest.mark.chaos
+def test_the_embedded_broker_killed_under_run_is_started_again(tmp_path: Path) -> None:
+    """`threadline run`'s own broker is supervised too: SIGKILL, restart on the same
+    port and data, and it serves again."""
+    broker = EmbeddedKafka(tmp_path / "broker", port=0).start()
+    supervisor = Supervisor([], Backoff(initial_s=0.1), base=_BrokerChild(broker), poll_s=0.05)
+    runner = threading.Thread(target=supervisor.run)
+    runner.start()
+    try:
+        first = wait_for(lambda: broker.process and broker.process.pid)
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: supervisor.restarts == 1, timeout=60)
+        assert broker.process is not None and broker.process.pid != first
+        broker.wait_ready(120)
+    finally:
+        supervisor.stop()
+        runner.join()
+    assert broker.process is None  # stopped with the supervisor

@@ -13,7 +13,9 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
+from aiohttp.test_utils import TestServer
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import (  # type: ignore[attr-defined]  # exported, not in its __all__
     AclBinding,
@@ -24,6 +26,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # exported, n
     ResourceType,
 )
 
+from gateway.app import create_app
 from streams.broker import EmbeddedKafka
 from streams.config import Settings
 from streams.kafka_security import aiokafka_config, librdkafka_config
@@ -236,3 +239,29 @@ def test_the_documented_acls_let_each_role_do_its_work_and_no_more(
         assert processor.alive(), processor.tail()
     finally:
         processor.stop()
+
+
+async def test_the_gateway_runs_under_its_documented_acls(acl_broker: EmbeddedKafka, tmp_path: Path) -> None:
+    """The gateway in-process with its own principal: it starts (topic check, read
+    model, feed, command bus), its health probe describes the broker and the groups,
+    and a post is written to commands (no processor here: it stays pending)."""
+    operator = _env(acl_broker, tmp_path, "operator", "operator-secret")
+    ensure_topics(Settings.from_env(operator))
+    _apply_docs_acls(acl_broker, operator["THREADLINE_TOPIC_PREFIX"])
+    settings = Settings.from_env({**operator, "THREADLINE_KAFKA_SASL_USERNAME": "gateway",
+                                  "THREADLINE_KAFKA_SASL_PASSWORD": "gateway-secret",
+                                  "THREADLINE_API_KEYS": "k=t", "THREADLINE_DECISION_TIMEOUT_S": "1"})
+    server = TestServer(create_app(settings), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(server.make_url("/healthz")) as response:
+                report = await response.json()
+            assert report["broker"]["ok"], report
+            assert all("error" not in g for g in report["groups"].values()), report
+            async with session.post(server.make_url("/v1/threads"), json={"title": "acl"},
+                                    headers={"Authorization": "Bearer k"}) as response:
+                body = await response.json()
+            assert response.status == 202 and body["status"] == "pending", body
+    finally:
+        await server.close()
