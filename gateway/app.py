@@ -112,6 +112,8 @@ async def _kafka(app: web.Application) -> AsyncIterator[None]:
         # The feed's start waits for the read model to load, which grows with the data
         # on a cold start: serve meanwhile (/livez alive, /v1 503 until the feed runs).
         feed_start = asyncio.create_task(_start_feed(app, started), name="feed start")
+        if not app[OPTIONS].serve_while_loading:
+            await feed_start
         yield
     finally:
         if feed_start is not None and not feed_start.done():
@@ -130,9 +132,10 @@ async def _start_feed(app: web.Application,
                       started: list[Offsets | ReadModel | CommandBus | StreamFeed]) -> None:
     try:
         await app[FEED].start()
-    except asyncio.CancelledError:
-        raise
-    except Exception:  # crash-only: a gateway that cannot follow the stream must restart
+    except Exception:
+        if not app[OPTIONS].serve_while_loading:
+            raise  # the app's start fails, as any other client's would
+        # Crash-only: a gateway serving without a feed must restart, not limp on.
         log.critical("the stream feed did not start; exiting", exc_info=True)
         logging.shutdown()
         os._exit(70)
@@ -168,7 +171,8 @@ def run_gateway(settings: Settings) -> int:
     logging.getLogger("aiohttp.access").setLevel(logging.INFO)
     if not settings.api_keys:
         log.warning("THREADLINE_API_KEYS is empty: every /v1 request will get 401")
-    web.run_app(create_app(settings), host=host, port=port, print=announce,
+    app = create_app(settings, Options(serve_while_loading=True))
+    web.run_app(app, host=host, port=port, print=announce,
                 access_log_class=RedactingAccessLogger, shutdown_timeout=10,
                 handler_cancellation=True)  # a gone SSE client ends its handler at once
     return 0

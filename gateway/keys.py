@@ -30,6 +30,9 @@ class Options:
     ready_timeout_s: float = 2.0  # how long one /readyz waits for the processor
     ready_cache_s: float = 5.0  # a /readyz success is reused this long
     store_name: str | None = None  # the read store's folder; default <host>-<port>
+    # Accept connections before the read model has loaded (/v1 answers 503 meanwhile),
+    # as `run_gateway` does; off, the app starts serving only once loaded.
+    serve_while_loading: bool = False
 
 
 SETTINGS = web.AppKey("settings", Settings)

@@ -64,6 +64,7 @@ from gateway.read_store import (
 )
 from streams.config import Settings
 from streams.domain import RunStatus, ThreadState
+from streams.kafka_security import librdkafka_config
 from streams.records import MessageRecord
 
 __all__ = ["ActiveRunStart", "ReadModel", "RunView", "store_folder"]
@@ -211,7 +212,7 @@ class ReadModel:
     def _delete_retention_ms(self) -> int:
         """How long the topics keep tombstones: a store older than that missed some."""
         try:
-            admin = AdminClient({"bootstrap.servers": self.settings.bootstrap, "log_level": 0})
+            admin = AdminClient(librdkafka_config(self.settings, log_level=0))
             resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in self._topics]
             found = []
             for future in admin.describe_configs(resources, request_timeout=10).values():
