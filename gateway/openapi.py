@@ -116,7 +116,10 @@ SPEC: dict[str, Any] = {
     },
     "security": [{"bearer": []}],
     "paths": {
-        "/healthz": {"get": {"security": [], "summary": "Liveness: the broker answers, the "
+        "/livez": {"get": {"security": [], "summary": "Liveness: the process serves (even "
+                                                      "while its read model loads)",
+                           "responses": {"200": {"description": "alive"}}}},
+        "/healthz": {"get": {"security": [], "summary": "Health detail: the broker answers, the "
                                                         "processor and worker groups have "
                                                         "members, the read model is loaded",
                              "responses": {"200": {"description": "healthy"},
