@@ -33,7 +33,8 @@ PRESETS = {
 
 HEADER = ("| seed | threads | messages | accepted | 409s | answered | lost | duplicated | gaps "
           "| stuck | kills p/w/g/b | self-exits | watched runs (unwatched) | reconnects "
-          "| streams cut short | max recovery s p/w/g/b | longest run s | wall s |")
+          "| streams cut short | aborted records | aimed kills | guarantee "
+          "| max recovery s p/w/g/b | longest run s | wall s |")
 
 
 def table_row(outcome: Outcome) -> str:
@@ -45,7 +46,8 @@ def table_row(outcome: Outcome) -> str:
     return (f"| {outcome.config.seed} | {r.threads} | {r.messages} | {r.accepted} | "
             f"{r.conflicts} | {r.answered} | {r.lost} | {r.duplicated} | {r.gaps} | {r.stuck} | "
             f"{kills} | {exits} | {r.watched_runs} ({r.unwatched}) | {outcome.reconnects} | "
-            f"{r.cut_short} | {recovery} | "
+            f"{r.cut_short} | {r.aborted} | {outcome.aimed} | "
+            f"{outcome.config.processing_guarantee} | {recovery} | "
             f"{outcome.max_run_s:.1f} | {outcome.wall_s:.0f} |")
 
 
@@ -58,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, help="seconds of posting (kills inside)")
     parser.add_argument("--folder", type=Path, default=Path("var/chaos"))
     parser.add_argument("--keep", action="store_true", help="keep logs and data on success")
+    parser.add_argument("--processing-guarantee", choices=("exactly_once", "at_least_once"),
+                        default="exactly_once",
+                        help="the processors' mode; at_least_once is the negative control, "
+                             "whose run the topic audit must fail")
+    parser.add_argument("--no-aim", dest="aim", action="store_false",
+                        help="kill processors at random moments, not inside a burst's batches")
     args = parser.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so the stack is stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -68,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed, threads=args.threads or preset.threads,
         duration_s=args.duration or preset.duration_s, kills=dict(preset.kills),
         brokers=preset.brokers, bootstrap=os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None,
-        folder=args.folder, keep=args.keep)
+        folder=args.folder, keep=args.keep, processing_guarantee=args.processing_guarantee,
+        aim=args.aim)
     outcome = run(config)
     print(HEADER)
     print("|" + "---|" * (HEADER.count("|") - 1))

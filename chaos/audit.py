@@ -18,6 +18,9 @@ The checks, for every message a client saw accepted (202, `pending` too):
   or not in the reference a duplicate, and it saw exactly one terminal event. A
   watcher told `message_not_streaming` that then read the answer over REST is
   complete;
+* what only exactly-once promises, on the topics (`chaos.topic_audit`): every
+  record of `events`, `dispatch`, `messages` and `dead-letter` once, no aborted
+  record visible, and each answered message's history whole and in order;
 * and overall: no two equal decisions in the events topic (decisions are pure
   functions of their commands, so any duplicate shows as an equal pair), nothing
   dead-lettered, no 500 answered, nothing waiting past its deadline.
@@ -30,6 +33,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from chaos.topic_audit import TopicReads, audit_topics
 from streams.domain import (
     Event,
     MessageAccepted,
@@ -100,6 +104,7 @@ class Observations:
     dead_letters: int = 0
     server_errors: list[str] = field(default_factory=list)  # 500s answered
     stuck: list[str] = field(default_factory=list)  # waits that passed their deadline
+    topics: TopicReads | None = None  # the transactional topics; None: not audited
 
 
 @dataclass(slots=True)
@@ -116,6 +121,7 @@ class Report:
     watched_runs: int = 0
     unwatched: int = 0  # runs a thread watcher could not follow (not a violation)
     cut_short: int = 0  # runs whose last streamed execution lost the race to report
+    aborted: int = 0  # records of aborted transactions (hidden from read_committed readers)
     violations: list[str] = field(default_factory=list)
 
     @property
@@ -144,6 +150,11 @@ def audit(obs: Observations) -> Report:
         _audit_reference(obs.references.get(post.run_id), post, answers.get(post.run_id), report)
     for log in obs.watchers:
         _audit_watcher(log, obs, accepted, answers, report)
+    if obs.topics is not None:
+        findings = audit_topics(obs.topics, list(accepted.values()))
+        report.aborted = findings.aborted
+        for counter, text in findings.violations:
+            report._fail(counter, text)
     if obs.dead_letters:
         report._fail(None, f"{obs.dead_letters} records dead-lettered during the run")
     for error in obs.server_errors:

@@ -10,6 +10,20 @@ gateway answers /healthz 200; the processor or worker group is stable with two
 members, neither of them the dead one; a restarted broker is ready and every
 gateway healthy), or until every run that was in flight at the kill has ended,
 whichever is later.
+
+**Aimed processor kills.** What exactly-once adds over at-least-once shows only
+when a processor dies *inside* a batch: after some of the batch's records reached
+the broker and before its input offsets are committed (at least once: the batch is
+replayed and its records written twice; exactly once: the transaction is aborted
+and a `read_committed` reader never sees the first copy). An idle processor spends
+a few milliseconds per batch there, so a kill at a random moment of the chaos load
+almost never lands in that window (the answers are right either way: the replayed
+commands mostly decide nothing new on the advanced state). With `aim`, a processor
+kill first sends a burst of posts to threads that do not exist (each decides one
+`RunRejected` and no state), from another producer as any client could, and fires
+the moment the first of their decisions is visible on the events topic
+(`read_uncommitted`, so before its transaction commits): the processors are then
+in the middle of batches of that burst.
 """
 
 from __future__ import annotations
@@ -23,15 +37,21 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import aiohttp
+from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from chaos.stack import Proc, Stack
 from streams.config import Settings
+from streams.domain import PostUserMessage
 from streams.processor import instance_id_for
+from streams.serialization import encode_command, new_meta
 
 __all__ = ["Chaos", "Kill", "plan"]
 
 log = logging.getLogger("chaos")
+
+AIM_BURST = 3000  # posts; at 500 commands a batch, several batches of work
+AIM_TIMEOUT_S = 20.0  # no decision of the burst seen by then: kill anyway
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +82,9 @@ def plan(rng: random.Random, counts: dict[str, int], start_s: float, end_s: floa
 class Chaos:
     stack: Stack
     rng: random.Random
+    aim: bool = False  # processor kills land inside a batch (see the module docstring)
     records: list[KillRecord] = field(default_factory=list)
+    aimed: int = 0  # processor kills fired on a decision of their burst
     self_exits: Counter[str] = field(default_factory=Counter)
     groups: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)  # role -> state, members
     _down: set[str] = field(default_factory=set)  # killed on purpose, restart pending
@@ -79,6 +101,10 @@ class Chaos:
                 continue
             proc = self.stack.procs(kill.kind)[kill.index]
             dead = self._member_of(proc)
+            if self.aim and kill.kind == "processor":
+                if await asyncio.to_thread(self._burst, len(self.records)):
+                    self.aimed += 1
+                record.at = time.monotonic()
             self._down.add(proc.name)
             proc.kill9()
             log.info("killed %s (kill %d of the run)", proc.name, len(self.records))
@@ -127,6 +153,40 @@ class Chaos:
                         self.groups[role] = found
                 polled = time.monotonic()
             await asyncio.sleep(0.2)
+
+    def _burst(self, number: int) -> bool:
+        """Post AIM_BURST messages to threads that do not exist and return when the
+        first decision about them is on the events topic (True), or after
+        AIM_TIMEOUT_S (False)."""
+        settings = self.stack.settings
+        prefix = f"aim-{number}-{self.rng.randrange(1 << 30)}-"
+        watcher = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": prefix,
+                            "isolation.level": "read_uncommitted", "enable.auto.commit": False,
+                            "fetch.wait.max.ms": 5, "log_level": 0})
+        producer = Producer({"bootstrap.servers": settings.bootstrap, "log_level": 0,
+                             "partitioner": "murmur2_random", "enable.idempotence": True,
+                             "linger.ms": 5})
+        try:
+            watcher.assign([TopicPartition(settings.topics.events, p, OFFSET_END)
+                            for p in range(settings.partitions)])
+            watcher.consume(1, timeout=1.0)  # the assignment takes effect at the end
+            now = int(time.time() * 1000)
+            for i in range(AIM_BURST):
+                thread_id = f"{prefix}{i % 48}"
+                command = PostUserMessage(thread_id, "chaos", f"{prefix}m{i}", "aim", None, now + i)
+                producer.produce(settings.topics.commands,
+                                 encode_command(command, new_meta(thread_id, "chaos", now + i)),
+                                 thread_id.encode())
+            producer.flush(30)
+            deadline = time.monotonic() + AIM_TIMEOUT_S
+            while time.monotonic() < deadline:
+                for msg in watcher.consume(100, timeout=0.05):
+                    if msg.error() is None and (msg.key() or b"").startswith(prefix.encode()):
+                        return True
+            log.warning("aim: no decision of the burst seen in %.0f s", AIM_TIMEOUT_S)
+            return False
+        finally:
+            watcher.close()
 
     # --- is it back? -----------------------------------------------------------------
 

@@ -17,16 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from chaos.audit import Observations, Report, Seen, audit
 from chaos.kills import Chaos, Kill, KillRecord, plan
 from chaos.load import Load, LoadConfig
+from chaos.read import topic_reads
 from chaos.sse import AUTH, Api, GaveUp, iter_sse
 from chaos.stack import Stack
-from streams.config import Settings
-from streams.domain import Event
-from streams.serialization import DecodeError, decode_event
 
 __all__ = ["Config", "Outcome", "run"]
 
@@ -47,6 +44,10 @@ class Config:
     folder: Path = Path("var/chaos")
     keep: bool = False
     drain_s: float = 180.0
+    # The processors' THREADLINE_PROCESSING_GUARANTEE; at_least_once is the negative
+    # control: the topic audit must then find duplicates.
+    processing_guarantee: str = "exactly_once"
+    aim: bool = True  # processor kills land inside a batch (see chaos.kills.Chaos.aim)
 
 
 @dataclass
@@ -58,46 +59,11 @@ class Outcome:
     self_exits: dict[str, int] = field(default_factory=dict)
     reconnects: int = 0
     cuts: int = 0
+    aimed: int = 0  # processor kills that fired inside a burst's batches
     max_run_s: float = 0.0
     wall_s: float = 0.0
     folder: Path | None = None
 
-
-
-def _read_topic(settings: Settings, topic: str, timeout: float = 60.0) -> list[bytes]:
-    """Every committed value of `topic`, partition by partition, to its end now."""
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"audit-{uuid.uuid4()}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "log_level": 0})
-    values: list[bytes] = []
-    try:
-        partitions = range(settings.partitions)
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        open_partitions = set(partitions)
-        deadline = time.monotonic() + timeout
-        while open_partitions and time.monotonic() < deadline:
-            for msg in consumer.consume(500, timeout=0.5):
-                error = msg.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        open_partitions.discard(msg.partition() or 0)
-                    continue
-                values.append(msg.value() or b"")
-        if open_partitions:
-            raise RuntimeError(f"{topic}: partitions {sorted(open_partitions)} not read to the end")
-        return values
-    finally:
-        consumer.close()
-
-
-def _events(settings: Settings) -> list[Event]:
-    events = []
-    for value in _read_topic(settings, settings.topics.events):
-        try:
-            events.append(decode_event(value)[1])
-        except DecodeError:
-            continue
-    return events
 
 
 async def _reference(session: aiohttp.ClientSession, bases: list[str], run_id: str) -> list[Seen]:
@@ -121,9 +87,7 @@ async def _reference(session: aiohttp.ClientSession, bases: list[str], run_id: s
 
 
 async def _collect(stack: Stack, load: Load) -> Observations:
-    settings = stack.settings
-    events = await asyncio.to_thread(_events, settings)
-    dead = await asyncio.to_thread(_read_topic, settings, settings.topics.dead_letter)
+    reads = await asyncio.to_thread(topic_reads, stack.settings)
     stored: dict[str, list[dict[str, Any]]] = {}
     references: dict[str, list[Seen]] = {}
     async with aiohttp.ClientSession() as session:
@@ -145,9 +109,11 @@ async def _collect(stack: Stack, load: Load) -> Observations:
         # An open run has no whole replay; its post is stuck already.
         await asyncio.gather(*(fetch(p.run_id) for p in load.posts
                                if p.accepted and p.ended_at is not None))
-    return Observations(posts=load.posts, events=events, stored=stored, references=references,
-                        watchers=load.watchers, dead_letters=len(dead),
-                        server_errors=load.server_errors + api.server_errors, stuck=load.stuck)
+    dead = sum(r.topic == "dead-letter" for r in reads.committed)
+    return Observations(posts=load.posts, events=[e for _, e in reads.events], stored=stored,
+                        references=references, watchers=load.watchers, dead_letters=dead,
+                        server_errors=load.server_errors + api.server_errors, stuck=load.stuck,
+                        topics=reads)
 
 
 def _dump(path: Path, obs: Observations) -> None:
@@ -206,7 +172,7 @@ async def _monitor(load: Load, stack: Stack, until: asyncio.Event) -> None:
 async def _chaos(config: Config, stack: Stack) -> Outcome:
     rng = random.Random(config.seed)
     load = Load(LoadConfig(threads=config.threads, seed=config.seed), stack.bases)
-    chaos = Chaos(stack, random.Random(config.seed + 1))
+    chaos = Chaos(stack, random.Random(config.seed + 1), aim=config.aim)
     counts = {k: n for k, n in config.kills.items() if n}
     if stack.owns_broker is False:
         counts.pop("broker", None)
@@ -233,6 +199,7 @@ async def _chaos(config: Config, stack: Stack) -> Outcome:
                       self_exits=dict(chaos.self_exits))
     outcome.reconnects = sum(max(0, w.connects - 1) for w in load.watchers)
     outcome.cuts = sum(w.cuts for w in load.watchers)
+    outcome.aimed = chaos.aimed
     outcome.max_run_s = max([(p.ended_at or drained_at) - (p.accepted_at or drained_at)
                              for p in load.posts if p.accepted] or [0.0])
     return outcome
@@ -248,7 +215,8 @@ def _count(items: Any) -> dict[str, int]:
 def run(config: Config) -> Outcome:
     folder = config.folder / f"seed{config.seed}-{uuid.uuid4().hex[:6]}"
     folder.mkdir(parents=True, exist_ok=True)
-    stack = Stack(folder.resolve(), brokers=config.brokers, bootstrap=config.bootstrap)
+    stack = Stack(folder.resolve(), brokers=config.brokers, bootstrap=config.bootstrap,
+                  processing_guarantee=config.processing_guarantee)
     started = time.monotonic()
     try:
         stack.start()

@@ -110,6 +110,7 @@ class Stack:
     broker: EmbeddedKafka | None = None
     cluster: EmbeddedCluster | None = None
     env: dict[str, str] = field(default_factory=dict)
+    processing_guarantee: str = "exactly_once"  # of the processors
 
     @property
     def owns_broker(self) -> bool:
@@ -149,7 +150,8 @@ class Stack:
                 time.sleep(3)
         logs = self.folder / "logs"
         for i in range(2):
-            env = {**self.env, "THREADLINE_DATA_DIR": str(self.folder / f"processor-{i}")}
+            env = {**self.env, "THREADLINE_DATA_DIR": str(self.folder / f"processor-{i}"),
+                   "THREADLINE_PROCESSING_GUARANTEE": self.processing_guarantee}
             self.processors.append(Proc("processor", f"processor-{i}", env, logs / f"processor-{i}.log"))
             env = {**self.env, "THREADLINE_INSTANCE_ID": f"worker-{i}"}
             self.workers.append(Proc("worker", f"worker-{i}", env, logs / f"worker-{i}.log"))

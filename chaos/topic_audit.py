@@ -1,0 +1,312 @@
+"""What exactly-once adds, audited on the topics: every record once, none aborted.
+
+The answers audit (`chaos.audit`) passes with the processor in `at_least_once`
+mode too: the idempotent core decides nothing new for most replayed commands, so
+answers, runs and watchers look right either way. What only the transaction
+promises is on the topics: a batch that was cut off and run again shows *twice*
+there, once for the cut-off copy and once for the retry, unless the cut-off copy
+was aborted and a `read_committed` reader skips it.
+
+Pure, like `chaos.audit`: `audit_topics` reads plain data (`TopicReads`, built by
+`chaos.run` from a `read_committed` and a `read_uncommitted` read of each topic)
+and adds to a `Report`.
+
+**Identities.** A replayed batch repeats what the processor derives from its
+input, so that is what each record is identified by:
+
+* `events`: the envelope id, which the processor derives from the command's
+  envelope id and the event's index in the decision (`_derived_id` in
+  `streams/processor.py`), so the same command decided twice repeats it even when
+  the second decision differs (a post replayed after its state advanced is a
+  `RunRejected` under the `MessageAccepted`'s id); and a derived identity for the
+  decisions that may happen once per run or attempt: (thread, event type,
+  message or run id, attempt). `RunRejected` has no derived identity: every
+  resend of a post is rightly rejected again, under its own command's envelope id.
+* `dispatch`: the envelope id (that of its `AttemptDispatched`) and (thread, run,
+  attempt).
+* `messages`: (envelope id, key) (one decision writes the answer and rewrites the
+  user message under one envelope id) and (thread, seq, run status): a user
+  message is written `dispatched` when accepted and once more when its run ends,
+  an answer once.
+* `dead-letter`: (source topic, partition, offset, error type) of the dead record.
+* `threads` is **not** checked for once: a state has no id, and a batch in
+  which a thread only had a post rejected (a 409, a resent post) rightly writes
+  the unchanged state again, so a replayed batch's identical rewrite cannot be
+  told from it. The newest state of each thread is checked against the history
+  and the events instead (written in the same transactions, they must agree),
+  and its counters never go back.
+
+**Aborted records.** The `read_uncommitted` read shows what the `read_committed`
+one hides (records of aborted transactions): counted (`aborted`), and each of
+them must be a copy of a record that the committed read has (an aborted batch is
+decided again), or the write of a command nothing committed decided.
+
+**The history.** For every answered message the `messages` topic (committed)
+holds the user message and the answer, each under one key, at consecutive seqs in
+the order the client posted, and the user record's newest version has run status
+`completed`; a thread's seqs have no gap.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from streams.domain import (
+    AttemptDispatched,
+    AttemptStarted,
+    Event,
+    HeartbeatRecorded,
+    MessageAccepted,
+    RetryScheduled,
+    RunAccepted,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    ThreadCreated,
+    ThreadDeleted,
+    ThreadState,
+)
+from streams.records import DeadLetter, Dispatch, MessageRecord
+from streams.thread import answer_message_id_for
+
+__all__ = [
+    "Findings",
+    "HistoryRecord",
+    "StateRecord",
+    "TopicReads",
+    "TopicRecord",
+    "audit_topics",
+    "dead_letter_identities",
+    "dispatch_identities",
+    "event_identities",
+    "message_identities",
+]
+
+ONCE_TOPICS = ("events", "dispatch", "messages", "dead-letter")
+
+Identity = tuple[object, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRecord:
+    """One record of a transactional topic as a reader saw it."""
+
+    topic: str  # events | dispatch | threads | messages | dead-letter
+    partition: int
+    offset: int
+    identities: tuple[Identity, ...]  # each must be once on its topic
+    what: str = ""  # for a violation's text
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRecord:
+    """One committed record of the messages topic (a tombstone has no message)."""
+
+    thread_id: str
+    seq: int
+    partition: int
+    offset: int
+    record: MessageRecord | None
+
+
+@dataclass(frozen=True, slots=True)
+class StateRecord:
+    """One committed record of the threads topic."""
+
+    thread_id: str
+    partition: int
+    offset: int
+    state: ThreadState | None
+
+
+@dataclass(slots=True)
+class TopicReads:
+    committed: list[TopicRecord] = field(default_factory=list)
+    uncommitted: list[TopicRecord] = field(default_factory=list)  # empty: not read
+    history: list[HistoryRecord] = field(default_factory=list)
+    states: list[StateRecord] = field(default_factory=list)
+    events: list[tuple[str, Event]] = field(default_factory=list)  # (thread, event), committed
+
+
+class _Post(Protocol):
+    @property
+    def thread_id(self) -> str: ...
+    @property
+    def message_id(self) -> str: ...
+    @property
+    def run_id(self) -> str: ...
+
+
+@dataclass(slots=True)
+class Findings:
+    """What `audit_topics` found: violations as (report counter or None, text)."""
+
+    violations: list[tuple[str | None, str]] = field(default_factory=list)
+    aborted: int = 0  # records the read_uncommitted read has and the committed one hides
+
+    def _fail(self, counter: str | None, text: str) -> None:
+        self.violations.append((counter, text))
+
+
+# --- identities ---------------------------------------------------------------------
+
+
+def event_identities(envelope_id: str, event: Event) -> tuple[Identity, ...]:
+    ids: list[Identity] = [("envelope", envelope_id)]
+    thread, kind = event.thread_id, type(event).__name__
+    match event:
+        case ThreadCreated() | ThreadDeleted():
+            ids.append((thread, kind))
+        case MessageAccepted():
+            ids.append((thread, kind, event.message_id))
+        case RunAccepted():
+            ids.append((thread, kind, event.run_id))
+        case AttemptDispatched() | AttemptStarted():
+            ids.append((thread, kind, event.run_id, event.attempt))
+        case HeartbeatRecorded():
+            ids.append((thread, kind, event.run_id, event.attempt, event.at_ms))
+        case RetryScheduled():
+            ids.append((thread, kind, event.run_id, event.failed_attempt))
+        case RunCompleted() | RunFailed() | RunCancelled():
+            ids.append((thread, "RunEnded", event.run_id))
+    return tuple(ids)
+
+
+def dispatch_identities(envelope_id: str, thread_id: str, dispatch: Dispatch) -> tuple[Identity, ...]:
+    return (("envelope", envelope_id), (thread_id, dispatch.run_id, dispatch.attempt))
+
+
+def message_identities(envelope_id: str, key: bytes, thread_id: str,
+                       record: MessageRecord) -> tuple[Identity, ...]:
+    status = record.run_status.value if record.run_status is not None else None
+    return (("envelope", envelope_id, key), (thread_id, record.seq, status))
+
+
+def dead_letter_identities(dead: DeadLetter) -> tuple[Identity, ...]:
+    return ((dead.source_topic, dead.source_partition, dead.source_offset, dead.error_type),)
+
+
+# --- the checks ---------------------------------------------------------------------
+
+
+def audit_topics(reads: TopicReads, posts: list[_Post]) -> Findings:
+    """Check `reads`; `posts` are the accepted posts, in the order each thread's
+    client posted them."""
+    findings = Findings()
+    _once(reads.committed, findings)
+    _aborted(reads, findings)
+    _history(reads.history, posts, findings)
+    _states(reads, findings)
+    return findings
+
+
+def _once(records: list[TopicRecord], report: Findings) -> None:
+    seen: dict[tuple[str, Identity], list[TopicRecord]] = defaultdict(list)
+    for record in records:
+        if record.topic in ONCE_TOPICS:
+            for identity in record.identities:
+                seen[(record.topic, identity)].append(record)
+    for (topic, identity), copies in seen.items():
+        if len(copies) > 1:
+            where = ", ".join(f"{c.partition}@{c.offset}" for c in copies[:4])
+            report._fail("duplicated", f"{topic}: {len(copies)} committed records with identity "
+                         f"{identity!r} at {where} ({copies[0].what[:100]})")
+
+
+def _aborted(reads: TopicReads, report: Findings) -> None:
+    visible = {(r.topic, r.partition, r.offset) for r in reads.committed}
+    if not reads.uncommitted:
+        return
+    read = {(r.topic, r.partition, r.offset) for r in reads.uncommitted}
+    for topic, partition, offset in sorted(visible - read)[:20]:
+        report._fail(None, f"{topic}: committed record {partition}@{offset} missing from the "
+                     "read_uncommitted read (the reads do not cover the same log)")
+    committed_ids = {(r.topic, i) for r in reads.committed for i in r.identities}
+    for record in reads.uncommitted:
+        if (record.topic, record.partition, record.offset) in visible:
+            continue
+        report.aborted += 1
+        # An aborted batch is decided again, on the same committed state, so each of
+        # its decisions has a committed twin with the same derived identity (the
+        # envelope id may differ: a `RunRejected` has none derived, and is skipped).
+        derived = [i for i in record.identities if i[0] != "envelope"]
+        if record.topic in ONCE_TOPICS and derived and not any(
+                (record.topic, i) in committed_ids for i in derived):
+            report._fail("lost", f"{record.topic}: aborted record {record.partition}@"
+                         f"{record.offset} ({record.what[:100]}) has no committed twin")
+
+
+def _history(history: list[HistoryRecord], posts: list[_Post], report: Findings) -> None:
+    by_thread: dict[str, list[HistoryRecord]] = defaultdict(list)
+    for rec in sorted(history, key=lambda r: (r.partition, r.offset)):
+        by_thread[rec.thread_id].append(rec)
+    for thread_id, records in by_thread.items():
+        seqs = {r.seq for r in records}
+        if seqs != set(range(len(seqs))):
+            missing = sorted(set(range(max(seqs) + 1)) - seqs)[:5]
+            report._fail("gaps", f"history of {thread_id}: seqs {missing} missing")
+    newest: dict[tuple[str, int], MessageRecord | None] = {}
+    keys_of: dict[tuple[str, str], set[int]] = defaultdict(set)  # (thread, message id) -> seqs
+    for rec in sorted(history, key=lambda r: (r.partition, r.offset)):
+        newest[(rec.thread_id, rec.seq)] = rec.record
+        if rec.record is not None:
+            keys_of[(rec.thread_id, rec.record.message.message_id)].add(rec.seq)
+    last_seq: dict[str, int] = {}
+    for post in posts:
+        user_seqs = keys_of.get((post.thread_id, post.message_id), set())
+        answer_seqs = keys_of.get((post.thread_id, answer_message_id_for(post.run_id)), set())
+        if len(user_seqs) != 1 or len(answer_seqs) != 1:
+            counter = "duplicated" if len(user_seqs) > 1 or len(answer_seqs) > 1 else "lost"
+            report._fail(counter, f"history of {post.thread_id}: message {post.message_id} at "
+                         f"seqs {sorted(user_seqs)}, its answer at {sorted(answer_seqs)}")
+            continue
+        (seq,), (answer_seq,) = user_seqs, answer_seqs
+        user, answer = newest[(post.thread_id, seq)], newest[(post.thread_id, answer_seq)]
+        if answer_seq != seq + 1:
+            report._fail("gaps", f"history of {post.thread_id}: message {post.message_id} at "
+                         f"seq {seq}, its answer at {answer_seq}")
+        if user is None or user.message.role != "user" or user.run_status is None \
+                or user.run_status.value != "completed":
+            status = user.run_status if user is not None else "a tombstone"
+            report._fail("lost", f"history of {post.thread_id}: message {post.message_id} "
+                         f"at seq {seq} ends with run status {status}")
+        if answer is None or answer.message.role != "assistant" \
+                or answer.message.run_id != post.run_id:
+            report._fail("lost", f"history of {post.thread_id}: seq {answer_seq} is not the "
+                         f"answer of run {post.run_id}")
+        if seq <= last_seq.get(post.thread_id, -1):
+            report._fail("gaps", f"history of {post.thread_id}: message {post.message_id} at "
+                         f"seq {seq}, before a message posted earlier")
+        last_seq[post.thread_id] = seq
+
+
+def _states(reads: TopicReads, report: Findings) -> None:
+    runs = Counter(thread for thread, e in reads.events if isinstance(e, RunAccepted))
+    seqs: dict[str, set[int]] = defaultdict(set)
+    for rec in reads.history:
+        seqs[rec.thread_id].add(rec.seq)
+    newest: dict[str, ThreadState | None] = {}
+    counters: dict[str, tuple[int, int]] = {}
+    for written in sorted(reads.states, key=lambda r: (r.partition, r.offset)):
+        thread_id, state = written.thread_id, written.state
+        newest[thread_id] = state
+        if state is None:
+            continue
+        now = (state.message_count, state.run_count)
+        before = counters.get(thread_id, (0, 0))
+        if now[0] < before[0] or now[1] < before[1]:
+            report._fail("duplicated", f"threads: state of {thread_id} at {written.partition}@"
+                         f"{written.offset} goes back from {before} to {now} messages/runs")
+        counters[thread_id] = now
+    for thread_id, state in newest.items():
+        if state is None:
+            continue
+        if state.message_count != len(seqs[thread_id]) or state.run_count != runs[thread_id]:
+            report._fail(None, f"threads: newest state of {thread_id} counts {state.message_count}"
+                         f" messages and {state.run_count} runs; the history has "
+                         f"{len(seqs[thread_id])}, the events {runs[thread_id]} runs")
+        if state.active_run is not None:
+            report._fail("stuck", f"threads: {thread_id} still has run {state.active_run.run_id} "
+                         "active after the drain")
