@@ -33,6 +33,7 @@ import contextlib
 import logging
 import random
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -98,18 +99,26 @@ class Chaos:
             self.records.append(record)
             if kill.kind == "broker":
                 self._tasks.append(asyncio.create_task(self._broker(record)))
-                continue
-            proc = self.stack.procs(kill.kind)[kill.index]
-            dead = self._member_of(proc)
-            if self.aim and kill.kind == "processor":
-                if await asyncio.to_thread(self._burst, len(self.records)):
-                    self.aimed += 1
-                record.at = time.monotonic()
-            self._down.add(proc.name)
-            proc.kill9()
-            log.info("killed %s (kill %d of the run)", proc.name, len(self.records))
-            self._tasks.append(asyncio.create_task(self._restart(proc, record, dead)))
-        await asyncio.gather(*self._tasks)
+            elif kill.kind == "processor" and self.aim:  # the burst must not delay other kills
+                self._tasks.append(asyncio.create_task(self._aimed(record)))
+            else:
+                self._kill(record)
+        while not all(task.done() for task in self._tasks):  # aimed kills add restarts
+            await asyncio.gather(*self._tasks)
+
+    def _kill(self, record: KillRecord) -> None:
+        proc = self.stack.procs(record.kill.kind)[record.kill.index]
+        dead = self._member_of(proc)
+        self._down.add(proc.name)
+        proc.kill9()
+        log.info("killed %s (kill %d of the run)", proc.name, self.records.index(record) + 1)
+        self._tasks.append(asyncio.create_task(self._restart(proc, record, dead)))
+
+    async def _aimed(self, record: KillRecord) -> None:
+        if await asyncio.to_thread(self._burst):
+            self.aimed += 1
+        record.at = time.monotonic()
+        self._kill(record)
 
     async def _broker(self, record: KillRecord) -> None:
         if self.stack.cluster is not None:  # three nodes: one dies for good
@@ -154,12 +163,12 @@ class Chaos:
                 polled = time.monotonic()
             await asyncio.sleep(0.2)
 
-    def _burst(self, number: int) -> bool:
+    def _burst(self) -> bool:
         """Post AIM_BURST messages to threads that do not exist and return when the
         first decision about them is on the events topic (True), or after
         AIM_TIMEOUT_S (False)."""
         settings = self.stack.settings
-        prefix = f"aim-{number}-{self.rng.randrange(1 << 30)}-"
+        prefix = f"aim-{uuid.uuid4().hex[:12]}-"  # not from `rng`: the restarts' pauses are
         watcher = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": prefix,
                             "isolation.level": "read_uncommitted", "enable.auto.commit": False,
                             "fetch.wait.max.ms": 5, "log_level": 0})

@@ -69,7 +69,6 @@ from streams.domain import (
     ThreadState,
 )
 from streams.records import DeadLetter, Dispatch, MessageRecord
-from streams.thread import answer_message_id_for
 
 __all__ = [
     "Findings",
@@ -248,15 +247,20 @@ def _history(history: list[HistoryRecord], posts: list[_Post], report: Findings)
             missing = sorted(set(range(max(seqs) + 1)) - seqs)[:5]
             report._fail("gaps", f"history of {thread_id}: seqs {missing} missing")
     newest: dict[tuple[str, int], MessageRecord | None] = {}
-    keys_of: dict[tuple[str, str], set[int]] = defaultdict(set)  # (thread, message id) -> seqs
+    users: dict[tuple[str, str], set[int]] = defaultdict(set)  # (thread, message id) -> seqs
+    answers: dict[tuple[str, str], set[int]] = defaultdict(set)  # (thread, run id) -> seqs
     for rec in sorted(history, key=lambda r: (r.partition, r.offset)):
         newest[(rec.thread_id, rec.seq)] = rec.record
         if rec.record is not None:
-            keys_of[(rec.thread_id, rec.record.message.message_id)].add(rec.seq)
+            message = rec.record.message
+            if message.role == "assistant":
+                answers[(rec.thread_id, message.run_id)].add(rec.seq)
+            else:
+                users[(rec.thread_id, message.message_id)].add(rec.seq)
     last_seq: dict[str, int] = {}
     for post in posts:
-        user_seqs = keys_of.get((post.thread_id, post.message_id), set())
-        answer_seqs = keys_of.get((post.thread_id, answer_message_id_for(post.run_id)), set())
+        user_seqs = users.get((post.thread_id, post.message_id), set())
+        answer_seqs = answers.get((post.thread_id, post.run_id), set())
         if len(user_seqs) != 1 or len(answer_seqs) != 1:
             counter = "duplicated" if len(user_seqs) > 1 or len(answer_seqs) > 1 else "lost"
             report._fail(counter, f"history of {post.thread_id}: message {post.message_id} at "
@@ -272,10 +276,9 @@ def _history(history: list[HistoryRecord], posts: list[_Post], report: Findings)
             status = user.run_status if user is not None else "a tombstone"
             report._fail("lost", f"history of {post.thread_id}: message {post.message_id} "
                          f"at seq {seq} ends with run status {status}")
-        if answer is None or answer.message.role != "assistant" \
-                or answer.message.run_id != post.run_id:
-            report._fail("lost", f"history of {post.thread_id}: seq {answer_seq} is not the "
-                         f"answer of run {post.run_id}")
+        if answer is None or answer.message.run_id != post.run_id:
+            report._fail("lost", f"history of {post.thread_id}: seq {answer_seq} ends as "
+                         f"something other than the answer of run {post.run_id}")
         if seq <= last_seq.get(post.thread_id, -1):
             report._fail("gaps", f"history of {post.thread_id}: message {post.message_id} at "
                          f"seq {seq}, before a message posted earlier")

@@ -6,19 +6,38 @@ import base64
 import copy
 import json
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
 from chaos.audit import Observations, Post, Seen, WatchLog, audit, final_text
 from chaos.load import run_of
+from chaos.topic_audit import (
+    HistoryRecord,
+    StateRecord,
+    TopicReads,
+    TopicRecord,
+    dispatch_identities,
+    event_identities,
+    message_identities,
+)
 from streams.domain import (
+    ActiveRun,
     AssistantMessage,
     AttemptDispatched,
+    Event,
     MessageAccepted,
+    RejectReason,
     RunAccepted,
     RunCompleted,
     RunFailed,
+    RunRejected,
+    RunStatus,
+    StoredMessage,
+    ThreadState,
 )
+from streams.history import message_key
+from streams.records import Dispatch, MessageRecord
 
 THREAD, MESSAGE, RUN = "th-1", "msg-1", "run-1"
 ANSWER = "You said: hi. amber river."
@@ -51,7 +70,7 @@ def _reference() -> list[Seen]:
 
 def _clean() -> Observations:
     post = Post(THREAD, MESSAGE, RUN, accepted=True, statuses=[409, 202])
-    events = [
+    events: list[Event] = [
         MessageAccepted(THREAD, MESSAGE, "hi", "m-0", 1), RunAccepted(THREAD, RUN, "wf", MESSAGE, 1),
         AttemptDispatched(THREAD, RUN, MESSAGE, 1, 1), AttemptDispatched(THREAD, RUN, MESSAGE, 2, 2),
         RunCompleted(THREAD, RUN, 2, AssistantMessage("answer-1", ANSWER), 3),
@@ -80,7 +99,7 @@ def _watcher(obs: Observations) -> list[Seen]:
     return obs.watchers[0].runs[RUN]
 
 
-Breakage = Callable[[Observations], None]
+Breakage = Callable[[Observations], object]
 
 BREAKAGES: dict[str, tuple[Breakage, str]] = {
     "a watcher missed a delta across a reconnect": (
@@ -180,3 +199,173 @@ def test_a_last_execution_cut_off_by_another_one_reporting_first_is_counted_not_
     report = audit(obs)
     assert report.ok, report.violations
     assert report.cut_short == 1
+
+
+# --- what exactly-once adds: the topics -------------------------------------------------
+
+def _answer() -> StoredMessage:
+    return StoredMessage("answer-1", "assistant", ANSWER, RUN, 3)
+
+
+def _user() -> StoredMessage:
+    return StoredMessage(MESSAGE, "user", "hi", RUN, 1)
+
+
+def _event_record(offset: int, envelope_id: str, event: Event) -> TopicRecord:
+    return TopicRecord("events", 0, offset, event_identities(envelope_id, event), repr(event))
+
+
+def _message_record(offset: int, envelope_id: str, record: MessageRecord) -> tuple[
+        TopicRecord, HistoryRecord]:
+    key = message_key(THREAD, record.seq)
+    return (TopicRecord("messages", 0, offset, message_identities(envelope_id, key, THREAD, record)),
+            HistoryRecord(THREAD, record.seq, 0, offset, record))
+
+
+def _topics(events: list[Event]) -> TopicReads:
+    """The clean run's topics: one transaction per command (post; retry tick; report),
+    envelope ids derived from the command's as the processor does."""
+    envelope = ["post/0", "post/1", "post/2", "tick/0", "report/0"]
+    reads = TopicReads(events=[(THREAD, e) for e in events])
+    reads.committed = [_event_record(i, envelope[i], e) for i, e in enumerate(events)]
+    reads.committed += [
+        TopicRecord("dispatch", 0, 0, dispatch_identities("post/2", THREAD, _dispatch(1))),
+        TopicRecord("dispatch", 0, 1, dispatch_identities("tick/0", THREAD, _dispatch(2))),
+        TopicRecord("threads", 0, 0, ()), TopicRecord("threads", 0, 1, ()),
+        TopicRecord("threads", 0, 2, ()),
+    ]
+    writes = [_message_record(0, "post/0", MessageRecord(0, _user(), RunStatus.DISPATCHED)),
+              _message_record(1, "report/0", MessageRecord(1, _answer(), None)),
+              _message_record(2, "report/0", MessageRecord(0, _user(), RunStatus.COMPLETED, 2))]
+    reads.committed += [topic for topic, _ in writes]
+    reads.history = [history for _, history in writes]
+    base = ThreadState(THREAD, "t", "title", 0)
+    run = ActiveRun(RUN, MESSAGE, 1, RunStatus.DISPATCHED, 1, 1, None, 0, 1)
+    reads.states = [StateRecord(THREAD, 0, 0, replace(base, message_count=1, run_count=1,
+                                                      active_run=run)),
+                    StateRecord(THREAD, 0, 1, replace(base, message_count=1, run_count=1,
+                                                      active_run=replace(run, attempt=2))),
+                    StateRecord(THREAD, 0, 2, replace(base, message_count=2, run_count=1))]
+    return reads
+
+
+def _dispatch(attempt: int) -> Dispatch:
+    return Dispatch(RUN, MESSAGE, attempt, "wf", "hi", (), 1)
+
+
+def _with_topics() -> Observations:
+    obs = _clean()
+    obs.topics = _topics(obs.events)
+    return obs
+
+
+def _reads(o: Observations) -> TopicReads:
+    assert o.topics is not None
+    return o.topics
+
+
+def _replayed(o: Observations, index: int) -> None:
+    """The committed record `index` written again by a replayed batch (at least once)."""
+    reads = _reads(o)
+    copy_ = reads.committed[index]
+    reads.committed.append(replace(copy_, offset=copy_.offset + 100))
+
+
+def _rejected_under_the_accepted_id(o: Observations) -> None:
+    """The post replayed after its state advanced: a RunRejected under the
+    MessageAccepted's derived envelope id."""
+    rejected = RunRejected(THREAD, MESSAGE, RejectReason.DUPLICATE, "message id already has a run",
+                           RUN, 1)
+    _reads(o).committed.append(_event_record(50, "post/0", rejected))
+
+
+def _aborted_without_twin(o: Observations) -> None:
+    """A read_uncommitted record that nothing committed repeats: an aborted decision
+    no retry made."""
+    reads = _reads(o)
+    reads.uncommitted = list(reads.committed)
+    reads.uncommitted.append(TopicRecord("dispatch", 0, 7, dispatch_identities(
+        "x/0", THREAD, _dispatch(3))))
+
+
+def _history_twice(o: Observations) -> None:
+    reads = _reads(o)
+    record = MessageRecord(2, _answer(), None)
+    topic, history = _message_record(3, "report-again/0", record)
+    reads.committed.append(topic)
+    reads.history.append(history)
+
+
+def _last_state(o: Observations, **changes: object) -> None:
+    states = _reads(o).states
+    state = states[-1].state
+    assert state is not None
+    states[-1] = replace(states[-1], state=replace(state, **changes))  # type: ignore[arg-type]
+
+
+TOPIC_BREAKAGES: dict[str, tuple[Breakage, str | None]] = {
+    "a replayed batch wrote an event again": (lambda o: _replayed(o, 1), "duplicated"),
+    "a replayed post was rejected under the accepted message's envelope id": (
+        _rejected_under_the_accepted_id, "duplicated"),
+    "a replayed batch wrote a dispatch again": (lambda o: _replayed(o, 5), "duplicated"),
+    "a replayed batch wrote a message record again": (lambda o: _replayed(o, 10), "duplicated"),
+    "a dead letter written twice": (lambda o: _reads(o).committed.extend([
+        TopicRecord("dead-letter", 0, i, (("commands", 0, 9, "DecodeError"),)) for i in (0, 1)]),
+        "duplicated"),
+    "an aborted decision no committed transaction repeats": (_aborted_without_twin, "lost"),
+    "the answer stored at a second seq": (_history_twice, "duplicated"),
+    "the user message's run never recorded as completed": (
+        lambda o: (_reads(o).history.pop(), _reads(o).committed.pop()), "lost"),
+    "a gap in the history": (
+        lambda o: _reads(o).history.append(HistoryRecord(THREAD, 3, 0, 9, MessageRecord(
+            3, StoredMessage("stray", "user", "?", "run-x", 9), RunStatus.DISPATCHED))), "gaps"),
+    "the answer not right after its message": (
+        lambda o: _reads(o).history.__setitem__(1, replace(_reads(o).history[1], seq=2)), "gaps"),
+    "a thread's state went back": (
+        lambda o: _reads(o).states.append(replace(_reads(o).states[0], offset=3)), "duplicated"),
+    "the newest state disagrees with the history": (
+        lambda o: _last_state(o, message_count=3), None),
+}
+
+
+def test_a_clean_run_passes_the_topic_audit() -> None:
+    obs = _with_topics()
+    report = audit(obs)
+    assert report.ok, report.violations
+    assert report.aborted == 0
+
+
+@pytest.mark.parametrize("name", sorted(TOPIC_BREAKAGES))
+def test_the_topic_audit_catches(name: str) -> None:
+    breakage, counter = TOPIC_BREAKAGES[name]
+    obs = _with_topics()  # fresh each time (states hold mapping proxies: no deepcopy)
+    breakage(obs)
+    report = audit(obs)
+    assert not report.ok, name
+    if counter is not None:
+        assert getattr(report, counter) >= 1, (name, counter, report.violations)
+
+
+def test_an_aborted_copy_hidden_from_read_committed_is_counted_not_failed() -> None:
+    """Exactly once under a kill mid-transaction: the read_uncommitted read has the
+    aborted batch and its retry, the committed read the retry alone."""
+    obs = _with_topics()
+    reads = _reads(obs)
+    reads.uncommitted = list(reads.committed)
+    first = reads.committed[1]
+    reads.uncommitted.append(replace(first, offset=first.offset + 100))
+    report = audit(obs)
+    assert report.ok, report.violations
+    assert report.aborted == 1
+    # The negative control: the same copy visible to read_committed is a duplicate.
+    reads.committed.append(replace(first, offset=first.offset + 100))
+    assert audit(obs).duplicated >= 1
+
+
+def test_a_resent_post_rejected_again_under_its_own_envelope_id_is_not_a_duplicate() -> None:
+    obs = _with_topics()
+    rejected = RunRejected(THREAD, MESSAGE, RejectReason.DUPLICATE, "message id already has a run",
+                           RUN, 1)
+    _reads(obs).committed.append(_event_record(60, "resend/0", rejected))
+    _reads(obs).committed.append(_event_record(61, "resend-again/0", rejected))
+    assert not [v for v in audit(obs).violations if "identity" in v]
