@@ -20,10 +20,10 @@ a few milliseconds per batch there, so a kill at a random moment of the chaos lo
 almost never lands in that window (the answers are right either way: the replayed
 commands mostly decide nothing new on the advanced state). With `aim`, a processor
 kill first sends a burst of posts to threads that do not exist (each decides one
-`RunRejected` and no state), from another producer as any client could, and fires
-the moment the first of their decisions is visible on the events topic
-(`read_uncommitted`, so before its transaction commits): the processors are then
-in the middle of batches of that burst.
+`RunRejected` and no state) on the partitions the target owns, from another
+producer as any client could, and fires the moment the first of their decisions is
+visible on the events topic (`read_uncommitted`, so before its transaction
+commits): the target is then in the middle of batches of that burst.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from chaos.stack import Proc, Stack
+from gateway.kafka import partition_for
 from streams.config import Settings
 from streams.domain import PostUserMessage
 from streams.processor import instance_id_for
@@ -52,7 +53,7 @@ __all__ = ["Chaos", "Kill", "plan"]
 log = logging.getLogger("chaos")
 
 AIM_BURST = 3000  # posts; at 500 commands a batch, several batches of work
-AIM_TIMEOUT_S = 20.0  # no decision of the burst seen by then: kill anyway
+AIM_TIMEOUT_S = 60.0  # the target owns nothing or decided nothing by then: kill anyway
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,7 @@ class Chaos:
     aim: bool = False  # processor kills land inside a batch (see the module docstring)
     records: list[KillRecord] = field(default_factory=list)
     aimed: int = 0  # processor kills fired on a decision of their burst
+    owned: dict[str, set[int]] = field(default_factory=dict)  # processor client id -> partitions
     self_exits: Counter[str] = field(default_factory=Counter)
     groups: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)  # role -> state, members
     _down: set[str] = field(default_factory=set)  # killed on purpose, restart pending
@@ -115,7 +117,8 @@ class Chaos:
         self._tasks.append(asyncio.create_task(self._restart(proc, record, dead)))
 
     async def _aimed(self, record: KillRecord) -> None:
-        if await asyncio.to_thread(self._burst):
+        proc = self.stack.procs(record.kill.kind)[record.kill.index]
+        if await asyncio.to_thread(self._burst, proc):
             self.aimed += 1
         record.at = time.monotonic()
         self._kill(record)
@@ -163,12 +166,23 @@ class Chaos:
                 polled = time.monotonic()
             await asyncio.sleep(0.2)
 
-    def _burst(self) -> bool:
-        """Post AIM_BURST messages to threads that do not exist and return when the
-        first decision about them is on the events topic (True), or after
-        AIM_TIMEOUT_S (False)."""
+    def _burst(self, proc: Proc) -> bool:
+        """Once `proc` owns partitions in a stable group, post AIM_BURST messages to
+        threads that do not exist on those partitions, and return when the first
+        decision about them is on the events topic (True); False after
+        AIM_TIMEOUT_S without."""
         settings = self.stack.settings
+        client, deadline = self._client_of(proc), time.monotonic() + AIM_TIMEOUT_S
+        while not (self.groups.get("processor", ("", {}))[0] == "stable"
+                   and self.owned.get(client)):
+            if time.monotonic() > deadline:
+                log.warning("aim: %s owns no partition of a stable group", proc.name)
+                return False
+            time.sleep(0.1)
+        owned = sorted(self.owned[client])
         prefix = f"aim-{uuid.uuid4().hex[:12]}-"  # not from `rng`: the restarts' pauses are
+        threads = [t for t in (f"{prefix}{i}" for i in range(48 * settings.partitions))
+                   if partition_for(t, settings.partitions) in owned][:48]
         watcher = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": prefix,
                             "isolation.level": "read_uncommitted", "enable.auto.commit": False,
                             "fetch.wait.max.ms": 5, "log_level": 0})
@@ -176,23 +190,21 @@ class Chaos:
                              "partitioner": "murmur2_random", "enable.idempotence": True,
                              "linger.ms": 5})
         try:
-            watcher.assign([TopicPartition(settings.topics.events, p, OFFSET_END)
-                            for p in range(settings.partitions)])
+            watcher.assign([TopicPartition(settings.topics.events, p, OFFSET_END) for p in owned])
             watcher.consume(1, timeout=1.0)  # the assignment takes effect at the end
             now = int(time.time() * 1000)
             for i in range(AIM_BURST):
-                thread_id = f"{prefix}{i % 48}"
+                thread_id = threads[i % len(threads)]
                 command = PostUserMessage(thread_id, "chaos", f"{prefix}m{i}", "aim", None, now + i)
                 producer.produce(settings.topics.commands,
                                  encode_command(command, new_meta(thread_id, "chaos", now + i)),
                                  thread_id.encode())
             producer.flush(30)
-            deadline = time.monotonic() + AIM_TIMEOUT_S
             while time.monotonic() < deadline:
                 for msg in watcher.consume(100, timeout=0.05):
                     if msg.error() is None and (msg.key() or b"").startswith(prefix.encode()):
                         return True
-            log.warning("aim: no decision of the burst seen in %.0f s", AIM_TIMEOUT_S)
+            log.warning("aim: no decision of the burst to %s seen in time", proc.name)
             return False
         finally:
             watcher.close()
@@ -224,7 +236,8 @@ class Chaos:
             await self.until_healthy(bases, timeout)
 
     def _describe(self, role: str) -> tuple[str, dict[str, str]] | None:
-        """The group's state and its members (member id -> client id), or None."""
+        """The group's state and its members (member id -> client id), or None; for
+        the processors also who owns which partitions (`owned`)."""
         if self._admin is None:
             self._admin = AdminClient({"bootstrap.servers": self.stack.settings.bootstrap,
                                        "log_level": 0})
@@ -235,16 +248,21 @@ class Chaos:
         except Exception:
             self._admin = None  # a fresh client next time
             return None
+        if role == "processor":
+            self.owned = {m.client_id: {tp.partition for tp in m.assignment.topic_partitions}
+                          for m in description.members if m.assignment is not None}
         return (description.state.name.lower(),
                 {m.member_id: m.client_id for m in description.members})
+
+    def _client_of(self, proc: Proc) -> str:
+        if proc.role == "worker":
+            return f"worker-{proc.env['THREADLINE_INSTANCE_ID']}"
+        return f"processor-{instance_id_for(Settings.from_env(proc.env))}"
 
     def _member_of(self, proc: Proc) -> str | None:
         if proc.role == "gateway":
             return None
-        if proc.role == "worker":
-            client = f"worker-{proc.env['THREADLINE_INSTANCE_ID']}"
-        else:
-            client = f"processor-{instance_id_for(Settings.from_env(proc.env))}"
+        client = self._client_of(proc)
         members = self.groups.get(proc.role, ("", {}))[1]
         return next((m for m, c in members.items() if c == client), None)
 
