@@ -52,8 +52,11 @@ __all__ = ["Chaos", "Kill", "plan"]
 
 log = logging.getLogger("chaos")
 
-AIM_BURST = 3000  # posts; at 500 commands a batch, several batches of work
-AIM_TIMEOUT_S = 60.0  # the target owns nothing or decided nothing by then: kill anyway
+AIM_BURST = 1500  # posts; at 500 commands a batch, three batches of work
+# Kill anyway when the target owns no partition of a stable group by then (a loaded
+# machine restarts processors slowly), or has decided nothing of its burst by then.
+AIM_OWNER_TIMEOUT_S = 120.0
+AIM_DECISION_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,10 +172,10 @@ class Chaos:
     def _burst(self, proc: Proc) -> bool:
         """Once `proc` owns partitions in a stable group, post AIM_BURST messages to
         threads that do not exist on those partitions, and return when the first
-        decision about them is on the events topic (True); False after
-        AIM_TIMEOUT_S without."""
+        decision about them is on the events topic (True); False if either does
+        not happen in time."""
         settings = self.stack.settings
-        client, deadline = self._client_of(proc), time.monotonic() + AIM_TIMEOUT_S
+        client, deadline = self._client_of(proc), time.monotonic() + AIM_OWNER_TIMEOUT_S
         while not (self.groups.get("processor", ("", {}))[0] == "stable"
                    and self.owned.get(client)):
             if time.monotonic() > deadline:
@@ -200,6 +203,7 @@ class Chaos:
                                  encode_command(command, new_meta(thread_id, "chaos", now + i)),
                                  thread_id.encode())
             producer.flush(30)
+            deadline = time.monotonic() + AIM_DECISION_TIMEOUT_S
             while time.monotonic() < deadline:
                 for msg in watcher.consume(100, timeout=0.05):
                     if msg.error() is None and (msg.key() or b"").startswith(prefix.encode()):
