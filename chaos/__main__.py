@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +53,12 @@ def table_row(outcome: Outcome) -> str:
             f"{outcome.max_run_s:.1f} | {outcome.wall_s:.0f} |")
 
 
+def _kind(violation: str) -> str:
+    """A violation's text without its ids and numbers, to count them by kind."""
+    return re.sub(r"\([^)]*\)|'[^']*'|[0-9a-f]{8}-[0-9a-f-]{27}|[\w.-]*\d[\w.@-]*", "_",
+                  violation)[:90]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m chaos", description=__doc__)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="full")
@@ -82,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER)
     print("|" + "---|" * (HEADER.count("|") - 1))
     print(table_row(outcome))
+    kinds = Counter(_kind(v) for v in outcome.report.violations)
+    for kind, n in kinds.most_common(20):
+        print(f"VIOLATIONS {n:5d} x {kind}")
     for violation in outcome.report.violations[:50]:
         print(f"VIOLATION: {violation}")
     if len(outcome.report.violations) > 50:
