@@ -96,6 +96,7 @@ class Chaos:
     _down: set[str] = field(default_factory=set)  # killed on purpose, restart pending
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _admin: AdminClient | None = None
+    _aim_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def execute(self, kills: list[Kill], started: float) -> None:
         for kill in kills:
@@ -111,20 +112,25 @@ class Chaos:
         while not all(task.done() for task in self._tasks):  # aimed kills add restarts
             await asyncio.gather(*self._tasks)
 
-    def _kill(self, record: KillRecord) -> None:
+    def _kill(self, record: KillRecord) -> asyncio.Task[None]:
         proc = self.stack.procs(record.kill.kind)[record.kill.index]
         dead = self._member_of(proc)
         self._down.add(proc.name)
         proc.kill9()
         log.info("killed %s (kill %d of the run)", proc.name, self.records.index(record) + 1)
-        self._tasks.append(asyncio.create_task(self._restart(proc, record, dead)))
+        restart = asyncio.create_task(self._restart(proc, record, dead))
+        self._tasks.append(restart)
+        return restart
 
     async def _aimed(self, record: KillRecord) -> None:
-        proc = self.stack.procs(record.kill.kind)[record.kill.index]
-        if await asyncio.to_thread(self._burst, proc):
-            self.aimed += 1
-        record.at = time.monotonic()
-        self._kill(record)
+        """One aimed kill at a time, each after the previous one's recovery: two
+        waiting for the same processor would otherwise fire on the same burst."""
+        async with self._aim_lock:
+            proc = self.stack.procs(record.kill.kind)[record.kill.index]
+            if await asyncio.to_thread(self._burst, proc):
+                self.aimed += 1
+            record.at = time.monotonic()
+            await self._kill(record)
 
     async def _broker(self, record: KillRecord) -> None:
         if self.stack.cluster is not None:  # three nodes: one dies for good
