@@ -93,10 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     kinds = Counter(_kind(v) for v in outcome.report.violations)
     for kind, n in kinds.most_common(20):
         print(f"VIOLATIONS {n:5d} x {kind}")
-    for violation in outcome.report.violations[:50]:
-        print(f"VIOLATION: {violation}")
-    if len(outcome.report.violations) > 50:
-        print(f"... and {len(outcome.report.violations) - 50} more")
+    shown: Counter[str] = Counter()
+    for violation in outcome.report.violations:  # the first three of each kind
+        kind = _kind(violation)
+        if shown[kind] < 3 and shown.total() < 60:
+            shown[kind] += 1
+            print(f"VIOLATION: {violation}")
     if not outcome.report.ok:
         print(f"logs kept in {outcome.folder}")
     return 0 if outcome.report.ok else 1
