@@ -189,7 +189,7 @@ class Chaos:
                 return False
             time.sleep(0.1)
         owned = sorted(self.owned[client])
-        prefix = f"aim-{uuid.uuid4().hex[:12]}-"  # not from `rng`: the restarts' pauses are
+        prefix = f"aim-{uuid.uuid4().hex[:12]}-"  # not from `rng`, which the restarts' pauses use
         threads = [t for t in (f"{prefix}{i}" for i in range(48 * settings.partitions))
                    if partition_for(t, settings.partitions) in owned][:48]
         watcher = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": prefix,

@@ -47,7 +47,7 @@ class Config:
     # The processors' THREADLINE_PROCESSING_GUARANTEE; at_least_once is the negative
     # control: the topic audit must then find duplicates.
     processing_guarantee: str = "exactly_once"
-    aim: bool = True  # processor kills land inside a batch (see chaos.kills.Chaos.aim)
+    aim: bool = True  # processor kills land inside a batch (see chaos/kills.py)
 
 
 @dataclass
