@@ -36,10 +36,12 @@ input, so that is what each record is identified by:
   and the events instead (written in the same transactions, they must agree),
   and its counters never go back.
 
-**Aborted records.** The `read_uncommitted` read shows what the `read_committed`
-one hides (records of aborted transactions): counted (`aborted`), and each of
-them must be a copy of a record that the committed read has (an aborted batch is
-decided again), or the write of a command nothing committed decided.
+**Aborted records.** The `read_uncommitted` read (taken after the committed one)
+shows what the `read_committed` one hides: the records of aborted transactions,
+up to the last committed record of each partition (past it a transaction may
+still be open). They are counted (`aborted`), and each must have a committed
+twin with the same derived identity (an aborted batch is decided again, on the
+same committed state); every committed record must be in the uncommitted read.
 
 **The history.** For every answered message the `messages` topic (committed)
 holds the user message and the answer, each under one key, at consecutive seqs in
@@ -223,8 +225,14 @@ def _aborted(reads: TopicReads, report: Findings) -> None:
         report._fail(None, f"{topic}: committed record {partition}@{offset} missing from the "
                      "read_uncommitted read (the reads do not cover the same log)")
     committed_ids = {(r.topic, i) for r in reads.committed for i in r.identities}
+    # Only what the committed read got past is known to be aborted: a record after
+    # its last one may belong to a transaction still open, or have come later.
+    reached: dict[tuple[str, int], int] = {}
+    for r in reads.committed:
+        reached[(r.topic, r.partition)] = max(reached.get((r.topic, r.partition), -1), r.offset)
     for record in reads.uncommitted:
-        if (record.topic, record.partition, record.offset) in visible:
+        if (record.topic, record.partition, record.offset) in visible \
+                or record.offset > reached.get((record.topic, record.partition), -1):
             continue
         report.aborted += 1
         # An aborted batch is decided again, on the same committed state, so each of

@@ -286,6 +286,14 @@ def _aborted_without_twin(o: Observations) -> None:
     reads.uncommitted = list(reads.committed)
     reads.uncommitted.append(TopicRecord("dispatch", 0, 7, dispatch_identities(
         "x/0", THREAD, _dispatch(3))))
+    _committed_later(reads, "dispatch")
+
+
+def _committed_later(reads: TopicReads, topic: str) -> None:
+    """A committed record after everything else on `topic`: the committed read got
+    past what came before, so an uncommitted-only record there was aborted."""
+    reads.committed.append(TopicRecord(topic, 0, 500, ()))
+    reads.uncommitted.append(TopicRecord(topic, 0, 500, ()))
 
 
 def _history_twice(o: Observations) -> None:
@@ -354,6 +362,10 @@ def test_an_aborted_copy_hidden_from_read_committed_is_counted_not_failed() -> N
     reads.uncommitted = list(reads.committed)
     first = reads.committed[1]
     reads.uncommitted.append(replace(first, offset=first.offset + 100))
+    report = audit(obs)  # past the last committed record: perhaps still open
+    assert report.ok, report.violations
+    assert report.aborted == 0
+    _committed_later(reads, "events")
     report = audit(obs)
     assert report.ok, report.violations
     assert report.aborted == 1
