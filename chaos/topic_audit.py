@@ -8,8 +8,8 @@ there, once for the cut-off copy and once for the retry, unless the cut-off copy
 was aborted and a `read_committed` reader skips it.
 
 Pure, like `chaos.audit`: `audit_topics` reads plain data (`TopicReads`, built by
-`chaos.run` from a `read_committed` and a `read_uncommitted` read of each topic)
-and adds to a `Report`.
+`chaos.read` from a `read_committed` and a `read_uncommitted` read of each topic)
+and returns `Findings`, which `chaos.audit` adds to its `Report`.
 
 **Identities.** A replayed batch repeats what the processor derives from its
 input, so that is what each record is identified by:
