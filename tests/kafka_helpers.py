@@ -160,3 +160,27 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: floa
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s")
+
+
+def keys_to_end(settings: Settings, topic: str) -> list[bytes]:
+    """Every record key on `topic` now, as read_committed sees it, read to the end of
+    each partition (so a count of them is exact, not "at least")."""
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"r-{uuid.uuid4()}",
+                         "isolation.level": "read_committed", "enable.auto.commit": False,
+                         "enable.partition.eof": True, "log_level": 3})
+    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+    keys: list[bytes] = []
+    at_end: set[int] = set()
+    try:
+        while len(at_end) < len(parts):
+            for msg in consumer.consume(1000, timeout=1):
+                error = msg.error()
+                if error is not None:
+                    assert error.code() == KafkaError._PARTITION_EOF, error
+                    at_end.add(msg.partition() or 0)
+                    continue
+                keys.append(msg.key() or b"")
+    finally:
+        consumer.close()
+    return keys

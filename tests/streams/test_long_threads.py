@@ -39,7 +39,14 @@ from streams.serialization import (
 )
 from streams.thread import OUTPUT_TOO_LARGE, run_id_for
 from streams.topics import ensure_topics
-from tests.kafka_helpers import RoleProcess, command_producer, flush_all, read_topic, send_command
+from tests.kafka_helpers import (
+    RoleProcess,
+    command_producer,
+    flush_all,
+    keys_to_end,
+    read_topic,
+    send_command,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -116,31 +123,6 @@ def _read_keyed(settings: Settings, topic: str, until: object) -> list[tuple[byt
         raise AssertionError(f"{topic}: the condition never held ({len(got)} records read)")
     finally:
         consumer.close()
-
-
-def _keys_to_end(settings: Settings, topic: str) -> list[bytes]:
-    """Every key on the topic now (read_committed), read to the end of each partition."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"r-{uuid.uuid4()}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "log_level": 3})
-    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-    keys: list[bytes] = []
-    at_end: set[int] = set()
-    try:
-        while len(at_end) < len(parts):
-            for msg in consumer.consume(1000, timeout=1):
-                error = msg.error()
-                if error is not None:
-                    assert error.code() == KafkaError._PARTITION_EOF, error
-                    at_end.add(msg.partition() or 0)
-                    continue
-                keys.append(msg.key() or b"")
-    finally:
-        consumer.close()
-    return keys
 
 
 def _states(settings: Settings, thread: str, until_count: int) -> list[ThreadState]:
@@ -315,7 +297,7 @@ def test_after_the_log_cleaner_ran_the_whole_history_reads_back(
         deadline = time.monotonic() + 240
         filler_turn = 0
         while True:
-            mine = [k for k in _keys_to_end(settings, settings.topics.messages)
+            mine = [k for k in keys_to_end(settings, settings.topics.messages)
                     if parse_message_key(k)[0] == thread]
             if len(mine) == 2 * turns:
                 break

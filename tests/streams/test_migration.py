@@ -14,7 +14,7 @@ from typing import Any
 
 import fastavro
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from streams.config import Settings
 from streams.domain import (
@@ -35,7 +35,14 @@ from streams.records import MessageRecord
 from streams.serialization import SCHEMA_DIR, decode_event, decode_message, schema_fingerprint
 from streams.thread import answer_message_id_for, run_id_for
 from streams.topics import ensure_topics
-from tests.kafka_helpers import RoleProcess, command_producer, flush_all, read_topic, send_command
+from tests.kafka_helpers import (
+    RoleProcess,
+    command_producer,
+    flush_all,
+    keys_to_end,
+    read_topic,
+    send_command,
+)
 
 THREADS = 1_200
 TURNS = 2  # each old thread: two answered turns, so four messages
@@ -90,26 +97,7 @@ def _old_state(thread_id: str) -> dict[str, Any]:
 
 def _committed_keys(settings: Settings) -> Counter[bytes]:
     """How many times each key is on the messages topic, as read_committed sees it."""
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"r-{uuid.uuid4()}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "enable.partition.eof": True, "log_level": 3})
-    topic = settings.topics.messages
-    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-    keys: Counter[bytes] = Counter()
-    at_end: set[int] = set()
-    try:
-        while len(at_end) < len(parts):
-            for msg in consumer.consume(1000, timeout=1):
-                error = msg.error()
-                if error is not None:
-                    assert error.code() == KafkaError._PARTITION_EOF, error
-                    at_end.add(msg.partition())
-                    continue
-                keys[msg.key()] += 1
-    finally:
-        consumer.close()
-    return keys
+    return Counter(keys_to_end(settings, settings.topics.messages))
 
 
 @pytest.mark.kafka
