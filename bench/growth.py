@@ -1,0 +1,274 @@
+"""Growth: does a long thread cost more per turn than a short one?
+
+Processor CPU per command and `POST -> 202` latency on a thread at turn 10 against
+one at turn 1,000, measured side by side on one stack (`threadline processor` and
+`threadline gateway`, each its own process; no worker: the bench reports each run
+completed itself, as a worker would, so no answer streams and the figures are the
+decision path's alone).
+
+The threads are prepared with commands produced straight to Kafka: per turn a
+`PostUserMessage` and the `ReportAttemptCompleted` of `run_id_for(thread, message_id)`,
+pipelined (tests/streams/test_long_threads.py does the same). Then, round by round,
+so that a change of the machine's load hits both alike:
+
+* *CPU*: a burst of turns on a short thread (a fresh one each round, prepared at
+  turn 10), then the same burst on the long thread; the processor's CPU (the
+  scheduler's nanoseconds, every thread of the process) from the first command
+  produced until the processor group's committed offset passes the last.
+* *latency*: one `POST /v1/threads/{id}/user_message` on the short thread and one on
+  the long thread (the order alternates by round), each timed until its `202`,
+  then the run completed and its decision awaited before the next post.
+
+The gateway's memory and start-up at 1k against 100k threads are in
+`bench.growth_gateway`; `run` measures both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import aiohttp
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from bench.common import Figure, load_text, median, percentile, process_cpu_ns
+from bench.stack import AUTH, Stack, new_stack
+from gateway.kafka import partition_for
+from gateway.ready import probe_thread_id
+from streams.config import Settings
+from streams.domain import CheckDeadlines, Command, CreateThread, PostUserMessage, ReportAttemptCompleted
+from streams.serialization import encode_command, new_meta
+from streams.thread import run_id_for
+
+BENCH = "growth"
+TENANT = "bench"  # the tenant of the API key "bench" (bench_env)
+SHORT_TURNS = 10
+LONG_TURNS = 1_000
+CPU_ROUNDS = 8
+CPU_BURST = 25  # turns (50 commands) a burst
+POST_ROUNDS = 40
+QUESTION = "How does the offset of this answer relate to the one before it? " * 2  # 130 chars
+ANSWER = "The offset grows by one per record on the partition, markers included. " * 8
+SHORT, LONG = f"turn {SHORT_TURNS}", f"turn {LONG_TURNS:,}"
+
+
+class Commands:
+    """Produces commands straight to the commands topic and waits for the processor
+    to have decided them: its group's committed offset (part of each transaction)
+    past the last one produced."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.topic = settings.topics.commands
+        self.producer = Producer({"bootstrap.servers": settings.bootstrap,
+                                  "partitioner": "murmur2_random", "linger.ms": 2,
+                                  "enable.idempotence": True, "log_level": 0})
+        self.offsets = Consumer({"bootstrap.servers": settings.bootstrap,
+                                 "group.id": f"{settings.topic_prefix}processor",
+                                 "enable.auto.commit": False, "log_level": 0})
+        self.last: dict[int, int] = {}  # partition -> offset of the last command produced
+
+    def send(self, command: Command) -> None:
+        meta = new_meta(command.thread_id, TENANT, int(time.time() * 1000))
+        self.producer.produce(self.topic, encode_command(command, meta),
+                              command.thread_id.encode(), on_delivery=self._delivered)
+
+    def _delivered(self, err: object, msg: object) -> None:
+        if err is not None:
+            raise RuntimeError(f"command not delivered: {err}")
+        partition, offset = msg.partition(), msg.offset()  # type: ignore[attr-defined]
+        self.last[partition] = max(offset, self.last.get(partition, -1))
+
+    def decided(self, timeout: float = 120) -> None:
+        """Flush, then wait until every command produced so far is decided."""
+        if self.producer.flush(30):
+            raise RuntimeError("commands not delivered in 30 s")
+        waiting = dict(self.last)
+        deadline = time.monotonic() + timeout
+        while waiting:
+            parts = [TopicPartition(self.topic, p) for p in waiting]
+            for tp in self.offsets.committed(parts, timeout=10):
+                if tp.offset > waiting[tp.partition]:
+                    del waiting[tp.partition]
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not decided after {timeout} s: {waiting}")
+            if waiting:
+                time.sleep(0.002)
+
+    def ready(self, timeout: float = 180) -> None:
+        """Wait until the processor decides on every partition (a probe on each)."""
+        now = int(time.time() * 1000)
+        for p in range(self.settings.partitions):
+            self.send(CheckDeadlines(probe_thread_id(p, self.settings.partitions), now))
+        self.decided(timeout)
+
+    def turns(self, thread: str, first: int, count: int) -> None:
+        """`count` turns, pipelined: each post and at once its run's completion."""
+        now = int(time.time() * 1000)
+        for i in range(first, first + count):
+            message_id = f"m-{i}"
+            self.send(PostUserMessage(thread, TENANT, message_id, QUESTION, None, now))
+            self.complete(thread, run_id_for(thread, message_id), now)
+
+    def complete(self, thread: str, run_id: str, now: int | None = None) -> None:
+        self.send(ReportAttemptCompleted(thread, run_id, 1, "bench-worker", ANSWER, (), (),
+                                         now or int(time.time() * 1000)))
+
+    def close(self) -> None:
+        self.producer.flush(10)
+        self.offsets.close()
+
+
+def _same_partition_threads(prefix: str, partitions: int, count: int) -> Iterator[str]:
+    """Thread ids all on partition 0: every measured command goes to one partition,
+    so the short and the long thread share the processor's batches alike."""
+    n = 0
+    while count:
+        thread = f"{prefix}-{n}-{uuid.uuid4().hex[:6]}"
+        n += 1
+        if partition_for(thread, partitions) == 0:
+            count -= 1
+            yield thread
+
+
+@contextmanager
+def _cpu_window(pid: int, out: list[float], commands: int) -> Iterator[None]:
+    start = process_cpu_ns(pid)
+    yield
+    out.append((process_cpu_ns(pid) - start) / 1e3 / commands)
+
+
+def _cpu_rounds(kafka: Commands, pid: int, shorts: list[str], long: str) \
+        -> tuple[list[float], list[float]]:
+    """Per round: CPU µs per command of a burst on a short thread, then on the long one."""
+    short_cpu: list[float] = []
+    long_cpu: list[float] = []
+    next_long = LONG_TURNS
+    for r, short in enumerate(shorts):
+        bursts = [(short, SHORT_TURNS, short_cpu), (long, next_long, long_cpu)]
+        for thread, first, out in bursts if r % 2 == 0 else bursts[::-1]:
+            with _cpu_window(pid, out, 2 * CPU_BURST):
+                kafka.turns(thread, first, CPU_BURST)
+                kafka.decided()
+        next_long += CPU_BURST
+        print(f"  [{r + 1}/{len(shorts)}] CPU µs/cmd {SHORT} {short_cpu[-1]:.0f}, "
+              f"{LONG} {long_cpu[-1]:.0f}  (load {load_text()})", flush=True)
+    return short_cpu, long_cpu
+
+
+async def _post(session: aiohttp.ClientSession, stack: Stack, thread: str) \
+        -> tuple[float, str, str]:
+    """Latency ms, run id, status ("accepted"; "pending" if the decision took longer
+    than the gateway waits)."""
+    started = time.perf_counter()
+    async with session.post(f"{stack.base}/v1/threads/{thread}/user_message",
+                            json={"input_text": QUESTION}, headers=AUTH) as response:
+        body = await response.json()
+        elapsed = (time.perf_counter() - started) * 1000
+    if response.status != 202:
+        raise RuntimeError(f"POST on {thread}: {response.status} {body}")
+    return elapsed, str(body["run_id"]), str(body["status"])
+
+
+async def _post_rounds(stack: Stack, kafka: Commands, short: str, long: str) \
+        -> tuple[list[float], list[float], int]:
+    latencies: dict[str, list[float]] = {short: [], long: []}
+    pending = 0
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        for r in range(POST_ROUNDS + 3):  # the first three warm the connection and paths
+            for thread in (short, long) if r % 2 == 0 else (long, short):
+                elapsed, run_id, status = await _post(session, stack, thread)
+                kafka.complete(thread, run_id)
+                kafka.decided()
+                if r >= 3:
+                    latencies[thread].append(elapsed)
+                    pending += status != "accepted"
+    return latencies[short], latencies[long], pending
+
+
+async def _wait_ready(stack: Stack, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            for name, child in stack.children.items():
+                if not child.alive():
+                    raise RuntimeError(f"{name} exited:\n{child.tail()}")
+            try:
+                async with session.get(f"{stack.base}/readyz") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.2)
+    raise RuntimeError(f"gateway not ready after {timeout} s")
+
+
+def turns(bootstrap: str) -> list[Figure]:
+    stack = new_stack(bootstrap).start(["processor", "gateway"])
+    kafka = Commands(stack.settings)
+    partitions = stack.settings.partitions
+    try:
+        kafka.ready()
+        asyncio.run(_wait_ready(stack))
+        shorts = list(_same_partition_threads("short", partitions, CPU_ROUNDS + 1))
+        (long,) = _same_partition_threads("long", partitions, 1)
+        now = int(time.time() * 1000)
+        t0 = time.monotonic()
+        for thread in [*shorts, long]:
+            kafka.send(CreateThread(thread, TENANT, "growth", now))
+        for thread in shorts:
+            kafka.turns(thread, 0, SHORT_TURNS)
+        kafka.turns(long, 0, LONG_TURNS)
+        kafka.decided(300)
+        print(f"  prepared {len(shorts)} threads at {SHORT} and one at {LONG} in "
+              f"{time.monotonic() - t0:.1f} s", flush=True)
+        pid = stack.children["processor"].pid
+        idle0, idle_t0 = process_cpu_ns(pid), time.monotonic()
+        time.sleep(2.0)
+        idle_ms_per_s = (process_cpu_ns(pid) - idle0) / 1e6 / (time.monotonic() - idle_t0)
+        load_cpu = load_text()
+        short_cpu, long_cpu = _cpu_rounds(kafka, pid, shorts[:-1], long)
+        load_post = load_text()
+        short_ms, long_ms, pending = asyncio.run(_post_rounds(stack, kafka, shorts[-1], long))
+        print(f"  POST -> 202 p50 {SHORT} {median(short_ms):.1f} ms, {LONG} "
+              f"{median(long_ms):.1f} ms  (load {load_text()})", flush=True)
+    finally:
+        kafka.close()
+        stack.stop()
+    ratios = [b / a for a, b in zip(short_cpu, long_cpu, strict=True)]
+    by_round = " | ".join(f"{a:.0f}/{b:.0f}" for a, b in zip(short_cpu, long_cpu, strict=True))
+    note = (f"CPU µs/cmd by round (short/long): {by_round}; {CPU_BURST} turns = "
+            f"{2 * CPU_BURST} commands a burst; the processor idles at {idle_ms_per_s:.1f} ms "
+            f"CPU/s, counted in both; posts answered 'pending' (undecided within the "
+            f"gateway's wait): {pending}")
+    figures = []
+    for case, cpu, posts in ((SHORT, short_cpu, short_ms), (LONG, long_cpu, long_ms)):
+        values = {"CPU µs/cmd": median(cpu), "POST p50 ms": median(posts),
+                  "POST p95 ms": percentile(posts, 95), "POST p99 ms": percentile(posts, 99),
+                  "posts": len(posts)}
+        figures.append(Figure(BENCH, f"one thread at {case}", values,
+                              None if case == SHORT else f"one thread at {SHORT}",
+                              {"processor": median(cpu)}, f"{load_cpu} / {load_post}"))
+    long_figure = figures[1]
+    long_figure.values["x CPU µs/cmd"] = median(ratios)
+    long_figure.values["x POST p50"] = median(long_ms) / median(short_ms)
+    long_figure.values["x POST p99"] = percentile(long_ms, 99) / percentile(short_ms, 99)
+    long_figure.note = note
+    return figures
+
+
+def run(bootstrap: str) -> list[Figure]:
+    from bench import growth_gateway
+
+    return [*turns(bootstrap), *growth_gateway.run(bootstrap)]
+
+
+if __name__ == "__main__":
+    from bench.common import broker
+
+    with broker() as bootstrap:
+        for figure in turns(bootstrap):
+            print(figure.case, figure.values, figure.note)
