@@ -12,9 +12,10 @@ pipelined (tests/streams/test_long_threads.py does the same). Then, round by rou
 so that a change of the machine's load hits both alike:
 
 * *CPU*: a burst of turns on a short thread (a fresh one each round, prepared at
-  turn 10), then the same burst on the long thread; the processor's CPU (the
-  scheduler's nanoseconds, every thread of the process) from the first command
-  produced until the processor group's committed offset passes the last.
+  turn 10) and the same burst on the long thread, each produced while the
+  processor is stopped (SIGSTOP), so it finds the burst queued and decides it in
+  full batches; its CPU (the scheduler's nanoseconds, every thread of the process)
+  from SIGCONT until the processor group's committed offset passes the last.
 * *latency*: one `POST /v1/threads/{id}/user_message` on the short thread and one on
   the long thread (the order alternates by round), each timed until its `202`,
   then the run completed and its decision awaited before the next post.
@@ -26,10 +27,11 @@ The gateway's memory and start-up at 1k against 100k threads are in
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import aiohttp
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -47,8 +49,8 @@ BENCH = "growth"
 TENANT = "bench"  # the tenant of the API key "bench" (bench_env)
 SHORT_TURNS = 10
 LONG_TURNS = 1_000
-CPU_ROUNDS = 8
-CPU_BURST = 25  # turns (50 commands) a burst
+CPU_ROUNDS = 12
+CPU_BURST = 30  # turns (60 commands) a burst: one or two of the processor's batches
 POST_ROUNDS = 40
 QUESTION = "How does the offset of this answer relate to the one before it? " * 2  # 130 chars
 ANSWER = "The offset grows by one per record on the partition, markers included. " * 8
@@ -134,26 +136,32 @@ def _same_partition_threads(prefix: str, partitions: int, count: int) -> Iterato
             yield thread
 
 
-@contextmanager
-def _cpu_window(pid: int, out: list[float], commands: int) -> Iterator[None]:
-    start = process_cpu_ns(pid)
-    yield
-    out.append((process_cpu_ns(pid) - start) / 1e3 / commands)
+def _burst_cpu(kafka: Commands, pid: int, thread: str, first: int) -> float:
+    """CPU µs per command of a burst of turns handed to the processor at once: it is
+    stopped (SIGSTOP) while the burst is produced, so it finds every command queued
+    when it resumes and decides them in full batches, the same on both sides,
+    whatever the timing of the produce."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        kafka.turns(thread, first, CPU_BURST)
+        if kafka.producer.flush(30):
+            raise RuntimeError("commands not delivered in 30 s")
+        start = process_cpu_ns(pid)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    kafka.decided()
+    return (process_cpu_ns(pid) - start) / 1e3 / (2 * CPU_BURST)
 
 
 def _cpu_rounds(kafka: Commands, pid: int, shorts: list[str], long: str) \
         -> tuple[list[float], list[float]]:
-    """Per round: CPU µs per command of a burst on a short thread, then on the long one."""
+    """Per round: CPU µs per command of a burst on a short thread and on the long one."""
     short_cpu: list[float] = []
     long_cpu: list[float] = []
-    next_long = LONG_TURNS
     for r, short in enumerate(shorts):
-        bursts = [(short, SHORT_TURNS, short_cpu), (long, next_long, long_cpu)]
+        bursts = [(short, SHORT_TURNS, short_cpu), (long, LONG_TURNS + r * CPU_BURST, long_cpu)]
         for thread, first, out in bursts if r % 2 == 0 else bursts[::-1]:
-            with _cpu_window(pid, out, 2 * CPU_BURST):
-                kafka.turns(thread, first, CPU_BURST)
-                kafka.decided()
-        next_long += CPU_BURST
+            out.append(_burst_cpu(kafka, pid, thread, first))
         print(f"  [{r + 1}/{len(shorts)}] CPU µs/cmd {SHORT} {short_cpu[-1]:.0f}, "
               f"{LONG} {long_cpu[-1]:.0f}  (load {load_text()})", flush=True)
     return short_cpu, long_cpu
@@ -241,9 +249,10 @@ def turns(bootstrap: str) -> list[Figure]:
     ratios = [b / a for a, b in zip(short_cpu, long_cpu, strict=True)]
     by_round = " | ".join(f"{a:.0f}/{b:.0f}" for a, b in zip(short_cpu, long_cpu, strict=True))
     note = (f"CPU µs/cmd by round (short/long): {by_round}; {CPU_BURST} turns = "
-            f"{2 * CPU_BURST} commands a burst; the processor idles at {idle_ms_per_s:.1f} ms "
-            f"CPU/s, counted in both; posts answered 'pending' (undecided within the "
-            f"gateway's wait): {pending}")
+            f"{2 * CPU_BURST} commands a burst, turns {LONG_TURNS + 1:,}-"
+            f"{LONG_TURNS + CPU_ROUNDS * CPU_BURST:,} on the long thread; the processor idles "
+            f"at {idle_ms_per_s:.1f} ms CPU/s (in both sides' windows); posts answered "
+            f"'pending' (undecided within the gateway's wait): {pending}")
     figures = []
     for case, cpu, posts in ((SHORT, short_cpu, short_ms), (LONG, long_cpu, long_ms)):
         values = {"CPU µs/cmd": median(cpu), "POST p50 ms": median(posts),

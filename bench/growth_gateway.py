@@ -57,12 +57,14 @@ async def _until_ready(gateway: Child, base: str, timeout: float = 600) -> dict[
     """Poll /readyz from spawn; then the gateway's own figures from /healthz."""
     started = time.monotonic()
     serving = None
+    rss: list[tuple[float, int]] = []  # (s since spawn, bytes): how memory grows while it restores
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         while True:
             if not gateway.alive():
                 raise RuntimeError(f"gateway exited:\n{gateway.tail()}")
             if time.monotonic() - started > timeout:
                 raise RuntimeError(f"gateway not ready after {timeout} s:\n{gateway.tail()}")
+            rss.append((time.monotonic() - started, process_rss(gateway.pid)))
             try:
                 async with session.get(f"{base}/readyz") as response:
                     serving = serving or time.monotonic() - started
@@ -76,8 +78,11 @@ async def _until_ready(gateway: Child, base: str, timeout: float = 600) -> dict[
         await asyncio.sleep(2.0)
         async with session.get(f"{base}/healthz") as response:
             health = await response.json()
+    quarters = [next(b for t, b in rss if t >= ready * q) / 2**20 for q in (0.25, 0.5, 0.75)]
     return {"ready_s": ready, "serving_s": serving, "rss_mb": rss_ready / 2**20,
-            "rss_2s_mb": process_rss(gateway.pid) / 2**20,
+            "rss_2s_mb": process_rss(gateway.pid) / 2**20, "rss_quarters_mb": quarters,
+            "anon_mb": _status_kb(gateway.pid, "RssAnon") / 1024,
+            "file_mb": _status_kb(gateway.pid, "RssFile") / 1024,
             "peak_mb": _status_kb(gateway.pid, "VmHWM") / 1024, "read_model": health["read_model"]}
 
 
@@ -107,6 +112,11 @@ def _prepare(bootstrap: str, threads: int) -> Size:
     return Size(threads, env, settings, folder)
 
 
+def _rocksdb(run: dict[str, Any]) -> str:
+    stats = run["read_model"].get("rocksdb") or {}
+    return ", ".join(f"{k.removesuffix('_bytes')} {v / 2**20:.1f} MiB" for k, v in stats.items())
+
+
 def _figure(size: Size, small: Size | None) -> Figure:
     cold, warm = size.runs["cold"], size.runs["warm"]
     values = {"threads": size.threads, "messages": size.threads * MESSAGES,
@@ -120,10 +130,14 @@ def _figure(size: Size, small: Size | None) -> Figure:
         for metric in ("cold: s to ready", "cold: RSS MiB", "warm: s to ready", "warm: RSS MiB"):
             before = _figure(small, None).values[metric]
             values[f"x {metric}"] = values[metric] / before
+    quarters = " / ".join(f"{mb:.0f}" for mb in cold["rss_quarters_mb"])
     note = (f"records read until loaded: cold {cold['read_model']['read_until_loaded']}, warm "
             f"{warm['read_model']['read_until_loaded']}; first HTTP answer after "
-            f"{cold['serving_s']:.2f} s cold, {warm['serving_s']:.2f} s warm; RSS at ready "
-            f"{cold['rss_mb']:.0f} / {warm['rss_mb']:.0f} MiB (cold / warm)")
+            f"{cold['serving_s']:.2f} s cold, {warm['serving_s']:.2f} s warm; cold RSS at 1/4, "
+            f"1/2, 3/4 of the time to ready {quarters} MiB, at ready {cold['rss_mb']:.0f}, 2 s "
+            f"later {cold['rss_2s_mb']:.0f} (anonymous {cold['anon_mb']:.0f}, file "
+            f"{cold['file_mb']:.0f}), RocksDB {_rocksdb(cold)}; warm RSS at ready "
+            f"{warm['rss_mb']:.0f} MiB, RocksDB {_rocksdb(warm)}")
     case = f"gateway, {size.threads:,} threads"
     return Figure(BENCH, case, values, None if small is None else f"gateway, {small.threads:,} threads",
                   {}, f"{cold['load']} / {warm['load']}", note)
