@@ -1,24 +1,27 @@
 """Growth: does a long thread cost more per turn than a short one?
 
-Processor CPU per command and `POST -> 202` latency on a thread at turn 10 against
-one at turn 1,000, measured side by side on one stack (`threadline processor` and
+Processor CPU per command and `POST -> 202` latency at turn 10 of a thread against
+turn 1,000, measured side by side on one stack (`threadline processor` and
 `threadline gateway`, each its own process; no worker: the bench reports each run
 completed itself, as a worker would, so no answer streams and the figures are the
 decision path's alone).
 
-The threads are prepared with commands produced straight to Kafka: per turn a
+Threads are prepared with commands produced straight to Kafka: per turn a
 `PostUserMessage` and the `ReportAttemptCompleted` of `run_id_for(thread, message_id)`,
-pipelined (tests/streams/test_long_threads.py does the same). Then, round by round,
-so that a change of the machine's load hits both alike:
+pipelined (tests/streams/test_long_threads.py does the same): many at turn 10, six
+at turn 1,000. A short thread gets at most five more turns, so its side is measured
+on turns 11-15 (its history, and so the dispatch's context, still 20-30 messages);
+the long side on turns 1,001-1,070. Round by round, so that a change of the
+machine's load hits both alike:
 
-* *CPU*: a burst of turns on a short thread (a fresh one each round, prepared at
-  turn 10) and the same burst on the long thread, each produced while the
-  processor is stopped (SIGSTOP), so it finds the burst queued and decides it in
-  full batches; its CPU (the scheduler's nanoseconds, every thread of the process)
-  from SIGCONT until the processor group's committed offset passes the last.
-* *latency*: one `POST /v1/threads/{id}/user_message` on the short thread and one on
-  the long thread (the order alternates by round), each timed until its `202`,
-  then the run completed and its decision awaited before the next post.
+* *CPU*: a burst of five turns on each of six fresh turn-10 threads, and the same
+  on the six turn-1,000 threads, each produced while the processor is stopped
+  (SIGSTOP), so it finds the burst queued and decides it in full batches; its CPU
+  (the scheduler's nanoseconds, every thread of the process) from SIGCONT until
+  the processor group's committed offset passes the last command.
+* *latency*: one `POST /v1/threads/{id}/user_message` a side (the order alternates
+  by round), each timed until its `202`, then the run completed and its decision
+  awaited before the next post.
 
 The gateway's memory and start-up at 1k against 100k threads are in
 `bench.growth_gateway`; `run` measures both.
@@ -49,9 +52,11 @@ BENCH = "growth"
 TENANT = "bench"  # the tenant of the API key "bench" (bench_env)
 SHORT_TURNS = 10
 LONG_TURNS = 1_000
-CPU_ROUNDS = 12
-CPU_BURST = 30  # turns (60 commands) a burst: one or two of the processor's batches
+THREADS = 6  # threads a side of a CPU burst
+TURNS_EACH = 5  # turns a thread in a burst (so the short threads stay at turns 11-15)
+CPU_ROUNDS = 12  # a burst is 6 x 5 turns, 60 commands: one or two of the processor's batches
 POST_ROUNDS = 40
+WARMUP_POSTS = 3
 QUESTION = "How does the offset of this answer relate to the one before it? " * 2  # 130 chars
 ANSWER = "The offset grows by one per record on the partition, markers included. " * 8
 SHORT, LONG = f"turn {SHORT_TURNS}", f"turn {LONG_TURNS:,}"
@@ -136,33 +141,37 @@ def _same_partition_threads(prefix: str, partitions: int, count: int) -> Iterato
             yield thread
 
 
-def _burst_cpu(kafka: Commands, pid: int, thread: str, first: int) -> float:
-    """CPU µs per command of a burst of turns handed to the processor at once: it is
-    stopped (SIGSTOP) while the burst is produced, so it finds every command queued
-    when it resumes and decides them in full batches, the same on both sides,
-    whatever the timing of the produce."""
+def _burst_cpu(kafka: Commands, pid: int, threads: list[str], first: int) -> float:
+    """CPU µs per command of a burst (TURNS_EACH turns on each of `threads`) handed to
+    the processor at once: it is stopped (SIGSTOP) while the burst is produced, so it
+    finds every command queued when it resumes and decides them in full batches, the
+    same on both sides, whatever the timing of the produce."""
     os.kill(pid, signal.SIGSTOP)
     try:
-        kafka.turns(thread, first, CPU_BURST)
+        for thread in threads:
+            kafka.turns(thread, first, TURNS_EACH)
         if kafka.producer.flush(30):
             raise RuntimeError("commands not delivered in 30 s")
         start = process_cpu_ns(pid)
     finally:
         os.kill(pid, signal.SIGCONT)
     kafka.decided()
-    return (process_cpu_ns(pid) - start) / 1e3 / (2 * CPU_BURST)
+    return (process_cpu_ns(pid) - start) / 1e3 / (2 * TURNS_EACH * len(threads))
 
 
-def _cpu_rounds(kafka: Commands, pid: int, shorts: list[str], long: str) \
+def _cpu_rounds(kafka: Commands, pid: int, shorts: list[str], longs: list[str]) \
         -> tuple[list[float], list[float]]:
-    """Per round: CPU µs per command of a burst on a short thread and on the long one."""
+    """Per round: CPU µs per command of a burst on fresh turn-10 threads and of one on
+    the turn-1,000 threads."""
     short_cpu: list[float] = []
     long_cpu: list[float] = []
-    for r, short in enumerate(shorts):
-        bursts = [(short, SHORT_TURNS, short_cpu), (long, LONG_TURNS + r * CPU_BURST, long_cpu)]
-        for thread, first, out in bursts if r % 2 == 0 else bursts[::-1]:
-            out.append(_burst_cpu(kafka, pid, thread, first))
-        print(f"  [{r + 1}/{len(shorts)}] CPU µs/cmd {SHORT} {short_cpu[-1]:.0f}, "
+    for r in range(CPU_ROUNDS):
+        fresh = shorts[r * THREADS:(r + 1) * THREADS]
+        bursts = [(fresh, SHORT_TURNS, short_cpu),
+                  (longs, LONG_TURNS + r * TURNS_EACH, long_cpu)]
+        for threads, first, out in bursts if r % 2 == 0 else bursts[::-1]:
+            out.append(_burst_cpu(kafka, pid, threads, first))
+        print(f"  [{r + 1}/{CPU_ROUNDS}] CPU µs/cmd {SHORT} {short_cpu[-1]:.0f}, "
               f"{LONG} {long_cpu[-1]:.0f}  (load {load_text()})", flush=True)
     return short_cpu, long_cpu
 
@@ -181,20 +190,23 @@ async def _post(session: aiohttp.ClientSession, stack: Stack, thread: str) \
     return elapsed, str(body["run_id"]), str(body["status"])
 
 
-async def _post_rounds(stack: Stack, kafka: Commands, short: str, long: str) \
+async def _post_rounds(stack: Stack, kafka: Commands, shorts: list[str], longs: list[str]) \
         -> tuple[list[float], list[float], int]:
-    latencies: dict[str, list[float]] = {short: [], long: []}
+    """One post a side a round; a short thread takes TURNS_EACH posts (turns 11-15),
+    then the next; the long threads take turns."""
+    latencies: tuple[list[float], list[float]] = ([], [])
     pending = 0
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        for r in range(POST_ROUNDS + 3):  # the first three warm the connection and paths
-            for thread in (short, long) if r % 2 == 0 else (long, short):
+        for r in range(POST_ROUNDS + WARMUP_POSTS):
+            sides = [(shorts[r // TURNS_EACH], latencies[0]), (longs[r % len(longs)], latencies[1])]
+            for thread, out in sides if r % 2 == 0 else sides[::-1]:
                 elapsed, run_id, status = await _post(session, stack, thread)
                 kafka.complete(thread, run_id)
                 kafka.decided()
-                if r >= 3:
-                    latencies[thread].append(elapsed)
+                if r >= WARMUP_POSTS:
+                    out.append(elapsed)
                     pending += status != "accepted"
-    return latencies[short], latencies[long], pending
+    return latencies[0], latencies[1], pending
 
 
 async def _wait_ready(stack: Stack, timeout: float = 180) -> None:
@@ -218,29 +230,33 @@ def turns(bootstrap: str) -> list[Figure]:
     stack = new_stack(bootstrap).start(["processor", "gateway"])
     kafka = Commands(stack.settings)
     partitions = stack.settings.partitions
+    post_threads = -(-(POST_ROUNDS + WARMUP_POSTS) // TURNS_EACH)
     try:
         kafka.ready()
         asyncio.run(_wait_ready(stack))
-        shorts = list(_same_partition_threads("short", partitions, CPU_ROUNDS + 1))
-        (long,) = _same_partition_threads("long", partitions, 1)
+        shorts = list(_same_partition_threads("short", partitions,
+                                              CPU_ROUNDS * THREADS + post_threads))
+        longs = list(_same_partition_threads("long", partitions, THREADS))
         now = int(time.time() * 1000)
         t0 = time.monotonic()
-        for thread in [*shorts, long]:
+        for thread in [*shorts, *longs]:
             kafka.send(CreateThread(thread, TENANT, "growth", now))
         for thread in shorts:
             kafka.turns(thread, 0, SHORT_TURNS)
-        kafka.turns(long, 0, LONG_TURNS)
-        kafka.decided(300)
-        print(f"  prepared {len(shorts)} threads at {SHORT} and one at {LONG} in "
+        for thread in longs:
+            kafka.turns(thread, 0, LONG_TURNS)
+        kafka.decided(600)
+        print(f"  prepared {len(shorts)} threads at {SHORT} and {len(longs)} at {LONG} in "
               f"{time.monotonic() - t0:.1f} s", flush=True)
         pid = stack.children["processor"].pid
         idle0, idle_t0 = process_cpu_ns(pid), time.monotonic()
         time.sleep(2.0)
         idle_ms_per_s = (process_cpu_ns(pid) - idle0) / 1e6 / (time.monotonic() - idle_t0)
         load_cpu = load_text()
-        short_cpu, long_cpu = _cpu_rounds(kafka, pid, shorts[:-1], long)
+        short_cpu, long_cpu = _cpu_rounds(kafka, pid, shorts, longs)
         load_post = load_text()
-        short_ms, long_ms, pending = asyncio.run(_post_rounds(stack, kafka, shorts[-1], long))
+        short_ms, long_ms, pending = asyncio.run(
+            _post_rounds(stack, kafka, shorts[CPU_ROUNDS * THREADS:], longs))
         print(f"  POST -> 202 p50 {SHORT} {median(short_ms):.1f} ms, {LONG} "
               f"{median(long_ms):.1f} ms  (load {load_text()})", flush=True)
     finally:
@@ -248,18 +264,21 @@ def turns(bootstrap: str) -> list[Figure]:
         stack.stop()
     ratios = [b / a for a, b in zip(short_cpu, long_cpu, strict=True)]
     by_round = " | ".join(f"{a:.0f}/{b:.0f}" for a, b in zip(short_cpu, long_cpu, strict=True))
-    note = (f"CPU µs/cmd by round (short/long): {by_round}; {CPU_BURST} turns = "
-            f"{2 * CPU_BURST} commands a burst, turns {LONG_TURNS + 1:,}-"
-            f"{LONG_TURNS + CPU_ROUNDS * CPU_BURST:,} on the long thread; the processor idles "
-            f"at {idle_ms_per_s:.1f} ms CPU/s (in both sides' windows); posts answered "
-            f"'pending' (undecided within the gateway's wait): {pending}")
+    long_last = LONG_TURNS + CPU_ROUNDS * TURNS_EACH
+    note = (f"CPU µs/cmd by round (turn 10 / turn 1,000): {by_round}; a burst is "
+            f"{TURNS_EACH} turns on each of {THREADS} threads ({2 * TURNS_EACH * THREADS} "
+            f"commands): turns {SHORT_TURNS + 1}-{SHORT_TURNS + TURNS_EACH} of fresh threads, "
+            f"turns {LONG_TURNS + 1:,}-{long_last:,} of the long ones over the rounds (posts: "
+            f"turns {long_last + 1:,}-{long_last + -(-(POST_ROUNDS + WARMUP_POSTS) // THREADS):,});"
+            f" the processor idles at {idle_ms_per_s:.1f} ms CPU/s (in both sides' windows); "
+            f"posts answered 'pending' (undecided within the gateway's wait): {pending}")
     figures = []
     for case, cpu, posts in ((SHORT, short_cpu, short_ms), (LONG, long_cpu, long_ms)):
         values = {"CPU µs/cmd": median(cpu), "POST p50 ms": median(posts),
                   "POST p95 ms": percentile(posts, 95), "POST p99 ms": percentile(posts, 99),
                   "posts": len(posts)}
-        figures.append(Figure(BENCH, f"one thread at {case}", values,
-                              None if case == SHORT else f"one thread at {SHORT}",
+        figures.append(Figure(BENCH, f"at {case}", values,
+                              None if case == SHORT else f"at {SHORT}",
                               {"processor": median(cpu)}, f"{load_cpu} / {load_post}"))
     long_figure = figures[1]
     long_figure.values["x CPU µs/cmd"] = median(ratios)

@@ -53,7 +53,7 @@ def _at_most(case: str, metric: str, bound: float) -> Callable[[dict[str, Figure
 
 
 EOS = "threadline processor, exactly-once"
-LONG = "one thread at turn 1,000"
+LONG = "at turn 1,000"
 LARGE = "gateway, 100,000 threads"
 TARGETS = [
     Target("processor", "exactly-once processor >= 0.5x the bare EOS loop (events only)",
