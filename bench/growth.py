@@ -10,8 +10,8 @@ Threads are prepared with commands produced straight to Kafka: per turn a
 `PostUserMessage` and the `ReportAttemptCompleted` of `run_id_for(thread, message_id)`,
 pipelined (tests/streams/test_long_threads.py does the same): many at turn 10, six
 at turn 1,000. A short thread gets at most five more turns, so its side is measured
-on turns 11-15 (its history, and so the dispatch's context, still 20-30 messages);
-the long side on turns 1,001-1,070. Round by round, so that a change of the
+on turns 11-15 (its history, and so the dispatch's context, still 20-28 messages);
+the long side on turns 1,001-1,068. Round by round, so that a change of the
 machine's load hits both alike:
 
 * *CPU*: a burst of five turns on each of six fresh turn-10 threads, and the same
