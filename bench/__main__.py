@@ -25,6 +25,7 @@ BENCHMARKS = {
     "token": "bench.token_latency",
     "replay": "bench.replay",
     "fanout": "bench.fanout",
+    "growth": "bench.growth",
 }
 
 
@@ -39,9 +40,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.from_results:
         saved = json.loads(Path(args.from_results).read_text())
-        figures = [Figure(**f) for f in saved["figures"]]
-        print_table(figures)
-        write_report(figures, saved["meta"])
+        loaded = [Figure(**f) for f in saved["figures"]]
+        print_table(loaded)
+        write_report(loaded, saved["meta"])
         return
     logging.basicConfig(level=logging.WARNING)
     names = args.only or list(BENCHMARKS)

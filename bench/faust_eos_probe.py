@@ -21,13 +21,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 KEYS = int(os.environ.get("PROBE_KEYS", "40"))
 PER_KEY = int(os.environ.get("PROBE_PER_KEY", "150"))
 PARTITIONS = 4
 
 
-def _app():  # type: ignore[no-untyped-def]
+def _app() -> Any:
     import faust
 
     prefix = os.environ["PROBE_PREFIX"]
@@ -37,13 +38,14 @@ def _app():  # type: ignore[no-untyped-def]
         datadir=os.environ["PROBE_DATADIR"], topic_partitions=PARTITIONS,
         broker_commit_every=50, broker_commit_interval=0.1, web_enabled=False,
     )
-    raw = {"key_serializer": "raw", "value_serializer": "raw"}
-    source = app.topic(f"{prefix}in", partitions=PARTITIONS, **raw)
-    sink = app.topic(f"{prefix}out", partitions=PARTITIONS, **raw)
+    source = app.topic(f"{prefix}in", partitions=PARTITIONS, key_serializer="raw",
+                       value_serializer="raw")
+    sink = app.topic(f"{prefix}out", partitions=PARTITIONS, key_serializer="raw",
+                     value_serializer="raw")
     counts = app.Table("counts", default=int, partitions=PARTITIONS, key_type=str, value_type=int)
 
     @app.agent(source)
-    async def count(stream):  # type: ignore[no-untyped-def]
+    async def count(stream: Any) -> None:
         async for key, _value in stream.items():
             name = key.decode()
             counts[name] += 1
@@ -78,7 +80,8 @@ def _read_output(bootstrap: str, topic: str, expect: int, timeout: float) -> lis
 
 def drive(seed: int = 1, kills: int = 4) -> dict[str, int]:
     from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
 
     from bench.common import broker
 

@@ -39,9 +39,10 @@ def _app(settings: Settings, count: int, out: Path) -> Any:
         datadir=str(settings.data_dir / "faust"), topic_partitions=settings.partitions,
         web_enabled=False, key_serializer="raw", value_serializer="raw",
     )
-    raw = {"key_serializer": "raw", "value_serializer": "raw"}
-    commands = app.topic(topics.commands, partitions=settings.partitions, **raw)
-    events = app.topic(topics.events, partitions=settings.partitions, **raw)
+    commands = app.topic(topics.commands, partitions=settings.partitions,
+                         key_serializer="raw", value_serializer="raw")
+    events = app.topic(topics.events, partitions=settings.partitions,
+                       key_serializer="raw", value_serializer="raw")
     table = app.Table("threads", default=None, partitions=settings.partitions,
                       key_type=bytes, value_type=bytes)
     seen = {"n": 0, "first_at": 0.0, "first_cpu": 0.0}

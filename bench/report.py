@@ -17,6 +17,8 @@ TITLES = {
     "token": "3. Token latency: worker produce -> client receipt",
     "fanout": "4. Fan-out: one gateway process, many SSE clients",
     "replay": "5. Replay: 10,000 events of one thread from an early Last-Event-ID",
+    "growth": "6. Growth: a thread at turn 10 against one at turn 1,000 (processor and gateway)",
+    "growth-gateway": "7. Growth: a gateway with 1k against 100k threads (cold start, warm restart)",
 }
 NOTES = ROOT / "bench" / "NOTES.md"
 PNG = DOCS / "benchmarks.png"
@@ -51,6 +53,8 @@ def _at_most(case: str, metric: str, bound: float) -> Callable[[dict[str, Figure
 
 
 EOS = "threadline processor, exactly-once"
+LONG = "at turn 1,000"
+LARGE = "gateway, 100,000 threads"
 TARGETS = [
     Target("processor", "exactly-once processor >= 0.5x the bare EOS loop (events only)",
            _at_least(EOS, "x bare loop, events only", 0.5)),
@@ -66,6 +70,18 @@ TARGETS = [
            _at_most("10000 clients", "KiB/idle conn", 50)),
     Target("replay", "<= 1.5x the bare seek-and-consume",
            _at_most("gateway replay", "x bare", 1.5)),
+    Target("growth", "processor CPU per command at turn 1,000 <= 1.2x turn 10",
+           _at_most(LONG, "x CPU µs/cmd", 1.2)),
+    Target("growth", "POST -> 202 p50 at turn 1,000 <= 1.2x turn 10",
+           _at_most(LONG, "x POST p50", 1.2)),
+    Target("growth-gateway", "gateway RSS after a cold start, 100k threads <= 1.5x 1k",
+           _at_most(LARGE, "x cold: RSS MiB", 1.5)),
+    Target("growth-gateway", "gateway RSS after a warm restart, 100k threads <= 1.5x 1k",
+           _at_most(LARGE, "x warm: RSS MiB", 1.5)),
+    Target("growth-gateway", "gateway time to ready, warm restart, 100k threads <= 1.5x 1k",
+           _at_most(LARGE, "x warm: s to ready", 1.5)),
+    Target("growth-gateway", "gateway time to ready, cold start (empty store), 100k threads "
+           "<= 1.5x 1k", _at_most(LARGE, "x cold: s to ready", 1.5)),
 ]
 
 
@@ -246,4 +262,13 @@ _PANELS: dict[str, Callable[[object, list[Figure]], None]] = {
                                                for f in g]},
                                   "thousand events/s"),
     "replay": lambda ax, g: _bars(ax, [f.case for f in g], _panel_values(g, ["seconds"]), "s"),
+    "growth": lambda ax, g: _ratios(ax, g),
+    "growth-gateway": lambda ax, g: _ratios(ax, g),
 }
+
+
+def _ratios(ax: object, group: list[Figure]) -> None:
+    """The x-columns (a case over its baseline) as bars, the goal's 1x marked."""
+    ratios = {k[2:]: v for f in group for k, v in f.values.items() if k.startswith("x ")}
+    _bars(ax, list(ratios), {"ratio": list(ratios.values())}, "x the smaller case")
+    ax.axhline(1.0, color="grey", linewidth=0.8)  # type: ignore[attr-defined]
