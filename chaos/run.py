@@ -86,6 +86,24 @@ async def _reference(session: aiohttp.ClientSession, bases: list[str], run_id: s
     return seen
 
 
+async def _history(api: Api, thread_id: str, deadline: float) -> list[dict[str, Any]]:
+    """The thread's whole stored history, page after page (a page holds at most 1,000)."""
+    messages: list[dict[str, Any]] = []
+    cursor = ""
+    while True:
+        path = f"/v1/threads/{thread_id}/messages?limit=1000" + (f"&after={cursor}" if cursor else "")
+        try:
+            status, body = await api.call("GET", path, deadline=deadline)
+        except GaveUp:
+            return messages
+        if status != 200:
+            return messages
+        messages += body.get("messages", [])
+        cursor = body.get("next_cursor") or ""
+        if not cursor:
+            return messages
+
+
 async def _collect(stack: Stack, load: Load) -> Observations:
     reads = await asyncio.to_thread(topic_reads, stack.settings)
     stored: dict[str, list[dict[str, Any]]] = {}
@@ -94,12 +112,7 @@ async def _collect(stack: Stack, load: Load) -> Observations:
         api = Api(session, stack.bases, random.Random(0))
         deadline = time.monotonic() + 120
         for thread_id in sorted({p.thread_id for p in load.posts}):
-            try:
-                status, body = await api.call("GET", f"/v1/threads/{thread_id}/messages",
-                                              deadline=deadline)
-            except GaveUp:
-                status, body = 0, None
-            stored[thread_id] = list(body.get("messages", [])) if status == 200 else []
+            stored[thread_id] = await _history(api, thread_id, deadline)
         gate = asyncio.Semaphore(8)
 
         async def fetch(run_id: str) -> None:
