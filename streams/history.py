@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from streams.domain import (
     Event,
@@ -126,7 +127,18 @@ def _run_ended(before: ThreadState, run_id: str, status: RunStatus) -> list[Hist
     return [RunStatusChanged(run.message_seq, status, run.attempt)]
 
 
-def context_window(newest_first: Iterable[StoredMessage], budget_chars: int,
+class _Said(Protocol):
+    """A message as an agent sees it (a StoredMessage or a HistoryMessage)."""
+
+    @property
+    def message_id(self) -> str: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def text(self) -> str: ...
+
+
+def context_window(newest_first: Iterable[_Said], budget_chars: int,
                    max_messages: int) -> tuple[HistoryMessage, ...]:
     """The newest messages whose texts fit in `budget_chars` together (and at most
     `max_messages` of them), oldest first: what an agent gets as context."""
@@ -138,6 +150,7 @@ def context_window(newest_first: Iterable[StoredMessage], budget_chars: int,
         used += len(message.text)
         if used > budget_chars:
             break
-        picked.append(HistoryMessage(message.message_id, message.role, message.text))
+        picked.append(message if isinstance(message, HistoryMessage)
+                      else HistoryMessage(message.message_id, message.role, message.text))
     picked.reverse()
     return tuple(picked)
