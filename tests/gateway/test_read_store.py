@@ -17,8 +17,8 @@ from streams.domain import ActiveRun, RunRecord, RunStatus, StoredMessage, Threa
 from streams.history import message_key
 from streams.records import MessageRecord
 from streams.serialization import (
-    Codec,
     SCHEMA_DIR,
+    Codec,
     encode_message,
     encode_state,
     new_meta,
