@@ -23,6 +23,7 @@ means the bytes are unusable and belong on the dead-letter topic;
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, is_dataclass
@@ -90,6 +91,7 @@ CONFLUENT_MAGIC = 0x00
 _SINGLE_OBJECT_HEADER_LEN = 10
 _WRITE_OPTIONS = {"strict": False, "strict_allow_default": False, "disable_tuple_notation": False}
 _CONFLUENT_HEADER_LEN = 5
+_REGISTER_ATTEMPTS = 5  # a 409 from a registration race is retried this often
 
 T = TypeVar("T")
 
@@ -357,9 +359,21 @@ class ConfluentRegistry:
         })
 
     def register(self, subject: str, schema: str) -> int:
-        """The id of `schema` (JSON text) under `subject`, registering it if new."""
-        return self._call(f"register {subject}",
-                          lambda: self._client.register_schema(subject, _Schema(schema, "AVRO")))
+        """The id of `schema` (JSON text) under `subject`, registering it if new.
+
+        Roles start together and register the same schemas: Apicurio answers the
+        loser of a race to create a subject 409 "already exists" (seen with the
+        processor, worker and gateway starting at once); asked again, it answers
+        the id. A 409 that persists (an incompatible schema) is raised."""
+        for attempt in range(_REGISTER_ATTEMPTS):
+            try:
+                return self._call(f"register {subject}", lambda: self._client.register_schema(
+                    subject, _Schema(schema, "AVRO")))
+            except RegistryError as exc:
+                if exc.status != 409 or attempt == _REGISTER_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.1 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def lookup(self, schema_id: int) -> str:
         """The schema (JSON text) registered under `schema_id`."""
