@@ -26,7 +26,7 @@ from chaos.sse import AUTH, Api, GaveUp, iter_sse
 from chaos.stack import Stack
 from streams.config import Settings
 from streams.domain import Event
-from streams.serialization import DecodeError, decode_event
+from streams.serialization import Codec, DecodeError
 
 __all__ = ["Config", "Outcome", "run"]
 
@@ -92,9 +92,10 @@ def _read_topic(settings: Settings, topic: str, timeout: float = 60.0) -> list[b
 
 def _events(settings: Settings) -> list[Event]:
     events = []
+    codec = Codec.from_settings(settings)  # the roles' format (THREADLINE_SCHEMA_REGISTRY_URL)
     for value in _read_topic(settings, settings.topics.events):
         try:
-            events.append(decode_event(value)[1])
+            events.append(codec.decode_event(value)[1])
         except DecodeError:
             continue
     return events

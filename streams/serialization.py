@@ -626,6 +626,9 @@ def _same_thread(meta: EnvelopeMeta, thread_id: str, error: type[Exception]) -> 
         )
 
 
+# The single-object codec, for code with no settings (tests, benchmarks, tools).
+# Roles never use these: each builds its own from its settings (`Codec.from_settings`),
+# so THREADLINE_SCHEMA_REGISTRY_URL decides their format.
 _DEFAULT = Codec()
 encode_command = _DEFAULT.encode_command
 decode_command = _DEFAULT.decode_command
