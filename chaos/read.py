@@ -26,14 +26,7 @@ from chaos.topic_audit import (
 )
 from streams.config import Settings
 from streams.history import parse_message_key
-from streams.serialization import (
-    DecodeError,
-    decode_dead_letter,
-    decode_dispatch,
-    decode_event,
-    decode_message,
-    decode_state,
-)
+from streams.serialization import Codec, DecodeError
 
 __all__ = ["Raw", "read_topic", "topic_reads"]
 
@@ -80,29 +73,30 @@ def topic_reads(settings: Settings) -> TopicReads:
     names = {"events": topics.events, "dispatch": topics.dispatch, "threads": topics.threads,
              "messages": topics.messages, "dead-letter": topics.dead_letter}
     reads = TopicReads()
+    codec = Codec.from_settings(settings)  # the roles' format (THREADLINE_SCHEMA_REGISTRY_URL)
     for committed in (True, False):
         for short, topic in names.items():
             for raw in read_topic(settings, topic, committed):
-                record = _decode(short, raw, reads if committed else None)
+                record = _decode(codec, short, raw, reads if committed else None)
                 if record is not None:
                     (reads.committed if committed else reads.uncommitted).append(record)
     return reads
 
 
-def _decode(topic: str, raw: Raw, reads: TopicReads | None) -> TopicRecord | None:
+def _decode(codec: Codec, topic: str, raw: Raw, reads: TopicReads | None) -> TopicRecord | None:
     """The record's identities; with `reads` (a committed record) also what the
     history and state checks need. None for what does not decode (the answers
     audit counts dead letters; garbage is not ours to identify)."""
     key, value = raw.key or b"", raw.value
     try:
         if topic == "events" and value is not None:
-            meta, event = decode_event(value)
+            meta, event = codec.decode_event(value)
             if reads is not None:
                 reads.events.append((meta.thread_id, event))
             return TopicRecord(topic, raw.partition, raw.offset,
                                event_identities(meta.envelope_id, event), repr(event))
         if topic == "dispatch" and value is not None:
-            meta, dispatch = decode_dispatch(value)
+            meta, dispatch = codec.decode_dispatch(value)
             return TopicRecord(topic, raw.partition, raw.offset,
                                dispatch_identities(meta.envelope_id, meta.thread_id, dispatch),
                                f"dispatch of {dispatch.run_id} attempt {dispatch.attempt}")
@@ -113,7 +107,7 @@ def _decode(topic: str, raw: Raw, reads: TopicReads | None) -> TopicRecord | Non
                     reads.history.append(HistoryRecord(thread_id, seq, raw.partition, raw.offset,
                                                        None))
                 return None
-            meta, message = decode_message(value)
+            meta, message = codec.decode_message(value)
             if reads is not None:
                 reads.history.append(HistoryRecord(thread_id, seq, raw.partition, raw.offset,
                                                    message))
@@ -121,13 +115,13 @@ def _decode(topic: str, raw: Raw, reads: TopicReads | None) -> TopicRecord | Non
                                message_identities(meta.envelope_id, key, thread_id, message),
                                f"{key.decode(errors='replace')} {message.run_status}")
         if topic == "threads":
-            state = decode_state(value) if value is not None else None
+            state = codec.decode_state(value) if value is not None else None
             if reads is not None:
                 reads.states.append(StateRecord(key.decode(errors="replace"), raw.partition,
                                                 raw.offset, state))
             return TopicRecord(topic, raw.partition, raw.offset, ())
         if topic == "dead-letter" and value is not None:
-            dead = decode_dead_letter(value)
+            dead = codec.decode_dead_letter(value)
             return TopicRecord(topic, raw.partition, raw.offset, dead_letter_identities(dead),
                                f"dead letter: {dead.reason}")
     except (DecodeError, ValueError):

@@ -24,7 +24,17 @@ from gateway.demo import demo_page
 from gateway.feed import StreamFeed
 from gateway.health import HEALTH, HealthProbe, healthz
 from gateway.kafka import Offsets
-from gateway.keys import BUS, FEED, LIMITER, OFFSETS, OPTIONS, READ_MODEL, SETTINGS, Options
+from gateway.keys import (
+    BUS,
+    CODEC,
+    FEED,
+    LIMITER,
+    OFFSETS,
+    OPTIONS,
+    READ_MODEL,
+    SETTINGS,
+    Options,
+)
 from gateway.limits import TenantLimiter, post_rate_middleware
 from gateway.openapi import openapi
 from gateway.problems import Handler, Problem, problem_middleware
@@ -33,6 +43,7 @@ from gateway.ready import READY, Readiness, readyz
 from streams.config import Settings
 from streams.domain import Event, ThreadDeleted
 from streams.kafka_security import aiokafka_config
+from streams.serialization import Codec
 from streams.topics import ensure_topics
 
 __all__ = ["Options", "create_app", "max_body_bytes", "run_gateway"]
@@ -64,10 +75,13 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     app[LIMITER] = limiter
     options = options or Options()
     offsets = Offsets(settings)
-    read_model = ReadModel(settings, offsets, options.catch_up_timeout_s, options.store_name)
-    bus = CommandBus(settings)
+    codec = Codec.from_settings(settings)
+    read_model = ReadModel(settings, offsets, options.catch_up_timeout_s, options.store_name,
+                           codec=codec)
+    bus = CommandBus(settings, codec)
     feed = StreamFeed(settings, read_model, offsets, window_events=options.window_events,
-                      max_windows=options.max_windows, queue_limit=options.queue_limit)
+                      max_windows=options.max_windows, queue_limit=options.queue_limit,
+                      codec=codec)
 
     def changed(event: Event) -> None:  # reads of a thread that just changed catch up first
         read_model.note_write(event.thread_id)
@@ -78,6 +92,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     read_model.on_deleted = feed.drop_thread
     app[SETTINGS], app[OPTIONS], app[READ_MODEL], app[BUS] = settings, options, read_model, bus
     app[OFFSETS] = offsets
+    app[CODEC] = codec
     app[FEED] = feed
     app[HEALTH] = HealthProbe(settings.bootstrap, aiokafka_config(settings))
     app[READY] = Readiness(settings, bus, app[HEALTH], read_model,
@@ -103,6 +118,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
 
 async def _kafka(app: web.Application) -> AsyncIterator[None]:
     await asyncio.to_thread(ensure_topics, app[SETTINGS])
+    await asyncio.to_thread(app[CODEC].register_schemas)  # blocking HTTP: off the loop
     started: list[Offsets | ReadModel | CommandBus | StreamFeed] = []
     feed_start: asyncio.Task[None] | None = None
     try:

@@ -29,7 +29,7 @@ from gateway.problems import Problem
 from streams.config import Settings
 from streams.domain import TERMINAL_EVENTS, Command, Event
 from streams.kafka_security import aiokafka_config
-from streams.serialization import DecodeError, decode_event, encode_command, new_meta
+from streams.serialization import Codec, DecodeError, new_meta
 
 __all__ = ["CommandBus", "new_traceparent"]
 
@@ -47,8 +47,10 @@ def new_traceparent(incoming: str | None = None) -> str:
 
 
 class CommandBus:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, codec: Codec | None = None) -> None:
         self.settings = settings
+        # THREADLINE_SCHEMA_REGISTRY_URL: the Confluent format; else single-object.
+        self.codec = codec or Codec.from_settings(settings)
         self.on_event: Callable[[Event], None] | None = None  # every decision seen
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None  # made in start(): needs the loop
@@ -84,7 +86,7 @@ class CommandBus:
         meta = new_meta(command.thread_id, tenant, int(time.time() * 1000), traceparent)
         try:
             sent = await self._producer.send_and_wait(
-                self.settings.topics.commands, encode_command(command, meta),
+                self.settings.topics.commands, self.codec.encode_command(command, meta),
                 key=command.thread_id.encode())
         except KafkaError as exc:
             log.warning("publishing %s failed: %s", type(command).__name__, exc)
@@ -127,7 +129,7 @@ class CommandBus:
         for records in batch.values():
             for record in records:
                 try:
-                    meta, event = decode_event(record.value or b"")
+                    meta, event = self.codec.decode_event(record.value or b"")
                 except DecodeError as exc:
                     log.debug("skipping an undecodable event: %s", exc)
                     continue

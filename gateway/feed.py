@@ -39,7 +39,7 @@ from gateway.sse import Position, RunTracker, SseEvent, make_events
 from gateway.tokens import ResumeTokens
 from streams.config import Settings
 from streams.records import RunLifecycle
-from streams.serialization import DecodeError, decode_stream
+from streams.serialization import Codec, DecodeError
 
 __all__ = ["StreamFeed", "Subscriber"]
 
@@ -147,8 +147,10 @@ class StreamFeed:
     def __init__(self, settings: Settings, read_model: ReadModel, offsets: Offsets, *,
                  window_events: int = 2_000,
                  max_windows: int = 20_000, queue_limit: int = 10_000,
-                 backfill_margin_ms: int = 60_000) -> None:
+                 backfill_margin_ms: int = 60_000, codec: Codec | None = None) -> None:
         self.settings = settings
+        # THREADLINE_SCHEMA_REGISTRY_URL: the Confluent format; else single-object.
+        self.codec = codec or Codec.from_settings(settings)
         self.read_model = read_model
         self.offsets = offsets
         self.window_events = window_events
@@ -338,7 +340,7 @@ class StreamFeed:
     def ingest(self, partition: int, record: ConsumerRecord[bytes, bytes]) -> None:
         self.last_offsets[partition] = record.offset
         try:
-            meta, output = decode_stream(record.value or b"")
+            meta, output = self.codec.decode_stream(record.value or b"")
         except DecodeError as exc:
             log.warning("stream %d@%d is undecodable: %s", partition, record.offset, exc)
             return

@@ -12,8 +12,9 @@ from gateway.kafka import Offsets
 from gateway.limits import TenantLimiter
 from gateway.read_model import ReadModel
 from streams.config import Settings
+from streams.serialization import Codec
 
-__all__ = ["BUS", "FEED", "LIMITER", "OFFSETS", "OPTIONS", "READ_MODEL", "SETTINGS", "Options"]
+__all__ = ["BUS", "CODEC", "FEED", "LIMITER", "OFFSETS", "OPTIONS", "READ_MODEL", "SETTINGS", "Options"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,3 +43,6 @@ READ_MODEL = web.AppKey("read_model", ReadModel)
 FEED = web.AppKey("feed", StreamFeed)
 OFFSETS = web.AppKey("offsets", Offsets)
 LIMITER = web.AppKey("limiter", TenantLimiter)
+# Built once from the settings (THREADLINE_SCHEMA_REGISTRY_URL), shared by every reader
+# and writer of the app.
+CODEC = web.AppKey("codec", Codec)

@@ -38,6 +38,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
@@ -66,6 +67,7 @@ from streams.config import Settings
 from streams.domain import RunStatus, ThreadState
 from streams.kafka_security import librdkafka_config
 from streams.records import MessageRecord
+from streams.serialization import Codec
 
 __all__ = ["ActiveRunStart", "ReadModel", "RunView", "store_folder"]
 
@@ -103,8 +105,11 @@ def store_folder(settings: Settings) -> str:
 
 class ReadModel:
     def __init__(self, settings: Settings, offsets: Offsets,
-                 catch_up_timeout_s: float = 5.0, store_name: str | None = None) -> None:
+                 catch_up_timeout_s: float = 5.0, store_name: str | None = None,
+                 codec: Codec | None = None) -> None:
         self.settings = settings
+        # THREADLINE_SCHEMA_REGISTRY_URL: the Confluent format; else single-object.
+        self.codec = codec or Codec.from_settings(settings)
         self.offsets = offsets
         self.catch_up_timeout_s = catch_up_timeout_s
         self.store_name = store_name or store_folder(settings)
@@ -143,7 +148,7 @@ class ReadModel:
         path = await asyncio.to_thread(self._lock_store)
         identity = {"topic_prefix": self.settings.topic_prefix,
                     "partitions": self.settings.partitions}
-        self._store_ = await asyncio.to_thread(ReadStore, path, identity)
+        self._store_ = await asyncio.to_thread(partial(ReadStore, codec=self.codec), path, identity)
         retention_ms = await asyncio.to_thread(self._delete_retention_ms)
         saved = self.store.saved_at_ms
         if self.store.checkpoint(THREADS, 0) is not None and \

@@ -48,12 +48,8 @@ from streams.domain import ActiveRun, RunRecord, RunStatus, ThreadState
 from streams.history import message_key, parse_message_key
 from streams.records import MessageRecord
 from streams.serialization import (
+    Codec,
     DecodeError,
-    decode_legacy_history,
-    decode_message,
-    decode_state,
-    encode_message,
-    encode_state,
     new_meta,
 )
 
@@ -71,9 +67,6 @@ _INV = (1 << 63) - 1
 THREADS, MESSAGES = "t", "m"  # changelog kinds in checkpoint keys
 
 ActiveRunStart = tuple[str, str, int]  # thread_id, run_id, accepted at (ms)
-# The wire header of states written with this build's schema: those carry no legacy
-# history, so they need no second decode.
-_CURRENT_STATE = encode_state(ThreadState("", "", "", 0))[:10]
 
 
 def _len2(text: str) -> bytes:
@@ -122,9 +115,13 @@ class ThreadPage:
 class ReadStore:
     """Synchronous; the gateway's `ReadModel` feeds it from Kafka on its loop."""
 
-    def __init__(self, path: Path, identity: dict[str, Any], *,
+    def __init__(self, path: Path, identity: dict[str, Any], *, codec: Codec,
                  block_cache_bytes: int = 32 << 20) -> None:
         self.path = path
+        self.codec = codec  # the gateway's, from its settings
+        # The wire header of states written with this build's schema: those carry no
+        # legacy history, so they need no second decode.
+        self._current_state = codec.state_header()
         self.identity = identity
         self.rows_read = 0  # message rows read by page queries (tests check the bound)
         self.active: dict[str, tuple[str, str, int]] = {}  # thread -> tenant, run, at
@@ -252,9 +249,9 @@ class ReadStore:
             self._erase_messages(thread_id)
             return thread_id
         try:
-            state = decode_state(value)
-            messages, runs = ((), {}) if value.startswith(_CURRENT_STATE) else \
-                decode_legacy_history(value)
+            state = self.codec.decode_state(value)
+            messages, runs = ((), {}) if value.startswith(self._current_state) else \
+                self.codec.decode_legacy_history(value)
         except DecodeError as exc:
             log.warning("skipping an undecodable thread state: %s", exc)
             return None
@@ -286,7 +283,7 @@ class ReadStore:
             run = runs.get(message.run_id) if message.role == "user" else None
             record = MessageRecord(seq, message, run.status if run else None,
                                    run.attempts if run else 0)
-            self.apply_message(message_key(state.thread_id, seq), encode_message(record, meta))
+            self.apply_message(message_key(state.thread_id, seq), self.codec.encode_message(record, meta))
         active = state.active_run
         if active is not None and active.message_seq < 0 and active.message_id in seq_of:
             accepted = messages[seq_of[active.message_id]].created_at_ms
@@ -299,7 +296,7 @@ class ReadStore:
                         last_run=state.last_run or (ended[-1] if ended else None),
                         updated_at_ms=state.updated_at_ms or max(
                             state.created_at_ms, messages[-1].created_at_ms))
-        return state, encode_state(state)
+        return state, self.codec.encode_state(state)
 
     def apply_message(self, key: bytes, value: bytes | None) -> None:
         """Stage a `messages` record."""
@@ -317,7 +314,7 @@ class ReadStore:
                 self._delete(row)
             return
         try:
-            _, record = decode_message(value)
+            _, record = self.codec.decode_message(value)
         except DecodeError as exc:
             log.warning("skipping an undecodable message record: %s", exc)
             return
@@ -360,7 +357,7 @@ class ReadStore:
             return None
         _, tenant_len = _HEADER.unpack_from(row)
         try:
-            return decode_state(row[_HEADER.size + tenant_len:])
+            return self.codec.decode_state(row[_HEADER.size + tenant_len:])
         except DecodeError as exc:
             log.warning("unreadable stored state of %s: %s", thread_id, exc)
             return None
@@ -374,7 +371,7 @@ class ReadStore:
 
     def message(self, thread_id: str, seq: int) -> MessageRecord | None:
         raw = self._db.get(_thread_prefix(_MESSAGE, thread_id) + _SEQ.pack(seq))
-        return None if raw is None else decode_message(raw[_header_size(raw):])[1]
+        return None if raw is None else self.codec.decode_message(raw[_header_size(raw):])[1]
 
     def message_seq(self, thread_id: str, message_id: str) -> int | None:
         raw = self._db.get(_thread_prefix(_BY_ID, thread_id) +
@@ -417,7 +414,7 @@ class ReadStore:
             more = len(rows) > limit
             rows = rows[:limit]
         self.rows_read += read
-        return MessagePage([decode_message(r[_header_size(r):])[1] for r in rows], more, read)
+        return MessagePage([self.codec.decode_message(r[_header_size(r):])[1] for r in rows], more, read)
 
     def threads(self, tenant: str, *, after: tuple[int, str] | None = None,
                 limit: int = 50) -> ThreadPage:

@@ -27,7 +27,7 @@ from gateway.kafka import new_consumer, stop_client
 from gateway.sse import Position, RunTracker, SseEvent, make_events
 from gateway.tokens import ResumeTokens
 from streams.config import Settings
-from streams.serialization import DecodeError, decode_stream
+from streams.serialization import Codec, DecodeError
 
 __all__ = ["ReplayGone", "ReplayTooLong", "replay"]
 
@@ -45,8 +45,8 @@ class ReplayTooLong(ReplayGone):
 
 async def replay(settings: Settings, tokens: ResumeTokens, partition: int, thread_id: str, *,
                  scan_from: int, after: Position, until: Position, run_id: str | None = None,
-                 from_time_ms: int | None = None,
-                 max_records: int = 0) -> AsyncGenerator[SseEvent, None]:
+                 from_time_ms: int | None = None, max_records: int = 0,
+                 codec: Codec) -> AsyncGenerator[SseEvent, None]:
     """The thread's (or run's) events in (after, until], read from Kafka.
 
     With `from_time_ms`, the scan starts at the first record at or after that time
@@ -70,7 +70,7 @@ async def replay(settings: Settings, tokens: ResumeTokens, partition: int, threa
         if scan_from > last:
             return
         consumer.seek(tp, scan_from)
-        replayer = _Replayer(tokens, partition, thread_id, after, until, run_id, last)
+        replayer = _Replayer(tokens, partition, thread_id, after, until, run_id, last, codec)
         deadline = time.monotonic() + MAX_REPLAY_S
         while await consumer.position(tp) <= last:
             if time.monotonic() > deadline:
@@ -98,7 +98,8 @@ class _Replayer:
     """Records to events for one replay: one tracker, used by one thread at a time."""
 
     def __init__(self, tokens: ResumeTokens, partition: int, thread_id: str, after: Position,
-                 until: Position, run_id: str | None, last: int) -> None:
+                 until: Position, run_id: str | None, last: int, codec: Codec) -> None:
+        self.codec = codec
         self.tokens, self.partition, self.thread_id = tokens, partition, thread_id
         self.after, self.until, self.run_id, self.last = after, until, run_id, last
         self.tracker, self.key = RunTracker(), thread_id.encode()
@@ -113,7 +114,7 @@ class _Replayer:
             if record.key != self.key:
                 continue
             try:
-                meta, output = decode_stream(record.value or b"")
+                meta, output = self.codec.decode_stream(record.value or b"")
             except DecodeError:
                 continue
             state = self.tracker.admit(self.thread_id, record.offset, output)

@@ -27,7 +27,7 @@ from aiohttp.http_writer import StreamWriter
 
 from gateway.auth import TENANT
 from gateway.feed import Subscriber
-from gateway.keys import FEED, LIMITER, OPTIONS, READ_MODEL, SETTINGS
+from gateway.keys import CODEC, FEED, LIMITER, OPTIONS, READ_MODEL, SETTINGS
 from gateway.problems import Problem
 from gateway.read_model import RunView
 from gateway.replay import ReplayGone, replay
@@ -264,7 +264,7 @@ async def _catch_up(request: web.Request, out: _Writer, plan: _Plan, partition: 
     events = replay(settings, request.app[FEED].tokens, partition, thread_id,
                     scan_from=plan.scan_from, after=plan.after, until=covered, run_id=run_id,
                     from_time_ms=plan.from_time_ms,
-                    max_records=settings.limits.replay_max_records)
+                    max_records=settings.limits.replay_max_records, codec=request.app[CODEC])
     sent = out.last
     # One write per REPLAY_BATCH events, not per event: a write costs as much as
     # making the event, and the records are all there to read.

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 
 from streams.history import parse_message_key
 from streams.records import HistoryMessage, MessageRecord
-from streams.serialization import DecodeError, decode_message
+from streams.serialization import Codec, DecodeError
 from streams.state_store import PartitionStore
 from streams.thread import run_id_for
 
@@ -69,15 +69,16 @@ def _context(value: bytes) -> HistoryMessage:
 class MessageStore:
     """A view of one partition's history table (staged writes included)."""
 
-    def __init__(self, store: PartitionStore) -> None:
+    def __init__(self, store: PartitionStore, codec: Codec) -> None:
         self.store = store
+        self.codec = codec
 
     def record(self, thread_id: str, seq: int) -> MessageRecord | None:
         """Message `seq` of the thread, or None (never stored, or erased)."""
         raw = self.store.get(_row(thread_id, seq))
         if raw is None:
             return None
-        return decode_message(raw)[1]
+        return self.codec.decode_message(raw)[1]
 
     def raw(self, thread_id: str, seq: int) -> bytes | None:
         return self.store.get(_row(thread_id, seq))
@@ -115,7 +116,7 @@ class MessageStore:
         raw = self.store.get(row)
         if raw is not None:
             try:
-                message = decode_message(raw)[1].message
+                message = self.codec.decode_message(raw)[1].message
             except DecodeError:
                 message = None
             if message is not None and message.role == "user":
@@ -134,7 +135,7 @@ class MessageStore:
             self.erase(thread_id, seq, offset)
             return
         try:
-            record = decode_message(value)[1]
+            record = self.codec.decode_message(value)[1]
         except DecodeError:
             self.store.note_offset(offset)
             return

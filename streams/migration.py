@@ -25,13 +25,7 @@ from streams.domain import RunRecord, StoredMessage, ThreadState
 from streams.history import message_key
 from streams.message_store import MessageStore
 from streams.records import MessageRecord
-from streams.serialization import (
-    EnvelopeMeta,
-    decode_legacy_history,
-    decode_state,
-    encode_message,
-    encode_state,
-)
+from streams.serialization import EnvelopeMeta
 from streams.state_store import PartitionStore
 from streams.thread import uuid5_text
 
@@ -72,7 +66,7 @@ def migrate_partition(processor: Processor, partition: int, store: PartitionStor
     """Migrate every old-form state of the partition; returns how many there were."""
     legacy = []
     for key, raw in store.items():
-        messages, runs = decode_legacy_history(raw)
+        messages, runs = processor.codec.decode_legacy_history(raw)
         if messages or runs:
             legacy.append((key, raw, messages, runs))
     for start in range(0, len(legacy), BATCH):
@@ -90,16 +84,16 @@ def _migrate_batch(processor: Processor, partition: int, store: PartitionStore,
         producer.begin_transaction()
     try:
         for key, raw, messages, runs in batch:
-            state, records = migrated(decode_state(raw), messages, runs, now)
+            state, records = migrated(processor.codec.decode_state(raw), messages, runs, now)
             for record in records:
                 meta = EnvelopeMeta(envelope_id=_migration_id(state.thread_id, record.seq),
                                     thread_id=state.thread_id, tenant=state.tenant,
                                     produced_at_ms=now)
-                value = encode_message(record, meta)
+                value = processor.codec.encode_message(record, meta)
                 producer.produce(topics.messages, value, message_key(state.thread_id, record.seq),
                                  partition=partition)
                 history.put(state.thread_id, record, value)
-            encoded = encode_state(state)
+            encoded = processor.codec.encode_state(state)
             store.put(key, encoded)
             producer.produce(topics.threads, encoded, key, partition=partition)
         processor._commit([])

@@ -68,19 +68,7 @@ from streams.kafka_security import librdkafka_config
 from streams.message_store import MessageStore
 from streams.migration import migrate_partition
 from streams.records import DeadLetter, Dispatch, MessageRecord, RunLifecycle, StreamOutput
-from streams.serialization import (
-    DecodeError,
-    EnvelopeMeta,
-    decode_command,
-    decode_state,
-    encode_command,
-    encode_dead_letter,
-    encode_dispatch,
-    encode_event,
-    encode_message,
-    encode_state,
-    encode_stream,
-)
+from streams.serialization import Codec, DecodeError, EnvelopeMeta
 from streams.state_store import PartitionStore, TableStores
 from streams.thread import (
     OUTPUT_TOO_LARGE,
@@ -203,8 +191,11 @@ class _Decision:
 
 
 class Processor:
-    def __init__(self, settings: Settings, instance_id: str | None = None) -> None:
+    def __init__(self, settings: Settings, instance_id: str | None = None,
+                 codec: Codec | None = None) -> None:
         self.settings = settings
+        # THREADLINE_SCHEMA_REGISTRY_URL: the Confluent format; else single-object.
+        self.codec = codec or Codec.from_settings(settings)
         self.topics = settings.topics
         self.policy = settings.policy
         self.instance_id = instance_id or instance_id_for(settings)
@@ -253,6 +244,7 @@ class Processor:
 
     def run(self) -> None:
         ensure_topics(self.settings)
+        self.codec.register_schemas()  # a no-op without a registry
         self.max_record_bytes = min(record_limit(self.settings),
                                     self.settings.max_record_bytes or 2**31)
         # An answer must fit in each record that carries it whole (the event, the
@@ -325,12 +317,12 @@ class Processor:
                                     lambda s, key, value, offset: s.put(key, value, offset)
                                     if value is not None else s.delete(key, offset))
         history = self._restore_table(self.history_stores, self.topics.messages, partition,
-                                      lambda s, key, value, offset: MessageStore(s).restore(
+                                      lambda s, key, value, offset: MessageStore(s, self.codec).restore(
                                           key, value, offset))
-        migrated = migrate_partition(self, partition, store, MessageStore(history))
+        migrated = migrate_partition(self, partition, store, MessageStore(history, self.codec))
         state = _Partition()
         for key, raw in store.items():
-            due = next_deadline_ms(decode_state(raw), self.settings.policy)
+            due = next_deadline_ms(self.codec.decode_state(raw), self.settings.policy)
             if due is not None:
                 state.deadlines[key] = due
         self.partitions[partition] = state
@@ -451,7 +443,7 @@ class Processor:
         _, partition, _ = _position(msg)
         key = msg.key() or b""
         try:
-            meta, command = decode_command(msg.value() or b"")
+            meta, command = self.codec.decode_command(msg.value() or b"")
             if key != meta.thread_id.encode():
                 raise DecodeError(f"record key {key!r} is not the command's thread_id {meta.thread_id!r}")
         except DecodeError as exc:
@@ -460,7 +452,7 @@ class Processor:
         # A thread touched earlier in the batch: its newest state is not in the store yet.
         state = touched[(partition, key)] if (partition, key) in touched else \
             self._load(self.stores.get(partition), key)
-        history = MessageStore(self.history_stores.get(partition))
+        history = MessageStore(self.history_stores.get(partition), self.codec)
         decision = self._decide(state, command, meta, partition, key, history)
         if decision is None:
             return
@@ -535,14 +527,15 @@ class Processor:
                 produced_at_ms=_now_ms(), traceparent=meta.traceparent,
                 tracestate=meta.tracestate, schema_version=meta.schema_version,
             )
-            outputs.append(_Output(self.topics.events, key, encode_event(event, event_meta)))
+            outputs.append(_Output(self.topics.events, key, self.codec.encode_event(event, event_meta)))
             if isinstance(event, MessageAccepted):
                 input_text = event.text
             if isinstance(event, AttemptDispatched) and after is not None:
                 outputs.append(self._dispatch(event, after, event_meta, key, history, input_text))
             lifecycle = _lifecycle(event, before)
             if lifecycle is not None:
-                outputs.append(_Output(self.topics.stream, key, encode_stream(lifecycle, event_meta)))
+                outputs.append(_Output(self.topics.stream, key,
+                                       self.codec.encode_stream(lifecycle, event_meta)))
             for write in history_writes(before, event):
                 self._history_outputs(write, meta.thread_id, event_meta, history, outputs, writes)
             before = after
@@ -568,7 +561,7 @@ class Processor:
                     outputs.append(_Output(self.topics.messages, message_key(thread_id, seq), None))
                     writes.append((None, seq, None))
                 return
-        raw = encode_message(record, meta)
+        raw = self.codec.encode_message(record, meta)
         outputs.append(_Output(self.topics.messages, message_key(thread_id, record.seq), raw))
         writes.append((record, record.seq, raw))
 
@@ -591,7 +584,7 @@ class Processor:
                     self.producer.produce(self.topics.threads, None, key, partition=partition,
                                           on_delivery=self._changelog_delivered(store))
                 continue
-            encoded = encode_state(state)
+            encoded = self.codec.encode_state(state)
             store.put(key, encoded)
             self.producer.produce(self.topics.threads, encoded, key, partition=partition,
                                   on_delivery=self._changelog_delivered(store))
@@ -608,7 +601,7 @@ class Processor:
         if key in self.cache:
             return self.cache[key]
         raw = store.get(key)
-        state = decode_state(raw) if raw is not None else None
+        state = self.codec.decode_state(raw) if raw is not None else None
         if len(self.cache) > 50_000:
             self.cache.clear()
         self.cache[key] = state
@@ -631,7 +624,7 @@ class Processor:
                                 attempt=event.attempt, workflow_id=workflow_id_for(state.thread_id),
                                 input_text=input_text, history=context,
                                 dispatched_at_ms=event.at_ms)
-            value = encode_dispatch(dispatch, meta)
+            value = self.codec.encode_dispatch(dispatch, meta)
             # Characters are not bytes: halve the budget until the record fits.
             if len(value) + len(key) <= self.max_record_bytes or not context:
                 return _Output(self.topics.dispatch, key, value)
@@ -653,7 +646,7 @@ class Processor:
                             error_type=error_type, failed_at_ms=_now_ms())
         # Compacted topics refuse null keys; a keyless record is keyed by its position.
         key = key or f"{topic}/{partition}/{offset}".encode()
-        self.producer.produce(self.topics.dead_letter, encode_dead_letter(record), key,
+        self.producer.produce(self.topics.dead_letter, self.codec.encode_dead_letter(record), key,
                               partition=partition)
 
     # --- the clock ----------------------------------------------------------------
@@ -682,7 +675,7 @@ class Processor:
                                     tenant=tenant, produced_at_ms=now, traceparent=None,
                                     tracestate=None, schema_version=1)
                 self.ticker.produce(self.topics.commands,
-                                    encode_command(CheckDeadlines(thread_id, now), meta), key)
+                                    self.codec.encode_command(CheckDeadlines(thread_id, now), meta), key)
                 part.ticks_sent[key] = now
         self.ticker.poll(0)
 

@@ -23,9 +23,7 @@ means the bytes are unusable and belong on the dead-letter topic;
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.parse
-import urllib.request
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, is_dataclass
@@ -35,6 +33,9 @@ from pathlib import Path
 from types import MappingProxyType, UnionType
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
+from confluent_kafka.schema_registry import Schema as _Schema
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 from fastavro import schemaless_reader
 from fastavro._write import write_data  # type: ignore[attr-defined]
 from fastavro.schema import fingerprint, load_schema, parse_schema, to_parsing_canonical_form
@@ -90,6 +91,7 @@ CONFLUENT_MAGIC = 0x00
 _SINGLE_OBJECT_HEADER_LEN = 10
 _WRITE_OPTIONS = {"strict": False, "strict_allow_default": False, "disable_tuple_notation": False}
 _CONFLUENT_HEADER_LEN = 5
+_REGISTER_ATTEMPTS = 5  # a 409 from a registration race is retried this often
 
 T = TypeVar("T")
 
@@ -340,58 +342,52 @@ _COMMANDS, _EVENTS, _DISPATCHES, _STREAMS, _DEAD_LETTERS, _STATES, _MESSAGES = _
 
 
 class ConfluentRegistry:
-    """A small blocking client of the Confluent Schema Registry REST API.
+    """The schema registry, through `confluent_kafka.schema_registry`'s client.
 
-    Ids are cached both ways, so each schema costs one request per process;
-    call `Codec.register_schemas` at start-up to keep requests off the hot path.
+    Blocking: the client caches ids both ways, so each schema costs one request
+    per process. Call `Codec.register_schemas` at start-up, off the event loop
+    (`asyncio.to_thread` in the asyncio roles), to keep requests off the hot path.
+    Any registry with the Confluent REST API will do (Apicurio Registry's is at
+    `/apis/ccompat/v7`, which the tests run).
     """
 
     def __init__(self, url: str, *, timeout_s: float = 5.0) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
-        self._ids: dict[tuple[str, str], int] = {}
-        self._schemas: dict[int, str] = {}
+        self._client = SchemaRegistryClient({
+            "url": self.url, "timeout": max(1, round(timeout_s)), "max.retries": 2,
+        })
 
     def register(self, subject: str, schema: str) -> int:
-        """The id of `schema` (JSON text) under `subject`, registering it if new."""
-        cached = self._ids.get((subject, schema))
-        if cached is None:
-            path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions"
-            reply = self._request("POST", path, {"schema": schema})
-            cached = self._ids[(subject, schema)] = int(reply["id"])
-            self._schemas.setdefault(cached, schema)
-        return cached
+        """The id of `schema` (JSON text) under `subject`, registering it if new.
+
+        Roles start together and register the same schemas: Apicurio answers the
+        loser of a race to create a subject 409 "already exists" (seen with the
+        processor, worker and gateway starting at once); asked again, it answers
+        the id. A 409 that persists (an incompatible schema) is raised."""
+        for attempt in range(_REGISTER_ATTEMPTS):
+            try:
+                return self._call(f"register {subject}", lambda: self._client.register_schema(
+                    subject, _Schema(schema, "AVRO")))
+            except RegistryError as exc:
+                if exc.status != 409 or attempt == _REGISTER_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.1 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def lookup(self, schema_id: int) -> str:
         """The schema (JSON text) registered under `schema_id`."""
-        cached = self._schemas.get(schema_id)
-        if cached is None:
-            reply = self._request("GET", f"/schemas/ids/{schema_id}")
-            cached = self._schemas[schema_id] = str(reply["schema"])
-        return cached
+        found = self._call(f"schema id {schema_id}", lambda: self._client.get_schema(schema_id))
+        return str(found.schema_str)
 
-    def _request(self, method: str, path: str, body: object = None) -> dict[str, Any]:
-        request = urllib.request.Request(
-            self.url + path,
-            data=None if body is None else json.dumps(body).encode(),
-            method=method,
-            headers={"Content-Type": "application/vnd.schemaregistry.v1+json",
-                     "Accept": "application/vnd.schemaregistry.v1+json, application/json"},
-        )
+    def _call(self, what: str, call: Callable[[], T]) -> T:
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                reply = json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            try:
-                detail = exc.read().decode(errors="replace")
-            finally:
-                exc.close()
-            raise RegistryError(f"{method} {path}: HTTP {exc.code}: {detail}", exc.code) from exc
-        except (OSError, ValueError) as exc:
-            raise RegistryError(f"{method} {path}: {exc}") from exc
-        if not isinstance(reply, dict):
-            raise RegistryError(f"{method} {path}: unexpected reply {reply!r}")
-        return reply
+            return call()
+        except SchemaRegistryError as exc:
+            status = exc.http_status_code if exc.http_status_code > 0 else None
+            raise RegistryError(f"{what}: {exc}", status) from exc
+        except Exception as exc:  # connection refused, timeouts: the HTTP layer's own errors
+            raise RegistryError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
 # --- encoding and decoding -----------------------------------------------------
@@ -429,9 +425,18 @@ class Codec:
         return cls(ConfluentRegistry(url), settings.topics) if url else cls()
 
     def register_schemas(self) -> None:
-        """Register every top-level schema now (a no-op without a registry)."""
+        """Register every top-level schema now (a no-op without a registry).
+
+        Blocking: asyncio roles call it through `asyncio.to_thread` at start-up."""
         for schema in _SCHEMAS.values():
-            self._header(schema)
+            header = self._header(schema)
+            if header[0] == CONFLUENT_MAGIC:  # our own ids: read without asking again
+                self._writers[int.from_bytes(header[1:], "big")] = schema.parsed
+
+    def state_header(self) -> bytes:
+        """The wire header of thread states written by this codec with this build's
+        schema (those carry no legacy history)."""
+        return self._header(_STATES)
 
     def encode_command(self, command: Command, meta: EnvelopeMeta) -> bytes:
         """A commands-topic record; `meta.thread_id` must be the command's."""
@@ -621,6 +626,9 @@ def _same_thread(meta: EnvelopeMeta, thread_id: str, error: type[Exception]) -> 
         )
 
 
+# The single-object codec, for code with no settings (tests, benchmarks, tools).
+# Roles never use these: each builds its own from its settings (`Codec.from_settings`),
+# so THREADLINE_SCHEMA_REGISTRY_URL decides their format.
 _DEFAULT = Codec()
 encode_command = _DEFAULT.encode_command
 decode_command = _DEFAULT.decode_command

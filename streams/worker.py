@@ -96,16 +96,7 @@ from streams.records import (
     TextEnd,
     TextStart,
 )
-from streams.serialization import (
-    DecodeError,
-    EnvelopeMeta,
-    decode_dispatch,
-    decode_stream,
-    encode_command,
-    encode_dead_letter,
-    encode_stream,
-    new_meta,
-)
+from streams.serialization import Codec, DecodeError, EnvelopeMeta, new_meta
 from streams.thread import OUTPUT_TOO_LARGE, answer_message_id_for
 from streams.topics import ensure_topics
 
@@ -193,8 +184,9 @@ class _LifecycleWatch:
     """Reads `RunLifecycle` records of the owned stream partitions into run fates."""
 
     def __init__(self, settings: Settings, client_id: str,
-                 on_fate: Callable[[str, Fate], None]) -> None:
+                 on_fate: Callable[[str, Fate], None], codec: Codec) -> None:
         self.topic = settings.topics.stream
+        self.codec = codec
         self.on_fate = on_fate
         self.fates: OrderedDict[str, Fate] = OrderedDict()
         self.covered_from: dict[int, int] = {}  # partition -> records read since (ms)
@@ -305,7 +297,7 @@ class _LifecycleWatch:
 
     def _read(self, value: bytes) -> None:
         try:
-            _, output = decode_stream(value)
+            _, output = self.codec.decode_stream(value)
         except DecodeError:
             return
         if not isinstance(output.payload, RunLifecycle):
@@ -502,7 +494,7 @@ class _Execution:
                         self.meta.traceparent, self.meta.tracestate)
         worker = self.worker
         delivery = await worker.producer.send(
-            worker.settings.topics.stream, encode_stream(output, meta),
+            worker.settings.topics.stream, worker.codec.encode_stream(output, meta),
             key=self.meta.thread_id.encode(), partition=self.partition)
         delivery.add_done_callback(_log_failed_delivery)
 
@@ -529,7 +521,7 @@ class _Execution:
         meta = new_meta(self.meta.thread_id, self.meta.tenant, _now_ms(),
                         self.meta.traceparent, self.meta.tracestate)
         delivery: asyncio.Future[Any] = await self.worker.producer.send(
-            self.worker.settings.topics.commands, encode_command(command, meta),
+            self.worker.settings.topics.commands, self.worker.codec.encode_command(command, meta),
             key=self.meta.thread_id.encode())
         delivery.add_done_callback(_log_failed_delivery)
         return delivery
@@ -585,8 +577,11 @@ class Worker:
     """One worker process's consumer, producer, lifecycle follower and executions."""
 
     def __init__(self, settings: Settings, agent: Agent, *,
-                 concurrency: int = DEFAULT_CONCURRENCY, worker_id: str | None = None) -> None:
+                 concurrency: int = DEFAULT_CONCURRENCY, worker_id: str | None = None,
+                 codec: Codec | None = None) -> None:
         self.settings = settings
+        # THREADLINE_SCHEMA_REGISTRY_URL: the Confluent format; else single-object.
+        self.codec = codec or Codec.from_settings(settings)
         self.agent = agent
         self.concurrency = max(1, concurrency)
         self.worker_id = (worker_id or settings.instance_id
@@ -606,12 +601,14 @@ class Worker:
             heartbeat_interval_ms=max(100, min(1_000, settings.session_timeout_ms // 5)),
             fetch_max_wait_ms=100,
         )
-        self.watch = _LifecycleWatch(settings, f"worker-{self.worker_id}", self._on_fate)
+        self.watch = _LifecycleWatch(settings, f"worker-{self.worker_id}", self._on_fate,
+                                     self.codec)
         self._background: set[asyncio.Task[None]] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run attempts until `stop` is set, then shut down as the module says."""
         await asyncio.to_thread(ensure_topics, self.settings)
+        await asyncio.to_thread(self.codec.register_schemas)  # blocking HTTP: off the loop
         await self.producer.start()
         await self.watch.start()
         self.consumer.subscribe([self.settings.topics.dispatch], listener=_Rebalance(self))
@@ -642,7 +639,7 @@ class Worker:
         if offsets is None or not offsets.take(record.offset):
             return
         try:
-            meta, dispatch = decode_dispatch(record.value or b"")
+            meta, dispatch = self.codec.decode_dispatch(record.value or b"")
         except DecodeError as exc:
             log.warning("dead-lettering dispatch %d@%d: %s", partition, record.offset, exc)
             task = asyncio.create_task(self._dead_letter(partition, record, str(exc), offsets))
@@ -672,7 +669,7 @@ class Worker:
         while True:
             try:
                 delivery = await self.producer.send(
-                    self.settings.topics.dead_letter, encode_dead_letter(letter),
+                    self.settings.topics.dead_letter, self.codec.encode_dead_letter(letter),
                     key=key or f"{topic}/{partition}/{record.offset}".encode(), partition=partition)
                 await delivery
                 break

@@ -54,6 +54,19 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         broker.stop()
 
 
+@pytest.fixture(scope="session")
+def schema_registry_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real schema registry (Apicurio, in memory) for the session, started only when
+    a test asks for it: its Confluent-compatible API, for THREADLINE_SCHEMA_REGISTRY_URL."""
+    if os.environ.get("THREADLINE_TEST_SCHEMA_REGISTRY_URL"):
+        yield os.environ["THREADLINE_TEST_SCHEMA_REGISTRY_URL"]
+        return
+    from streams.registry_server import EmbeddedRegistry
+
+    with EmbeddedRegistry(tmp_path_factory.mktemp("registry") / "registry.log") as registry:
+        yield registry.url
+
+
 SettingsFactory = Callable[..., Settings]
 
 

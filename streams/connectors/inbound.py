@@ -35,7 +35,7 @@ from streams.connectors.stats import ConnectorStats
 from streams.connectors.topics import audit_topic
 from streams.domain import CreateThread, PostUserMessage
 from streams.kafka_security import librdkafka_config
-from streams.serialization import encode_command, new_meta
+from streams.serialization import Codec, new_meta
 
 __all__ = ["KafkaWriter", "WriteFailed", "create_inbound_app"]
 
@@ -113,12 +113,14 @@ SETTINGS = web.AppKey("settings", Settings)
 STATS = web.AppKey("stats", ConnectorStats)
 WRITER = web.AppKey("writer", KafkaWriter)
 INSTANCE = web.AppKey("instance", str)
+CODEC = web.AppKey("codec", Codec)  # from the settings: THREADLINE_SCHEMA_REGISTRY_URL
 
 
 def create_inbound_app(settings: Settings, config: ConnectorConfig, stats: ConnectorStats,
                        instance_id: str) -> web.Application:
     app = web.Application(client_max_size=1 << 20)
     app[CONFIG], app[SETTINGS], app[STATS], app[INSTANCE] = config, settings, stats, instance_id
+    app[CODEC] = Codec.from_settings(settings)
     app.cleanup_ctx.append(_writer_ctx)
     app.router.add_post("/slack/events", _slack_events)
     app.router.add_get("/healthz", _healthz)
@@ -130,6 +132,7 @@ async def _writer_ctx(app: web.Application) -> AsyncIterator[None]:
     writer = KafkaWriter(app[SETTINGS], f"connector-inbound-{app[INSTANCE]}",
                          app[CONFIG].inbound_timeout_s)
     app[WRITER] = writer
+    await asyncio.to_thread(app[CODEC].register_schemas)  # blocking HTTP: off the loop
     yield
     await asyncio.to_thread(writer.close)
 
@@ -168,7 +171,7 @@ async def _slack_events(request: web.Request) -> web.Response:
         deadline = started + config.inbound_timeout_s
         # The record that authorizes the turn first: if it cannot be written, neither is the turn.
         await app[WRITER].write([_audit_record(app, turn, retry)], deadline - time.monotonic())
-        await app[WRITER].write(_turn_records(app[SETTINGS], turn), deadline - time.monotonic())
+        await app[WRITER].write(_turn_records(app[SETTINGS], app[CODEC], turn), deadline - time.monotonic())
     except WriteFailed as exc:
         stats.add("inbound_failed")
         log.warning("event %s not queued (%s): answering 503 so that Slack redelivers",
@@ -178,13 +181,13 @@ async def _slack_events(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
-def _turn_records(settings: Settings, turn: Turn) -> list[Record]:
+def _turn_records(settings: Settings, codec: Codec, turn: Turn) -> list[Record]:
     now = int(time.time() * 1000)
     key, topic = turn.thread_id.encode(), settings.topics.commands
     create = CreateThread(turn.thread_id, turn.tenant, turn.title, now)
     post = PostUserMessage(turn.thread_id, turn.tenant, turn.message_id, turn.text, None, now)
-    return [(topic, key, encode_command(create, new_meta(turn.thread_id, turn.tenant, now))),
-            (topic, key, encode_command(post, new_meta(turn.thread_id, turn.tenant, now)))]
+    return [(topic, key, codec.encode_command(create, new_meta(turn.thread_id, turn.tenant, now))),
+            (topic, key, codec.encode_command(post, new_meta(turn.thread_id, turn.tenant, now)))]
 
 
 def _audit_record(app: web.Application, turn: Turn, retry: str | None) -> Record:

@@ -53,7 +53,7 @@ from streams.connectors.outbox import ChatOutbox, OutboxKind, Sinks, plan
 from streams.connectors.stats import ConnectorStats
 from streams.connectors.topics import audit_topic, outbox_topic
 from streams.kafka_security import librdkafka_config
-from streams.serialization import DecodeError, decode_event
+from streams.serialization import Codec, DecodeError
 
 __all__ = ["Relay"]
 
@@ -71,8 +71,10 @@ def _now_ms() -> int:
 
 class Relay:
     def __init__(self, settings: Settings, config: ConnectorConfig, stats: ConnectorStats,
-                 instance_id: str, calls: Calls) -> None:
+                 instance_id: str, calls: Calls, codec: Codec | None = None) -> None:
         self.settings, self.config, self.stats, self.calls = settings, config, stats, calls
+        # THREADLINE_SCHEMA_REGISTRY_URL: the Confluent format; else single-object.
+        self.codec = codec or Codec.from_settings(settings)
         self.instance_id = instance_id
         self.events, self.outbox = settings.topics.events, outbox_topic(settings)
         self.audit = audit_topic(settings)
@@ -107,6 +109,7 @@ class Relay:
     # --- lifecycle ----------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
+        self.codec.register_schemas()  # a no-op without a registry
         self.producer.init_transactions(30)
         self.consumer.subscribe([self.events], on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_revoke)
@@ -257,7 +260,7 @@ class Relay:
         read[partition] = offset + 1
         key = msg.key() or b""
         try:
-            meta, event = decode_event(msg.value() or b"")
+            meta, event = self.codec.decode_event(msg.value() or b"")
         except DecodeError as exc:
             log.warning("skipping event %d@%d: %s", partition, offset, exc)
             return

@@ -18,6 +18,7 @@ from streams.history import message_key
 from streams.records import MessageRecord
 from streams.serialization import (
     SCHEMA_DIR,
+    Codec,
     encode_message,
     encode_state,
     new_meta,
@@ -28,7 +29,7 @@ IDENTITY = {"topic_prefix": "x.", "partitions": 4}
 
 
 def _store(tmp_path: Path) -> ReadStore:
-    return ReadStore(tmp_path / "store", IDENTITY)
+    return ReadStore(tmp_path / "store", IDENTITY, codec=Codec())
 
 
 def _state(thread_id: str, tenant: str = "ten", updated: int = 1_000, count: int = 0,
@@ -148,7 +149,7 @@ def test_reopened_store_keeps_checkpoints_and_active_runs_and_refuses_other_topi
     assert again.checkpoint(THREADS, 0) is None
     assert again.active_runs() == [("a", "r", 77)] and again.state("a") is not None
     again.close()
-    other = ReadStore(tmp_path / "store", {**IDENTITY, "topic_prefix": "y."})
+    other = ReadStore(tmp_path / "store", {**IDENTITY, "topic_prefix": "y."}, codec=Codec())
     assert other.checkpoint(THREADS, 2) is None and other.state("a") is None
     assert other.active_runs() == []
     other.close()

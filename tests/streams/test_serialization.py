@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import threading
+import uuid
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields, is_dataclass
 from enum import Enum
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +20,8 @@ import avro.name
 import avro.schema
 import fastavro
 import pytest
+from confluent_kafka.schema_registry import Schema as RegistrySchema
+from confluent_kafka.schema_registry import SchemaRegistryClient
 from fastavro.schema import load_schema
 from hypothesis import given
 from hypothesis import settings as hsettings
@@ -685,83 +688,25 @@ def test_random_bodies_behind_a_valid_header_decode_or_raise_decode_error(
         DECODERS[which](HEADERS[which] + body)
 
 
-# --- the Confluent wire format against a fake registry --------------------------
-
-
-class _FakeRegistry(ThreadingHTTPServer):
-    """Two endpoints of the Confluent Schema Registry REST API, in memory."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _RegistryHandler)
-        self.schemas: list[str] = []
-        self.subjects: dict[str, list[int]] = {}
-        self.requests: list[str] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-    def register(self, subject: str, schema: str) -> int:
-        if schema not in self.schemas:
-            self.schemas.append(schema)
-        schema_id = self.schemas.index(schema) + 1
-        self.subjects.setdefault(subject, []).append(schema_id)
-        return schema_id
-
-
-class _RegistryHandler(BaseHTTPRequestHandler):
-    server: _FakeRegistry
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def _reply(self, status: int, body: object) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_POST(self) -> None:
-        self.server.requests.append(f"POST {self.path}")
-        parts = self.path.split("/")  # ["", "subjects", subject, "versions"]
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if len(parts) != 4 or parts[1] != "subjects" or parts[3] != "versions":
-            self._reply(404, {"error_code": 404, "message": "not found"})
-            return
-        self._reply(200, {"id": self.server.register(parts[2], body["schema"])})
-
-    def do_GET(self) -> None:
-        self.server.requests.append(f"GET {self.path}")
-        prefix = "/schemas/ids/"
-        schema_id = int(self.path[len(prefix):]) if self.path.startswith(prefix) else 0
-        if not 1 <= schema_id <= len(self.server.schemas):
-            self._reply(404, {"error_code": 40403, "message": "Schema not found"})
-            return
-        self._reply(200, {"schema": self.server.schemas[schema_id - 1]})
+# --- the Confluent wire format against a real registry ---------------------------
+# `schema_registry_url` (tests/conftest.py): Apicurio Registry, built from Maven
+# Central, its Confluent-compatible API. One registry per session: each test writes
+# under its own topic prefix, so its subjects are its own.
 
 
 @pytest.fixture
-def fake_registry() -> Iterator[_FakeRegistry]:
-    server = _FakeRegistry()
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join()
+def topics() -> TopicNames:
+    return TopicNames.with_prefix(f"t{uuid.uuid4().hex[:12]}.")
 
 
-TOPICS = TopicNames.with_prefix("threadline.")
+def _registry_client(url: str) -> SchemaRegistryClient:
+    return SchemaRegistryClient({"url": url})
 
 
-def _confluent(url: str) -> Codec:
-    return Codec(ConfluentRegistry(url), TOPICS)
-
-
-def test_confluent_round_trip_registers_each_schema_once(fake_registry: _FakeRegistry) -> None:
-    writer, reader = _confluent(fake_registry.url), _confluent(fake_registry.url)
+def test_confluent_round_trip_registers_one_subject_per_topic(
+        schema_registry_url: str, topics: TopicNames) -> None:
+    writer = Codec(ConfluentRegistry(schema_registry_url), topics)
+    reader = Codec(ConfluentRegistry(schema_registry_url), topics)  # looks each id up
     for command in COMMANDS:
         data = writer.encode_command(command, META)
         assert data[0] == 0 and int.from_bytes(data[1:5], "big") >= 1
@@ -776,48 +721,70 @@ def test_confluent_round_trip_registers_each_schema_once(fake_registry: _FakeReg
     assert reader.decode_state(writer.encode_state(STATES[1])) == STATES[1]
     data = writer.encode_message(MESSAGES[0], META)
     assert reader.decode_message(data) == (META, MESSAGES[0])
-    assert set(fake_registry.subjects) == {f"{t}-value" for t in TOPICS.all()}
-    posts = [r for r in fake_registry.requests if r.startswith("POST")]
-    gets = [r for r in fake_registry.requests if r.startswith("GET")]
-    assert len(posts) == len(gets) == len(TOP_LEVEL_SCHEMAS)  # cached after the first
-    assert "POST /subjects/threadline.commands-value/versions" in posts
+    ours = {s for s in _registry_client(schema_registry_url).get_subjects()
+            if s.startswith(topics.commands.split(".")[0])}
+    assert ours == {f"{t}-value" for t in topics.all()}
 
 
-def test_confluent_codec_still_reads_single_object_records(fake_registry: _FakeRegistry) -> None:
-    codec = _confluent(fake_registry.url)
+def test_the_registry_serves_our_schema_under_the_records_id(
+        schema_registry_url: str, topics: TopicNames) -> None:
+    data = Codec(ConfluentRegistry(schema_registry_url), topics).encode_event(EVENTS[0], META)
+    registered = _registry_client(schema_registry_url).get_schema(int.from_bytes(data[1:5], "big"))
+    assert registered.schema_type in (None, "AVRO")
+    writer = fastavro.parse_schema(json.loads(registered.schema_str))
+    record = fastavro.schemaless_reader(io.BytesIO(data[5:]), writer, None)
+    assert isinstance(record, dict) and record["envelope_id"] == META.envelope_id
+
+
+def test_roles_registering_at_once_get_one_id(schema_registry_url: str, topics: TopicNames) -> None:
+    # Processor, worker and gateway start together: Apicurio answers all but one of
+    # the racing first registrations of a subject 409 "already exists".
+    codecs = [Codec(ConfluentRegistry(schema_registry_url), topics) for _ in range(6)]
+    with ThreadPoolExecutor(len(codecs)) as pool:
+        list(pool.map(lambda c: c.register_schemas(), codecs))
+    assert len({c.state_header() for c in codecs}) == 1
+
+
+def test_confluent_codec_still_reads_single_object_records() -> None:
+    # Nothing listens on port 1: reading single-object records never asks the registry.
+    codec = Codec(ConfluentRegistry("http://127.0.0.1:1", timeout_s=1), TOPICS)
     assert codec.decode_command(GOOD) == (META, COMMANDS[6])
-    assert fake_registry.requests == []
 
 
-def test_register_schemas_up_front(fake_registry: _FakeRegistry) -> None:
-    codec = _confluent(fake_registry.url)
+def test_register_schemas_up_front(schema_registry_url: str, topics: TopicNames) -> None:
+    codec = Codec(ConfluentRegistry(schema_registry_url), topics)
     codec.register_schemas()
-    assert len(fake_registry.requests) == len(TOP_LEVEL_SCHEMAS)
-    codec.encode_event(EVENTS[0], META)
-    assert len(fake_registry.requests) == len(TOP_LEVEL_SCHEMAS)
+    codec.registry = None  # everything it writes and reads of its own: no registry needed
+    data = codec.encode_event(EVENTS[0], META)
+    assert data[0] == 0 and codec.decode_event(data) == (META, EVENTS[0])
+    assert codec.state_header() == codec.encode_state(STATES[1])[:5]
 
 
-def test_confluent_reader_resolves_an_older_writer_schema(fake_registry: _FakeRegistry) -> None:
+def test_confluent_reader_resolves_an_older_writer_schema(
+        schema_registry_url: str, topics: TopicNames) -> None:
     # A producer whose envelope predates `tracestate`: the reader fills in the default.
     old = json.loads(json.dumps(schema_registry()[GOOD[2:10]]))
     old["fields"] = [f for f in old["fields"] if f["name"] != "tracestate"]
-    schema_id = fake_registry.register("threadline.commands-value", json.dumps(old))
+    schema_id = _registry_client(schema_registry_url).register_schema(
+        f"{topics.commands}-value", RegistrySchema(json.dumps(old), "AVRO"))
     body = io.BytesIO()
     record = _plain(META) | {"payload": ("threadline.CheckDeadlines", _plain(CheckDeadlines(T, 9)))}
     fastavro.schemaless_writer(body, fastavro.parse_schema(old), record)
     data = b"\x00" + schema_id.to_bytes(4, "big") + body.getvalue()
-    meta, command = _confluent(fake_registry.url).decode_command(data)
+    meta, command = Codec(ConfluentRegistry(schema_registry_url), topics).decode_command(data)
     assert meta.tracestate is None and meta.traceparent == META.traceparent
     assert command == CheckDeadlines(T, 9)
 
 
-def test_unknown_confluent_id_is_malformed(fake_registry: _FakeRegistry) -> None:
-    with pytest.raises(DecodeError, match="unknown Confluent schema id 99"):
-        _confluent(fake_registry.url).decode_command(b"\x00\x00\x00\x00\x63" + GOOD[10:])
+def test_unknown_confluent_id_is_malformed(schema_registry_url: str) -> None:
+    codec = Codec(ConfluentRegistry(schema_registry_url), TOPICS)
+    with pytest.raises(DecodeError, match="unknown Confluent schema id 9999999"):
+        codec.decode_command(b"\x00" + (9999999).to_bytes(4, "big") + GOOD[10:])
 
 
-def test_confluent_id_of_another_topic_is_malformed(fake_registry: _FakeRegistry) -> None:
-    codec = _confluent(fake_registry.url)
+def test_confluent_id_of_another_topic_is_malformed(
+        schema_registry_url: str, topics: TopicNames) -> None:
+    codec = Codec(ConfluentRegistry(schema_registry_url), topics)
     with pytest.raises(DecodeError, match=r"malformed threadline\.CommandEnvelope"):
         codec.decode_command(codec.encode_event(EVENTS[0], META))
 
@@ -832,6 +799,9 @@ def test_unreachable_registry_is_a_registry_error_not_a_decode_error() -> None:
     assert not isinstance(caught.value, DecodeError)
     with pytest.raises(RegistryError):
         codec.encode_command(COMMANDS[0], META)
+
+
+TOPICS = TopicNames.with_prefix("threadline.")
 
 
 def test_codec_from_settings_uses_the_registry_only_when_configured() -> None:
