@@ -126,6 +126,7 @@ class CommandBus:
     async def _step(self) -> None:
         assert self._consumer is not None
         batch = await self._consumer.getmany(timeout_ms=1000, max_records=1000)
+        await self.codec.prepare(r.value for rs in batch.values() for r in rs)
         for records in batch.values():
             for record in records:
                 try:

@@ -320,6 +320,7 @@ class StreamFeed:
 
     async def _step(self) -> None:
         batch = await self._consumer.getmany(timeout_ms=1000, max_records=2000)
+        await self.codec.prepare(r.value for rs in batch.values() for r in rs)
         try:
             for tp, records in batch.items():
                 for record in records:

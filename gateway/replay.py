@@ -76,6 +76,7 @@ async def replay(settings: Settings, tokens: ResumeTokens, partition: int, threa
             if time.monotonic() > deadline:
                 raise TimeoutError(f"replay of {thread_id} did not reach offset {last}")
             records = (await consumer.getmany(tp, timeout_ms=200, max_records=2000)).get(tp, [])
+            await codec.prepare(r.value for r in records)
             if len(records) > INLINE_DECODE:
                 events = await asyncio.to_thread(replayer.events, records)
             else:

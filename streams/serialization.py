@@ -22,10 +22,12 @@ means the bytes are unusable and belong on the dead-letter topic;
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields, is_dataclass
 from enum import Enum
 from io import BytesIO
@@ -432,6 +434,28 @@ class Codec:
             header = self._header(schema)
             if header[0] == CONFLUENT_MAGIC:  # our own ids: read without asking again
                 self._writers[int.from_bytes(header[1:], "big")] = schema.parsed
+
+    def unseen_ids(self, values: Iterable[bytes | None]) -> set[int]:
+        """The Confluent schema ids in `values` this codec has no writer schema for."""
+        if self.registry is None:
+            return set()
+        return {int.from_bytes(v[1:_CONFLUENT_HEADER_LEN], "big") for v in values
+                if v and len(v) >= _CONFLUENT_HEADER_LEN and v[0] == CONFLUENT_MAGIC
+                } - self._writers.keys()
+
+    def load_writers(self, schema_ids: Iterable[int]) -> None:
+        """Look these ids up now (blocking). Failures are left for the decode to report."""
+        for schema_id in schema_ids:
+            with contextlib.suppress(SerializationError):
+                self._confluent_writer(schema_id)
+
+    async def prepare(self, values: Iterable[bytes | None]) -> None:
+        """Before decoding a batch on an event loop: look up the ids it names that this
+        process has not seen (another producer's, an older version) in a thread, so the
+        decodes that follow never wait on the registry."""
+        unseen = self.unseen_ids(values)
+        if unseen:
+            await asyncio.to_thread(self.load_writers, unseen)
 
     def state_header(self) -> bytes:
         """The wire header of thread states written by this codec with this build's

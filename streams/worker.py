@@ -288,6 +288,7 @@ class _LifecycleWatch:
                 continue
             try:
                 batch = await self.consumer.getmany(timeout_ms=200, max_records=2_000)
+                await self.codec.prepare(r.value for rs in batch.values() for r in rs)
                 for records in batch.values():
                     for record in records:
                         self._read(record.value or b"")
@@ -629,6 +630,7 @@ class Worker:
         elif self.consumer.paused():
             self.consumer.resume(*self.consumer.paused())
         batch = await self.consumer.getmany(timeout_ms=100, max_records=max(free, 1))
+        await self.codec.prepare(r.value for rs in batch.values() for r in rs)
         for tp, records in batch.items():
             for record in records:
                 self._take(tp.partition, record)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import json
@@ -743,6 +744,21 @@ def test_roles_registering_at_once_get_one_id(schema_registry_url: str, topics: 
     with ThreadPoolExecutor(len(codecs)) as pool:
         list(pool.map(lambda c: c.register_schemas(), codecs))
     assert len({c.state_header() for c in codecs}) == 1
+
+
+def test_prepare_looks_up_another_producers_id_before_the_decode(
+        schema_registry_url: str, topics: TopicNames) -> None:
+    # The asyncio roles call `prepare` on each batch: the lookup runs in a thread,
+    # and the decode on the loop then needs no registry.
+    other = Codec(ConfluentRegistry(schema_registry_url), topics)  # another producer
+    data = other.encode_event(EVENTS[0], META)
+    codec = Codec(ConfluentRegistry(schema_registry_url), topics)
+    assert codec.unseen_ids([data, None, GOOD]) == {int.from_bytes(data[1:5], "big")}
+    asyncio.run(codec.prepare([data]))
+    assert codec.unseen_ids([data]) == set()
+    codec.registry = None  # nothing left to ask
+    assert codec.decode_event(data) == (META, EVENTS[0])
+    assert Codec().unseen_ids([data]) == set()  # no registry: nothing to look up
 
 
 def test_confluent_codec_still_reads_single_object_records() -> None:
