@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
+from gateway.kafka import partition_for
 from streams.config import Settings
 from streams.domain import (
     CreateThread,
@@ -285,7 +286,12 @@ def test_after_the_log_cleaner_ran_the_whole_history_reads_back(
     proc = RoleProcess("processor", env, tmp_path / "processor.log").start()
     try:
         producer = command_producer(settings)
-        thread, filler = f"kept-{uuid.uuid4()}", f"filler-{uuid.uuid4()}"
+        thread = f"kept-{uuid.uuid4()}"
+        # The filler must share the thread's partition: only a record appended there
+        # rolls the segment holding the thread's last records so the cleaner may take it.
+        filler = next(f for f in (f"filler-{uuid.uuid4()}" for _ in range(10_000))
+                      if partition_for(f, settings.partitions)
+                      == partition_for(thread, settings.partitions))
         for t in (thread, filler):
             send_command(producer, settings, CreateThread(t, "t", "x", _now()))
         turns = 50
