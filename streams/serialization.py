@@ -93,7 +93,7 @@ CONFLUENT_MAGIC = 0x00
 _SINGLE_OBJECT_HEADER_LEN = 10
 _WRITE_OPTIONS = {"strict": False, "strict_allow_default": False, "disable_tuple_notation": False}
 _CONFLUENT_HEADER_LEN = 5
-_REGISTER_ATTEMPTS = 5  # a 409 from a registration race is retried this often
+_REGISTER_ATTEMPTS = 6  # a race's 409, a 5xx or a timeout is retried this often
 
 T = TypeVar("T")
 
@@ -366,15 +366,18 @@ class ConfluentRegistry:
         Roles start together and register the same schemas: Apicurio answers the
         loser of a race to create a subject 409 "already exists" (seen with the
         processor, worker and gateway starting at once); asked again, it answers
-        the id. A 409 that persists (an incompatible schema) is raised."""
+        the id. Registrations at once can also make it answer 500 (its H2 store's
+        lock timed out) or time out: transient, so retried with a growing pause. A
+        4xx other than 409, or any error that persists, is raised."""
         for attempt in range(_REGISTER_ATTEMPTS):
             try:
                 return self._call(f"register {subject}", lambda: self._client.register_schema(
                     subject, _Schema(schema, "AVRO")))
             except RegistryError as exc:
-                if exc.status != 409 or attempt == _REGISTER_ATTEMPTS - 1:
+                transient = exc.status is None or exc.status == 409 or exc.status >= 500
+                if not transient or attempt == _REGISTER_ATTEMPTS - 1:
                     raise
-                time.sleep(0.1 * (attempt + 1))
+                time.sleep(0.2 * 2**attempt)
         raise AssertionError("unreachable")
 
     def lookup(self, schema_id: int) -> str:
