@@ -93,17 +93,25 @@ def ensure_specs(settings: Settings, specs: list[TopicSpec], timeout_s: float = 
     admin = _admin(settings)
     existing = admin.list_topics(timeout=timeout_s).topics
     missing = [s for s in specs if s.name not in existing]
-    if missing:
+    deadline = time.monotonic() + timeout_s
+    while missing:
         futures = admin.create_topics(
             [NewTopic(s.name, s.partitions, s.replication_factor, config=s.config) for s in missing],
             operation_timeout=timeout_s,
         )
-        for fut in futures.values():
+        again = []
+        for spec, fut in zip(missing, futures.values(), strict=True):
             try:
                 fut.result()
             except Exception as exc:  # a racing creator is fine
-                if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                if "TOPIC_ALREADY_EXISTS" in str(exc):
+                    continue
+                if not _transient(exc) or time.monotonic() > deadline:
                     raise
+                again.append(spec)  # e.g. a connection to a broker dropped under load
+        missing = again
+        if missing:
+            time.sleep(0.5)
     _verify(admin, specs, timeout_s, settings)
     return specs
 
@@ -119,6 +127,13 @@ def record_limit(settings: Settings, timeout_s: float = 30.0) -> int:
         if entry is not None and entry.value is not None:
             limit = min(limit, int(entry.value))
     return limit - _BATCH_OVERHEAD
+
+
+def _transient(exc: Exception) -> bool:
+    """A creation that failed on the way (the connection, not the request): retry it."""
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return isinstance(err, KafkaError) and (err.retriable() or err.code() in (
+        KafkaError._DESTROY_BROKER, KafkaError._TRANSPORT, KafkaError._TIMED_OUT))
 
 
 def _cleanup_policy(admin: AdminClient, topic: str, deadline: float) -> str:

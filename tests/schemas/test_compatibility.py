@@ -160,8 +160,25 @@ def _check_full(old: Path, new: Path) -> None:
 # --- the checks ------------------------------------------------------------------
 
 
+HISTORY_FILES = sorted((SCHEMA_DIR / "history").glob("*.avsc"))
+
+
 def test_every_schema_file_is_checked() -> None:
-    assert set(SCHEMA_FILES) == set(SCHEMA_DIR.rglob("*.avsc"))
+    assert set(SCHEMA_FILES) | set(HISTORY_FILES) == set(SCHEMA_DIR.rglob("*.avsc"))
+
+
+@pytest.mark.parametrize("path", HISTORY_FILES, ids=lambda p: p.stem)
+def test_a_retired_schema_is_frozen_under_its_fingerprint(path: Path) -> None:
+    """schemas/history/ keeps the writer schemas of records already on the topics:
+    each file is named by its top-level record and its fingerprint, so an edit that
+    would leave such records unreadable fails here."""
+    from fastavro import parse_schema
+
+    from streams.serialization import TOP_LEVEL_SCHEMAS, schema_fingerprint
+
+    name, fingerprint = path.stem.rsplit("-", 1)
+    assert name in TOP_LEVEL_SCHEMAS
+    assert schema_fingerprint(parse_schema(json.loads(path.read_text()))).hex() == fingerprint
 
 
 @pytest.mark.parametrize("path", SCHEMA_FILES, ids=SCHEMA_IDS)
