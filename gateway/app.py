@@ -70,7 +70,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     max_body = max_body_bytes(settings.policy.max_input_chars)
     limiter = TenantLimiter(settings.limits)
     app = web.Application(client_max_size=max_body, middlewares=[
-        problem_middleware, starting_middleware, auth_middleware(settings.api_keys),
+        problem_middleware, auth_middleware(settings.api_keys), starting_middleware,
         post_rate_middleware(limiter)])
     app[LIMITER] = limiter
     options = options or Options()
@@ -158,12 +158,22 @@ async def _start_feed(app: web.Application,
     started.append(app[FEED])
 
 
+STREAM_WAIT_S = 60.0  # how long a stream opened during the load waits for it
+
+
 @web.middleware
 async def starting_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """`/v1` answers 503 (with Retry-After) while the read model is still loading."""
-    if request.path.startswith("/v1/") and not request.app[FEED].started:
-        raise Problem(503, "starting", "the gateway is loading its read model; retry shortly",
-                      headers={"Retry-After": "2"})
+    """`/v1` answers 503 (with Retry-After) while the read model is still loading.
+
+    Except SSE streams, which wait for it: a browser's EventSource reconnects after a
+    network error but gives up for good on an error status, so a 503 would end a
+    stream that a gateway restart only meant to interrupt."""
+    feed = request.app[FEED]
+    if request.path.startswith("/v1/") and not feed.started:
+        streaming = request.method == "GET" and request.path.endswith(("/stream", "/events"))
+        if not (streaming and await feed.wait_started(STREAM_WAIT_S)):
+            raise Problem(503, "starting", "the gateway is loading its read model; retry "
+                          "shortly", headers={"Retry-After": "2"})
     return await handler(request)
 
 

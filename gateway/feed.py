@@ -16,6 +16,7 @@ start-up (found in the read model), so that it sees every active run from its
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict, deque
@@ -169,6 +170,7 @@ class StreamFeed:
         self._dropped_floor: dict[int, Position] = {}
         self._consumer_: AIOKafkaConsumer | None = None  # made in start(): needs the loop
         self._task: asyncio.Task[None] | None = None
+        self._started = asyncio.Event()
 
     @property
     def _consumer(self) -> AIOKafkaConsumer:
@@ -204,11 +206,18 @@ class StreamFeed:
         log.info("stream feed starts at %s (ends %s)", self.start_offsets,
                  {tp.partition: o for tp, o in ends.items()})
         self._task = asyncio.create_task(run_forever("stream feed", self._step))
+        self._started.set()
 
     @property
     def started(self) -> bool:
         """Whether the feed follows the stream: streams can be served."""
         return self._task is not None
+
+    async def wait_started(self, timeout_s: float) -> bool:
+        """Whether the feed started within `timeout_s`."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._started.wait(), timeout_s)
+        return self.started
 
     async def stop(self) -> None:
         self.close_all("shutdown")

@@ -110,6 +110,12 @@ async def test_readyz_is_503_until_the_processor_restored_then_the_first_post_is
         processor.stop()
 
 
+async def _stream_status(session: aiohttp.ClientSession, base: str) -> int:
+    async with session.get(base + "/v1/threads/no-such-thread/stream",
+                           headers=AUTH_A) as response:
+        return response.status
+
+
 async def test_a_cold_gateway_serves_livez_at_once_and_v1_once_its_read_model_loaded(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     """A cold start reads every thread and message first: meanwhile the process is
@@ -125,6 +131,7 @@ async def test_a_cold_gateway_serves_livez_at_once_and_v1_once_its_read_model_lo
     try:
         async with aiohttp.ClientSession() as session:
             seen: list[tuple[int, int, str | None]] = []  # livez, /v1 status, Retry-After
+            stream: asyncio.Task[int] | None = None
             while not seen or seen[-1][1] != 200:
                 assert gateway.alive(), gateway.tail()
                 try:
@@ -136,6 +143,8 @@ async def test_a_cold_gateway_serves_livez_at_once_and_v1_once_its_read_model_lo
                         seen.append((live_status, response.status,
                                      response.headers.get("Retry-After")))
                         assert response.status in (200, 503), body
+                    if stream is None and response.status == 503:
+                        stream = asyncio.create_task(_stream_status(session, base))
                 except aiohttp.ClientConnectionError:
                     await asyncio.sleep(0.02)  # not listening yet
             assert all(live == 200 for live, _, _ in seen)
@@ -143,6 +152,9 @@ async def test_a_cold_gateway_serves_livez_at_once_and_v1_once_its_read_model_lo
             assert loading, f"the load ended before the first answer: {seen[:3]}"
             assert all(retry == "2" for _, _, retry in loading)
             assert body["threads"], body  # the existing threads, once loaded
+            # A stream opened during the load waited for it (a browser's EventSource
+            # would give up for good on a 503): here the unknown thread's 404.
+            assert stream is not None and await stream == 404
             print(f"\ncold gateway: {len(loading)} answers of 503 while loading "
                   f"{THREADS} threads and {THREADS} messages, then 200")
     finally:
