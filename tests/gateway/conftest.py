@@ -4,6 +4,7 @@ session broker, and the gateway in-process on 127.0.0.1 (aiohttp test server).""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -93,11 +94,9 @@ async def wait_healthy(session: aiohttp.ClientSession, url: str, timeout: float 
     raise AssertionError(f"gateway not healthy in {timeout}s: {body}")
 
 
-@pytest_asyncio.fixture(scope="session")
-async def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> \
-        AsyncIterator[Stack]:
-    folder = tmp_path_factory.mktemp("gateway")
-    env = gateway_env(kafka_bootstrap, folder)
+@contextlib.asynccontextmanager
+async def running_stack(env: dict[str, str], folder: Path) -> AsyncIterator[Stack]:
+    """Processor and worker processes with `env`, and the gateway in-process, healthy."""
     settings = Settings.from_env(env)
     await asyncio.to_thread(ensure_topics, settings)
     processor = RoleProcess("processor", env, folder / "processor.log").start()
@@ -114,3 +113,11 @@ async def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) 
         await server.close()
         worker.stop()
         processor.stop()
+
+
+@pytest_asyncio.fixture(scope="session")
+async def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> \
+        AsyncIterator[Stack]:
+    folder = tmp_path_factory.mktemp("gateway")
+    async with running_stack(gateway_env(kafka_bootstrap, folder), folder) as running:
+        yield running

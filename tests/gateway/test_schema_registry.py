@@ -18,20 +18,15 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import fastavro
 import pytest
 import pytest_asyncio
-from aiohttp.test_utils import TestServer
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from gateway.app import Options, create_app
 from gateway.keys import CODEC
 from streams.config import Settings
-from streams.topics import ensure_topics
-from tests.gateway.conftest import AUTH_A, Stack, gateway_env, wait_healthy
+from tests.gateway.conftest import AUTH_A, Stack, gateway_env, running_stack
 from tests.gateway.sse_client import read_sse
-from tests.kafka_helpers import RoleProcess
 
 pytestmark = pytest.mark.kafka
 
@@ -42,22 +37,8 @@ async def registry_stack(kafka_bootstrap: str, schema_registry_url: str,
     folder = tmp_path_factory.mktemp("registry-stack")
     env = gateway_env(kafka_bootstrap, folder) | {
         "THREADLINE_SCHEMA_REGISTRY_URL": schema_registry_url}
-    settings = Settings.from_env(env)
-    await asyncio.to_thread(ensure_topics, settings)
-    processor = RoleProcess("processor", env, folder / "processor.log").start()
-    worker = RoleProcess("worker", env, folder / "worker.log").start()
-    server = TestServer(create_app(settings, Options(keepalive_s=1.0)), host="127.0.0.1",
-                        handler_cancellation=True)
-    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
-    try:
-        await server.start_server()
-        await wait_healthy(session, str(server.make_url("/healthz")))
-        yield Stack(env, settings, folder, server, session, processor, worker)
-    finally:
-        await session.close()
-        await server.close()
-        worker.stop()
-        processor.stop()
+    async with running_stack(env, folder) as running:
+        yield running
 
 
 class AnalyticsReader:
