@@ -65,6 +65,7 @@ from gateway.read_store import (
 )
 from streams.config import Settings
 from streams.domain import RunStatus, ThreadState
+from streams.heap import release_free_memory
 from streams.kafka_security import librdkafka_config
 from streams.records import MessageRecord
 from streams.serialization import Codec
@@ -77,6 +78,7 @@ RECENT_WRITE_S = 30.0  # how long after a local write reads of the thread wait t
 _POLL_S = 0.005
 DEFAULT_DELETE_RETENTION_MS = 24 * 3600 * 1000  # Kafka's default delete.retention.ms
 TOUCH_S = 600.0  # an idle store's saved_at is renewed this often
+RESTORE_FETCH_BYTES = 4 << 20  # per fetch; 4 MiB reads ~10,000 records
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +159,8 @@ class ReadModel:
                         "are kept (%d ms): starting it afresh", path,
                         time.time() - saved / 1000, retention_ms)
             await asyncio.to_thread(self.store.wipe)
-        self._consumer_ = new_consumer(self.settings, fetch_max_bytes=16 << 20)
+        # Small fetches: the restore's working set, not the data, sets the peak memory.
+        self._consumer_ = new_consumer(self.settings, fetch_max_bytes=RESTORE_FETCH_BYTES)
         await self._consumer.start()
         tps = self._tps()
         self._consumer.assign(tps)
@@ -388,6 +391,9 @@ class ReadModel:
         self.restore_s = time.monotonic() - self._started_at
         self.read_until_loaded = dict(self.read_records)
         self._loaded.set()
+        # The restore's decoded batches are garbage now; without this the process keeps
+        # their peak resident for good (streams/heap.py).
+        release_free_memory()
         log.info("read model loaded (%s start) in %.2f s: read %d thread states and %d "
                  "message records; %d active runs", self.mode, self.restore_s,
                  self.read_records[THREADS], self.read_records[MESSAGES],

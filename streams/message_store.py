@@ -18,11 +18,19 @@ time in the growth benchmark's profile).
 `<thread>` is the UTF-8 thread id behind its 4-byte length, so no thread's prefix
 is another's. The index is what replaced `ThreadState.run_by_message`: a known
 message id never starts a second run, however old, without the state growing.
+
+`ContextWindows` keeps recently active threads' newest context decoded in memory,
+so that a dispatch at turn 1,000 (a full window of 50 messages) costs what one at
+turn 10 does instead of 50 row reads and decodes. It holds staged rows, so the
+processor clears it whenever it rolls its stores back or loses a partition.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict, deque
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import islice
 
 from streams.history import parse_message_key
 from streams.records import HistoryMessage, MessageRecord
@@ -30,7 +38,7 @@ from streams.serialization import Codec, DecodeError
 from streams.state_store import PartitionStore
 from streams.thread import run_id_for
 
-__all__ = ["MessageStore"]
+__all__ = ["ContextWindows", "MessageStore"]
 
 
 def _thread(thread_id: str) -> bytes:
@@ -66,12 +74,98 @@ def _context(value: bytes) -> HistoryMessage:
                           value[id_end:].decode("utf-8", "surrogatepass"))
 
 
+@dataclass(slots=True)
+class _Window:
+    next_seq: int  # the window holds every message older than this (up to its size)
+    messages: deque[tuple[int, HistoryMessage]] = field(default_factory=deque)  # oldest first
+    chars: int = 0
+
+
+class ContextWindows:
+    """The newest `size` messages of recently active threads, decoded, least recently
+    used first out once they hold more than `max_chars` characters in all."""
+
+    def __init__(self, size: int, max_chars: int = 8 << 20) -> None:
+        # One more than a dispatch takes: a retry's dispatch reads the context before
+        # its own user message, which the window already holds.
+        self.size = size + 1
+        self.max_chars = max_chars
+        self.chars = 0
+        self.hits = 0
+        self.misses = 0
+        self._windows: OrderedDict[tuple[int, str], _Window] = OrderedDict()
+
+    def newest_first(self, partition: int, thread_id: str,
+                     before_seq: int) -> list[HistoryMessage] | None:
+        """The cached context older than `before_seq`, newest first; None if not cached."""
+        window = self._windows.get((partition, thread_id))
+        if window is None or not before_seq <= window.next_seq <= before_seq + 1:
+            self.misses += 1
+            return None
+        self._windows.move_to_end((partition, thread_id))
+        self.hits += 1
+        return [m for seq, m in reversed(window.messages) if seq < before_seq]
+
+    def fill(self, partition: int, thread_id: str, next_seq: int,
+             newest_first: list[tuple[int, HistoryMessage]]) -> None:
+        """Cache the thread's newest messages older than `next_seq`, read from the store."""
+        self.drop(partition, thread_id)
+        window = _Window(next_seq)
+        for seq, message in reversed(newest_first[: self.size]):
+            window.messages.append((seq, message))
+            window.chars += len(message.text)
+        self._windows[(partition, thread_id)] = window
+        self.chars += window.chars
+        self._evict()
+
+    def stored(self, partition: int, thread_id: str, seq: int, message: HistoryMessage) -> None:
+        """Message `seq` was staged: extend the thread's window if it ends just before."""
+        window = self._windows.get((partition, thread_id))
+        if window is None:
+            return
+        if seq != window.next_seq:
+            if seq > window.next_seq or any(s == seq and m != message for s, m in window.messages):
+                self.drop(partition, thread_id)  # a gap or a changed row: read it again
+            return  # a user message rewritten with its run's status: same context
+        window.messages.append((seq, message))
+        window.next_seq = seq + 1
+        window.chars += len(message.text)
+        self.chars += len(message.text)
+        while len(window.messages) > self.size:
+            _, old = window.messages.popleft()
+            window.chars -= len(old.text)
+            self.chars -= len(old.text)
+        self._evict()
+
+    def drop(self, partition: int, thread_id: str) -> None:
+        """Forget the thread's window (its history was erased or is unknown)."""
+        window = self._windows.pop((partition, thread_id), None)
+        if window is not None:
+            self.chars -= window.chars
+
+    def clear(self) -> None:
+        """Forget everything: the stores were rolled back or partitions moved."""
+        self._windows.clear()
+        self.chars = 0
+
+    def __len__(self) -> int:
+        return len(self._windows)
+
+    def _evict(self) -> None:
+        while self.chars > self.max_chars and len(self._windows) > 1:
+            _, window = self._windows.popitem(last=False)
+            self.chars -= window.chars
+
+
 class MessageStore:
     """A view of one partition's history table (staged writes included)."""
 
-    def __init__(self, store: PartitionStore, codec: Codec) -> None:
+    def __init__(self, store: PartitionStore, codec: Codec,
+                 windows: ContextWindows | None = None, partition: int = -1) -> None:
         self.store = store
         self.codec = codec
+        self.windows = windows
+        self.partition = partition
 
     def record(self, thread_id: str, seq: int) -> MessageRecord | None:
         """Message `seq` of the thread, or None (never stored, or erased)."""
@@ -89,23 +183,43 @@ class MessageStore:
             return None
         return run_id_for(thread_id, message_id)
 
-    def newest_first(self, thread_id: str, before_seq: int) -> Iterator[HistoryMessage]:
-        """The thread's messages older than `before_seq` as agent context, newest first."""
+    def context(self, thread_id: str, before_seq: int, limit: int) -> list[HistoryMessage]:
+        """At most `limit` of the newest messages older than `before_seq`, as agent
+        context, newest first."""
+        windows = self.windows
+        if windows is None or limit >= windows.size:
+            return [m for _, m in islice(self._read_newest_first(thread_id, before_seq), limit)]
+        cached = windows.newest_first(self.partition, thread_id, before_seq)
+        if cached is None:
+            # From `before_seq` itself: a retry's user message is stored already, and a
+            # window that holds it stays valid when the answer comes.
+            read = list(islice(self._read_newest_first(thread_id, before_seq + 1), windows.size))
+            next_seq = before_seq + 1 if read and read[0][0] == before_seq else before_seq
+            windows.fill(self.partition, thread_id, next_seq, read)
+            cached = [m for seq, m in read if seq < before_seq]
+        return cached[:limit]
+
+    def _read_newest_first(self, thread_id: str,
+                           before_seq: int) -> Iterator[tuple[int, HistoryMessage]]:
         for seq in range(before_seq - 1, -1, -1):
             value = self.store.get(_context_row(thread_id, seq))
             if value is not None:
-                yield _context(value)
+                yield seq, _context(value)
                 continue
             record = self.record(thread_id, seq)  # a row stored before context rows existed
             if record is not None:
                 message = record.message
-                yield HistoryMessage(message.message_id, message.role, message.text)
+                yield seq, HistoryMessage(message.message_id, message.role, message.text)
 
     def put(self, thread_id: str, record: MessageRecord, raw: bytes,
             changelog_offset: int | None = None) -> None:
         """Stage message `record.seq` (its messages-topic bytes `raw`)."""
         self.store.put(_row(thread_id, record.seq), raw, changelog_offset)
         self.store.put(_context_row(thread_id, record.seq), _context_value(record))
+        if self.windows is not None:
+            message = record.message
+            self.windows.stored(self.partition, thread_id, record.seq,
+                                HistoryMessage(message.message_id, message.role, message.text))
         if record.message.role == "user":
             self.store.put(_index(thread_id, record.message.message_id),
                            record.seq.to_bytes(8, "big"))
@@ -123,6 +237,8 @@ class MessageStore:
                 self.store.delete(_index(thread_id, message.message_id))
         self.store.delete(_context_row(thread_id, seq))
         self.store.delete(row, changelog_offset)
+        if self.windows is not None:
+            self.windows.drop(self.partition, thread_id)
 
     def restore(self, key: bytes, value: bytes | None, offset: int) -> None:
         """Apply one messages-topic record read back from the changelog."""

@@ -65,7 +65,7 @@ from streams.history import (
     message_key,
 )
 from streams.kafka_security import librdkafka_config
-from streams.message_store import MessageStore
+from streams.message_store import ContextWindows, MessageStore
 from streams.migration import migrate_partition
 from streams.records import DeadLetter, Dispatch, MessageRecord, RunLifecycle, StreamOutput
 from streams.serialization import Codec, DecodeError, EnvelopeMeta
@@ -205,6 +205,7 @@ class Processor:
         self.history_stores = TableStores(root, "messages")
         self.partitions: dict[int, _Partition] = {}
         self.cache: dict[bytes, ThreadState | None] = {}
+        self.windows = ContextWindows(HISTORY_LIMIT)  # cleared with `cache`
         self.stats = ProcessorStats()
         self.stopping = False
         self.watchdog = _Watchdog()
@@ -307,6 +308,7 @@ class Processor:
             self.history_stores.close(tp.partition)
             self.partitions.pop(tp.partition, None)
         self.cache.clear()
+        self.windows.clear()
         log.info("revoked %s", sorted(tp.partition for tp in partitions))
 
     def _restore(self, partition: int) -> None:
@@ -431,6 +433,7 @@ class Processor:
             self.stores.rollback_all()
             self.history_stores.rollback_all()
             self.cache.clear()
+            self.windows.clear()
             # Back to the batch's first records: the committed offsets would miss a
             # partition that never committed (no offset to seek to).
             for (topic, partition), offset in starts.items():
@@ -452,7 +455,7 @@ class Processor:
         # A thread touched earlier in the batch: its newest state is not in the store yet.
         state = touched[(partition, key)] if (partition, key) in touched else \
             self._load(self.stores.get(partition), key)
-        history = MessageStore(self.history_stores.get(partition), self.codec)
+        history = MessageStore(self.history_stores.get(partition), self.codec, self.windows, partition)
         decision = self._decide(state, command, meta, partition, key, history)
         if decision is None:
             return
@@ -618,7 +621,7 @@ class Processor:
             input_text = stored.message.text if stored is not None else ""
         budget = self.settings.context_chars
         while True:
-            context = context_window(history.newest_first(state.thread_id, seq), budget,
+            context = context_window(history.context(state.thread_id, seq, HISTORY_LIMIT), budget,
                                      HISTORY_LIMIT)
             dispatch = Dispatch(run_id=event.run_id, message_id=event.message_id,
                                 attempt=event.attempt, workflow_id=workflow_id_for(state.thread_id),

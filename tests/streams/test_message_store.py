@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from streams.domain import RunStatus, StoredMessage
 from streams.history import context_window, message_key
-from streams.message_store import MessageStore, _context_row, _row
+from streams.message_store import ContextWindows, MessageStore, _context_row, _row
 from streams.records import HistoryMessage, MessageRecord
 from streams.serialization import Codec, new_meta
 from streams.state_store import PartitionStore
@@ -33,15 +33,15 @@ def test_context_reads_the_newest_messages_as_stored(tmp_path: Path) -> None:
         record, raw = _record(seq, text, "user" if seq % 2 == 0 else "assistant")
         store.put(T, record, raw)
     store.store.commit()
-    newest = list(store.newest_first(T, len(texts)))
+    newest = store.context(T, len(texts), 50)
     assert newest == [HistoryMessage(f"m-{s}", "user" if s % 2 == 0 else "assistant", texts[s])
                       for s in reversed(range(len(texts)))]
-    assert context_window(store.newest_first(T, 4), 1_000, 2) == tuple(reversed(newest[1:3]))
+    assert context_window(store.context(T, 4, 50), 1_000, 2) == tuple(reversed(newest[1:3]))
     assert store.run_of_message(T, "m-2") == run_id_for(T, "m-2")
     assert store.run_of_message(T, "m-1") is None  # answers are not posts
     store.erase(T, 2)
     assert store.run_of_message(T, "m-2") is None
-    assert [m.message_id for m in store.newest_first(T, 5)] == ["m-4", "m-3", "m-1", "m-0"]
+    assert [m.message_id for m in store.context(T, 5, 50)] == ["m-4", "m-3", "m-1", "m-0"]
 
 
 def test_rows_without_context_fall_back_to_the_record(tmp_path: Path) -> None:
@@ -52,7 +52,7 @@ def test_rows_without_context_fall_back_to_the_record(tmp_path: Path) -> None:
     db.delete(_context_row(T, 0))
     db.commit()
     assert db.get(_row(T, 0)) is not None
-    assert list(store.newest_first(T, 1)) == [
+    assert store.context(T, 1, 50) == [
         HistoryMessage("m-0", "user", "stored before context rows")]
 
 
@@ -70,6 +70,59 @@ def test_a_restore_from_the_changelog_gives_the_same_context(texts: list[str]) -
             restored.restore(message_key(T, seq), raw, seq)
         restored.restore(message_key(T, 0), None, len(texts))  # a tombstone
         written.erase(T, 0)
-        assert list(written.newest_first(T, len(texts))) == \
-            list(restored.newest_first(T, len(texts)))
+        assert written.context(T, len(texts), 50) == restored.context(T, len(texts), 50)
         assert restored.run_of_message(T, "m-0") is None
+
+
+# One step of a thread's life as the processor drives its history table: store the
+# next message, rewrite a stored one (its run ended), erase the thread, read the
+# context of a dispatch (before the newest message, or a retry's before the one
+# stored last), commit, or roll back (the cache is cleared with the stores).
+_STEP = st.one_of(
+    st.tuples(st.just("put"), st.text(alphabet="ab✈", max_size=3)),
+    st.tuples(st.just("rewrite"), st.integers(0, 30)),
+    st.tuples(st.just("erase"), st.integers(0, 1)),  # 1: the thread starts again
+    st.tuples(st.just("read"), st.integers(0, 2)),
+    st.tuples(st.just("commit"), st.just(0)),
+    st.tuples(st.just("rollback"), st.just(0)),
+)
+
+
+@hypothesis.settings(max_examples=150, deadline=None)
+@hypothesis.given(steps=st.lists(_STEP, max_size=60), limit=st.integers(1, 4))
+def test_cached_context_is_what_the_store_holds(steps: list[tuple[str, object]], limit: int) -> None:
+    """Whatever the order of puts, rewrites, erases, commits and rollbacks, a dispatch's
+    context read through the windows equals the one read from the rows alone."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        db = PartitionStore(Path(folder) / "db")
+        windows = ContextWindows(limit, max_chars=12)  # small: eviction happens too
+        cached, plain = MessageStore(db, CODEC, windows, 0), MessageStore(db, CODEC)
+        count = committed = 0
+        for action, arg in steps:
+            if action == "put":
+                record, raw = _record(count, str(arg), "user" if count % 2 == 0 else "assistant")
+                cached.put(T, record, raw)
+                count += 1
+            elif action == "rewrite" and count:
+                stored = plain.record(T, int(str(arg)) % count)
+                if stored is not None:
+                    record = MessageRecord(stored.seq, stored.message, RunStatus.COMPLETED, 2)
+                    cached.put(T, record, CODEC.encode_message(record, new_meta(T, "x", 1)))
+            elif action == "erase":
+                for seq in range(count):
+                    cached.erase(T, seq)
+                count = 0 if arg else count
+            elif action == "read":
+                before = max(0, count - int(str(arg)))
+                assert cached.context(T, before, limit) == plain.context(T, before, limit)
+            elif action == "commit":
+                db.commit()
+                committed = count
+            elif action == "rollback":
+                db.rollback()
+                windows.clear()
+                count = committed
+        assert windows.chars == sum(len(m.text) for w in windows._windows.values()
+                                    for _, m in w.messages)
