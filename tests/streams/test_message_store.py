@@ -78,8 +78,9 @@ def test_a_restore_from_the_changelog_gives_the_same_context(texts: list[str]) -
 # next message, rewrite a stored one (its run ended), erase the thread, read the
 # context of a dispatch (before the newest message, or a retry's before the one
 # stored last), commit, or roll back (the cache is cleared with the stores).
+_PUT = st.tuples(st.just("put"), st.text(alphabet="ab✈", max_size=3))
 _STEP = st.one_of(
-    st.tuples(st.just("put"), st.text(alphabet="ab✈", max_size=3)),
+    _PUT, _PUT, _PUT, st.tuples(st.just("read"), st.integers(0, 2)),
     st.tuples(st.just("rewrite"), st.integers(0, 30)),
     st.tuples(st.just("erase"), st.integers(0, 1)),  # 1: the thread starts again
     st.tuples(st.just("read"), st.integers(0, 2)),
@@ -88,8 +89,12 @@ _STEP = st.one_of(
 )
 
 
-@hypothesis.settings(max_examples=150, deadline=None)
-@hypothesis.given(steps=st.lists(_STEP, max_size=60), limit=st.integers(1, 4))
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(steps=st.lists(_STEP, max_size=80), limit=st.integers(1, 3))
+# A window read for a dispatch, then the context of a message two back: not the window's.
+@hypothesis.example(steps=[("put", "a")] * 5 + [("read", 0), ("read", 2)], limit=2)
+# A retry after its user message was stored: the window must still hold `limit` older ones.
+@hypothesis.example(steps=[("put", "a")] * 5 + [("read", 0), ("put", "b"), ("read", 1)], limit=2)
 def test_cached_context_is_what_the_store_holds(steps: list[tuple[str, object]], limit: int) -> None:
     """Whatever the order of puts, rewrites, erases, commits and rollbacks, a dispatch's
     context read through the windows equals the one read from the rows alone."""
