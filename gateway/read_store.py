@@ -368,7 +368,7 @@ class ReadStore:
             return None
 
     def run(self, run_id: str) -> RunRef | None:
-        """Which thread and message a run id belongs to, or None."""
+        """The thread, and the seq of the message, that a run id belongs to, or None."""
         raw = self._db.get(_RUN + run_id.encode("utf-8", "surrogatepass"))
         if raw is None:
             return None
