@@ -30,6 +30,7 @@ BENCHMARKS = {
 
 
 def main() -> None:
+    """Run the chosen benchmarks (or reload saved results), print the table and write the report."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), default=None)

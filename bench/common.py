@@ -62,6 +62,7 @@ def bench_env(bootstrap: str, partitions: int = 12, **extra: str) -> dict[str, s
 
 
 def fresh_settings(bootstrap: str, partitions: int = 12, **env: str) -> Settings:
+    """Settings on fresh topics of the run's broker, the topics created."""
     settings = Settings.from_env(bench_env(bootstrap, partitions, **env))
     ensure_topics(settings)
     return settings
@@ -73,10 +74,12 @@ def cleanup(settings: Settings) -> None:
 
 
 def load_average() -> tuple[float, float, float]:
+    """The machine's 1, 5 and 15 minute load averages."""
     return os.getloadavg()
 
 
 def load_text() -> str:
+    """The load averages as text, for the report."""
     one, five, fifteen = load_average()
     return f"{one:.2f} {five:.2f} {fifteen:.2f}"
 
@@ -97,6 +100,7 @@ class Figure:
     note: str = ""
 
     def to_json(self) -> dict[str, Any]:
+        """The figure as a JSON object, for the saved results."""
         return {"bench": self.bench, "case": self.case, "values": self.values,
                 "baseline": self.baseline, "cpu": self.cpu, "load": self.load, "note": self.note}
 
@@ -120,6 +124,7 @@ class CpuClock:
 
 
 def own_cpu() -> float:
+    """CPU seconds this process has used, user and system."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
@@ -164,6 +169,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def median(values: list[float]) -> float:
+    """The median of the values, or NaN if there are none."""
     return statistics.median(values) if values else float("nan")
 
 
@@ -197,16 +203,20 @@ class Child:
     @classmethod
     def role(cls, role: str, env: Mapping[str, str], folder: Path, nofile: int | None = None) \
             -> Child:
+        """A child that runs one Threadline role (`threadline <role>`), logging to the folder."""
         return cls(role, ["-m", "streams.cli", role], env, folder / f"{role}.log", nofile)
 
     @property
     def pid(self) -> int:
+        """The child's process id."""
         return self.proc.pid
 
     def alive(self) -> bool:
+        """Whether the child is still running."""
         return self.proc.poll() is None
 
     def cpu(self) -> float:
+        """CPU seconds the child has used so far."""
         return process_cpu(self.pid)
 
     def mark(self) -> None:
@@ -214,18 +224,22 @@ class Child:
         self.cpu0 = self.cpu()
 
     def cpu_since_mark(self) -> float:
+        """CPU seconds the child used since mark()."""
         return self.cpu() - self.cpu0
 
     def rss(self) -> int:
+        """The child's resident memory."""
         return process_rss(self.pid)
 
     def tail(self, n: int = 30) -> str:
+        """The last n lines of the child's log."""
         try:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
         except FileNotFoundError:
             return ""
 
     def stop(self, timeout: float = 20) -> None:
+        """Terminate the child, killing it after the timeout."""
         if self.alive():
             self.proc.terminate()
             try:
@@ -235,6 +249,7 @@ class Child:
                 self.proc.wait()
 
     def wait(self, timeout: float) -> int:
+        """Wait for the child to exit; kill it and raise if it does not in time."""
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

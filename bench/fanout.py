@@ -60,6 +60,7 @@ async def _write_lag(stack: Stack) -> dict[str, float]:
 
 
 def one(stack: Stack, threads: list[str], clients: int, rate: float, seconds: float) -> Figure:
+    """One client count: events delivered, latency, memory per connection and CPU of one gateway."""
     stack.start(["gateway"], nofile=NOFILE)
     gateway = stack.children["gateway"]
     readers: list[Child] = []
@@ -115,6 +116,7 @@ def one(stack: Stack, threads: list[str], clients: int, rate: float, seconds: fl
 
 def run(bootstrap: str, counts: tuple[int, ...] = (1000, 5000, 10_000), rate: float = RATE,
         seconds: float = SECONDS) -> list[Figure]:
+    """The fan-out figures for each client count, each on a fresh stack."""
     figures = []
     for clients in counts:  # a fresh stack (topics, port, gateway) for each count
         stack = new_stack(bootstrap)

@@ -55,6 +55,7 @@ def _app() -> Any:
 
 
 def worker() -> None:
+    """Run the probe's Faust app as a worker (the child process)."""
     app = _app()
     sys.argv = [sys.argv[0], "worker", "-l", "warn", "--without-web"]
     app.main()
@@ -79,6 +80,7 @@ def _read_output(bootstrap: str, topic: str, expect: int, timeout: float) -> lis
 
 
 def drive(seed: int = 1, kills: int = 4) -> dict[str, int]:
+    """Feed the Faust app, kill it with SIGKILL at random moments, and count table and output mismatches."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient
     from confluent_kafka.cimpl import NewTopic

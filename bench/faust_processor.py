@@ -79,6 +79,7 @@ def _app(settings: Settings, count: int, out: Path) -> Any:
 
 
 def main() -> None:
+    """Run the Faust comparison processor until it has decided `--count` commands."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, required=True)
     parser.add_argument("--out", required=True)

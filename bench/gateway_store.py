@@ -99,6 +99,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def case(bootstrap: str, threads: int, messages: int) -> dict[str, Any]:
+    """Write this many threads, then time the gateway's cold restore and warm restart and read its RSS."""
     env = bench_env(bootstrap, 12, THREADLINE_HTTP_PORT=str(free_port()),
                     THREADLINE_LOG_LEVEL="INFO")
     settings = Settings.from_env(env)
@@ -144,6 +145,7 @@ def run(bootstrap: str, sizes: tuple[int, ...] = (1_000, 100_000),
 
 
 def main() -> None:
+    """Measure the read store at each thread count and print the results and their ratios."""
     parser = argparse.ArgumentParser(prog="python -m bench.gateway_store", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, nargs="+", default=[1_000, 100_000])

@@ -79,6 +79,7 @@ class Commands:
         self.last: dict[int, int] = {}  # partition -> offset of the last command produced
 
     def send(self, command: Command) -> None:
+        """Produce one command to the commands topic."""
         meta = new_meta(command.thread_id, TENANT, int(time.time() * 1000))
         self.producer.produce(self.topic, encode_command(command, meta),
                               command.thread_id.encode(), on_delivery=self._delivered)
@@ -121,10 +122,12 @@ class Commands:
             self.complete(thread, run_id_for(thread, message_id), now)
 
     def complete(self, thread: str, run_id: str, now: int | None = None) -> None:
+        """Report a run's attempt 1 completed with the fixed answer."""
         self.send(ReportAttemptCompleted(thread, run_id, 1, "bench-worker", ANSWER, (), (),
                                          now or int(time.time() * 1000)))
 
     def close(self) -> None:
+        """Flush the producer and close the offsets client."""
         self.producer.flush(10)
         self.offsets.close()
 
@@ -227,6 +230,7 @@ async def _wait_ready(stack: Stack, timeout: float = 180) -> None:
 
 
 def turns(bootstrap: str) -> list[Figure]:
+    """Processor CPU per command and post latency at turn 10 against a long thread's later turns."""
     stack = new_stack(bootstrap).start(["processor", "gateway"])
     kafka = Commands(stack.settings)
     partitions = stack.settings.partitions
@@ -289,6 +293,7 @@ def turns(bootstrap: str) -> list[Figure]:
 
 
 def run(bootstrap: str) -> list[Figure]:
+    """The growth figures: the processor's per-turn costs, then the gateway's by thread count."""
     from bench import growth_gateway
 
     return [*turns(bootstrap), *growth_gateway.run(bootstrap)]

@@ -38,6 +38,7 @@ MORE = 100  # threads written before the warm restart
 
 @dataclass
 class Size:
+    """One data size of the gateway growth benchmark: its threads, settings, folder and processor."""
     threads: int
     env: dict[str, str]
     settings: Settings
@@ -144,6 +145,7 @@ def _figure(size: Size, small: Size | None) -> Figure:
 
 
 def run(bootstrap: str, sizes: tuple[int, ...] = SIZES) -> list[Figure]:
+    """The gateway's memory and start-up figures for each thread count."""
     prepared = [_prepare(bootstrap, n) for n in sizes]
     try:
         for size in prepared:

@@ -83,11 +83,13 @@ def payload(threads: int, messages: int) -> list[Command]:
 
 
 def encoded(commands: list[Command]) -> list[tuple[bytes, bytes]]:
+    """The commands as (key, value) records, ready to produce."""
     return [(c.thread_id.encode(), encode_command(c, new_meta(c.thread_id, "bench", 0)))
             for c in commands]
 
 
 def preload(settings: Settings, records: list[tuple[bytes, bytes]]) -> None:
+    """Write every record to the commands topic before the timed run."""
     producer = Producer({"bootstrap.servers": settings.bootstrap, "partitioner": "murmur2_random",
                          "linger.ms": 20, "enable.idempotence": True, "log_level": 0})
     for key, value in records:
@@ -230,6 +232,7 @@ def _child_bare(settings: Settings, count: int, same_records: bool) -> dict[str,
 
 
 def child_main(argv: list[str] | None = None) -> None:
+    """The timed child: consume the preloaded commands with one loop case and write its result."""
     parser = argparse.ArgumentParser()
     parser.add_argument("case", choices=sorted(CASES.values()))
     parser.add_argument("--count", type=int, required=True)
@@ -249,6 +252,7 @@ def child_main(argv: list[str] | None = None) -> None:
 
 def run_case(bootstrap: str, case: str, records: list[tuple[bytes, bytes]],
              folder: Path) -> dict[str, Any]:
+    """Preload the commands and time one case in a child process."""
     from bench.common import run_child_json
 
     guarantee = "at_least_once" if case == ALO else "exactly_once"
@@ -271,6 +275,7 @@ def run_case(bootstrap: str, case: str, records: list[tuple[bytes, bytes]],
 
 def run(bootstrap: str, threads: int = 1000, messages: int = 3, repeats: int = 3,
         cases: tuple[str, ...] = (BARE, BARE_SAME, EOS, ALO, FAUST)) -> list[Figure]:
+    """Throughput and CPU per command of every case, repeated, as figures."""
     records = encoded(payload(threads, messages))
     folder = VAR / "bench-logs"
     runs: dict[str, list[dict[str, Any]]] = {case: [] for case in cases}

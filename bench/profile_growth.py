@@ -39,6 +39,7 @@ def _decide(settings: Settings, count: int, profiler: Profiler | None) -> dict[s
 
 
 def main() -> None:
+    """Profile the processor deciding short- and long-thread turns and write the profile."""
     parser = argparse.ArgumentParser(prog="python -m bench.profile_growth")
     parser.add_argument("--out", type=Path, default=VAR / "growth-profile.txt")
     args = parser.parse_args()

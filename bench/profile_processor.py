@@ -22,6 +22,7 @@ from streams.topics import ensure_topics
 
 
 def main() -> None:
+    """Profile the exactly-once processor in-process on preloaded commands and write the profile."""
     parser = argparse.ArgumentParser(prog="python -m bench.profile_processor")
     parser.add_argument("--threads", type=int, default=1000)
     parser.add_argument("--out", type=Path, default=VAR / "processor-profile.txt")

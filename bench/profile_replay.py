@@ -32,6 +32,7 @@ async def _replay_all(stack: Stack, thread: str, partition: int, start: int, las
 
 
 def main() -> None:
+    """Time and profile the gateway's Kafka replay of one long run, in-process."""
     parser = argparse.ArgumentParser(prog="python -m bench.profile_replay")
     parser.add_argument("--events", type=int, default=10_000)
     args = parser.parse_args()

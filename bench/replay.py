@@ -144,6 +144,7 @@ async def _run(bootstrap: str, events: int, repeats: int) -> list[Figure]:
 
 
 def run(bootstrap: str, events: int = EVENTS, repeats: int = REPEATS) -> list[Figure]:
+    """Time replays of one long run against a bare seek-and-consume of the same range."""
     return asyncio.run(_run(bootstrap, events, repeats))
 
 

@@ -26,6 +26,7 @@ PNG = DOCS / "benchmarks.png"
 
 @dataclass(frozen=True)
 class Target:
+    """One target of the brief: its benchmark, its wording, and how to check it."""
     bench: str
     text: str
     check: Callable[[dict[str, Figure]], tuple[float, bool] | None]
@@ -118,6 +119,7 @@ def _rows(figures: list[Figure]) -> tuple[list[str], list[list[str]]]:
 
 
 def by_bench(figures: list[Figure]) -> dict[str, list[Figure]]:
+    """The figures grouped by benchmark, in order."""
     out: dict[str, list[Figure]] = {}
     for f in figures:
         out.setdefault(f.bench, []).append(f)
@@ -125,6 +127,7 @@ def by_bench(figures: list[Figure]) -> dict[str, list[Figure]]:
 
 
 def print_table(figures: list[Figure]) -> None:
+    """Print each benchmark's table and whether each target was met."""
     for bench, group in by_bench(figures).items():
         header, rows = _rows(group)
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
@@ -137,6 +140,7 @@ def print_table(figures: list[Figure]) -> None:
 
 
 def target_lines(figures: list[Figure]) -> list[str]:
+    """One checklist line per target: its value and whether it was met."""
     lines = []
     groups = by_bench(figures)
     for target in TARGETS:
@@ -160,6 +164,7 @@ def _markdown_table(group: list[Figure]) -> str:
 
 
 def git_head() -> str:
+    """The short hash of the checked-out commit, or "?"."""
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                               capture_output=True, check=False).stdout.strip()
@@ -168,6 +173,7 @@ def git_head() -> str:
 
 
 def write_report(figures: list[Figure], meta: dict[str, object]) -> None:
+    """Write docs/benchmarks.md (with its plot) from the figures and the run's details."""
     DOCS.mkdir(exist_ok=True)
     plotted = plot(figures)
     started = datetime.datetime.fromtimestamp(float(meta["started"]))  # type: ignore[arg-type]
@@ -203,6 +209,7 @@ def write_report(figures: list[Figure], meta: dict[str, object]) -> None:
 
 
 def plot(figures: list[Figure]) -> bool:
+    """Draw one panel per benchmark into the report's PNG; False without matplotlib."""
     try:
         import matplotlib
 

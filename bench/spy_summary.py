@@ -13,6 +13,7 @@ from collections import Counter
 
 
 def summarise(path: str, own_rows: int = 20, inclusive_rows: int = 30) -> str:
+    """The functions that took the most samples in a py-spy raw profile, own and inclusive."""
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     total = 0

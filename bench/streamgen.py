@@ -85,6 +85,7 @@ class Generator:
                             seq, payload)
 
     async def start_runs(self) -> None:
+        """Start a run on every thread: accepted, message start, text start."""
         for thread in self.threads:
             run = self.runs[thread]
             await self._send(thread, StreamOutput(run, 0, answer_message_id_for(run), "lifecycle",
@@ -225,6 +226,7 @@ def direct_consumer(settings: Settings, seconds: float, ready_file: Path | None)
 
 
 def main() -> None:
+    """Run one reader (`sse` or `direct`) for the given seconds and write its timings."""
     parser = argparse.ArgumentParser()
     parser.add_argument("role", choices=["sse", "direct"])
     parser.add_argument("--base", default="")

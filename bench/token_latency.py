@@ -31,6 +31,7 @@ SECONDS = 15
 
 
 def wait_files(files: list[Path], children: list[Child], timeout: float) -> None:
+    """Wait until every file exists, failing if a child exits or the timeout passes."""
     deadline = time.monotonic() + timeout
     while not all(f.exists() for f in files):
         for child in children:
@@ -43,6 +44,7 @@ def wait_files(files: list[Path], children: list[Child], timeout: float) -> None
 
 def start_readers(stack: Stack, threads: list[str], clients_per_process: list[int],
                   seconds: float, direct: bool) -> tuple[list[Child], list[Path], list[Path]]:
+    """Start the SSE reader processes (and, if direct, a direct Kafka consumer); their ready and out files."""
     folder = stack.folder
     folder.mkdir(parents=True, exist_ok=True)
     threads_file = folder / "threads.json"
@@ -67,6 +69,7 @@ def start_readers(stack: Stack, threads: list[str], clients_per_process: list[in
 
 
 def collect(children: list[Child], outs: list[Path], timeout: float) -> list[dict[str, object]]:
+    """Wait for each reader child and read back its JSON result."""
     results = []
     for child, out in zip(children, outs, strict=True):
         child.wait(timeout)
@@ -77,6 +80,7 @@ def collect(children: list[Child], outs: list[Path], timeout: float) -> list[dic
 
 
 def latency_values(latencies: list[float]) -> dict[str, float]:
+    """The sample count and the p50, p95 and p99 of the latencies, in ms."""
     return {"samples": len(latencies), "p50 ms": percentile(latencies, 50),
             "p95 ms": percentile(latencies, 95), "p99 ms": percentile(latencies, 99)}
 
@@ -100,6 +104,7 @@ async def _healthy(stack: Stack) -> None:
 
 def run(bootstrap: str, threads: int = THREADS, rate: float = RATE,
         seconds: float = SECONDS) -> list[Figure]:
+    """Token latency through the gateway against a direct Kafka consumer, in the same run."""
     stack = new_stack(bootstrap)
     thread_ids = seed_threads(stack.settings, threads)
     stack.start(["gateway"])

@@ -18,6 +18,7 @@ from chaos.run import KINDS, Config, Outcome, run
 
 @dataclass(frozen=True, slots=True)
 class Preset:
+    """A named chaos run size: threads, posting time, kills of each kind, brokers."""
     threads: int
     duration_s: float
     kills: dict[str, int]  # processor, worker, gateway, broker
@@ -40,6 +41,7 @@ HEADER = ("| seed | threads | messages | accepted | 409s | answered | lost | dup
 
 
 def table_row(outcome: Outcome) -> str:
+    """One Markdown table row summarising a chaos run."""
     r = outcome.report
     kills = "/".join(str(outcome.kills.get(k, 0)) for k in KINDS)
     recovery = "/".join(f"{outcome.recovery_s[k]:.1f}" if k in outcome.recovery_s else "-"
@@ -60,6 +62,7 @@ def _kind(violation: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the chaos program with a preset and options, print its table, and return 1 on any violation."""
     parser = argparse.ArgumentParser(prog="python -m chaos", description=__doc__)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="full")
     parser.add_argument("--seed", type=int, default=int(time.time()) % 100_000,

@@ -58,6 +58,7 @@ class Seen:
 
     @property
     def fields(self) -> dict[str, object]:
+        """The event's data as a JSON object, or {} if it is not one."""
         try:
             value = json.loads(self.data)
         except ValueError:
@@ -96,6 +97,7 @@ class WatchLog:
 
 @dataclass(slots=True)
 class Observations:
+    """Everything the run collected for the audit: posts, events, stored answers, streams, topics."""
     posts: list[Post]
     events: list[Event]  # the events topic, read_committed, in partition order
     stored: dict[str, list[dict[str, object]]]  # thread id -> GET .../messages
@@ -109,6 +111,7 @@ class Observations:
 
 @dataclass(slots=True)
 class Report:
+    """The audit's counts and its list of violations."""
     threads: int = 0
     messages: int = 0
     accepted: int = 0
@@ -126,6 +129,7 @@ class Report:
 
     @property
     def ok(self) -> bool:
+        """Whether the audit found no violation."""
         return not self.violations
 
     def _fail(self, counter: str | None, text: str) -> None:
@@ -139,6 +143,7 @@ def _count(items: Iterable[str]) -> Counter[str]:
 
 
 def audit(obs: Observations) -> Report:
+    """Check every observation of a run and return the report."""
     report = Report(threads=len({p.thread_id for p in obs.posts}),
                     messages=len({p.message_id for p in obs.posts}))
     report.conflicts = sum(s == 409 for p in obs.posts for s in p.statuses)

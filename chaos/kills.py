@@ -61,6 +61,7 @@ AIM_DECISION_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True, slots=True)
 class Kill:
+    """One planned kill: when, which kind of process, and which instance."""
     at_s: float  # after the load starts
     kind: str  # processor | worker | gateway | broker
     index: int
@@ -75,6 +76,7 @@ class KillRecord:
 
 def plan(rng: random.Random, counts: dict[str, int], start_s: float, end_s: float,
          instances: int = 2) -> list[Kill]:
+    """A seeded schedule of the kills, one at a random moment in each slot of the run."""
     kinds = [kind for kind, n in counts.items() for _ in range(n)]
     rng.shuffle(kinds)
     slot = (end_s - start_s) / max(1, len(kinds))
@@ -85,6 +87,7 @@ def plan(rng: random.Random, counts: dict[str, int], start_s: float, end_s: floa
 
 @dataclass
 class Chaos:
+    """Carries out the kills on the stack, restarts what it killed, and records recovery."""
     stack: Stack
     rng: random.Random
     aim: bool = False  # processor kills land inside a batch (see the module docstring)
@@ -99,6 +102,7 @@ class Chaos:
     _aim_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def execute(self, kills: list[Kill], started: float) -> None:
+        """Fire each kill at its time, and wait for every restart to finish."""
         for kill in kills:
             await asyncio.sleep(max(0.0, started + kill.at_s - time.monotonic()))
             record = KillRecord(kill, time.monotonic())

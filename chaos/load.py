@@ -33,6 +33,7 @@ __all__ = ["Load", "LoadConfig"]
 
 @dataclass(frozen=True, slots=True)
 class LoadConfig:
+    """How the load behaves: threads, seed, and the shares of slow, impatient and cut clients."""
     threads: int
     seed: int
     slow_share: float = 0.15  # messages marked [slow]
@@ -45,6 +46,7 @@ class LoadConfig:
 
 @dataclass
 class Load:
+    """The clients of a chaos run: posters and SSE watchers, and what they saw."""
     config: LoadConfig
     bases: list[str]
     posts: list[Post] = field(default_factory=list)
@@ -72,6 +74,7 @@ class Load:
             post.ended_at = self.end_seen.get(post.run_id)
 
     def saw_end(self, run_id: str) -> None:
+        """Note that a client saw this run end (the first time counts)."""
         self.end_seen.setdefault(run_id, time.monotonic())
         self.ended[run_id].set()
 

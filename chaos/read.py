@@ -33,6 +33,7 @@ __all__ = ["Raw", "read_topic", "topic_reads"]
 
 @dataclass(frozen=True, slots=True)
 class Raw:
+    """One record as read from a topic: partition, offset, key and value."""
     partition: int
     offset: int
     key: bytes | None

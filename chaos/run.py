@@ -35,6 +35,7 @@ STALL_S = 45.0  # a run open this long is worth a look at every process's stack
 
 @dataclass(frozen=True, slots=True)
 class Config:
+    """One chaos run's settings: seed, size, kills, brokers, folder and guarantee."""
     seed: int
     threads: int
     duration_s: float  # how long clients post; the kills fall inside it
@@ -52,6 +53,7 @@ class Config:
 
 @dataclass
 class Outcome:
+    """What one chaos run came to: its audit report, kills, recovery times and timings."""
     config: Config
     report: Report
     kills: dict[str, int] = field(default_factory=dict)
@@ -226,6 +228,7 @@ def _count(items: Any) -> dict[str, int]:
 
 
 def run(config: Config) -> Outcome:
+    """Start the stack, load it, kill, audit and stop; its folder is deleted if it passed (unless keep)."""
     folder = config.folder / f"seed{config.seed}-{uuid.uuid4().hex[:6]}"
     folder.mkdir(parents=True, exist_ok=True)
     stack = Stack(folder.resolve(), brokers=config.brokers, bootstrap=config.bootstrap,

@@ -124,6 +124,7 @@ class StateRecord:
 
 @dataclass(slots=True)
 class TopicReads:
+    """The transactional topics as read back after the run, committed and uncommitted."""
     committed: list[TopicRecord] = field(default_factory=list)
     uncommitted: list[TopicRecord] = field(default_factory=list)  # empty: not read
     history: list[HistoryRecord] = field(default_factory=list)
@@ -155,6 +156,7 @@ class Findings:
 
 
 def event_identities(envelope_id: str, event: Event) -> tuple[Identity, ...]:
+    """What makes an event unique: its envelope id, and its thread, kind and the ids it decides on."""
     ids: list[Identity] = [("envelope", envelope_id)]
     thread, kind = event.thread_id, type(event).__name__
     match event:
@@ -176,16 +178,19 @@ def event_identities(envelope_id: str, event: Event) -> tuple[Identity, ...]:
 
 
 def dispatch_identities(envelope_id: str, thread_id: str, dispatch: Dispatch) -> tuple[Identity, ...]:
+    """What makes a dispatch unique: its envelope id and its run attempt."""
     return (("envelope", envelope_id), (thread_id, dispatch.run_id, dispatch.attempt))
 
 
 def message_identities(envelope_id: str, key: bytes, thread_id: str,
                        record: MessageRecord) -> tuple[Identity, ...]:
+    """What makes a message record unique: its envelope id and its seq and run status."""
     status = record.run_status.value if record.run_status is not None else None
     return (("envelope", envelope_id, key), (thread_id, record.seq, status))
 
 
 def dead_letter_identities(dead: DeadLetter) -> tuple[Identity, ...]:
+    """What makes a dead letter unique: the source record and its error type."""
     return ((dead.source_topic, dead.source_partition, dead.source_offset, dead.error_type),)
 
 

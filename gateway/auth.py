@@ -49,6 +49,7 @@ def _unauthorized(detail: str) -> Problem:
 
 
 def auth_middleware(keys: Mapping[str, str]) -> Middleware:
+    """Middleware that admits a request only with one of the API keys (Bearer, or token/cookie on SSE)."""
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in PUBLIC_PATHS:
@@ -77,6 +78,7 @@ class RedactingAccessLogger(AbstractAccessLogger):
     """One line a request; query strings pass through `redact`."""
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        """Write one access-log line with any access token in the URL redacted."""
         self.logger.info('%s "%s %s" %s %.1fms', request.remote, request.method,
                          redact(request.path_qs), response.status, time * 1000)
 

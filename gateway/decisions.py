@@ -47,6 +47,7 @@ def new_traceparent(incoming: str | None = None) -> str:
 
 
 class CommandBus:
+    """Sends commands to Kafka and waits for the processor's decisions on the events topic."""
     def __init__(self, settings: Settings, codec: Codec | None = None) -> None:
         self.settings = settings
         # THREADLINE_SCHEMA_REGISTRY_URL: the Confluent format; else single-object.
@@ -59,6 +60,7 @@ class CommandBus:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        """Start the producer, and a consumer reading decisions from the events topic's current end."""
         self._producer = AIOKafkaProducer(
             **aiokafka_config(self.settings), acks="all", enable_idempotence=True, linger_ms=2)
         await self._producer.start()
@@ -72,6 +74,7 @@ class CommandBus:
         self._task = asyncio.create_task(run_forever("events consumer", self._step))
 
     async def stop(self) -> None:
+        """Stop the events consumer task and close both Kafka clients."""
         await stop_task(self._task)
         if self._consumer is not None:
             await stop_client(self._consumer)

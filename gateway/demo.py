@@ -50,5 +50,6 @@ for (const name of EVENTS) {
 
 
 async def demo_page(request: web.Request) -> web.Response:
+    """The demo chat page, served uncached."""
     return web.Response(text=PAGE, content_type="text/html",
                         headers={"Cache-Control": "no-store"})

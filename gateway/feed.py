@@ -105,6 +105,7 @@ class Subscriber:
         self.flush()
 
     def close(self, reason: str) -> None:
+        """End this client's stream with a reason (the first reason given wins)."""
         if self.closed is None:
             self.closed = reason
         self._wake()
@@ -145,6 +146,7 @@ class _Window:
 
 
 class StreamFeed:
+    """Reads the streams topic once and fans its events out to every SSE subscriber."""
     def __init__(self, settings: Settings, read_model: ReadModel, offsets: Offsets, *,
                  window_events: int = 2_000,
                  max_windows: int = 20_000, queue_limit: int = 10_000,
@@ -178,6 +180,7 @@ class StreamFeed:
         return self._consumer_
 
     async def start(self, load_timeout_s: float = 120.0) -> None:
+        """Seek to where the active runs began, wait for the read model, and start reading the streams."""
         consumer = self._consumer_ = new_consumer(self.settings)
         await consumer.start()
         tps = topic_partitions(self.settings, self.topic)
@@ -220,12 +223,14 @@ class StreamFeed:
         return self.started
 
     async def stop(self) -> None:
+        """Close every subscriber, then stop the reading task and its consumer."""
         self.close_all("shutdown")
         await stop_task(self._task)
         if self._consumer_ is not None:
             await stop_client(self._consumer_)
 
     def close_all(self, reason: str) -> None:
+        """End every subscriber's stream with the same reason."""
         for sub in list(self.subscribers):
             sub.close(reason)
 
@@ -242,6 +247,7 @@ class StreamFeed:
             here, self._dropped_floor.get(window.partition, here))
 
     def partition_of(self, thread_id: str) -> int:
+        """The streams partition that holds this thread's records."""
         return partition_for(thread_id, self.settings.partitions)
 
     # --- subscribers ----------------------------------------------------------------
@@ -261,6 +267,7 @@ class StreamFeed:
         return sub, snapshot, window.covered_after
 
     def unsubscribe(self, sub: Subscriber) -> None:
+        """Forget a subscriber, and remove it from its thread's window."""
         self.subscribers.discard(sub)
         window = self._windows.get(sub.thread_id)
         if window is not None:
@@ -291,6 +298,7 @@ class StreamFeed:
         return None if state is None else (window.active_run, state.start)
 
     def stats(self) -> dict[str, object]:
+        """Subscriber and window counts, read positions and write lag for /healthz."""
         lag = sorted(self._lag_ms)
         return {"subscribers": len(self.subscribers), "windows": len(self._windows),
                 "start_offsets": dict(self.start_offsets),
@@ -348,6 +356,7 @@ class StreamFeed:
             sub.flush()
 
     def ingest(self, partition: int, record: ConsumerRecord[bytes, bytes]) -> None:
+        """Turn one streams record into SSE events, keep them in the thread's window and queue them."""
         self.last_offsets[partition] = record.offset
         try:
             meta, output = self.codec.decode_stream(record.value or b"")

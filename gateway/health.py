@@ -36,6 +36,7 @@ class HealthProbe:
         self._lock = asyncio.Lock()  # one probe at a time shares one client
 
     async def probe(self, groups: list[str], timeout_s: float) -> dict[str, Any]:
+        """Report whether the broker answers and how many members each consumer group has."""
         async with self._lock:
             report: dict[str, Any] = {"broker": {"ok": False}, "groups": {}}
             try:
@@ -85,6 +86,7 @@ class HealthProbe:
         return self._admin
 
     async def close(self) -> None:
+        """Close the admin client (next probe makes a new one), ignoring errors."""
         admin, self._admin = self._admin, None
         if admin is not None:
             with contextlib.suppress(Exception):  # closing toward a dead broker may fail too
@@ -107,6 +109,7 @@ def _describe(exc: BaseException) -> str:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """GET /healthz: broker, consumer groups, read model and feed; 503 unless all are up."""
     app = request.app
     prefix = app[SETTINGS].topic_prefix
     groups = [f"{prefix}processor", f"{prefix}worker"]

@@ -27,6 +27,7 @@ def partition_for(thread_id: str, partitions: int) -> int:
 
 
 def topic_partitions(settings: Settings, topic: str) -> list[TopicPartition]:
+    """Every partition of a topic, from the configured partition count."""
     # The topic contract (checked by ensure_topics) fixes the partition count.
     return [TopicPartition(topic, p) for p in range(settings.partitions)]
 
@@ -58,6 +59,7 @@ async def run_forever(name: str, step: Callable[[], Awaitable[None]]) -> None:
 
 
 async def stop_task(task: asyncio.Task[None] | None) -> None:
+    """Cancel a background task and wait until it has ended."""
     if task is None:
         return
     task.cancel()
@@ -75,24 +77,30 @@ class Offsets:
         self._client: AIOKafkaConsumer | None = None  # made in start(): needs the loop
 
     async def start(self) -> None:
+        """Open the client used for the offset queries."""
         self._client = new_consumer(self.settings)
         await self._client.start()
 
     async def stop(self) -> None:
+        """Close the client used for the offset queries."""
         if self._client is not None:
             await stop_client(self._client)
 
     @property
     def client(self) -> AIOKafkaConsumer:
+        """The started consumer that answers the offset queries."""
         assert self._client is not None, "Offsets.start() first"
         return self._client
 
     async def end(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """The last stable offset of each partition."""
         return dict(await self.client.end_offsets(tps))
 
     async def beginning(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """The earliest offset still kept in each partition."""
         return dict(await self.client.beginning_offsets(tps))
 
     async def for_times(self, times: dict[TopicPartition, int]) -> \
             dict[TopicPartition, OffsetAndTimestamp | None]:
+        """The first offset at or after each given timestamp, or None past the end."""
         return dict(await self.client.offsets_for_times(times))

@@ -210,4 +210,5 @@ SPEC: dict[str, Any] = {
 
 
 async def openapi(request: web.Request) -> web.Response:
+    """GET /openapi.json: the gateway's OpenAPI description."""
     return web.json_response(SPEC)

@@ -39,6 +39,7 @@ class Problem(Exception):
 
 
 def problem_response(problem: Problem, instance: str | None = None) -> web.Response:
+    """An RFC 9457 application/problem+json response for a Problem."""
     body: dict[str, Any] = {
         "type": _TYPE_BASE + problem.slug,
         "title": problem.title,
@@ -58,6 +59,7 @@ _HTTP_SLUGS = {404: "not-found", 405: "method-not-allowed", 413: "body-too-large
 
 @web.middleware
 async def problem_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Middleware that turns Problems, HTTP errors and crashes into problem+json responses."""
     try:
         return await handler(request)
     except Problem as problem:

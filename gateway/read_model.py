@@ -93,10 +93,12 @@ class RunView:
 
     @property
     def accepted_at_ms(self) -> int:
+        """When the run's user message was created (its acceptance time), 0 if unknown."""
         return self.message.message.created_at_ms if self.message is not None else 0
 
     @property
     def terminal(self) -> bool:
+        """Whether the run has ended (completed, failed or cancelled)."""
         return self.status is not None and self.status.is_terminal
 
 
@@ -106,6 +108,7 @@ def store_folder(settings: Settings) -> str:
 
 
 class ReadModel:
+    """The threads and messages topics kept in a local RocksDB store, for the REST reads."""
     def __init__(self, settings: Settings, offsets: Offsets,
                  catch_up_timeout_s: float = 5.0, store_name: str | None = None,
                  codec: Codec | None = None) -> None:
@@ -139,6 +142,7 @@ class ReadModel:
 
     @property
     def store(self) -> ReadStore:
+        """The opened local store."""
         assert self._store_ is not None, "ReadModel.start() first"
         return self._store_
 
@@ -146,6 +150,7 @@ class ReadModel:
         return [tp for topic in self._topics for tp in topic_partitions(self.settings, topic)]
 
     async def start(self) -> None:
+        """Open (or start afresh) the local store and begin reading the threads and messages topics."""
         self._started_at = time.monotonic()
         path = await asyncio.to_thread(self._lock_store)
         identity = {"topic_prefix": self.settings.topic_prefix,
@@ -233,6 +238,7 @@ class ReadModel:
             return DEFAULT_DELETE_RETENTION_MS
 
     async def stop(self) -> None:
+        """Stop reading, close the store and release its lock file."""
         await stop_task(self._task)
         if self._consumer_ is not None:
             await stop_client(self._consumer_)
@@ -247,9 +253,11 @@ class ReadModel:
 
     @property
     def loaded(self) -> bool:
+        """Whether the store has caught up with the topics' ends once since start."""
         return self._loaded.is_set()
 
     async def wait_loaded(self, timeout_s: float) -> bool:
+        """Wait up to timeout_s for the first load; False if it did not finish."""
         try:
             await asyncio.wait_for(self._loaded.wait(), timeout_s)
         except TimeoutError:
@@ -257,6 +265,7 @@ class ReadModel:
         return True
 
     def note_write(self, thread_id: str) -> None:
+        """Mark a thread as just written, so its next reads catch up with Kafka first."""
         now = time.monotonic()
         self._recent[thread_id] = now + RECENT_WRITE_S
         if len(self._recent) > 10_000:
@@ -314,9 +323,11 @@ class ReadModel:
 
     def messages(self, thread_id: str, *, after: int | None = None, before: int | None = None,
                  limit: int = 100) -> MessagePage:
+        """One page of a thread's messages, by sequence number."""
         return self.store.messages(thread_id, after=after, before=before, limit=limit)
 
     def has_message(self, thread_id: str, message_id: str) -> bool:
+        """Whether the thread holds a message with this id."""
         return self.store.message_seq(thread_id, message_id) is not None
 
     async def threads(self, tenant: str, *, after: tuple[int, str] | None = None,
@@ -337,9 +348,11 @@ class ReadModel:
                 if owner == tenant]
 
     def active_run_count(self, tenant: str) -> int:
+        """How many runs of this tenant are accepted and not yet ended."""
         return sum(1 for owner, _, _ in self.store.active.values() if owner == tenant)
 
     def stats(self) -> dict[str, Any]:
+        """Load state, records read, active runs and RocksDB memory for /healthz."""
         store = self._store_
         return {"loaded": self.loaded, "mode": self.mode, "restore_s": self.restore_s,
                 "store": None if store is None else str(store.path),

@@ -101,6 +101,7 @@ class RunRef:
 
 @dataclass(frozen=True, slots=True)
 class MessagePage:
+    """One page of a thread's messages, and whether more lie past it."""
     records: list[MessageRecord]
     more: bool  # further records exist past the page, in the direction read
     rows_read: int
@@ -108,6 +109,7 @@ class MessagePage:
 
 @dataclass(frozen=True, slots=True)
 class ThreadPage:
+    """One page of thread states, and whether more lie past it."""
     states: list[ThreadState]
     more: bool
 
@@ -164,6 +166,7 @@ class ReadStore:
         self._pending.clear()
 
     def close(self) -> None:
+        """Drop unwritten changes and close the database."""
         self._pending.clear()
         self._db.close()
 
@@ -182,6 +185,7 @@ class ReadStore:
     # --- checkpoints -------------------------------------------------------------
 
     def checkpoint(self, kind: str, partition: int) -> int | None:
+        """The offset the store has reached in a topic kind's partition, or None if never read."""
         raw = self._db.get(_checkpoint_key(kind, partition))
         return int(raw) if raw is not None else None
 
@@ -352,6 +356,7 @@ class ReadStore:
     # --- reads ---------------------------------------------------------------------
 
     def state(self, thread_id: str) -> ThreadState | None:
+        """A thread's stored state, or None if unknown or unreadable."""
         row = self._db.get(_THREAD + thread_id.encode("utf-8", "surrogatepass"))
         if row is None:
             return None
@@ -363,6 +368,7 @@ class ReadStore:
             return None
 
     def run(self, run_id: str) -> RunRef | None:
+        """The thread, and the seq of the message, that a run id belongs to, or None."""
         raw = self._db.get(_RUN + run_id.encode("utf-8", "surrogatepass"))
         if raw is None:
             return None
@@ -370,10 +376,12 @@ class ReadStore:
         return RunRef(raw[2:2 + n].decode("utf-8", "surrogatepass"), _SEQ.unpack(raw[2 + n:])[0])
 
     def message(self, thread_id: str, seq: int) -> MessageRecord | None:
+        """The message at this sequence number of a thread, or None."""
         raw = self._db.get(_thread_prefix(_MESSAGE, thread_id) + _SEQ.pack(seq))
         return None if raw is None else self.codec.decode_message(raw[_header_size(raw):])[1]
 
     def message_seq(self, thread_id: str, message_id: str) -> int | None:
+        """The sequence number of a thread's message with this id, or None."""
         raw = self._db.get(_thread_prefix(_BY_ID, thread_id) +
                            message_id.encode("utf-8", "surrogatepass"))
         return None if raw is None else int(_SEQ.unpack(raw)[0])
@@ -434,6 +442,7 @@ class ReadStore:
         return ThreadPage(states, False)
 
     def active_runs(self) -> list[ActiveRunStart]:
+        """Every active run as (thread id, run id, accepted at ms)."""
         return [(t, run, at) for t, (_, run, at) in self.active.items()]
 
     def memory(self) -> dict[str, int]:

@@ -53,6 +53,7 @@ def probe_thread_id(partition: int, partitions: int) -> str:
 
 
 class Readiness:
+    """Whether the processor answers: a probe command on every partition, cached while it passes."""
     def __init__(self, settings: Settings, bus: CommandBus, health: HealthProbe,
                  read_model: ReadModel, *, timeout_s: float = 2.0,
                  cache_s: float = 5.0) -> None:
@@ -69,6 +70,7 @@ class Readiness:
         self.probes_written = 0
 
     async def check(self) -> tuple[bool, dict[str, Any]]:
+        """Ready (with a report) once every partition's probe is decided; cached for cache_s."""
         if time.monotonic() < self._ready_until:
             return True, {"cached": True}
         async with self._lock:
@@ -128,6 +130,7 @@ READY = web.AppKey("ready", Readiness)
 
 
 async def readyz(request: web.Request) -> web.Response:
+    """GET /readyz: 200 once the processor answers on every partition and the feed runs."""
     ready, report = await request.app[READY].check()
     ready = ready and request.app[FEED].started  # /v1 answers 503 until the feed runs
     report["status"] = "ready" if ready else "unavailable"

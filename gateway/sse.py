@@ -68,10 +68,12 @@ class SseEvent(NamedTuple):
 
     @property
     def position(self) -> Position:
+        """The event's place in the partition: (offset, sub-index in the record)."""
         return (self.offset, self.sub)
 
     @property
     def terminal(self) -> bool:
+        """Whether this is the run's final `done` event."""
         return self.name == "done"
 
 
@@ -84,10 +86,12 @@ def _frame(event_id: str, name: str, data: str) -> bytes:
 
 
 def retry_frame(retry_ms: int) -> bytes:
+    """An SSE frame telling the client how long to wait before reconnecting."""
     return f"retry: {retry_ms}\n\n".encode()
 
 
 def comment_frame(text: str) -> bytes:
+    """An SSE comment frame (ignored by clients; keeps the connection alive)."""
     return f": {text}\n\n".encode()
 
 
@@ -201,6 +205,7 @@ class RunTracker:
         self.unknown = False  # set by the last `admit`: dropped for want of history
 
     def admit(self, thread_id: str, offset: int, output: StreamOutput) -> RunState | None:
+        """The run's state if this record reaches clients; None if filtered out (stale or unknown run)."""
         self.unknown = False
         payload = output.payload
         state = self.runs.get(output.run_id)

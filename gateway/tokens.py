@@ -58,6 +58,7 @@ class EventId:
 
     @property
     def position(self) -> tuple[int, int]:
+        """The event's place in the partition: (offset, sub-index in the record)."""
         return (self.offset, self.sub)
 
 
@@ -79,6 +80,7 @@ class ResumeTokens:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ResumeTokens:
+        """Tokens signed with the configured keys, or a key derived from the API keys."""
         keys = settings.limits.resume_token_keys
         if keys:
             return cls([k.encode() for k in keys])
@@ -86,6 +88,7 @@ class ResumeTokens:
 
     def sign(self, thread_id: str, partition: int, offset: int, sub: int, run_start: int,
              run_id: str) -> str:
+        """A signed, URL-safe resume token (SSE event id) for this place in a run."""
         mac = _mac(self._signing, thread_id, partition, offset, sub, run_start, run_id)
         text = f"{_VERSION}.{partition}.{offset}.{sub}.{run_start}.{mac}.{run_id}"
         return base64.urlsafe_b64encode(text.encode()).rstrip(b"=").decode()

@@ -1,0 +1,1 @@
+"""Threadline: an event-sourced Kafka stream processor for durable AI-agent runs."""

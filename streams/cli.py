@@ -206,6 +206,7 @@ ROLES = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `threadline <role>` command: set up logging and run one role until it exits."""
     parser = argparse.ArgumentParser(prog="threadline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("role", choices=sorted(ROLES))

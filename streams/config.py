@@ -21,6 +21,7 @@ DAY_MS = 24 * 60 * 60 * 1000
 
 @dataclass(frozen=True, slots=True)
 class TopicNames:
+    """The names of Threadline's seven topics, all under one prefix."""
     commands: str
     events: str
     stream: str
@@ -31,6 +32,7 @@ class TopicNames:
 
     @classmethod
     def with_prefix(cls, prefix: str) -> TopicNames:
+        """The topic names under this prefix."""
         return cls(
             commands=f"{prefix}commands",
             events=f"{prefix}events",
@@ -42,6 +44,7 @@ class TopicNames:
         )
 
     def all(self) -> tuple[str, ...]:
+        """Every topic name, commands first."""
         return (self.commands, self.events, self.stream, self.dispatch, self.dead_letter,
                 self.threads, self.messages)
 
@@ -60,6 +63,7 @@ class GatewayLimits:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> GatewayLimits:
+        """The gateway's limits from THREADLINE_* variables, defaults where unset."""
         keys = tuple(k.strip() for k in env.get("THREADLINE_RESUME_TOKEN_KEYS", "").split(",")
                      if k.strip())
         d = cls()
@@ -92,6 +96,7 @@ def _ms(env: Mapping[str, str], name: str, default_seconds: float) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Settings:
+    """Every setting of a Threadline deployment, read once from the environment."""
     bootstrap_servers: str | None  # None: start or use the embedded broker
     kafka_port: int
     topic_prefix: str
@@ -121,19 +126,23 @@ class Settings:
 
     @property
     def topics(self) -> TopicNames:
+        """The topic names under this deployment's prefix."""
         return TopicNames.with_prefix(self.topic_prefix)
 
     @property
     def bootstrap(self) -> str:
+        """The Kafka bootstrap servers: the configured ones, else the embedded broker's port."""
         if self.bootstrap_servers:
             return self.bootstrap_servers
         return f"127.0.0.1:{self.kafka_port}"
 
     def with_(self, **changes: object) -> Settings:
+        """A copy of these settings with some fields changed."""
         return replace(self, **changes)  # type: ignore[arg-type]
 
     @classmethod
     def from_env(cls, overrides: Mapping[str, str] | None = None) -> Settings:
+        """Settings from THREADLINE_* environment variables (plus overrides), defaults where unset."""
         from streams.kafka_security import security_from_env
 
         env: dict[str, str] = dict(os.environ)

@@ -107,6 +107,7 @@ class Step:
 
 @dataclass(frozen=True, slots=True)
 class Citation:
+    """A source the assistant cited: its URL and title."""
     url: str
     title: str
 
@@ -139,6 +140,7 @@ class StoredMessage:
 
 @dataclass(frozen=True, slots=True)
 class CreateThread:
+    """Command: open a new thread for a tenant."""
     thread_id: str
     tenant: str
     title: str
@@ -147,6 +149,7 @@ class CreateThread:
 
 @dataclass(frozen=True, slots=True)
 class PostUserMessage:
+    """Command: add a user's message to a thread, which starts a run."""
     thread_id: str
     tenant: str
     message_id: str
@@ -166,6 +169,7 @@ class DeleteThread:
 
 @dataclass(frozen=True, slots=True)
 class CancelRun:
+    """Command: stop a thread's active run."""
     thread_id: str
     tenant: str
     run_id: str
@@ -186,6 +190,7 @@ class ReportAttemptStarted:
 
 @dataclass(frozen=True, slots=True)
 class ReportHeartbeat:
+    """Command from a worker: the attempt is still alive."""
     thread_id: str
     run_id: str
     attempt: int
@@ -195,6 +200,7 @@ class ReportHeartbeat:
 
 @dataclass(frozen=True, slots=True)
 class ReportAttemptCompleted:
+    """Command from a worker: the attempt finished with the assistant's answer."""
     thread_id: str
     run_id: str
     attempt: int
@@ -207,6 +213,7 @@ class ReportAttemptCompleted:
 
 @dataclass(frozen=True, slots=True)
 class ReportAttemptFailed:
+    """Command from a worker: the attempt failed, and whether a retry may help."""
     thread_id: str
     run_id: str
     attempt: int
@@ -254,6 +261,7 @@ NOTHING_KNOWN = Known()
 
 
 class RejectReason(StrEnum):
+    """Why the processor refused a user message."""
     CONFLICT = "conflict"  # another run is active on the thread
     DUPLICATE = "duplicate"  # the message id or idempotency key already ran
     UNKNOWN_THREAD = "unknown_thread"  # no such thread for this tenant
@@ -263,6 +271,7 @@ class RejectReason(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ThreadCreated:
+    """Event: a thread was opened."""
     thread_id: str
     tenant: str
     title: str
@@ -271,6 +280,7 @@ class ThreadCreated:
 
 @dataclass(frozen=True, slots=True)
 class MessageAccepted:
+    """Event: a user message was added to a thread's history."""
     thread_id: str
     message_id: str
     text: str
@@ -280,6 +290,7 @@ class MessageAccepted:
 
 @dataclass(frozen=True, slots=True)
 class RunAccepted:
+    """Event: a run was started for a user message."""
     thread_id: str
     run_id: str
     workflow_id: str
@@ -289,6 +300,7 @@ class RunAccepted:
 
 @dataclass(frozen=True, slots=True)
 class RunRejected:
+    """Event: a user message was refused, with the reason."""
     thread_id: str
     message_id: str
     reason: RejectReason
@@ -311,6 +323,7 @@ class AttemptDispatched:
 
 @dataclass(frozen=True, slots=True)
 class AttemptStarted:
+    """Event: a worker began an attempt of a run."""
     thread_id: str
     run_id: str
     attempt: int
@@ -320,6 +333,7 @@ class AttemptStarted:
 
 @dataclass(frozen=True, slots=True)
 class HeartbeatRecorded:
+    """Event: a worker's heartbeat for the current attempt was noted."""
     thread_id: str
     run_id: str
     attempt: int
@@ -328,6 +342,7 @@ class HeartbeatRecorded:
 
 @dataclass(frozen=True, slots=True)
 class RetryScheduled:
+    """Event: an attempt failed or timed out and the next one waits until due_ms."""
     thread_id: str
     run_id: str
     failed_attempt: int
@@ -339,6 +354,7 @@ class RetryScheduled:
 
 @dataclass(frozen=True, slots=True)
 class RunCompleted:
+    """Event: a run ended with the assistant's message."""
     thread_id: str
     run_id: str
     attempt: int
@@ -348,6 +364,7 @@ class RunCompleted:
 
 @dataclass(frozen=True, slots=True)
 class RunFailed:
+    """Event: a run ended in failure after its last attempt."""
     thread_id: str
     run_id: str
     attempt: int
@@ -357,6 +374,7 @@ class RunFailed:
 
 @dataclass(frozen=True, slots=True)
 class RunCancelled:
+    """Event: a run was stopped on request."""
     thread_id: str
     run_id: str
     reason: str
@@ -365,6 +383,7 @@ class RunCancelled:
 
 @dataclass(frozen=True, slots=True)
 class ThreadDeleted:
+    """Event: a thread and its messages were deleted."""
     thread_id: str
     tenant: str
     message_count: int  # message records tombstoned: seq 0 .. message_count - 1
@@ -393,6 +412,7 @@ TERMINAL_EVENTS = (RunCompleted, RunFailed, RunCancelled)
 
 
 class RunStatus(StrEnum):
+    """Where a run stands: dispatched, running, waiting to retry, or ended."""
     DISPATCHED = "dispatched"  # attempt handed to workers, not yet started
     RUNNING = "running"  # a worker reported the attempt started
     RETRY_WAIT = "retry_wait"  # waiting for the backoff before the next attempt
@@ -402,11 +422,13 @@ class RunStatus(StrEnum):
 
     @property
     def is_terminal(self) -> bool:
+        """Whether the run has ended (completed, failed or cancelled)."""
         return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
 @dataclass(frozen=True, slots=True)
 class ActiveRun:
+    """The run in progress on a thread: its attempt, status and liveness times."""
     run_id: str
     message_id: str
     attempt: int
@@ -430,6 +452,7 @@ class RunRecord:
 
 @dataclass(frozen=True, slots=True)
 class IdempotencyRecord:
+    """What an idempotency key was first used for: its message, run and body fingerprint."""
     message_id: str
     run_id: str
     payload_fingerprint: str

@@ -175,6 +175,7 @@ class MessageStore:
         return self.codec.decode_message(raw)[1]
 
     def raw(self, thread_id: str, seq: int) -> bytes | None:
+        """The stored bytes of a thread's message at this sequence number, undecoded, or None."""
         return self.store.get(_row(thread_id, seq))
 
     def run_of_message(self, thread_id: str, message_id: str) -> str | None:

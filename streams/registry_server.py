@@ -72,9 +72,11 @@ class EmbeddedRegistry:
 
     @property
     def url(self) -> str:
+        """The registry's Confluent-compatible REST API base URL."""
         return f"http://127.0.0.1:{self.port}{CCOMPAT}"
 
     def start(self) -> None:
+        """Launch the registry jar on a free port and wait until it answers."""
         runner = ensure_registry()
         self.port = free_port()
         env = os.environ | {"HTTP_PORT": str(self.port), "QUARKUS_HTTP_HOST": "127.0.0.1"}
@@ -100,6 +102,7 @@ class EmbeddedRegistry:
         raise RegistryServerError(f"the registry did not answer within {self.timeout_s:.0f} s")
 
     def stop(self) -> None:
+        """Terminate the registry process (kill it after 15 s)."""
         if self._proc is not None and self._proc.poll() is None:
             self._proc.terminate()
             try:

@@ -40,6 +40,7 @@ class Backoff:
     stable_s: float = 60.0  # a child up this long had recovered: its next exit counts from 1
 
     def delay(self, failures: int) -> float:
+        """Seconds to wait before a restart after this many failures in a row, capped at max_s."""
         # The exponent is capped so that many failures never overflow a float.
         exponent = min(max(failures, 1) - 1, 64)
         return float(min(self.max_s, self.initial_s * self.factor ** exponent))
@@ -94,18 +95,22 @@ class ProcessChild:
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> int:
+        """Start the child process and return its pid."""
         self.process = subprocess.Popen(list(self.argv), env=self.env, stdin=subprocess.DEVNULL,
                                         preexec_fn=_die_with_parent)
         return self.process.pid
 
     def poll(self) -> int | None:
+        """The child's exit code, or None while it runs (or before it started)."""
         return None if self.process is None else self.process.poll()
 
     def terminate(self) -> None:
+        """Send SIGTERM to the child if it is running."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
 
     def wait(self, timeout_s: float) -> None:
+        """Wait for the child to exit, killing it after timeout_s."""
         if self.process is None:
             return
         try:
@@ -144,6 +149,7 @@ class Supervisor:
 
     @property
     def slots(self) -> list[_Slot]:
+        """Every supervised slot: the base (if any) first, then the children."""
         return [*([] if self.base is None else [self.base]), *self.children]
 
     def stop(self) -> None:

@@ -35,6 +35,7 @@ class TopicMismatch(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class TopicSpec:
+    """One topic as Threadline needs it: name, partition count, replication and configs."""
     name: str
     partitions: int
     replication_factor: int
@@ -42,6 +43,7 @@ class TopicSpec:
 
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:
+    """The specs of every Threadline topic for these settings."""
     t = settings.topics
     durable = str(settings.durable_compaction_lag_ms)
     stream = str(settings.stream_retention_ms)

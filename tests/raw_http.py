@@ -12,12 +12,14 @@ from urllib.parse import urlsplit
 
 @dataclass(frozen=True, slots=True)
 class RawAnswer:
+    """A raw HTTP answer: status, headers and body bytes."""
     status: int
     headers: dict[str, str]
     body: bytes
 
     @property
     def json(self) -> Any:
+        """The body parsed as JSON."""
         return json.loads(self.body)
 
 

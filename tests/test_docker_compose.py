@@ -19,6 +19,7 @@ _VARIABLE = re.compile(r"\$\$|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-
 
 
 class MissingVariable(Exception):
+    """A required ${VAR:?message} variable is missing: Compose would refuse to start."""
     pass
 
 
@@ -71,10 +72,12 @@ def _published(service: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def test_the_file_is_valid_yaml_with_the_two_services() -> None:
+    """docker-compose.yml is valid YAML with the kafka and threadline services."""
     assert set(_compose()["services"]) == {"kafka", "threadline"}
 
 
 def test_without_api_keys_compose_refuses_to_start() -> None:
+    """Without THREADLINE_API_KEYS, or with it empty, Compose refuses to start."""
     with pytest.raises(MissingVariable, match="THREADLINE_API_KEYS"):
         interpolate(_compose(), {})
     with pytest.raises(MissingVariable, match="THREADLINE_API_KEYS"):
@@ -82,6 +85,7 @@ def test_without_api_keys_compose_refuses_to_start() -> None:
 
 
 def test_no_known_key_is_written_anywhere_in_the_file() -> None:
+    """The file holds no API key, only a required variable."""
     text = COMPOSE.read_text()
     assert "dev=dev" not in text
     raw = _compose()["services"]["threadline"]["environment"]["THREADLINE_API_KEYS"]
@@ -89,6 +93,7 @@ def test_no_known_key_is_written_anywhere_in_the_file() -> None:
 
 
 def test_the_gateway_is_published_on_loopback_only_by_default() -> None:
+    """By default only the gateway's port is published, on loopback."""
     services = interpolate(_compose(), {"THREADLINE_API_KEYS": "k=t"})["services"]
     assert services["threadline"]["environment"]["THREADLINE_API_KEYS"] == "k=t"
     assert _published(services["threadline"]) == [("127.0.0.1", "8080", "8080")]
@@ -98,6 +103,7 @@ def test_the_gateway_is_published_on_loopback_only_by_default() -> None:
 
 
 def test_kafka_is_not_published_and_listens_on_the_compose_network_only() -> None:
+    """Kafka publishes no port and advertises only its Compose network listener."""
     kafka = interpolate(_compose(), {"THREADLINE_API_KEYS": "k=t"})["services"]["kafka"]
     assert "ports" not in kafka and "network_mode" not in kafka
     environment = kafka["environment"]
@@ -107,6 +113,7 @@ def test_kafka_is_not_published_and_listens_on_the_compose_network_only() -> Non
 
 
 def test_publishing_elsewhere_is_an_explicit_choice() -> None:
+    """THREADLINE_PUBLISH_HOST publishes the gateway on another interface."""
     services = interpolate(_compose(), {"THREADLINE_API_KEYS": "k=t", "THREADLINE_PUBLISH_HOST": "0.0.0.0"})
     assert _published(services["services"]["threadline"]) == [("0.0.0.0", "8080", "8080")]
 
@@ -122,4 +129,5 @@ def test_the_image_never_carries_a_local_data_folder() -> None:
     ("${A}", {"A": "1"}, "1"), ("$${A}", {"A": "1"}, "${A}"), ("a${B}c", {}, "ac"),
 ])
 def test_the_interpolation_follows_compose(text: str, env: dict[str, str], expected: str) -> None:
+    """Our interpolation of defaults, empties and $$ escapes follows Compose's rules."""
     assert interpolate(text, env) == expected

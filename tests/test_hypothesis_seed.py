@@ -46,6 +46,7 @@ def _seeds(output: str) -> list[str]:
 
 
 def test_ci_sessions_draw_other_examples_and_print_their_seed(tmp_path: Path) -> None:
+    """Two CI sessions draw different examples and print their seed at start and end."""
     first_out, first = _session(tmp_path, "first")
     second_out, second = _session(tmp_path, "second")
     (seed, again), (other, _) = _seeds(first_out), _seeds(second_out)
@@ -56,6 +57,7 @@ def test_ci_sessions_draw_other_examples_and_print_their_seed(tmp_path: Path) ->
 
 @pytest.mark.parametrize("how", ["env", "option"])
 def test_a_printed_seed_replays_the_same_examples(tmp_path: Path, how: str) -> None:
+    """A printed seed, by env or option, replays the same examples."""
     out, drawn = _session(tmp_path, "first")
     (seed, _) = _seeds(out)
     if how == "env":

@@ -65,6 +65,7 @@ class AgentError(Exception):
 
 
 class Agent(Protocol):
+    """What a worker runs: streams an answer to a message given the thread's history."""
     def run(self, history: Sequence[HistoryMessage], message: str) -> AsyncIterator[AgentOutput]:
         """Answer `message` given the thread's earlier messages (oldest first)."""
         ...

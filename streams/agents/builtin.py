@@ -70,6 +70,7 @@ def _float(extra: Mapping[str, str], name: str, default: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class BuiltinAgent:
+    """The offline agent: a hash-derived reply at a fixed token rate, with failures chosen by markers."""
     tokens_per_s: float = 50.0
     slow_tokens_per_s: float = 5.0
     words: int = 24
@@ -77,6 +78,7 @@ class BuiltinAgent:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> BuiltinAgent:
+        """The agent with its rates, length and steps from THREADLINE_AGENT_* settings."""
         extra = settings.extra
         return cls(
             tokens_per_s=_float(extra, "THREADLINE_AGENT_TOKENS_PER_S", 50.0),
@@ -88,6 +90,7 @@ class BuiltinAgent:
     async def run(
         self, history: Sequence[HistoryMessage], message: str
     ) -> AsyncIterator[AgentOutput]:
+        """Stream the reply token by token, acting out any failure marker in the message."""
         rate = self.slow_tokens_per_s if "[slow]" in message else self.tokens_per_s
         pause = 1.0 / rate if rate > 0 else 0.0
         for index, token in enumerate(_tokens(reply_for(message, self.words))):
@@ -104,6 +107,7 @@ class BuiltinAgent:
                                            "Threadline builtin source"),))
 
     async def aclose(self) -> None:
+        """Nothing to release: the agent holds no connections."""
         return None
 
     @staticmethod

@@ -35,6 +35,7 @@ _ERROR_BODY_CHARS = 300
 
 
 class OpenAIAgent:
+    """An agent that streams answers from an OpenAI-compatible chat completions API."""
     def __init__(
         self,
         base_url: str = "https://api.openai.com/v1",
@@ -52,6 +53,7 @@ class OpenAIAgent:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> OpenAIAgent:
+        """The agent configured from THREADLINE_AGENT_OPENAI_* settings."""
         extra = settings.extra
         prefix = "THREADLINE_AGENT_OPENAI_"
         return cls(
@@ -63,6 +65,7 @@ class OpenAIAgent:
         )
 
     def request_body(self, history: Sequence[HistoryMessage], message: str) -> dict[str, Any]:
+        """The streaming chat completions request: system prompt, history, then the message."""
         messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         messages += [{"role": m.role, "content": m.text} for m in history]
         messages.append({"role": "user", "content": message})
@@ -71,6 +74,7 @@ class OpenAIAgent:
     async def run(
         self, history: Sequence[HistoryMessage], message: str
     ) -> AsyncIterator[AgentOutput]:
+        """Stream the model's answer, chunk by chunk, from the API's server-sent events."""
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self.timeout)
         headers = {"Accept": "text/event-stream"}
@@ -99,6 +103,7 @@ class OpenAIAgent:
                              retryable=True) from exc
 
     async def aclose(self) -> None:
+        """Close the HTTP session, if one was opened."""
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -31,17 +31,20 @@ BeforeSend = Callable[[], bool]  # False: the request must not be sent (fence le
 
 @dataclass(frozen=True, slots=True)
 class Done:
+    """Outcome: the call's effect exists, made now or found already there."""
     result_ts: str | None  # the chat message's ts, for posts and edits
     detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class Refused:
+    """Outcome: a permanent error; the call will never succeed."""
     error: str
 
 
 @dataclass(frozen=True, slots=True)
 class Retry:
+    """Outcome: not now; try again later (reconcile first if it may have taken effect)."""
     reason: str
     after_s: float | None  # the server's Retry-After, if it said
     maybe_done: bool  # the request may have taken effect
@@ -50,16 +53,19 @@ class Retry:
 
 @dataclass(frozen=True, slots=True)
 class NotSent:
+    """Outcome: the fence lease ran out before the request left."""
     reason: str
 
 
 @dataclass(frozen=True, slots=True)
 class Found:
+    """Reconciliation outcome: the post already exists, at this message ts."""
     result_ts: str
 
 
 @dataclass(frozen=True, slots=True)
 class NotFound:
+    """Reconciliation outcome: the post was never made."""
     pass
 
 
@@ -68,11 +74,13 @@ Outcome = Done | Refused | Retry | NotSent | Found | NotFound
 
 @dataclass(frozen=True, slots=True)
 class HttpReply:
+    """An HTTP response: status, headers and body."""
     status: int
     headers: Mapping[str, str]
     body: bytes
 
     def json(self) -> dict[str, object]:
+        """The body parsed as a JSON object (ValueError if it is not one)."""
         data = json.loads(self.body or b"{}")
         if not isinstance(data, dict):
             raise ValueError("the reply is not a JSON object")
@@ -89,4 +97,5 @@ class HttpReply:
 
     @property
     def redirect(self) -> bool:
+        """Whether the status is a 3xx redirect."""
         return 300 <= self.status < 400

@@ -27,6 +27,7 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class ConnectorConfig:
+    """The chat connector's settings: Slack, webhook, HTTP listener, leases and limits."""
     signing_secret: str  # Slack's signing secret; empty: every event is refused
     bot_token: str  # Slack bot token; empty: nothing is posted to the chat
     slack_api_url: str
@@ -51,15 +52,18 @@ class ConnectorConfig:
 
     @property
     def chat_enabled(self) -> bool:
+        """Whether a Slack bot token is set, so answers are posted to the chat."""
         return bool(self.bot_token)
 
     @property
     def webhook_enabled(self) -> bool:
+        """Whether a webhook URL is set, so answers are also POSTed there."""
         return bool(self.webhook_url)
 
     @classmethod
     def from_env(cls, settings: Settings, overrides: Mapping[str, str] | None = None
                  ) -> ConnectorConfig:
+        """The connector's settings from THREADLINE_* variables (plus overrides)."""
         env = {**os.environ, **(overrides or {})}
         # A call fenced just before a pause must not outlive the session timeout,
         # after which another instance owns the thread.

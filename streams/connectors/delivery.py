@@ -71,6 +71,7 @@ class Job:
 
 
 class Calls:
+    """Runs outbox calls on a thread pool, at most `concurrency` at once, with per-method rate limits."""
     def __init__(self, config: ConnectorConfig, stats: ConnectorStats, chat: SlackApi | None,
                  webhook: WebhookSink | None) -> None:
         self.config, self.stats, self.chat, self.webhook = config, stats, chat, webhook
@@ -103,6 +104,7 @@ class Calls:
         self.reserved = 0
 
     def free_slots(self) -> int:
+        """How many more calls may start now."""
         return self.config.concurrency - len(self.in_flight) - self.reserved
 
     def choose(self, partition: int, key: bytes, outbox: ChatOutbox, now_ms: int,
@@ -199,6 +201,7 @@ class Calls:
         return self.random.random() < config.crash_after_call
 
     def finished(self) -> list[tuple[Job, Outcome]]:
+        """The calls that have ended since the last look, with their outcomes."""
         done = [(oid, jf) for oid, jf in self.in_flight.items() if jf[1].done()]
         results = []
         for outbox_id, (job, future) in done:
@@ -274,6 +277,7 @@ class Calls:
         log.info("%s %s: %s; again in %.1fs", e.kind.value, e.outbox_id, outcome.reason, delay)
 
     def close(self) -> None:
+        """Stop the pool (dropping queued calls) and close the chat and webhook clients."""
         self.pool.shutdown(wait=False, cancel_futures=True)
         for sink in (self.chat, self.webhook):
             if sink is not None:

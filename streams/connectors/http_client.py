@@ -39,6 +39,7 @@ _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 class HttpClient:
+    """A thread-safe HTTP/1.1 client that keeps idle connections per origin for reuse."""
     def __init__(self, max_idle_per_origin: int = 8) -> None:
         self._idle: dict[_Origin, list[http.client.HTTPConnection]] = {}
         self._lock = threading.Lock()
@@ -88,6 +89,7 @@ class HttpClient:
         return HttpReply(response.status, dict(response.headers.items()), data)
 
     def close(self) -> None:
+        """Close every idle connection."""
         with self._lock:
             idle, self._idle = self._idle, {}
         for conns in idle.values():

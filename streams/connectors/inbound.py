@@ -92,6 +92,7 @@ class KafkaWriter:
             raise WriteFailed(f"not acknowledged within {timeout_s:.2f}s") from exc
 
     def close(self) -> None:
+        """Stop the delivery poller and flush what the producer still holds."""
         self._stop.set()
         self._poller.join(5)
         self.producer.flush(5)
@@ -118,6 +119,7 @@ CODEC = web.AppKey("codec", Codec)  # from the settings: THREADLINE_SCHEMA_REGIS
 
 def create_inbound_app(settings: Settings, config: ConnectorConfig, stats: ConnectorStats,
                        instance_id: str) -> web.Application:
+    """The HTTP app that takes Slack events, writes them to Kafka, and serves health and stats."""
     app = web.Application(client_max_size=1 << 20)
     app[CONFIG], app[SETTINGS], app[STATS], app[INSTANCE] = config, settings, stats, instance_id
     app[CODEC] = Codec.from_settings(settings)

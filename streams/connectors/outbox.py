@@ -84,6 +84,7 @@ DONE_TEXT_CHARS = 200  # of a finished entry's text (no longer needed), to keep 
 
 
 class OutboxKind(StrEnum):
+    """What an outbox entry does: a chat post, an edit, a reaction, or a webhook POST."""
     CHAT_POST = "chat_post"
     CHAT_UPDATE = "chat_update"
     CHAT_REACTION = "chat_reaction"
@@ -91,6 +92,7 @@ class OutboxKind(StrEnum):
 
 
 class OutboxStatus(StrEnum):
+    """Where an outbox entry stands: pending, delivering, delivered or failed."""
     PENDING = "pending"
     DELIVERING = "delivering"
     DELIVERED = "delivered"
@@ -98,11 +100,13 @@ class OutboxStatus(StrEnum):
 
     @property
     def done(self) -> bool:
+        """Whether the entry is finished (delivered or failed)."""
         return self in (OutboxStatus.DELIVERED, OutboxStatus.FAILED)
 
 
 @dataclass(frozen=True, slots=True)
 class OutboxEntry:
+    """One outbound action, recorded before it is made, with its target and delivery state."""
     outbox_id: str
     kind: OutboxKind
     role: str
@@ -124,11 +128,13 @@ class OutboxEntry:
 
 @dataclass(frozen=True, slots=True)
 class ChatOutbox:
+    """The outbox of one thread: its entries, oldest first."""
     thread_id: str
     entries: tuple[OutboxEntry, ...]
     updated_at_ms: int
 
     def get(self, outbox_id: str) -> OutboxEntry | None:
+        """The entry with this id, or None."""
         return next((e for e in self.entries if e.outbox_id == outbox_id), None)
 
 
@@ -247,6 +253,7 @@ def _webhook_body(event: RunCompleted, tenant: str) -> str:
 
 
 def lane(e: OutboxEntry) -> str:
+    """The lane an entry is delivered in, in order: webhook POSTs apart from chat calls."""
     return "webhook" if e.kind is OutboxKind.WEBHOOK_POST else "chat"
 
 
@@ -289,6 +296,7 @@ def mark_delivering(outbox: ChatOutbox, outbox_id: str, now_ms: int) -> ChatOutb
 
 def mark_delivered(outbox: ChatOutbox, outbox_id: str, result_ts: str | None, adopted: bool,
                    now_ms: int) -> ChatOutbox:
+    """The outbox with this entry marked delivered (or adopted), its text trimmed."""
     current = outbox.get(outbox_id)
     if current is None or current.status.done:
         return outbox
@@ -298,6 +306,7 @@ def mark_delivered(outbox: ChatOutbox, outbox_id: str, result_ts: str | None, ad
 
 
 def mark_failed(outbox: ChatOutbox, outbox_id: str, error: str, now_ms: int) -> ChatOutbox:
+    """The outbox with this entry marked failed with an error, its text trimmed."""
     current = outbox.get(outbox_id)
     if current is None or current.status.done:
         return outbox

@@ -33,6 +33,7 @@ log = logging.getLogger("threadline.connector")
 
 
 def run_connector(settings: Settings) -> int:
+    """The `threadline connector` role: relay outbox calls and serve Slack events until stopped."""
     config = ConnectorConfig.from_env(settings)
     instance_id = instance_id_for(settings)
     ensure_connector_topics(settings, config.audit_retention_ms)

@@ -50,6 +50,7 @@ def outbox_id_in(message: dict[str, Any]) -> str | None:
 
 
 class SlackApi:
+    """The few Slack Web API methods the connector calls: post, edit, react."""
     def __init__(self, base_url: str, token: str, timeout_s: float = 10.0,
                  http: HttpClient | None = None) -> None:
         self.base_url = base_url.rstrip("/")
@@ -58,12 +59,14 @@ class SlackApi:
         self.http = http or HttpClient()
 
     def close(self) -> None:
+        """Close the HTTP client's connections."""
         self.http.close()
 
     # --- writes -------------------------------------------------------------------
 
     def post_message(self, channel: str, text: str, thread_ts: str | None, outbox_id: str,
                      before_send: BeforeSend | None = None) -> Outcome:
+        """Post a message (in a thread if thread_ts), tagged with its outbox id for reconciliation."""
         body: dict[str, Any] = {"channel": channel, "text": text, "unfurl_links": False,
                                 "metadata": _metadata(outbox_id)}
         if thread_ts is not None:
@@ -75,6 +78,7 @@ class SlackApi:
 
     def update(self, channel: str, ts: str, text: str, outbox_id: str,
                before_send: BeforeSend | None = None) -> Outcome:
+        """Replace a posted message's text."""
         body = {"channel": channel, "ts": ts, "text": text, "metadata": _metadata(outbox_id)}
         reply = self._write("chat.update", body, before_send)
         if isinstance(reply, dict):
@@ -83,6 +87,7 @@ class SlackApi:
 
     def add_reaction(self, channel: str, ts: str, name: str,
                      before_send: BeforeSend | None = None) -> Outcome:
+        """Add an emoji reaction to a message; already reacted counts as done."""
         reply = self._write("reactions.add", {"channel": channel, "timestamp": ts, "name": name},
                             before_send, done_errors=("already_reacted",))
         if isinstance(reply, dict):

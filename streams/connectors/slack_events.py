@@ -32,6 +32,7 @@ TITLE_CHARS = 80
 
 
 def sign(secret: str, timestamp: str, body: bytes) -> str:
+    """Slack's v0 request signature of a body at a timestamp."""
     base = b"v0:" + timestamp.encode() + b":" + body
     return "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
 

@@ -10,6 +10,7 @@ __all__ = ["ConnectorStats"]
 
 @dataclass
 class ConnectorStats:
+    """Thread-safe counters of the connector's inbound events and outbound calls."""
     inbound_accepted: int = 0  # events queued, then acknowledged
     inbound_ignored: int = 0  # verified but not a turn (bot messages, edits, other events)
     inbound_refused: int = 0  # bad signature or stale timestamp: 401
@@ -31,9 +32,11 @@ class ConnectorStats:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, name: str, n: int = 1) -> None:
+        """Add n to the named counter."""
         with self._lock:
             setattr(self, name, getattr(self, name) + n)
 
     def snapshot(self) -> dict[str, int]:
+        """Every counter's current value, by name."""
         with self._lock:
             return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}

@@ -19,14 +19,17 @@ __all__ = ["audit_topic", "connector_topic_specs", "ensure_connector_topics", "o
 
 
 def outbox_topic(settings: Settings) -> str:
+    """The compacted topic of each thread's outbox."""
     return f"{settings.topic_prefix}outbox"
 
 
 def audit_topic(settings: Settings) -> str:
+    """The topic that records inbound events and outbound calls, for audit."""
     return f"{settings.topic_prefix}connector-audit"
 
 
 def connector_topic_specs(settings: Settings, audit_retention_ms: int) -> list[TopicSpec]:
+    """The specs of the outbox and audit topics."""
     isr = "2" if settings.replication_factor >= 3 else "1"
     outbox = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
               "segment.ms": str(3_600_000), "min.insync.replicas": isr}

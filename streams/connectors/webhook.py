@@ -32,6 +32,7 @@ _RETRIED = frozenset({408, 425, 429})
 
 
 def sign(secret: str, timestamp: str, body: bytes) -> str:
+    """The webhook's v1 signature: HMAC-SHA256 of timestamp and body."""
     mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
     return "v1=" + mac.hexdigest()
 
@@ -47,6 +48,7 @@ def verify(secret: str, timestamp: str, body: bytes, signature: str, *, now_s: f
 
 
 class WebhookSink:
+    """POSTs signed answers to the configured webhook URL."""
     def __init__(self, url: str, secret: str, timeout_s: float = 10.0,
                  http: HttpClient | None = None) -> None:
         if not secret:
@@ -57,6 +59,7 @@ class WebhookSink:
         self.http = http or HttpClient()
 
     def post(self, body: str, outbox_id: str, before_send: BeforeSend | None = None) -> Outcome:
+        """POST one signed body with its outbox id as Idempotency-Key; the outcome by status."""
         data = body.encode()
         timestamp = str(int(time.time()))
         headers = {"Content-Type": "application/json", "Idempotency-Key": outbox_id,
@@ -76,4 +79,5 @@ class WebhookSink:
         return Refused(f"webhook: HTTP {reply.status}")
 
     def close(self) -> None:
+        """Close the HTTP client's connections."""
         self.http.close()

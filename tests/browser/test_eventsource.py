@@ -40,6 +40,7 @@ def _call(base: str, method: str, path: str, body: dict[str, Any] | None = None)
 def test_a_browser_eventsource_sees_every_run_whole_across_gateway_restarts(
     test_env: dict[str, str], tmp_path: Path
 ) -> None:
+    """A real browser's EventSource sees every run whole, with no repeats, across gateway restarts."""
     port = free_port()
     env = {**test_env, "THREADLINE_API_KEYS": "k1=tenant", "THREADLINE_HTTP_PORT": str(port),
            "THREADLINE_AGENT_TOKENS_PER_S": "40", "THREADLINE_AGENT_WORDS": "30"}

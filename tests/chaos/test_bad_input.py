@@ -56,6 +56,7 @@ def _thread(live: Live) -> str:
 
 
 def test_the_api_fuzzed_from_its_openapi_answers_no_5xx(live: Live) -> None:
+    """Requests generated from the OpenAPI description, valid and invalid, never get a 5xx."""
     schema = schemathesis.openapi.from_url(f"{live.base}/openapi.json")
     thread_id = _thread(live)
     http = requests.Session()
@@ -142,6 +143,7 @@ def _check(answer_status: int, content_type: str, what: str, failures: list[str]
 
 
 def test_header_bytes_surrogates_and_nesting_fuzzed_get_no_5xx(live: Live) -> None:
+    """Fuzzed header bytes, surrogate escapes and deep nesting on every route never get a 5xx."""
     thread_id = _thread(live)
     status, posted = _request(live, "POST", f"/v1/threads/{thread_id}/user_message",
                               {"input_text": "a run to name"})
@@ -194,6 +196,7 @@ def _event_id(text: str) -> str:
 
 
 def test_garbage_last_event_ids_get_a_clear_400(live: Live) -> None:
+    """Every kind of garbage Last-Event-ID gets a clear 400, not a stream or a crash."""
     thread_id = _thread(live)
     status, body = _request(live, "POST", f"/v1/threads/{thread_id}/user_message",
                             {"input_text": "something to resume"})
@@ -225,6 +228,7 @@ def test_garbage_last_event_ids_get_a_clear_400(live: Live) -> None:
 
 def test_bad_records_on_the_commands_topic_are_dead_lettered_and_processing_goes_on(
         live: Live) -> None:
+    """Malformed, unknown, oversized, truncated and empty commands are dead-lettered; processing goes on."""
     settings_ = live.settings
     thread = f"bad-{uuid.uuid4()}"
     valid = encode_command(CreateThread(thread, "fuzz", "x", 1), new_meta(thread, "fuzz", 1))

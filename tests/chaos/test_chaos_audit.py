@@ -89,6 +89,7 @@ def _clean() -> Observations:
 
 
 def test_a_clean_run_passes_and_counts() -> None:
+    """The audit passes a clean run and counts its posts, answers, conflicts and watched runs."""
     report = audit(_clean())
     assert report.ok, report.violations
     assert (report.accepted, report.answered, report.conflicts, report.watched_runs) == (1, 1, 1, 2)
@@ -140,6 +141,7 @@ BREAKAGES: dict[str, tuple[Breakage, str]] = {
 
 @pytest.mark.parametrize("name", sorted(BREAKAGES))
 def test_the_audit_catches(name: str) -> None:
+    """The audit flags each kind of deliberate breakage under its own counter."""
     breakage, counter = BREAKAGES[name]
     obs = copy.deepcopy(_clean())
     breakage(obs)
@@ -149,6 +151,7 @@ def test_the_audit_catches(name: str) -> None:
 
 
 def test_dead_letters_and_server_errors_are_violations() -> None:
+    """Dead letters and 5xx answers are each a violation."""
     obs = _clean()
     obs.dead_letters = 1
     obs.server_errors.append("POST /v1/threads: 500")
@@ -156,6 +159,7 @@ def test_dead_letters_and_server_errors_are_violations() -> None:
 
 
 def test_a_watcher_told_not_streaming_is_complete_if_the_answer_is_stored() -> None:
+    """A watcher told message_not_streaming is complete only if the answer was stored."""
     obs = _clean()
     obs.watchers[0].runs[RUN] = obs.watchers[0].runs[RUN][:5]  # then message_not_streaming
     obs.watchers[0].not_streaming.add(RUN)
@@ -165,6 +169,7 @@ def test_a_watcher_told_not_streaming_is_complete_if_the_answer_is_stored() -> N
 
 
 def test_a_run_the_thread_watcher_could_not_follow_is_not_a_gap_unless_it_saw_part_of_it() -> None:
+    """A run a watcher could not follow is no gap, unless it saw part of it."""
     obs = _clean()
     obs.watchers[0].runs.clear()
     obs.watchers[0].unwatched.add(RUN)
@@ -174,6 +179,7 @@ def test_a_run_the_thread_watcher_could_not_follow_is_not_a_gap_unless_it_saw_pa
 
 
 def test_a_pending_post_that_was_never_decided_is_lost() -> None:
+    """A post answered 202 pending whose run never appears counts as lost."""
     obs = _clean()
     obs.posts.append(Post(THREAD, "msg-2", "run-2", accepted=True, statuses=[202]))
     report = audit(obs)
@@ -181,6 +187,7 @@ def test_a_pending_post_that_was_never_decided_is_lost() -> None:
 
 
 def test_the_run_of_a_done_event_is_read_from_its_id() -> None:
+    """The run of any seen event, done included, is read from its event id."""
     assert run_of(_seen(28, "done", sub=1)) == RUN
     assert run_of(_seen(12, "message_start")) == RUN
 
@@ -337,6 +344,7 @@ TOPIC_BREAKAGES: dict[str, tuple[Breakage, str | None]] = {
 
 
 def test_a_clean_run_passes_the_topic_audit() -> None:
+    """A clean run's topics pass the audit, with no aborted records."""
     obs = _with_topics()
     report = audit(obs)
     assert report.ok, report.violations
@@ -345,6 +353,7 @@ def test_a_clean_run_passes_the_topic_audit() -> None:
 
 @pytest.mark.parametrize("name", sorted(TOPIC_BREAKAGES))
 def test_the_topic_audit_catches(name: str) -> None:
+    """The topic audit flags each kind of deliberate breakage of the topics."""
     breakage, counter = TOPIC_BREAKAGES[name]
     obs = _with_topics()  # fresh each time (states hold mapping proxies: no deepcopy)
     breakage(obs)
@@ -375,6 +384,7 @@ def test_an_aborted_copy_hidden_from_read_committed_is_counted_not_failed() -> N
 
 
 def test_a_resent_post_rejected_again_under_its_own_envelope_id_is_not_a_duplicate() -> None:
+    """A resent post rejected again under its own envelope id is not a duplicate decision."""
     obs = _with_topics()
     rejected = RunRejected(THREAD, MESSAGE, RejectReason.DUPLICATE, "message id already has a run",
                            RUN, 1)

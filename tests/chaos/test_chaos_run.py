@@ -31,6 +31,7 @@ def _chaos(tmp_path: Path, *args: str, timeout: float, passes: bool = True) -> s
 
 @pytest.mark.timeout(420)
 def test_small_chaos_run_loses_duplicates_and_skips_nothing(tmp_path: Path) -> None:
+    """The small chaos preset, with its kills, passes every audit."""
     _chaos(tmp_path, "--preset", "small", "--seed", "7", timeout=400)
 
 
@@ -38,6 +39,7 @@ def test_small_chaos_run_loses_duplicates_and_skips_nothing(tmp_path: Path) -> N
 @pytest.mark.skipif(bool(os.environ.get("KAFKA_BOOTSTRAP_SERVERS")),
                     reason="the three-node cluster is the chaos program's own")
 def test_chaos_on_three_brokers_with_one_killed_mid_run(tmp_path: Path) -> None:
+    """The chaos program on three brokers, one killed mid-run, passes every audit."""
     _chaos(tmp_path, "--preset", "cluster", "--seed", "3", timeout=400)
 
 

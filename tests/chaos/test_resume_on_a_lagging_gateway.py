@@ -48,6 +48,7 @@ async def _read(session: aiohttp.ClientSession, url: str, headers: dict[str, str
 
 
 async def test_a_resume_on_a_gateway_whose_feed_is_behind_repeats_nothing(live: Live) -> None:
+    """Resuming on a gateway whose feed lags behind the run repeats and skips nothing."""
     lagging = TestServer(create_app(live.settings, Options(keepalive_s=1.0)), host="127.0.0.1")
     await lagging.start_server()
     try:

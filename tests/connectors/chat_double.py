@@ -37,6 +37,7 @@ TEAM = "T0TEST"
 
 @dataclass
 class ChatMessage:
+    """One message in the chat double, with its edits, reactions and outbox metadata."""
     channel: str
     ts: str
     text: str
@@ -49,12 +50,14 @@ class ChatMessage:
 
     @property
     def outbox_id(self) -> str | None:
+        """The Threadline outbox id in the message's metadata, or None."""
         if not self.metadata or self.metadata.get("event_type") != "threadline_outbox":
             return None
         value = self.metadata.get("event_payload", {}).get("outbox_id")
         return value if isinstance(value, str) else None
 
     def as_api(self, with_metadata: bool) -> dict[str, Any]:
+        """The message as Slack's Web API returns it (metadata only if asked for)."""
         out: dict[str, Any] = {"type": "message", "ts": self.ts, "text": self.text}
         if self.thread_ts:
             out["thread_ts"] = self.thread_ts
@@ -76,6 +79,7 @@ def slack_signature(secret: str, timestamp: str, body: bytes) -> str:
 
 
 class ChatDouble:
+    """A local fake of the Slack Web and Events APIs, run on its own event loop thread."""
     def __init__(self, *, rate_limit_every: int = 0, retry_after_s: int = 1,
                  rate_limited: tuple[str, ...] = ("chat.postMessage", "conversations.replies",
                                                   "conversations.history"),
@@ -97,6 +101,7 @@ class ChatDouble:
     # --- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> ChatDouble:
+        """Start serving on a free port in a background thread."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
@@ -113,6 +118,7 @@ class ChatDouble:
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     def stop(self) -> None:
+        """Release held calls and stop the server and its loop."""
         for token in list(self.held):
             self.release(token)
         if self._runner is not None:
@@ -123,6 +129,7 @@ class ChatDouble:
 
     @property
     def api_url(self) -> str:
+        """The base URL of the fake Web API."""
         return f"http://127.0.0.1:{self.port}/api"
 
     # --- the gate -------------------------------------------------------------------------
@@ -132,6 +139,7 @@ class ChatDouble:
         self.held[token] = asyncio.Event()
 
     def release(self, token: str) -> None:
+        """Let the held calls of this token go on."""
         event = self.held.pop(token, None)
         if event is not None:
             self._loop.call_soon_threadsafe(event.set)
@@ -139,14 +147,17 @@ class ChatDouble:
     # --- what happened ----------------------------------------------------------------------
 
     def bot_posts(self, channel: str | None = None) -> list[ChatMessage]:
+        """Every message the bot posted, in one channel or all."""
         with self.lock:
             return [m for m in self.messages if m.bot_token and (channel is None or m.channel == channel)]
 
     def message(self, channel: str, ts: str) -> ChatMessage | None:
+        """The message at this channel and ts, or None."""
         with self.lock:
             return next((m for m in self.messages if m.channel == channel and m.ts == ts), None)
 
     def status_count(self, status: int) -> int:
+        """How many API calls were answered with this HTTP status."""
         with self.lock:
             return sum(1 for _, _, s in self.calls if s == status)
 

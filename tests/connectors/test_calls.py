@@ -38,6 +38,7 @@ THREAD = "slack:T1:C1:1700000000.000100"
 
 @pytest.fixture
 def double() -> Iterator[ChatDouble]:
+    """A running chat double."""
     chat = ChatDouble().start()
     yield chat
     chat.stop()
@@ -62,6 +63,7 @@ def _outbox(*, completed: bool = False) -> ChatOutbox:
 
 
 def test_a_post_carries_its_outbox_id_and_is_found_again_in_its_thread(double: ChatDouble) -> None:
+    """A post carries its outbox id; reconciliation finds it past a page of replies, and no unmade one."""
     api = SlackApi(double.api_url, "xoxb-t")
     for n in range(250):  # more than a page of replies
         assert isinstance(api.post_message("C1", f"noise {n}", "1700000000.000100", f"other-{n}"), Done)
@@ -77,6 +79,7 @@ def test_a_post_carries_its_outbox_id_and_is_found_again_in_its_thread(double: C
 
 
 def test_edits_and_reactions_are_idempotent_and_errors_are_classified(double: ChatDouble) -> None:
+    """Edits and reactions can be repeated; a gone channel, a missing message or no token is refused."""
     api = SlackApi(double.api_url, "xoxb-t")
     posted = api.post_message("C1", "v1", None, "id-1")
     assert isinstance(posted, Done) and posted.result_ts
@@ -92,6 +95,7 @@ def test_edits_and_reactions_are_idempotent_and_errors_are_classified(double: Ch
 
 
 def test_rate_limits_are_retried_after_the_servers_delay_and_a_dead_chat_was_not_called() -> None:
+    """A 429 is retried after the server's delay; an unreachable chat is retried as surely not done."""
     limited = ChatDouble(rate_limit_every=1, retry_after_s=7).start()
     try:
         outcome = SlackApi(limited.api_url, "xoxb-t").post_message("C1", "x", None, "id")
@@ -108,6 +112,7 @@ def test_rate_limits_are_retried_after_the_servers_delay_and_a_dead_chat_was_not
 
 
 def test_webhook_signatures_verify_only_unchanged_and_recent() -> None:
+    """A webhook signature verifies only with the same secret, body and a recent timestamp."""
     body, stamp = b'{"a":1}', str(int(time.time()))
     good = sign("s3cret", stamp, body)
     assert verify("s3cret", stamp, body, good, now_s=time.time())
@@ -117,6 +122,7 @@ def test_webhook_signatures_verify_only_unchanged_and_recent() -> None:
 
 
 def test_the_webhook_sink_classifies_statuses() -> None:
+    """The webhook sink retries 5xx and 429, refuses 404, and sends the same body again."""
     for status, expected in ((500, Retry), (429, Retry), (404, Refused)):
         receiver = WebhookReceiver(fail_first=1, fail_status=status).start()
         try:
@@ -133,6 +139,7 @@ def test_the_webhook_sink_classifies_statuses() -> None:
 
 
 def test_a_call_whose_lease_ran_out_is_not_sent(double: ChatDouble) -> None:
+    """A call whose fence lease ran out is not sent; a fresh one is."""
     config = _config(THREADLINE_CONNECTOR_LEASE_S="0.5")
     calls = Calls(config, ConnectorStats(), SlackApi(double.api_url, "xoxb-t"), None)
     outbox = _outbox()
@@ -160,6 +167,7 @@ def _wait_finished(calls: Calls) -> list[tuple[Job, object]]:
 
 
 def test_a_post_that_may_have_been_made_is_reconciled_only_after_the_lease(double: ChatDouble) -> None:
+    """A post a predecessor fenced is looked up only after its lease, then posted if not found."""
     config = _config(THREADLINE_CONNECTOR_LEASE_S="1", THREADLINE_CONNECTOR_CLOCK_MARGIN_S="0.5")
     calls = Calls(config, ConnectorStats(), SlackApi(double.api_url, "xoxb-t"), None)
     now = int(time.time() * 1000)
@@ -180,6 +188,7 @@ def test_a_post_that_may_have_been_made_is_reconciled_only_after_the_lease(doubl
 
 
 def test_an_edit_of_a_failed_post_fails_and_a_pending_edit_rides_on_its_post() -> None:
+    """A pending edit is sent with its post; if the post fails, so does the edit."""
     calls = Calls(_config(), ConnectorStats(), None, None)
     outbox = _outbox(completed=True)
     post, edit, reaction = outbox.entries
@@ -196,6 +205,7 @@ def test_an_edit_of_a_failed_post_fails_and_a_pending_edit_rides_on_its_post() -
 
 
 def test_outcomes_set_retries_and_record_results() -> None:
+    """Outcomes schedule retries (reconciling if maybe done) and record delivered or adopted results."""
     calls = Calls(_config(), ConnectorStats(), None, None)
     outbox = _outbox()
     entry = outbox.entries[0]
@@ -213,6 +223,7 @@ def test_outcomes_set_retries_and_record_results() -> None:
 
 def test_a_reconciliation_read_before_the_thread_moved_away_and_back_counts_for_nothing(
         double: ChatDouble) -> None:
+    """A lookup started before the partition was revoked and regained is not trusted."""
     config = _config(THREADLINE_CONNECTOR_LEASE_S="1", THREADLINE_CONNECTOR_CLOCK_MARGIN_S="0")
     calls = Calls(config, ConnectorStats(), SlackApi(double.api_url, "xoxb-t"), None)
     now = int(time.time() * 1000)
@@ -250,6 +261,7 @@ def trap() -> Iterator[WebhookReceiver]:
 @pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
 def test_the_chat_client_follows_no_redirect_and_never_resends_its_token(
         trap: WebhookReceiver, status: int) -> None:
+    """The chat client refuses redirects and never sends its bot token elsewhere."""
     moved = ChatDouble(redirect_to=f"http://127.0.0.1:{trap.port}/elsewhere",
                        redirect_status=status).start()
     try:
@@ -264,6 +276,7 @@ def test_the_chat_client_follows_no_redirect_and_never_resends_its_token(
 
 @pytest.mark.parametrize("status", [301, 302, 307, 308])
 def test_the_webhook_sink_follows_no_redirect(trap: WebhookReceiver, status: int) -> None:
+    """The webhook sink refuses redirects instead of following them."""
     moved = WebhookReceiver(redirect_to=f"http://127.0.0.1:{trap.port}/elsewhere",
                             redirect_status=status).start()
     try:
@@ -276,6 +289,7 @@ def test_the_webhook_sink_follows_no_redirect(trap: WebhookReceiver, status: int
 
 
 def test_an_empty_webhook_secret_is_refused() -> None:
+    """A webhook with an empty signing secret is refused; no webhook needs no secret."""
     with pytest.raises(ValueError, match="THREADLINE_WEBHOOK_SECRET"):
         _config(THREADLINE_WEBHOOK_URL="https://example.com/hook", THREADLINE_WEBHOOK_SECRET="")
     with pytest.raises(ValueError, match="secret"):
@@ -284,6 +298,7 @@ def test_an_empty_webhook_secret_is_refused() -> None:
 
 
 def test_a_servers_retry_after_is_capped() -> None:
+    """A huge Retry-After from the server is capped at the configured maximum."""
     limited = ChatDouble(rate_limit_every=1, retry_after_s=10**9).start()
     calls = Calls(_config(THREADLINE_CONNECTOR_RETRY_AFTER_MAX_S="30"), ConnectorStats(),
                   SlackApi(limited.api_url, "xoxb-t"), None)
@@ -301,6 +316,7 @@ def test_a_servers_retry_after_is_capped() -> None:
 
 
 def test_the_backoff_after_thousands_of_failures_is_the_cap_not_an_overflow() -> None:
+    """After 5,000 failures the retry delay is the cap, not an overflow."""
     calls = Calls(_config(), ConnectorStats(), None, None)
     chat = _outbox().entries[0]
     done = RunCompleted(THREAD, "r1", 1, AssistantMessage("a1", "final"), 2)
@@ -369,6 +385,7 @@ def test_the_lease_is_checked_once_the_connection_is_open() -> None:
 
 
 def test_calls_to_one_host_reuse_a_kept_alive_connection(double: ChatDouble) -> None:
+    """Calls to one host reuse one kept-alive connection."""
     api = SlackApi(double.api_url, "xoxb-t")
     for n in range(3):
         assert isinstance(api.post_message("C1", f"m{n}", None, f"id-{n}", lambda: True), Done)

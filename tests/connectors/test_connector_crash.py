@@ -37,6 +37,7 @@ LEASE = {"THREADLINE_CONNECTOR_LEASE_S": "1", "THREADLINE_CONNECTOR_CLOCK_MARGIN
 
 @dataclass
 class Turn:
+    """One chat turn sent in the test: its channel, message ts, thread, run and text."""
     channel: str
     ts: str  # of the person's message
     thread: str
@@ -59,6 +60,7 @@ class Supervisor:
     done: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
+        """Restart the connector whenever it exits, and SIGKILL it when asked, until done."""
         proc = self.stack.connectors[self.name]
         while not self.done.is_set():
             if not proc.alive():
@@ -139,12 +141,14 @@ def _audit(stack: Stack, sent: list[Turn], supervisor: Supervisor, max_kills: in
 
 def test_killed_between_call_and_record_20_turns_are_each_posted_once(
         kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Twenty turns with the connector killed at random points are each answered exactly once."""
     with running_stack(kafka_bootstrap, tmp_path) as stack:
         _chaos_run(stack, 20, seed=11, crash_p=0.05, max_kills=3)
 
 
 def test_chaos_100_turns_with_the_connector_killed_at_random_points(
         request: pytest.FixtureRequest, kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A hundred turns with up to ten random connector kills are each answered exactly once."""
     if "chaos" not in (request.config.getoption("-m") or "") and not os.environ.get("THREADLINE_CHAOS"):
         pytest.skip("a minute or two: select it with -m chaos, or set THREADLINE_CHAOS=1")
     with running_stack(kafka_bootstrap, tmp_path) as stack:
@@ -153,6 +157,7 @@ def test_chaos_100_turns_with_the_connector_killed_at_random_points(
 
 def test_a_deposed_owner_frozen_past_its_session_posts_nothing_twice(
         kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A connector frozen mid-call past its session posts nothing twice; the new owner adopts its posts."""
     with running_stack(kafka_bootstrap, tmp_path, double=ChatDouble()) as stack:
         a = stack.start_connector("a", THREADLINE_SLACK_BOT_TOKEN="xoxb-a")
         stack.start_connector("b", THREADLINE_SLACK_BOT_TOKEN="xoxb-b")

@@ -53,6 +53,7 @@ def _app(settings: Settings, **env: str) -> tuple[web.Application, ConnectorStat
 
 
 def test_signatures_match_slacks_scheme_and_the_window() -> None:
+    """Slack signatures verify only for the same secret and body within five minutes."""
     body, now = b'{"type":"event_callback"}', time.time()
     stamp = str(int(now))
     assert sign("s", stamp, body) == slack_signature("s", stamp, body)
@@ -67,6 +68,7 @@ def test_signatures_match_slacks_scheme_and_the_window() -> None:
 
 
 def test_a_non_ascii_signature_is_refused_not_raised() -> None:
+    """Non-ASCII signatures or timestamps are refused, never raised."""
     body, now = b'{"type":"event_callback"}', time.time()
     stamp = str(int(now))
     for signature in ["v0=\u00e9" * 10, "v0=" + "\udcff" * 64, "\u0661\u0662"]:
@@ -75,6 +77,7 @@ def test_a_non_ascii_signature_is_refused_not_raised() -> None:
 
 
 async def test_a_non_ascii_signature_header_gets_401(tmp_path: Path) -> None:
+    """A non-ASCII signature header gets 401 and is counted as refused."""
     dead = Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
                               "THREADLINE_DATA_DIR": str(tmp_path)})
     app, stats = _app(dead)
@@ -90,6 +93,7 @@ async def test_a_non_ascii_signature_header_gets_401(tmp_path: Path) -> None:
 
 
 def test_a_message_maps_to_the_chat_thread_it_starts_or_continues() -> None:
+    """A message maps to the thread it starts or continues; a direct message is one thread."""
     top = _event("C1", "first")
     turn = turn_of(top)
     assert turn is not None
@@ -108,6 +112,7 @@ def test_a_message_maps_to_the_chat_thread_it_starts_or_continues() -> None:
     {"type": "reaction_added"}, {"channel": "not-a-slack-id"}, {"ts": None},
 ])
 def test_what_is_not_a_persons_message_is_not_a_turn(change: dict[str, Any]) -> None:
+    """Bot messages, edits, joins, other events and malformed ids are not turns."""
     assert turn_of(_event(**change)) is None
 
 
@@ -116,6 +121,7 @@ def test_what_is_not_a_persons_message_is_not_a_turn(change: dict[str, Any]) -> 
 
 async def test_a_turn_that_cannot_be_written_is_answered_503_within_slacks_deadline(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A turn that cannot reach Kafka within the inbound timeout is answered 503."""
     dead = Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
                               "THREADLINE_DATA_DIR": str(tmp_path)})
     app, stats = _app(dead, THREADLINE_CONNECTOR_INBOUND_TIMEOUT_S="1")
@@ -165,6 +171,7 @@ def _high(settings: Settings, topic: str) -> dict[int, int]:
 @pytest.mark.kafka
 async def test_refused_requests_write_nothing_and_a_turn_is_durable_before_its_200(
         settings: Settings) -> None:
+    """Unsigned, stale or wrongly signed requests write nothing; a 200 means the turn is in Kafka."""
     ensure_connector_topics(settings, 86_400_000)
     app, stats = _app(settings)
     async with TestClient(TestServer(app)) as client:

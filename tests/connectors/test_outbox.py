@@ -80,6 +80,7 @@ def _completed(run: str = "r1", text: str = "the answer", thread: str = THREAD) 
 
 
 def test_a_thread_id_is_its_chat_address_and_back() -> None:
+    """A chat address and its thread id map to each other."""
     for address in (ChatAddress("T1", "C1", "1700000000.000100"), ChatAddress("T1", "D9", None)):
         assert address_of(thread_id_for(address)) == address
     assert thread_id_for(ChatAddress("T1", "D9", None)) == "slack:T1:D9"
@@ -90,10 +91,12 @@ def test_a_thread_id_is_its_chat_address_and_back() -> None:
     "slack:T1:C1:notats", "slack:T1:C:1", "slack::C1",
 ])
 def test_other_thread_ids_have_no_chat_address(thread_id: str) -> None:
+    """Thread ids that are not well-formed chat addresses have none."""
     assert address_of(thread_id) is None
 
 
 def test_message_ids_name_the_chat_message_and_refuse_anything_else() -> None:
+    """A chat message id names its team, channel and ts; other ids name none."""
     ref = message_ref_of(message_id_for("T1", "C1", "1700000000.000200"))
     assert ref is not None and (ref.team, ref.channel, ref.ts) == ("T1", "C1", "1700000000.000200")
     assert message_ref_of("8d0c7c1e-9b0e-4f57-a3a4-2c1f0f1f6a11") is None
@@ -102,6 +105,7 @@ def test_message_ids_name_the_chat_message_and_refuse_anything_else() -> None:
 
 
 def test_outbox_ids_are_stable_and_differ_by_role_and_trigger() -> None:
+    """Outbox ids are the same each time and differ for each role and trigger."""
     assert outbox_id_for("r1", ANSWER) == outbox_id_for("r1", ANSWER)
     ids = {outbox_id_for("r1", ANSWER), outbox_id_for("r1", ANSWER_FINAL),
            outbox_id_for("r2", ANSWER), outbox_id_for("r1:x", "y"), outbox_id_for("r1", "x:y")}
@@ -112,6 +116,7 @@ def test_outbox_ids_are_stable_and_differ_by_role_and_trigger() -> None:
 
 
 def test_an_accepted_run_of_a_chat_message_posts_a_placeholder_in_its_thread() -> None:
+    """A run of a chat message first plans a placeholder post in its chat thread."""
     outbox = _given([_accepted()])
     assert outbox is not None
     (e,) = outbox.entries
@@ -122,11 +127,13 @@ def test_an_accepted_run_of_a_chat_message_posts_a_placeholder_in_its_thread() -
 
 
 def test_runs_that_are_not_the_chats_cause_no_chat_entries() -> None:
+    """Runs of messages not from the chat plan no chat entries."""
     assert _given([_accepted(message_id="m-from-the-api")]) is None
     assert _given([_accepted(thread="th-1"), _completed(thread="th-1")]) is None
 
 
 def test_a_completed_run_edits_the_placeholder_and_reacts() -> None:
+    """A completed run plans an edit of the placeholder and a check-mark reaction."""
     outbox = _given([_accepted(), _completed()])
     assert outbox is not None
     post, edit, reaction = outbox.entries
@@ -137,6 +144,7 @@ def test_a_completed_run_edits_the_placeholder_and_reacts() -> None:
 
 
 def test_a_completed_run_without_a_placeholder_posts_the_answer_itself() -> None:
+    """A completed run with no placeholder planned posts the answer directly."""
     outbox = _given([_completed()])
     assert outbox is not None
     (post,) = outbox.entries
@@ -145,6 +153,7 @@ def test_a_completed_run_without_a_placeholder_posts_the_answer_itself() -> None
 
 
 def test_failed_and_cancelled_runs_edit_the_placeholder_into_a_notice() -> None:
+    """Failed and cancelled runs turn the placeholder into a notice."""
     failed = _given([_accepted(), RunFailed(THREAD, "r1", 2, "boom", 30)])
     assert failed is not None
     _, edit, reaction = failed.entries
@@ -156,6 +165,7 @@ def test_failed_and_cancelled_runs_edit_the_placeholder_into_a_notice() -> None:
 
 
 def test_a_conflict_gets_a_notice_and_a_duplicate_gets_nothing() -> None:
+    """A message refused for a conflict gets a notice; a duplicate gets nothing."""
     conflict = RunRejected(THREAD, ASKED, RejectReason.CONFLICT, "busy", "r0", 10)
     outbox = _given([conflict])
     assert outbox is not None
@@ -167,6 +177,7 @@ def test_a_conflict_gets_a_notice_and_a_duplicate_gets_nothing() -> None:
 
 
 def test_an_event_seen_again_plans_nothing_new() -> None:
+    """An event planned once plans nothing when seen again."""
     outbox = _given([_accepted(), _completed()], BOTH)
     assert outbox is not None
     assert plan(outbox, _completed(), "slack:T1", BOTH, 99) is None
@@ -174,6 +185,7 @@ def test_an_event_seen_again_plans_nothing_new() -> None:
 
 
 def test_the_webhook_gets_every_completed_run_with_a_deterministic_body() -> None:
+    """Every completed run plans one webhook POST whose body is the same each time."""
     outbox = plan(None, _completed(thread="th-1"), "acme", Sinks(chat=True, webhook=True), 5)
     assert outbox is not None
     (hook,) = outbox.entries
@@ -190,6 +202,7 @@ def test_the_webhook_gets_every_completed_run_with_a_deterministic_body() -> Non
 
 
 def test_lanes_deliver_in_order_and_a_pending_edit_is_coalesced_into_its_post() -> None:
+    """Each lane delivers in order, and a pending edit is folded into its pending post."""
     outbox = _given([_accepted(), _completed()], BOTH)
     assert outbox is not None
     post, edit, _, hook = outbox.entries
@@ -203,6 +216,7 @@ def test_lanes_deliver_in_order_and_a_pending_edit_is_coalesced_into_its_post() 
 
 
 def test_transitions_count_attempts_and_never_reopen_a_done_entry() -> None:
+    """Fencing counts attempts, and a delivered or failed entry never changes again."""
     outbox = _given([_accepted()])
     assert outbox is not None
     oid = outbox.entries[0].outbox_id
@@ -216,6 +230,7 @@ def test_transitions_count_attempts_and_never_reopen_a_done_entry() -> None:
 
 
 def test_prune_keeps_what_is_still_needed() -> None:
+    """Pruning keeps the newest finished entries and any still needed."""
     outbox = _given([_accepted()])
     assert outbox is not None
     placeholder = outbox.entries[0].outbox_id
@@ -237,6 +252,7 @@ def test_prune_keeps_what_is_still_needed() -> None:
 
 
 def test_outbox_and_audit_records_round_trip_and_garbage_is_a_decode_error() -> None:
+    """Outbox and audit records round-trip; garbage or the wrong record is a DecodeError."""
     outbox = _given([_accepted(), _completed()], BOTH)
     assert outbox is not None
     outbox = mark_delivered(mark_delivering(outbox, outbox.entries[0].outbox_id, 3),
@@ -250,6 +266,7 @@ def test_outbox_and_audit_records_round_trip_and_garbage_is_a_decode_error() -> 
 
 
 def test_connector_schemas_follow_the_contracts_conventions() -> None:
+    """The connector's schema files follow the contract's naming, doc and null-default rules."""
     files = sorted(CONNECTOR_SCHEMA_DIR.glob("*.avsc"))
     assert {p.stem for p in files} == {
         "threadline.ChatOutbox", "threadline.OutboxEntry", "threadline.OutboxKind",

@@ -37,6 +37,7 @@ WEBHOOK_SECRET = "hook-secret"
 
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[WebhookReceiver]:
+    """A webhook receiver that fails each key's first two requests, for this module."""
     hook = WebhookReceiver(fail_first=2).start()
     yield hook
     hook.stop()
@@ -45,6 +46,7 @@ def receiver() -> Iterator[WebhookReceiver]:
 @pytest.fixture(scope="module")
 def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory,
           receiver: WebhookReceiver) -> Iterator[Stack]:
+    """A connector stack with a rate-limiting chat double and the webhook, for this module."""
     tmp = tmp_path_factory.mktemp("connector-turns")
     double = ChatDouble(rate_limit_every=4)  # every 4th post or history read: 429
     with running_stack(kafka_bootstrap, tmp, double=double,
@@ -66,6 +68,7 @@ def _answered(stack: Stack, channel: str, run: str, text: str) -> None:
 
 
 def test_a_signed_message_is_answered_by_exactly_one_reply_with_outbox_metadata(stack: Stack) -> None:
+    """A signed chat message is answered by one reply in its thread, tagged with its outbox id."""
     channel = unique_channel()
     payload, statuses = stack.say("c1", channel, "hello there")
     assert statuses == [200]
@@ -89,6 +92,7 @@ def test_a_signed_message_is_answered_by_exactly_one_reply_with_outbox_metadata(
 
 
 def test_redeliveries_of_one_event_make_one_turn(stack: Stack) -> None:
+    """Slack's redeliveries of one event, even concurrent, make one turn."""
     channel = unique_channel()
     payload = stack.double.user_message(channel, "say it once")
     results: list[int] = []
@@ -116,6 +120,7 @@ def test_redeliveries_of_one_event_make_one_turn(stack: Stack) -> None:
 
 
 def test_a_message_while_a_run_is_active_gets_a_notice_and_no_run(stack: Stack) -> None:
+    """A chat reply while the thread's run is active gets a conflict notice and no run."""
     channel = unique_channel()
     first, statuses = stack.say("c1", channel, "[slow] take your time")
     assert statuses == [200]
@@ -140,6 +145,7 @@ def test_a_message_while_a_run_is_active_gets_a_notice_and_no_run(stack: Stack) 
 
 
 def test_a_failed_run_turns_the_placeholder_into_a_notice(stack: Stack) -> None:
+    """A failed run's placeholder becomes a failure notice, with an x reaction."""
     channel = unique_channel()
     payload, _ = stack.say("c1", channel, "[fail-fatal] please")
     thread = thread_of(payload)
@@ -153,6 +159,7 @@ def test_a_failed_run_turns_the_placeholder_into_a_notice(stack: Stack) -> None:
 
 
 def test_a_direct_message_is_answered_in_the_channel_itself(stack: Stack) -> None:
+    """A direct message is answered in the conversation, not in a thread."""
     channel = "D" + unique_channel()[1:]
     first, _ = stack.say("c1", channel, "hi in private", channel_type="im")
     thread = thread_of({"event": {**first["event"], "ts": ""}}).rstrip(":")
@@ -164,6 +171,7 @@ def test_a_direct_message_is_answered_in_the_channel_itself(stack: Stack) -> Non
 
 
 def test_many_turns_through_rate_limits_are_each_answered_once(stack: Stack) -> None:
+    """Turns answered through 429s from the chat are each posted exactly once."""
     limited_before = stack.double.status_count(429)
     turns = []
     for n in range(6):
@@ -181,6 +189,7 @@ def test_many_turns_through_rate_limits_are_each_answered_once(stack: Stack) -> 
 
 
 def test_a_post_the_chat_refuses_fails_for_good_without_retrying(stack: Stack) -> None:
+    """A post the chat refuses is marked failed and not retried."""
     channel = "CGONE" + unique_channel()[5:]
     payload, _ = stack.say("c1", channel, "anyone?")
     thread = thread_of(payload)
@@ -214,6 +223,7 @@ def test_a_post_the_chat_refuses_fails_for_good_without_retrying(stack: Stack) -
 
 def test_the_webhook_gets_the_answer_once_with_its_key_and_signature_through_5xx(
         stack: Stack, receiver: WebhookReceiver) -> None:
+    """Through two 5xx the webhook gets the same signed answer, with its key, until one 200."""
     channel = unique_channel()
     payload, _ = stack.say("c1", channel, "tell the webhook")
     thread = thread_of(payload)

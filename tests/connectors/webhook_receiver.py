@@ -15,6 +15,7 @@ from aiohttp import web
 
 @dataclass(frozen=True)
 class Received:
+    """One webhook request received: its key, timestamp, signature, body and the status answered."""
     idempotency_key: str
     timestamp: str
     signature: str
@@ -24,12 +25,14 @@ class Received:
 
 @dataclass(frozen=True)
 class Stray:
+    """A request to any other path: a client that followed a redirect."""
     method: str
     path: str
     authorization: str | None
 
 
 class WebhookReceiver:
+    """A local webhook endpoint that records requests and fails or redirects as told."""
     def __init__(self, fail_first: int = 0, fail_status: int = 500, *, redirect_to: str = "",
                  redirect_status: int = 302) -> None:
         self.fail_first, self.fail_status = fail_first, fail_status
@@ -44,6 +47,7 @@ class WebhookReceiver:
         self.port = 0
 
     def start(self) -> WebhookReceiver:
+        """Start serving on a free port in a background thread."""
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
         return self
@@ -60,9 +64,11 @@ class WebhookReceiver:
 
     @property
     def url(self) -> str:
+        """The URL of the webhook endpoint."""
         return f"http://127.0.0.1:{self.port}/hook"
 
     def stop(self) -> None:
+        """Stop the server and its loop."""
         if self._runner is not None:
             asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -70,6 +76,7 @@ class WebhookReceiver:
         self._loop.close()
 
     def for_key(self, key: str) -> list[Received]:
+        """Every request received with this idempotency key."""
         with self.lock:
             return [r for r in self.requests if r.idempotency_key == key]
 

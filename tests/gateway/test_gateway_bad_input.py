@@ -29,6 +29,7 @@ async def _post_bytes(stack: Stack, path: str, data: bytes) -> tuple[int, str, A
                                    b"Bearer k\xc3\xa9y"])
 async def test_an_authorization_header_that_is_not_utf8_or_ascii_gets_401(
         stack: Stack, value: bytes) -> None:
+    """An Authorization header with non-ASCII bytes gets a 401 problem, not a crash."""
     answer = await raw_request(stack.url("/"), "GET", "/v1/threads/x", [(b"Authorization", value)])
     assert answer.status == 401, answer
     assert answer.headers["content-type"].startswith("application/problem+json")
@@ -37,6 +38,7 @@ async def test_an_authorization_header_that_is_not_utf8_or_ascii_gets_401(
 
 async def test_a_lone_surrogate_in_a_title_or_input_gets_422_naming_the_field(
         stack: Stack) -> None:
+    """A lone surrogate escape in a title or message gets a 422 naming the field; a pair is fine."""
     thread_id = await stack.create_thread()
     for path, field in [("/v1/threads", "title"),
                         (f"/v1/threads/{thread_id}/user_message", "input_text")]:
@@ -52,6 +54,7 @@ async def test_a_lone_surrogate_in_a_title_or_input_gets_422_naming_the_field(
 
 @pytest.mark.parametrize("depth", [1_000, 10_000, 50_000])
 async def test_deeply_nested_json_gets_400(stack: Stack, depth: int) -> None:
+    """Deeply nested JSON bodies get a 400 or 422 problem, not a crash."""
     thread_id = await stack.create_thread()
     for path in ["/v1/threads", f"/v1/threads/{thread_id}/user_message"]:
         for data in [b"[" * depth + b"]" * depth,
@@ -64,6 +67,7 @@ async def test_deeply_nested_json_gets_400(stack: Stack, depth: int) -> None:
 @pytest.mark.parametrize("char", ["\u00e9", "\U0001f600", "\u4e2d"])
 async def test_the_longest_legal_message_in_the_widest_escaping_is_accepted(
         stack: Stack, char: str) -> None:
+    """A message at the character limit is accepted however wide its JSON escaping; one more is refused."""
     limit = stack.settings.policy.max_input_chars
     thread_id = await stack.create_thread()
     text = char * limit

@@ -20,6 +20,7 @@ def _kinds(events: list[Ev]) -> list[str]:
 
 
 async def test_full_lifecycle_through_http(stack: Stack) -> None:
+    """Over HTTP: create a thread, watch its stream, post, and see the run's events and stored answer."""
     thread_id = await stack.create_thread(title="lifecycle")
     status, thread = await stack.get(f"/v1/threads/{thread_id}")
     assert status == 200 and thread["title"] == "lifecycle" and thread["active_run"] is None
@@ -72,6 +73,7 @@ async def test_full_lifecycle_through_http(stack: Stack) -> None:
 
 
 async def test_streams_send_a_retry_hint_and_keep_alive_comments(stack: Stack) -> None:
+    """A stream opens with a retry hint and then sends keep-alive comments while idle."""
     thread_id = await stack.create_thread()
     async with stack.session.get(stack.url(f"/v1/threads/{thread_id}/stream"),
                                  headers=AUTH_A) as response:

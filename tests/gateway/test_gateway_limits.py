@@ -32,16 +32,19 @@ class Limited:
     auth: dict[str, str]
 
     def url(self, path: str) -> str:
+        """The URL of a path on this limited gateway."""
         return str(self.server.make_url(path))
 
     async def call(self, method: str, path: str, body: Any = None) -> \
             tuple[int, dict[str, str], Any]:
+        """Send one request as the limited tenant; the status, headers and JSON body."""
         async with self.stack.session.request(method, self.url(path), json=body,
                                               headers=self.auth) as response:
             return response.status, dict(response.headers), \
                 await response.json(content_type=None)
 
     async def thread(self) -> str:
+        """Create a thread as the limited tenant and return its id."""
         status, _, body = await self.call("POST", "/v1/threads", {"title": "limits"})
         assert status == 201, body
         return str(body["thread_id"])
@@ -81,6 +84,7 @@ def _too_many(status: int, headers: dict[str, str], body: Any, slug: str) -> int
 
 
 async def test_posts_beyond_the_tenants_rate_get_429(stack: Stack) -> None:
+    """Posts past a tenant's burst get 429 with Retry-After, while other tenants post on."""
     # Two at once, then one per 100 s: nothing refills while the test runs.
     async with _limited(stack, THREADLINE_TENANT_POSTS_PER_S="0.01",
                         THREADLINE_TENANT_POST_BURST="2") as gateway:
@@ -97,6 +101,7 @@ async def test_posts_beyond_the_tenants_rate_get_429(stack: Stack) -> None:
 
 
 async def test_streams_beyond_the_tenants_limit_get_429(stack: Stack) -> None:
+    """A tenant's third open stream gets 429, and one is admitted again once a stream ends."""
     async with _limited(stack, THREADLINE_TENANT_MAX_STREAMS="2") as gateway:
         thread_id = await gateway.thread()
         path = f"/v1/threads/{thread_id}/stream"
@@ -123,6 +128,7 @@ async def test_streams_beyond_the_tenants_limit_get_429(stack: Stack) -> None:
 
 
 async def test_replays_beyond_the_tenants_limit_get_429(stack: Stack) -> None:
+    """A resume that needs a Kafka replay gets 429 while the tenant's replay slot is taken."""
     # Keeps 3 events a thread: resuming earlier in a run replays it from Kafka.
     async with _limited(stack, Options(window_events=3, keepalive_s=0.2),
                         THREADLINE_TENANT_MAX_REPLAYS="1") as gateway:
@@ -155,6 +161,7 @@ def _limiter(server: TestServer) -> Any:
 
 
 async def test_runs_beyond_the_tenants_active_run_cap_get_429(stack: Stack) -> None:
+    """A run past the tenant's active-run cap gets 429 until a run ends; other tenants run on."""
     async with _limited(stack, THREADLINE_TENANT_MAX_ACTIVE_RUNS="1") as gateway:
         first, second = await gateway.thread(), await gateway.thread()
         status, _, hanging = await gateway.call("POST", f"/v1/threads/{first}/user_message",

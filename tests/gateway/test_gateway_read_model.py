@@ -46,6 +46,7 @@ class Writer:
 
     def state(self, thread_id: str, messages: int, updated: int = 2_000,
               tenant: str = TENANT) -> None:
+        """Write a thread state with this many messages, as the processor would."""
         state = ThreadState(thread_id, tenant, f"title {thread_id}", 1_000,
                             message_count=messages, run_count=(messages + 1) // 2,
                             updated_at_ms=updated)
@@ -54,6 +55,7 @@ class Writer:
         self.produced += 1
 
     def messages(self, thread_id: str, seqs: range, tenant: str = TENANT) -> None:
+        """Write message records for these sequence numbers, alternating user and assistant."""
         meta = new_meta(thread_id, tenant, 1_000)
         partition = partition_for(thread_id, self.settings.partitions)
         for seq in seqs:
@@ -70,6 +72,7 @@ class Writer:
                 self.producer.poll(0)
 
     def delete(self, thread_id: str, messages: int) -> None:
+        """Write the tombstones of a thread and of each of its messages."""
         partition = partition_for(thread_id, self.settings.partitions)
         self.producer.produce(self.settings.topics.threads, None, thread_id.encode())
         for seq in range(messages):
@@ -78,11 +81,13 @@ class Writer:
         self.produced += 1 + messages
 
     def flush(self) -> None:
+        """Wait until every written record is acknowledged."""
         assert self.producer.flush(30) == 0
 
 
 @pytest.fixture
 def own_settings(kafka_bootstrap: str, tmp_path: Path) -> Settings:
+    """Settings with a topic prefix of this test's own, its topics created."""
     settings = Settings.from_env(gateway_env(kafka_bootstrap, tmp_path))
     ensure_topics(settings)
     return settings
@@ -109,6 +114,7 @@ async def _get(session: aiohttp.ClientSession, url: str,
 
 async def test_the_history_of_ten_thousand_messages_pages_one_range_scan_at_a_time(
         own_settings: Settings) -> None:
+    """A 10,000-message history pages forwards and backwards, each page reading only its own rows."""
     writer = Writer(own_settings)
     thread_id, n = f"long-{uuid.uuid4()}", 10_000
     writer.state(thread_id, n)
@@ -159,6 +165,7 @@ async def test_the_history_of_ten_thousand_messages_pages_one_range_scan_at_a_ti
 
 async def test_a_warm_restart_reads_only_the_records_after_its_checkpoint(
         own_settings: Settings) -> None:
+    """A gateway restarted on its store reads only what was written while it was down."""
     writer = Writer(own_settings)
     threads = [f"th-{i}-{uuid.uuid4()}" for i in range(200)]
     for i, thread_id in enumerate(threads):
@@ -203,6 +210,7 @@ async def test_a_warm_restart_reads_only_the_records_after_its_checkpoint(
 
 
 async def test_the_tenants_threads_list_newest_first_and_page(stack: Stack) -> None:
+    """A tenant's threads list newest-updated first, page by cursor, and never show another tenant's."""
     ids = [await stack.create_thread(title=f"list {i}") for i in range(3)]
     other = await stack.create_thread(auth=AUTH_B)
     status, posted = await stack.post(ids[0], "bump me to the top")
@@ -227,6 +235,7 @@ async def test_the_tenants_threads_list_newest_first_and_page(stack: Stack) -> N
 
 async def test_deleting_a_thread_cancels_its_run_ends_its_streams_and_erases_it(
         stack: Stack) -> None:
+    """Deleting a thread cancels its run, ends its streams, and erases it and its messages."""
     model = stack.server.app[READ_MODEL]  # type: ignore[index]
     thread_id = await stack.create_thread(title="to delete")
     status, first = await stack.post(thread_id, "remember this")

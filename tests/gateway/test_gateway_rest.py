@@ -37,6 +37,7 @@ async def _raw(stack: Stack, method: str, path: str, *, data: bytes | None = Non
 
 
 async def test_twenty_concurrent_posts_accept_exactly_one(stack: Stack) -> None:
+    """Of 20 posts at once one gets 202 and 19 get 409 naming the active run, visible at once."""
     thread_id = await stack.create_thread()
     results = await asyncio.gather(*(stack.post(thread_id, f"[slow] race {i}")
                                      for i in range(20)))
@@ -56,6 +57,7 @@ async def test_twenty_concurrent_posts_accept_exactly_one(stack: Stack) -> None:
 
 async def test_idempotency_key_returns_the_original_run_and_refuses_another_body(
         stack: Stack) -> None:
+    """A repeated key returns the original run; another body with it gets 422; keys are per thread."""
     thread_id = await stack.create_thread()
     status, first = await stack.post(thread_id, "[slow] once only", key="k-1")
     assert status == 202 and first["status"] == "accepted", first
@@ -80,6 +82,7 @@ async def test_idempotency_key_returns_the_original_run_and_refuses_another_body
 
 
 async def test_other_tenants_get_404_and_missing_or_bad_keys_get_401(stack: Stack) -> None:
+    """Another tenant's threads and runs are 404, and a missing or wrong key is 401."""
     thread_id = await stack.create_thread()
     status, posted = await stack.post(thread_id, "mine")
     assert status == 202
@@ -115,6 +118,7 @@ async def test_other_tenants_get_404_and_missing_or_bad_keys_get_401(stack: Stac
 
 
 async def test_bad_input_gets_the_right_problem(stack: Stack) -> None:
+    """Each kind of bad request gets its own problem type and status."""
     thread_id = await stack.create_thread()
     post = f"/v1/threads/{thread_id}/user_message"
     json_a = {**AUTH_A, "Content-Type": "application/json"}
@@ -154,6 +158,7 @@ async def test_bad_input_gets_the_right_problem(stack: Stack) -> None:
 
 
 async def test_cancel_ends_the_run_and_a_second_cancel_is_refused(stack: Stack) -> None:
+    """Cancel ends the run with run_cancelled then done; cancelling again gets 409."""
     thread_id = await stack.create_thread()
     status, posted = await stack.post(thread_id, "[slow] please stop me")
     assert status == 202
@@ -174,6 +179,7 @@ async def test_cancel_ends_the_run_and_a_second_cancel_is_refused(stack: Stack) 
 
 
 async def test_openapi_describes_every_route(stack: Stack) -> None:
+    """/openapi.json describes exactly the routes the app serves."""
     status, spec = await stack.get("/openapi.json", auth={})
     assert status == 200 and spec == SPEC and spec["openapi"].startswith("3.1")
     app = stack.server.app
@@ -185,6 +191,7 @@ async def test_openapi_describes_every_route(stack: Stack) -> None:
 
 
 async def test_healthz_is_503_without_processor_and_worker(stack: Stack, tmp_path: Any) -> None:
+    """/healthz is 200 with the whole stack, 503 naming the missing groups without it."""
     status, health = await stack.get("/healthz", auth={})
     assert status == 200 and health["status"] == "ok"
     assert all(g["members"] >= 1 for g in health["groups"].values())

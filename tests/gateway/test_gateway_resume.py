@@ -46,6 +46,7 @@ async def _chain(session: aiohttp.ClientSession, url: str) -> list[Ev]:
 
 async def test_reconnecting_after_every_event_gives_the_uninterrupted_stream(
         stack: Stack) -> None:
+    """Reconnecting with Last-Event-ID after every event gives the same stream as never reconnecting."""
     session = stack.session
     # Sees the run as it happens, but keeps only 3 events a thread: resumes mix
     # Kafka and the window.
@@ -74,6 +75,7 @@ async def test_reconnecting_after_every_event_gives_the_uninterrupted_stream(
 
 
 async def test_a_hundred_clients_on_one_thread_see_identical_streams(stack: Stack) -> None:
+    """A hundred clients on one thread all receive the same events."""
     thread_id = await stack.create_thread()
     url = stack.url(f"/v1/threads/{thread_id}/stream")
     feed = stack.server.app[FEED]
@@ -96,6 +98,7 @@ async def test_a_hundred_clients_on_one_thread_see_identical_streams(stack: Stac
 
 
 async def test_resume_across_a_gateway_process_restart(stack: Stack, tmp_path: Path) -> None:
+    """Streams resume across a gateway killed and restarted, and SIGTERM ends open streams cleanly."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {**stack.env, "THREADLINE_HTTP_PORT": str(port)}

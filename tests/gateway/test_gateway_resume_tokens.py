@@ -68,6 +68,7 @@ async def _status(stack: Stack, path: str, token: str, how: str) -> tuple[int, A
 
 
 async def test_forged_or_borrowed_resume_tokens_get_400(stack: Stack) -> None:
+    """Altered resume tokens, or ones from another thread, get 400."""
     other = await stack.create_thread()
     _, elsewhere = await _a_run(stack, other)
     partition = partition_for(other, stack.settings.partitions)
@@ -97,6 +98,7 @@ async def test_forged_or_borrowed_resume_tokens_get_400(stack: Stack) -> None:
 
 
 async def test_a_replay_longer_than_the_cap_is_not_streamed(stack: Stack) -> None:
+    """A resume needing more replayed records than the cap gets message_not_streaming instead."""
     capped = Settings.from_env({**stack.env, "THREADLINE_REPLAY_MAX_RECORDS": "4"})
     # Sees the run as it happens but keeps 3 events a thread: older ones need Kafka.
     async with _gateway(capped, Options(window_events=3, keepalive_s=1)) as gateway:
@@ -118,6 +120,7 @@ async def test_a_replay_longer_than_the_cap_is_not_streamed(stack: Stack) -> Non
 
 async def test_a_replay_decodes_large_batches_off_the_event_loop(
         stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay decodes its large batches in a worker thread, not on the event loop."""
     from gateway import replay as replay_module  # here: the test then fails, not the import
 
     threads: list[str] = []

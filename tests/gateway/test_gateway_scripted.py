@@ -89,6 +89,7 @@ class Script:
         self.producer.flush(10)
 
     def out(self, run_id: str, attempt: int, part: str, seq: int, payload: object) -> None:
+        """Write one stream output of a run, as a worker would."""
         output = StreamOutput(run_id, attempt, answer_message_id_for(run_id), part, seq,
                               payload)  # type: ignore[arg-type]
         meta = new_meta(self.thread_id, TENANT, int(time.time() * 1000))
@@ -96,11 +97,13 @@ class Script:
                               self.thread_id.encode())
 
     def life(self, run_id: str, event: str, attempt: int = 0, text: str = "") -> None:
+        """Write one lifecycle record of a run, as the processor would."""
         message = AssistantMessage(answer_message_id_for(run_id), text) if text else None
         self.out(run_id, attempt, "lifecycle", 0,
                  RunLifecycle(event, f"user-{run_id}", "", message))
 
     def plain_run(self, run_id: str, words: list[str]) -> None:
+        """Write a whole run: accepted, dispatched, its words as deltas, completed."""
         self.life(run_id, "run_accepted")
         self.life(run_id, "attempt_dispatched", 1)
         self.out(run_id, 1, "e:message", 0, MessageStart("assistant"))
@@ -113,6 +116,7 @@ class Script:
 @pytest.fixture(scope="module")
 def scripted(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> \
         Iterator[tuple[Settings, Producer]]:
+    """Settings and a producer for scripting stream records by hand, for this module."""
     settings = Settings.from_env(gateway_env(kafka_bootstrap, tmp_path_factory.mktemp("s")))
     ensure_topics(settings)
     producer = Producer({"bootstrap.servers": settings.bootstrap,
@@ -138,6 +142,7 @@ def _texts(events: list[Ev]) -> list[str]:
 
 async def test_superseded_executions_never_reach_clients(
         stack: Stack, scripted: tuple[Settings, Producer]) -> None:
+    """Output of an execution that was superseded by a rerun never reaches clients."""
     settings, producer = scripted
     script = Script(settings, producer, f"th-{uuid.uuid4()}")
     run = f"run-{uuid.uuid4()}"
@@ -180,6 +185,7 @@ async def test_superseded_executions_never_reach_clients(
 
 async def test_positions_older_than_the_log_start_get_message_not_streaming(
         stack: Stack, scripted: tuple[Settings, Producer], tmp_path: Path) -> None:
+    """Resuming from a position whose records retention removed gets message_not_streaming."""
     settings, producer = scripted
     script = Script(settings, producer, f"th-{uuid.uuid4()}")
     first, second = f"run-{uuid.uuid4()}", f"run-{uuid.uuid4()}"
@@ -218,6 +224,7 @@ async def test_positions_older_than_the_log_start_get_message_not_streaming(
 
 async def test_without_a_decision_in_time_the_answer_is_202_pending_and_the_command_queued(
         stack: Stack, scripted: tuple[Settings, Producer]) -> None:
+    """A post with no decision within the timeout gets 202 pending, and the command is still decided."""
     settings, producer = scripted
     settings = settings.with_(decision_timeout_ms=300)
     script = Script(settings, producer, f"th-{uuid.uuid4()}")

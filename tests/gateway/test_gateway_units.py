@@ -36,6 +36,7 @@ def _b64(text: str) -> str:
 
 
 def test_event_ids_round_trip_and_reject_garbage() -> None:
+    """A signed event id verifies back to its position; malformed ones are refused."""
     run = "5f0e8a2c-0000-4000-8000-000000000000"
     token = TOKENS.sign("th", 3, 1234, 1, 1200, run)
     assert "=" not in token and TOKENS.verify(token, "th") == EventId(3, 1234, 1, 1200, run)
@@ -50,6 +51,7 @@ def test_event_ids_round_trip_and_reject_garbage() -> None:
 
 
 def test_a_token_verifies_only_unchanged_for_its_thread_and_with_a_known_key() -> None:
+    """A token is refused if altered, used on another thread or signed with an unknown key; keys rotate."""
     token = TOKENS.sign("th", 3, 1234, 1, 1200, RUN)
     fields = base64.urlsafe_b64decode(token + "==").decode().split(".")
     for index, value in [(1, "4"), (2, "1233"), (3, "0"), (4, "0"), (6, "run-2")]:
@@ -68,6 +70,7 @@ def test_a_token_verifies_only_unchanged_for_its_thread_and_with_a_known_key() -
 
 
 def test_the_default_key_is_shared_by_a_deployment_and_no_one_else() -> None:
+    """The derived token key depends on the API keys and prefix only; configured keys override it."""
     keys = {"key-a": "tenant-a", "key-b": "tenant-b"}
     assert derived_key(keys, "p.") == derived_key(dict(reversed(keys.items())), "p.")
     assert derived_key(keys, "p.") != derived_key(keys, "q.")
@@ -80,6 +83,7 @@ def test_the_default_key_is_shared_by_a_deployment_and_no_one_else() -> None:
 
 
 def test_a_terminal_record_makes_two_events_with_consecutive_ids() -> None:
+    """A run's final record makes its lifecycle event and a done event, at consecutive positions."""
     meta = new_meta("th", "tenant", 1)
     events = make_events(TOKENS, 2, 40, 30, meta, _life("run_completed", 1))
     assert [e.name for e in events] == ["run_completed", "done"]
@@ -93,6 +97,7 @@ def test_a_terminal_record_makes_two_events_with_consecutive_ids() -> None:
 
 
 def test_the_filter_drops_superseded_executions_attempts_and_late_output() -> None:
+    """The run tracker drops repeats, superseded executions, ended attempts and output after the end."""
     tracker = RunTracker()
     records = [
         (_out(1, "A:text:0", 1, TextDelta("before the run is known")), False),
@@ -125,6 +130,7 @@ def test_the_filter_drops_superseded_executions_attempts_and_late_output() -> No
 
 
 def test_unknown_runs_are_flagged_and_another_threads_run_id_is_refused() -> None:
+    """Output of an unseen run is flagged unknown; a run id on another thread is refused."""
     tracker = RunTracker()
     assert tracker.admit("th", 0, _out(1, "A:message", 0, MessageStart("assistant"))) is None
     assert tracker.unknown
@@ -134,6 +140,7 @@ def test_unknown_runs_are_flagged_and_another_threads_run_id_is_refused() -> Non
 
 
 def test_access_tokens_are_redacted_from_logged_paths() -> None:
+    """access_token values in logged URLs are replaced by [redacted], in any case."""
     assert redact("/v1/runs/r/events?access_token=sekret&x=1") == \
         "/v1/runs/r/events?access_token=[redacted]&x=1"
     assert redact("/v1/threads/t/stream?a=1&ACCESS_TOKEN=k") == \
@@ -142,6 +149,7 @@ def test_access_tokens_are_redacted_from_logged_paths() -> None:
 
 
 def test_idempotency_keys_name_messages_per_tenant_and_thread() -> None:
+    """A key gives the same message id every time, and another one for another tenant, thread or key."""
     one = message_id_for("tenant", "thread", "key")
     assert one == message_id_for("tenant", "thread", "key")
     assert len({one, message_id_for("tenant2", "thread", "key"),
@@ -150,6 +158,7 @@ def test_idempotency_keys_name_messages_per_tenant_and_thread() -> None:
 
 
 def test_partitioning_matches_kafkas_murmur2() -> None:
+    """Threads go to the partition Kafka's default murmur2 partitioner picks."""
     # Values from the Java client's Utils.murmur2 (via kafka-python's test vectors).
     from aiokafka.partitioner import murmur2
 
@@ -159,6 +168,7 @@ def test_partitioning_matches_kafkas_murmur2() -> None:
 
 
 async def test_a_subscriber_that_falls_behind_is_closed_not_buffered_forever() -> None:
+    """A subscriber whose queue passes its limit is closed; a run's subscriber queues only that run."""
     meta = new_meta("th", "tenant", 1)
     events = [e for offset in range(4) for e in make_events(
         TOKENS, 0, offset, 0, meta, _out(1, "A:text:0", offset, TextDelta("x")))]
@@ -178,6 +188,7 @@ async def test_a_subscriber_that_falls_behind_is_closed_not_buffered_forever() -
 
 
 async def test_an_attached_subscriber_writes_once_per_flush_queued_events_first() -> None:
+    """An attached subscriber writes queued events first, then one batch per flush."""
     meta = new_meta("th", "tenant", 1)
     events = [e for offset in range(6) for e in make_events(
         TOKENS, 0, offset, 0, meta, _out(1, "A:text:0", offset, TextDelta("x")))]
@@ -217,6 +228,7 @@ async def test_an_attached_subscriber_writes_once_per_flush_queued_events_first(
 
 
 def test_the_aiohttp_internals_the_live_path_writes_through_are_there() -> None:
+    """The aiohttp internals the live write path relies on still exist."""
     # gateway.streaming._Writer.write_now writes with aiohttp's payload writer's own
     # framing; an aiohttp upgrade that moves it must fail here, not in production.
     from aiohttp.http_writer import StreamWriter

@@ -11,10 +11,12 @@ from streams.config import GatewayLimits, Settings
 
 
 class Clock:
+    """A settable clock for the limiter."""
     def __init__(self) -> None:
         self.now = 1000.0
 
     def __call__(self) -> float:
+        """The current fake time in seconds."""
         return self.now
 
 
@@ -24,6 +26,7 @@ def _refused(problem: pytest.ExceptionInfo[Problem], slug: str, retry_after: int
 
 
 def test_stream_and_replay_slots_are_counted_per_tenant_and_given_back() -> None:
+    """Stream and replay slots are counted per tenant and given back when the block ends or raises."""
     limiter = TenantLimiter(GatewayLimits(streams_per_tenant=2, replays_per_tenant=1))
     with limiter.stream("a"), limiter.stream("a"):
         with pytest.raises(Problem) as refused, limiter.stream("a"):
@@ -45,6 +48,7 @@ def test_stream_and_replay_slots_are_counted_per_tenant_and_given_back() -> None
 
 
 def test_zero_turns_a_limit_off() -> None:
+    """A limit of zero means no limit."""
     limiter = TenantLimiter(GatewayLimits(streams_per_tenant=0, replays_per_tenant=0,
                                           posts_per_s=0, active_runs_per_tenant=0))
     with limiter.stream("a"), limiter.stream("a"), limiter.replay("a"), limiter.replay("a"):
@@ -54,6 +58,7 @@ def test_zero_turns_a_limit_off() -> None:
 
 
 def test_posts_take_tokens_from_a_bucket_that_refills_at_the_rate() -> None:
+    """Posts draw from a per-tenant token bucket that refills at the rate up to the burst."""
     clock = Clock()
     limiter = TenantLimiter(GatewayLimits(posts_per_s=2.0, post_burst=3), clock)
     for _ in range(3):
@@ -79,6 +84,7 @@ def test_posts_take_tokens_from_a_bucket_that_refills_at_the_rate() -> None:
 
 
 def test_active_runs_beyond_the_cap_are_refused() -> None:
+    """A run past the tenant's active-run cap is refused with Retry-After 5."""
     limiter = TenantLimiter(GatewayLimits(active_runs_per_tenant=2))
     limiter.admit_run("a", 0)
     limiter.admit_run("a", 1)
@@ -88,6 +94,7 @@ def test_active_runs_beyond_the_cap_are_refused() -> None:
 
 
 def test_limits_come_from_the_environment() -> None:
+    """Every gateway limit is read from its environment variable, with defaults."""
     limits = Settings.from_env({
         "THREADLINE_TENANT_MAX_STREAMS": "3", "THREADLINE_TENANT_MAX_REPLAYS": "2",
         "THREADLINE_TENANT_POSTS_PER_S": "0.5", "THREADLINE_TENANT_POST_BURST": "4",

@@ -28,6 +28,7 @@ async def _until_ended(stack: Stack, thread_id: str, run_id: str) -> dict[str, A
 
 @pytest.mark.timeout(600)
 async def test_one_hundred_turns_over_http(stack: Stack) -> None:
+    """A hundred turns over HTTP complete, and the full history pages back in order."""
     thread_id = await stack.create_thread(title="long over http")
     runs = []
     for turn in range(TURNS):

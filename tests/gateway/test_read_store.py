@@ -56,6 +56,7 @@ def _fill(store: ReadStore, thread_id: str, n: int) -> None:
 
 
 def test_pages_are_range_scans_that_read_only_their_rows(tmp_path: Path) -> None:
+    """Message pages are range scans that read only their rows, even next to a longer thread id."""
     store = _store(tmp_path)
     _fill(store, "a", 250)
     _fill(store, "a/0", 3)  # a thread id that extends another one: rows do not mix
@@ -81,6 +82,7 @@ def test_pages_are_range_scans_that_read_only_their_rows(tmp_path: Path) -> None
 
 def test_a_rewritten_message_keeps_its_indexes_and_another_one_replaces_them(
         tmp_path: Path) -> None:
+    """Rewriting a message keeps its run and id indexes; a different message at its seq replaces them."""
     store = _store(tmp_path)
     _fill(store, "a", 2)
     key, _ = _message("a", 0)
@@ -100,6 +102,7 @@ def test_a_rewritten_message_keeps_its_indexes_and_another_one_replaces_them(
 
 
 def test_threads_list_newest_first_per_tenant_with_a_cursor(tmp_path: Path) -> None:
+    """Threads list per tenant, newest first, by cursor; an update moves a thread to the front."""
     store = _store(tmp_path)
     for i in range(5):
         store.apply_state(f"t{i}".encode(), _state(f"t{i}", updated=1_000 + i))
@@ -119,6 +122,7 @@ def test_threads_list_newest_first_per_tenant_with_a_cursor(tmp_path: Path) -> N
 
 
 def test_a_tombstone_erases_the_thread_its_messages_and_indexes(tmp_path: Path) -> None:
+    """A thread tombstone erases its state, messages, indexes and active run in one batch."""
     store = _store(tmp_path)
     run = ActiveRun("a-run-1", "a-m2", 1, RunStatus.RUNNING, 5, 5, None, 2, 1_002)
     _fill(store, "a", 4)
@@ -139,6 +143,7 @@ def test_a_tombstone_erases_the_thread_its_messages_and_indexes(tmp_path: Path) 
 
 def test_reopened_store_keeps_checkpoints_and_active_runs_and_refuses_other_topics(
         tmp_path: Path) -> None:
+    """A reopened store keeps checkpoints and active runs; another prefix starts it empty."""
     store = _store(tmp_path)
     run = ActiveRun("r", "m", 1, RunStatus.DISPATCHED, 5, 5, None, 0, 77)
     store.apply_state(b"a", _state("a", active=run))
@@ -156,6 +161,7 @@ def test_reopened_store_keeps_checkpoints_and_active_runs_and_refuses_other_topi
 
 
 def test_a_state_in_the_old_form_is_indexed_with_its_history(tmp_path: Path) -> None:
+    """A state in the old form, history inside, is stored with its messages indexed."""
     old: dict[str, Any] = {
         "thread_id": "old", "tenant": "ten", "title": "t", "created_at_ms": 1,
         "messages": [

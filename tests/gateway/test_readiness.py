@@ -35,6 +35,7 @@ THREADS = 20_000  # existing data the processor restores before it decides
 
 
 def test_probe_thread_ids_hash_to_their_partition() -> None:
+    """Each readiness probe's thread id lands on the partition it probes."""
     for partitions in (1, 4, 12, 48):
         for p in range(partitions):
             assert partition_for(probe_thread_id(p, partitions), partitions) == p
@@ -59,6 +60,7 @@ def _existing_data(settings: Settings) -> None:
 
 async def test_readyz_is_503_until_the_processor_restored_then_the_first_post_is_decided(
         kafka_bootstrap: str, tmp_path: Path) -> None:
+    """/readyz is 503 until the processor has restored its state, then a post is decided at once."""
     env = gateway_env(kafka_bootstrap, tmp_path)
     settings = Settings.from_env(env)
     ensure_topics(settings)

@@ -34,6 +34,7 @@ pytestmark = pytest.mark.kafka
 @pytest_asyncio.fixture
 async def registry_stack(kafka_bootstrap: str, schema_registry_url: str,
                          tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+    """The gateway test stack with every role using the schema registry."""
     folder = tmp_path_factory.mktemp("registry-stack")
     env = gateway_env(kafka_bootstrap, folder) | {
         "THREADLINE_SCHEMA_REGISTRY_URL": schema_registry_url}
@@ -49,12 +50,14 @@ class AnalyticsReader:
         self.schemas: dict[int, Any] = {}
 
     def schema(self, schema_id: int) -> Any:
+        """The writer schema with this id, fetched from the registry once."""
         if schema_id not in self.schemas:
             with urllib.request.urlopen(f"{self.url}/schemas/ids/{schema_id}", timeout=10) as r:
                 self.schemas[schema_id] = fastavro.parse_schema(json.loads(json.load(r)["schema"]))
         return self.schemas[schema_id]
 
     def decode(self, value: bytes) -> tuple[int, dict[str, Any]]:
+        """A Confluent-framed record's schema id and decoded body."""
         assert value[0] == 0, f"not the Confluent wire format: {value[:10].hex()}"
         schema_id = int.from_bytes(value[1:5], "big")
         body = io.BytesIO(value[5:])
@@ -94,6 +97,7 @@ def _read_all(settings: Settings, topic: str) -> list[bytes]:
 
 async def test_roles_write_the_confluent_format_and_answer_a_post(
         registry_stack: Stack, schema_registry_url: str) -> None:
+    """With a registry, a post is answered and every topic holds Confluent-framed records others can read."""
     stack = registry_stack
     assert stack.server.app[CODEC].registry is not None
     thread_id = await stack.create_thread()

@@ -164,6 +164,7 @@ HISTORY_FILES = sorted((SCHEMA_DIR / "history").glob("*.avsc"))
 
 
 def test_every_schema_file_is_checked() -> None:
+    """Every schema file is either checked for compatibility or a kept old version."""
     assert set(SCHEMA_FILES) | set(HISTORY_FILES) == set(SCHEMA_DIR.rglob("*.avsc"))
 
 
@@ -185,6 +186,7 @@ def test_a_retired_schema_is_frozen_under_its_fingerprint(path: Path) -> None:
 def test_schema_is_fully_compatible_with_its_previous_version(
     path: Path, tmp_path: Path
 ) -> None:
+    """Each schema is fully compatible (both ways) with its last committed version."""
     if not (REPO / ".git").exists():
         pytest.skip("not a git checkout: no history to compare with")
     commit = _previous_commit(REPO, path)
@@ -212,6 +214,7 @@ ENVELOPE = "threadline.CommandEnvelope.avsc"
 
 
 def test_the_check_passes_an_optional_field_with_a_default(tmp_path: Path) -> None:
+    """The check passes a new optional field with a null default."""
     new = _changed(tmp_path, "threadline.CreateThread", lambda s: s["fields"].append(
         {"name": "compat_probe", "type": ["null", "string"], "default": None}
     ))
@@ -219,6 +222,7 @@ def test_the_check_passes_an_optional_field_with_a_default(tmp_path: Path) -> No
 
 
 def test_the_check_fails_a_new_required_field(tmp_path: Path) -> None:
+    """The check fails a new field without a default."""
     new = _changed(tmp_path, "threadline.CreateThread", lambda s: s["fields"].append(
         {"name": "compat_probe", "type": "string"}  # no default: old records cannot be read
     ))
@@ -227,6 +231,7 @@ def test_the_check_fails_a_new_required_field(tmp_path: Path) -> None:
 
 
 def test_the_check_fails_a_connector_schema_that_gains_a_required_field(tmp_path: Path) -> None:
+    """The check covers the connector schemas too: a new required field fails."""
     connectors = SCHEMA_DIR / "connectors"
     new = _changed(tmp_path, "threadline.OutboxEntry", lambda s: s["fields"].append(
         {"name": "compat_probe", "type": "string"}), source=connectors)
@@ -237,6 +242,7 @@ def test_the_check_fails_a_connector_schema_that_gains_a_required_field(tmp_path
 
 
 def test_the_check_fails_a_new_enum_symbol_old_readers_do_not_know(tmp_path: Path) -> None:
+    """A new enum symbol reads old data fine but fails old readers of new data."""
     new = _changed(tmp_path, "threadline.RejectReason", lambda s: s["symbols"].append(
         "rate_limited"
     ))

@@ -43,6 +43,7 @@ def _text(outputs: Sequence[AgentOutput]) -> str:
 
 
 async def test_builtin_echoes_then_streams_deterministic_words() -> None:
+    """The builtin agent echoes the message, then words derived from it, alike each time, one per chunk."""
     agent = BuiltinAgent(tokens_per_s=0, words=7)
     first = await _collect(agent.run((), "hello there"))
     second = await _collect(agent.run((), "hello there"))
@@ -56,6 +57,7 @@ async def test_builtin_echoes_then_streams_deterministic_words() -> None:
 
 
 async def test_builtin_paces_tokens_at_the_configured_rate() -> None:
+    """The builtin agent waits between tokens at its rate, and at the slow rate for [slow] messages."""
     start = time.monotonic()
     await _collect(BuiltinAgent(tokens_per_s=100, words=6).run((), "pace"))  # 9 tokens
     assert time.monotonic() - start >= 0.08
@@ -65,6 +67,7 @@ async def test_builtin_paces_tokens_at_the_configured_rate() -> None:
 
 
 async def test_builtin_steps_and_citations_follow_the_text() -> None:
+    """With steps on, the text is followed by a search call, its result and one citation."""
     outputs = await _collect(BuiltinAgent(tokens_per_s=0, words=3, steps=True).run((), "q"))
     kinds = [type(o).__name__ for o in outputs]
     assert kinds == ["TextChunk"] * 6 + ["AgentStep", "AgentStep", "AgentCitations"]
@@ -78,6 +81,7 @@ async def test_builtin_steps_and_citations_follow_the_text() -> None:
 @pytest.mark.parametrize(("text", "retryable"), [("please [fail]", True),
                                                  ("please [fail-fatal]", False)])
 async def test_builtin_failure_switches_fail_after_a_few_tokens(text: str, retryable: bool) -> None:
+    """[fail] and [fail-fatal] raise a retryable and a fatal error after three tokens."""
     seen: list[AgentOutput] = []
     with pytest.raises(AgentError) as failure:
         async for output in BuiltinAgent(tokens_per_s=0).run((), text):
@@ -87,6 +91,7 @@ async def test_builtin_failure_switches_fail_after_a_few_tokens(text: str, retry
 
 
 async def test_builtin_hang_never_finishes() -> None:
+    """[hang] yields three tokens and then never ends."""
     seen: list[AgentOutput] = []
 
     async def consume() -> None:
@@ -99,6 +104,7 @@ async def test_builtin_hang_never_finishes() -> None:
 
 
 def test_builtin_crash_exits_the_process_with_137_after_a_few_tokens() -> None:
+    """[crash] kills the whole process with status 137 after three tokens."""
     script = ("import asyncio\n"
               "from streams.agents.builtin import BuiltinAgent\n"
               "async def main():\n"
@@ -112,6 +118,7 @@ def test_builtin_crash_exits_the_process_with_137_after_a_few_tokens() -> None:
 
 
 def test_create_agent_picks_by_settings() -> None:
+    """THREADLINE_AGENT picks the builtin or OpenAI agent with its settings; other names are refused."""
     builtin = create_agent(Settings.from_env({"THREADLINE_AGENT": "builtin",
                                               "THREADLINE_AGENT_TOKENS_PER_S": "7",
                                               "THREADLINE_AGENT_STEPS": "1"}))
@@ -156,6 +163,7 @@ async def _sse(request: web.Request, frames: Sequence[bytes]) -> web.StreamRespo
 
 @pytest.fixture
 async def fake_openai() -> AsyncIterator[FakeOpenAI]:
+    """A local server that answers chat completions with a scripted event stream."""
     async def default(request: web.Request) -> web.StreamResponse:
         return await _sse(request, [_chunk("Hel"), _chunk("lo"), _chunk(None, "stop"),
                                     b"data: [DONE]\n\n"])
@@ -179,6 +187,7 @@ async def fake_openai() -> AsyncIterator[FakeOpenAI]:
 
 
 async def test_openai_streams_text_and_sends_history(fake_openai: FakeOpenAI) -> None:
+    """The OpenAI agent sends key, model, system prompt and history, and yields the streamed text."""
     agent = OpenAIAgent(fake_openai.url, api_key="sk-test", model="tiny", system_prompt="be brief")
     history = (HistoryMessage("m1", "user", "earlier"), HistoryMessage("a1", "assistant", "reply"))
     try:
@@ -195,6 +204,7 @@ async def test_openai_streams_text_and_sends_history(fake_openai: FakeOpenAI) ->
 
 
 async def test_openai_parses_events_split_across_writes(fake_openai: FakeOpenAI) -> None:
+    """Server-sent events cut at any byte, with comments and CRLF, still parse into the text."""
     whole = (b": keep-alive\n\n" + _chunk("a b") + b"event: x\r\n" + _chunk("c")
              + b"data: [DONE]\n\n")
 
@@ -214,6 +224,7 @@ async def test_openai_parses_events_split_across_writes(fake_openai: FakeOpenAI)
 async def test_openai_maps_http_errors(
     fake_openai: FakeOpenAI, status: int, retryable: bool
 ) -> None:
+    """429 and 5xx answers are retryable errors; other 4xx are not."""
     async def refuse(request: web.Request) -> web.StreamResponse:
         return web.json_response({"error": {"message": "no"}}, status=status)
 
@@ -229,6 +240,7 @@ async def test_openai_maps_http_errors(
 
 
 async def test_openai_stream_cut_short_or_erroring_is_retryable(fake_openai: FakeOpenAI) -> None:
+    """A stream that stops before its end, or carries an error, fails retryably."""
     async def cut(request: web.Request) -> web.StreamResponse:
         return await _sse(request, [_chunk("partial")])  # neither finish_reason nor [DONE]
 
@@ -247,6 +259,7 @@ async def test_openai_stream_cut_short_or_erroring_is_retryable(fake_openai: Fak
 
 
 async def test_openai_connection_refused_is_retryable() -> None:
+    """An API that cannot be reached fails retryably."""
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

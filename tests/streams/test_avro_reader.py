@@ -55,6 +55,7 @@ def _encode(schema: Any, record: Any) -> bytes:
 @pytest.mark.parametrize(("name", "schema", "named"), SCHEMAS, ids=[s[0] for s in SCHEMAS])
 def test_generated_records_read_as_fastavro_reads_them(name: str, schema: Any,
                                                        named: dict[str, Any]) -> None:
+    """Our compiled readers read random records of every schema exactly as fastavro does, at any offset."""
     random.seed(name)
     reader = compile_reader(schema, named)
     for record in generate_many(schema, 200):
@@ -66,6 +67,7 @@ def test_generated_records_read_as_fastavro_reads_them(name: str, schema: Any,
 
 @pytest.mark.parametrize(("name", "schema", "named"), SCHEMAS, ids=[s[0] for s in SCHEMAS])
 def test_every_truncation_is_refused(name: str, schema: Any, named: dict[str, Any]) -> None:
+    """Every cut-short encoding of every schema's records is refused as malformed."""
     random.seed(name)
     reader = compile_reader(schema, named)
     for record in generate_many(schema, 20):
@@ -85,6 +87,7 @@ SCHEMA_NAMES = [s[0] for s in SCHEMAS]
        byte=st.integers(0, 255))
 def test_a_corrupted_byte_is_refused_or_read_as_fastavro_reads_it(name: str, seed: int, at: int,
                                                                    byte: int) -> None:
+    """A record with one byte changed is either refused or read just as fastavro reads it."""
     _name, schema, named = SCHEMAS[SCHEMA_NAMES.index(name)]
     random.seed(seed)
     encoded = bytearray(_encode(schema, next(iter(generate_many(schema, 1)))))
@@ -105,6 +108,7 @@ _FLAG_AND_COUNT = parse_schema({"type": "record", "name": "t.FlagAndCount", "fie
 @example(byte=255)
 @given(st.integers(0, 255))
 def test_a_boolean_byte_is_0_or_1_or_refused(byte: int) -> None:
+    """A boolean byte other than 0 or 1 is refused, where fastavro reads it as true."""
     data = bytes([byte, 0])
     reader = compile_reader(_FLAG_AND_COUNT)
     if byte in (0, 1):
@@ -120,6 +124,7 @@ def test_a_boolean_byte_is_0_or_1_or_refused(byte: int) -> None:
 @example(value=-(2**31))
 @given(st.integers(-(2**63), 2**63 - 1))
 def test_an_int_beyond_32_bits_is_refused(value: int) -> None:
+    """An Avro int outside 32 bits is refused, in a field, a union or an array."""
     data = b"\x00" + _encode("long", value)
     reader = compile_reader(_FLAG_AND_COUNT)
     if -(2**31) <= value < 2**31:
@@ -139,6 +144,7 @@ def test_an_int_beyond_32_bits_is_refused(value: int) -> None:
 
 
 def test_refuses_what_fastavro_would_silently_misread() -> None:
+    """Bad enum or union indexes, negative lengths and overlong varints are refused."""
     schema = parse_schema({"type": "record", "name": "t.R", "fields": [
         {"name": "kind", "type": {"type": "enum", "name": "t.K", "symbols": ["a", "b"]}},
         {"name": "maybe", "type": ["null", "string"]},

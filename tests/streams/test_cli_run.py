@@ -29,16 +29,19 @@ DEV = {"Authorization": "Bearer dev"}
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "::1", "[::1]", "localhost", "LOCALHOST."])
 def test_loopback_hosts(host: str) -> None:
+    """Loopback addresses and localhost, in any spelling, count as loopback."""
     assert is_loopback_host(host)
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "10.0.0.5", "example.com", "localhost.example",
                                   "128.0.0.1"])
 def test_hosts_reachable_from_elsewhere(host: str) -> None:
+    """Wildcard, private, public and look-alike hosts do not count as loopback."""
     assert not is_loopback_host(host)
 
 
 def test_the_dev_key_is_refused_off_loopback_unless_keys_are_set() -> None:
+    """The dev API key is refused on a non-loopback host unless API keys are set."""
     def refusal(**env: str) -> str | None:
         return dev_keys_refusal(Settings.from_env({"THREADLINE_API_KEYS": "", **env}))
 
@@ -57,6 +60,7 @@ def _threadline_run(env: dict[str, str], log: Path, cwd: Path) -> subprocess.Pop
 
 
 def test_run_refuses_the_dev_key_on_a_public_host(tmp_path: Path) -> None:
+    """`threadline run` on 0.0.0.0 without API keys exits with status 2 before touching Kafka."""
     log = tmp_path / "run.log"
     # An unreachable broker: the refusal comes before any Kafka work.
     proc = _threadline_run({"THREADLINE_HTTP_HOST": "0.0.0.0", "THREADLINE_API_KEYS": "",
@@ -92,6 +96,7 @@ def _children(pid: int) -> dict[str, int]:
 
 @pytest.fixture
 def stack(test_env: dict[str, str], tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
+    """A whole `threadline run` stack on a free port, stopped with SIGTERM afterwards."""
     port = free_port()
     env = {**test_env, "THREADLINE_HTTP_HOST": "127.0.0.1", "THREADLINE_HTTP_PORT": str(port),
            "THREADLINE_API_KEYS": "", "THREADLINE_AGENT_TOKENS_PER_S": "0",
@@ -133,6 +138,7 @@ def _answered(base: str, text: str) -> None:
 @pytest.mark.chaos
 def test_run_restarts_a_killed_processor_and_gateway_and_keeps_serving(
         stack: tuple[subprocess.Popen[bytes], str, Path]) -> None:
+    """After SIGKILL of the processor and the gateway, `threadline run` restarts both and still answers."""
     proc, base, log = stack
     _healthy(base)
     _answered(base, "before the kills")

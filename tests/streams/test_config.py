@@ -18,11 +18,13 @@ CODE = [p for folder in ("streams", "gateway", "chaos", "bench") for p in (REPO 
 
 @pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(Settings)])
 def test_every_setting_is_read_by_the_code(name: str) -> None:
+    """Every Settings field is used somewhere in the code."""
     used = re.compile(rf"\.{name}\b")
     assert any(used.search(p.read_text()) for p in CODE), f"Settings.{name} is read and never used"
 
 
 def test_every_variable_read_is_documented() -> None:
+    """Every THREADLINE_* or KAFKA_* variable the settings read is in the README."""
     source = (REPO / "streams" / "config.py").read_text()
     readme = (REPO / "README.md").read_text()
     variables = set(re.findall(r'"((?:THREADLINE|KAFKA)_[A-Z_]+)"', source))

@@ -21,6 +21,7 @@ def _settings(data_dir: Path, **env: str) -> Settings:
 
 
 def test_the_first_start_stores_an_id_and_every_later_start_reads_it_back(tmp_path: Path) -> None:
+    """The first start writes an instance id file; later starts read the same id back."""
     folder = tmp_path / "var"  # not created yet: the first start makes it
     first = stored_instance_id(folder)
     assert (folder / ID_FILE).read_text().strip() == first
@@ -39,6 +40,7 @@ def test_two_replicas_with_the_same_data_path_get_different_ids(tmp_path: Path) 
 
 
 def test_the_override_wins_and_nothing_is_written(tmp_path: Path) -> None:
+    """THREADLINE_INSTANCE_ID is used as is, and no id file is written."""
     settings = _settings(tmp_path / "var", THREADLINE_INSTANCE_ID="proc-7")
     assert processor_id(settings) == "proc-7"
     assert connector_id(settings) == "proc-7"
@@ -46,6 +48,7 @@ def test_the_override_wins_and_nothing_is_written(tmp_path: Path) -> None:
 
 
 def test_the_connector_in_the_same_folder_keeps_apart_by_its_prefix(tmp_path: Path) -> None:
+    """The connector's id is the processor's id with a "c" prefix."""
     settings = _settings(tmp_path / "var")
     assert connector_id(settings) == "c" + processor_id(settings)
     assert instance_id(settings, prefix="c") == connector_id(settings)
@@ -53,12 +56,14 @@ def test_the_connector_in_the_same_folder_keeps_apart_by_its_prefix(tmp_path: Pa
 
 @pytest.mark.parametrize("content", ["", "two words\n", "x" * 300, "évian"])
 def test_an_unusable_id_file_is_refused_with_its_path(tmp_path: Path, content: str) -> None:
+    """An empty, spaced, overlong or non-ASCII id file is refused, naming the file."""
     (tmp_path / ID_FILE).write_text(content)
     with pytest.raises(InstanceIdError, match=ID_FILE):
         stored_instance_id(tmp_path)
 
 
 def test_an_id_written_by_an_operator_is_used_as_is(tmp_path: Path) -> None:
+    """An id file written by hand is used as it is."""
     (tmp_path / ID_FILE).write_text("eu-west-processor-3\n")
     assert processor_id(_settings(tmp_path)) == "eu-west-processor-3"
 
@@ -68,6 +73,7 @@ def _start(folder: str, out: multiprocessing.Queue[str]) -> None:
 
 
 def test_starts_racing_on_one_empty_folder_agree_on_one_id(tmp_path: Path) -> None:
+    """Six processes starting at once on an empty folder all get the same stored id."""
     context = multiprocessing.get_context("spawn")
     out: multiprocessing.Queue[str] = context.Queue()
     procs = [context.Process(target=_start, args=(str(tmp_path / "var"), out)) for _ in range(6)]

@@ -40,6 +40,7 @@ USERS = {"operator": "operator-secret", "worker": "worker-secret"}
 
 @pytest.fixture(scope="module")
 def sasl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
+    """A broker that requires SCRAM-SHA-512 logins, for this module."""
     broker = EmbeddedKafka(tmp_path_factory.mktemp("sasl-broker"), port=0, scram_users=USERS)
     broker.start()
     try:
@@ -61,6 +62,7 @@ def _env(broker: EmbeddedKafka, folder: Path, user: str, password: str) -> dict[
 
 
 def test_the_settings_become_both_client_libraries_configurations(tmp_path: Path) -> None:
+    """SASL settings become both librdkafka and aiokafka configurations; without a user, neither has them."""
     settings = Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": "h:1", "THREADLINE_KAFKA_SASL_USERNAME": "u",
                                   "THREADLINE_KAFKA_SASL_PASSWORD": "p"})
     assert librdkafka_config(settings, **{"group.id": "g"}) == {
@@ -78,12 +80,14 @@ def test_the_settings_become_both_client_libraries_configurations(tmp_path: Path
 
 
 def test_an_unauthenticated_client_is_refused(sasl_broker: EmbeddedKafka) -> None:
+    """A client without credentials cannot list topics on the SASL broker."""
     admin = AdminClient({"bootstrap.servers": sasl_broker.bootstrap, "log_level": 0})
     with pytest.raises(KafkaException):
         admin.list_topics(timeout=5)
 
 
 def test_a_wrong_password_is_refused_as_an_authentication_failure(sasl_broker: EmbeddedKafka) -> None:
+    """A wrong password is reported as an authentication failure."""
     errors: list[KafkaError] = []
     producer = Producer({"bootstrap.servers": sasl_broker.bootstrap, "log_level": 0,
                          "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
@@ -100,6 +104,7 @@ def test_a_wrong_password_is_refused_as_an_authentication_failure(sasl_broker: E
 
 
 def test_roles_with_credentials_work(sasl_broker: EmbeddedKafka, tmp_path: Path) -> None:
+    """The worker and the processor work against the SASL broker with their credentials."""
     operator = _env(sasl_broker, tmp_path, "operator", USERS["operator"])
     settings = Settings.from_env(operator)
     specs = ensure_topics(settings)  # librdkafka: admin and probe consumer
@@ -129,6 +134,7 @@ PRINCIPALS = ("operator", "gateway", "processor", "worker", "connector", "analyt
 
 @pytest.fixture(scope="module")
 def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
+    """A SASL broker with ACLs enforced and only the operator as super user, for this module."""
     broker = EmbeddedKafka(tmp_path_factory.mktemp("acl-broker"), port=0,
                            scram_users={p: f"{p}-secret" for p in PRINCIPALS}, super_users=("operator",))
     broker.start()
@@ -204,6 +210,7 @@ def _produce_error(settings: Settings, user: str, topic: str) -> KafkaError | No
 
 def test_the_documented_acls_let_each_role_do_its_work_and_no_more(
         acl_broker: EmbeddedKafka, tmp_path: Path) -> None:
+    """The ACLs in the docs let each role write and read what it needs, and refuse the rest."""
     operator = _env(acl_broker, tmp_path, "operator", "operator-secret")
     settings = Settings.from_env(operator)
     ensure_topics(settings)  # the operator creates the topics

@@ -60,12 +60,14 @@ def _now() -> int:
 
 @pytest.fixture
 def env(test_env: dict[str, str]) -> dict[str, str]:
+    """The test environment with a small cap on idempotency keys kept."""
     test_env["THREADLINE_MAX_IDEMPOTENCY_KEYS"] = str(MAX_KEYS)
     return test_env
 
 
 @pytest.fixture
 def processor(env: dict[str, str], tmp_path: Path) -> Iterator[RoleProcess]:
+    """A processor role process on the test topics."""
     ensure_topics(Settings.from_env(env))
     proc = RoleProcess("processor", env, tmp_path / "processor.log").start()
     yield proc
@@ -136,6 +138,7 @@ def _states(settings: Settings, thread: str, until_count: int) -> list[ThreadSta
 def test_two_thousand_turns_keep_the_state_bounded_and_the_history_whole(
     env: dict[str, str], processor: RoleProcess
 ) -> None:
+    """After 2,000 turns the state stays small, every message is stored, and old ids are still duplicates."""
     settings = Settings.from_env(env)
     producer = command_producer(settings)
     thread, short = f"long-{uuid.uuid4()}", f"short-{uuid.uuid4()}"
@@ -186,6 +189,7 @@ def test_two_thousand_turns_keep_the_state_bounded_and_the_history_whole(
 def test_thirty_kilobyte_messages_past_five_megabytes_of_history(
     env: dict[str, str], processor: RoleProcess
 ) -> None:
+    """A thread of 30 KB messages grows past 5 MB of history with every message stored whole."""
     settings = Settings.from_env(env)
     producer = command_producer(settings)
     thread = f"big-{uuid.uuid4()}"
@@ -210,6 +214,7 @@ def test_thirty_kilobyte_messages_past_five_megabytes_of_history(
 def test_an_answer_that_cannot_fit_is_dead_lettered_and_the_thread_goes_on(
     env: dict[str, str], processor: RoleProcess
 ) -> None:
+    """An answer too large to store is dead-lettered, and the thread and others go on."""
     settings = Settings.from_env(env)
     producer = command_producer(settings)
     thread, other = f"huge-{uuid.uuid4()}", f"other-{uuid.uuid4()}"

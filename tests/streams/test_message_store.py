@@ -27,6 +27,7 @@ def _record(seq: int, text: str, role: str = "user") -> tuple[MessageRecord, byt
 
 
 def test_context_reads_the_newest_messages_as_stored(tmp_path: Path) -> None:
+    """The store reads a thread's newest messages back as written, maps posts to runs, and erases."""
     store = MessageStore(PartitionStore(tmp_path / "db"), CODEC)
     texts = ["hi", "héllo ✈️", "a\x00b", "", "last"]  # (Avro itself refuses lone surrogates)
     for seq, text in enumerate(texts):
@@ -45,6 +46,7 @@ def test_context_reads_the_newest_messages_as_stored(tmp_path: Path) -> None:
 
 
 def test_rows_without_context_fall_back_to_the_record(tmp_path: Path) -> None:
+    """A message stored without its context row is read from its full record."""
     db = PartitionStore(tmp_path / "db")
     store = MessageStore(db, CODEC)
     record, raw = _record(0, "stored before context rows")
@@ -59,6 +61,7 @@ def test_rows_without_context_fall_back_to_the_record(tmp_path: Path) -> None:
 @hypothesis.given(texts=st.lists(st.text(st.characters(exclude_categories=("Cs",))),
                                  min_size=1, max_size=8))
 def test_a_restore_from_the_changelog_gives_the_same_context(texts: list[str]) -> None:
+    """A store restored from the changelog, tombstones too, reads the same context as the written one."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as folder:

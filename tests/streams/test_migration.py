@@ -49,6 +49,7 @@ TURNS = 2  # each old thread: two answered turns, so four messages
 
 
 def test_migrated_splits_the_history_and_bounds_the_state() -> None:
+    """Migration turns an old state's embedded history into message records and a bounded state."""
     messages = (
         StoredMessage("m1", "user", "Hi", "r1", 2),
         StoredMessage("a1", "assistant", "Hello", "r1", 3),
@@ -105,6 +106,7 @@ def _committed_keys(settings: Settings) -> Counter[bytes]:
 def test_a_processor_killed_mid_migration_leaves_each_message_stored_once(
     test_env: dict[str, str], tmp_path: Path
 ) -> None:
+    """A processor killed during migration and restarted stores each old message exactly once."""
     env = {**test_env, "THREADLINE_MIGRATION_BATCH": "20"}
     settings = Settings.from_env(env)
     ensure_topics(settings)

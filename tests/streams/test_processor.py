@@ -68,6 +68,7 @@ def _count(kind: type, records: list[object]) -> int:
 
 @pytest.fixture
 def processor(test_env: dict[str, str], tmp_path: Path) -> RoleProcess:
+    """A processor role process on the test topics."""
     settings = Settings.from_env(test_env)
     ensure_topics(settings)
     proc = RoleProcess("processor", test_env, tmp_path / "processor.log").start()
@@ -78,6 +79,7 @@ def processor(test_env: dict[str, str], tmp_path: Path) -> RoleProcess:
 def test_a_run_goes_from_post_to_completion_through_kafka_alone(
     settings: Settings, processor: RoleProcess
 ) -> None:
+    """A post, its dispatch and the worker's reports, through Kafka alone, complete the run."""
     producer = command_producer(settings)
     thread, msg = f"th-{uuid.uuid4()}", f"m-{uuid.uuid4()}"
     run = run_id_for(thread, msg)
@@ -118,6 +120,7 @@ def test_a_run_goes_from_post_to_completion_through_kafka_alone(
 def test_concurrent_posts_to_one_thread_accept_exactly_one(
     settings: Settings, processor: RoleProcess
 ) -> None:
+    """Of 20 posts at once to one thread one is accepted, 19 conflict and a resend is a duplicate."""
     producer = command_producer(settings)
     thread = f"th-{uuid.uuid4()}"
     send_command(producer, settings, CreateThread(thread, "t", "race", _now()))
@@ -134,6 +137,7 @@ def test_concurrent_posts_to_one_thread_accept_exactly_one(
 def test_a_silent_attempt_is_retried_then_failed(
     make_settings: SettingsFactory, test_env: dict[str, str], tmp_path: Path
 ) -> None:
+    """An attempt with no heartbeat is retried once, then the run fails."""
     settings = make_settings(THREADLINE_HEARTBEAT_TIMEOUT_S="1", THREADLINE_RETRY_INITIAL_S="0.2")
     ensure_topics(settings)
     proc = RoleProcess("processor", test_env, tmp_path / "p.log").start()
@@ -156,6 +160,7 @@ def test_a_silent_attempt_is_retried_then_failed(
 def test_a_malformed_record_goes_to_the_dead_letter_topic_and_processing_goes_on(
     settings: Settings, processor: RoleProcess
 ) -> None:
+    """Garbage and misrouted commands are dead-lettered, and later commands are still processed."""
     raw = Producer({"bootstrap.servers": settings.bootstrap, "partitioner": "murmur2_random"})
     valid = encode_command(CreateThread("th-x", "t", "x", 1), new_meta("th-x", "t", 1))
     garbage = [b"\xc3\x01garbage", b"not avro at all", valid[:-3], b"\xc3\x01" + b"\x00" * 8 + valid[10:]]

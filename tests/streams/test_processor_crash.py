@@ -213,6 +213,7 @@ def _kill_9_and_restart_mid_burst(test_env: dict[str, str], tmp_path: Path, seed
 def test_kill_9_and_restart_mid_burst_loses_and_duplicates_nothing(
     test_env: dict[str, str], tmp_path: Path, seed: int
 ) -> None:
+    """A processor killed with SIGKILL mid-burst and restarted loses and duplicates no decision."""
     assert _kill_9_and_restart_mid_burst(test_env, tmp_path, seed) == []
 
 
@@ -230,6 +231,7 @@ def test_the_audit_catches_at_least_once_processing_under_the_same_kills(
 def test_kill_9_with_a_second_instance_taking_over_loses_and_duplicates_nothing(
     test_env: dict[str, str], tmp_path: Path
 ) -> None:
+    """When one of two processors is killed, the other takes over with no decision lost or doubled."""
     settings = Settings.from_env(test_env)
     ensure_topics(settings)
     env_b = {**test_env, "THREADLINE_DATA_DIR": str(tmp_path / "data-b")}

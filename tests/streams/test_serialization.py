@@ -194,6 +194,7 @@ def _all(union: Any) -> set[type]:
 
 
 def test_examples_cover_every_command_event_and_stream_part() -> None:
+    """The examples include one of every command, event and stream part type."""
     assert {type(c) for c in COMMANDS} == _all(Command)
     assert {type(e) for e in EVENTS} == _all(Event)
     assert {type(p) for p in PARTS} == _all(StreamPart)
@@ -204,22 +205,26 @@ def test_examples_cover_every_command_event_and_stream_part() -> None:
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: type(c).__name__)
 def test_command_round_trip(command: Command) -> None:
+    """Every command encodes and decodes back to itself with its envelope."""
     assert decode_command(encode_command(command, META)) == (META, command)
 
 
 @pytest.mark.parametrize("event", EVENTS, ids=lambda e: type(e).__name__)
 def test_event_round_trip(event: Event) -> None:
+    """Every event encodes and decodes back to itself with its envelope."""
     assert decode_event(encode_event(event, META)) == (META, event)
 
 
 @pytest.mark.parametrize("part", PARTS, ids=lambda p: type(p).__name__)
 def test_stream_round_trip(part: StreamPart) -> None:
+    """Every stream part encodes and decodes back to itself with its envelope."""
     output = StreamOutput("r1", 1, "m-a1", "part-0", 0, part)
     assert decode_stream(encode_stream(output, META)) == (META, output)
 
 
 @pytest.mark.parametrize("state", STATES)
 def test_state_round_trip(state: ThreadState) -> None:
+    """Thread states round-trip, stay read-only, and carry no legacy history."""
     decoded = decode_state(encode_state(state))
     assert decoded == state
     assert isinstance(decoded.idempotency, MappingProxyType)  # stays read-only
@@ -228,6 +233,7 @@ def test_state_round_trip(state: ThreadState) -> None:
 
 @pytest.mark.parametrize("record", MESSAGES, ids=lambda r: str(r.seq))
 def test_message_record_round_trip(record: MessageRecord) -> None:
+    """Message records round-trip with their envelope."""
     assert decode_message(encode_message(record, META)) == (META, record)
 
 
@@ -282,12 +288,14 @@ def test_records_written_with_earlier_schema_versions_still_read() -> None:
 
 
 def test_dispatch_and_dead_letter_round_trip() -> None:
+    """Dispatches and dead letters round-trip."""
     assert decode_dispatch(encode_dispatch(DISPATCH, META)) == (META, DISPATCH)
     for dead_letter in DEAD_LETTERS:
         assert decode_dead_letter(encode_dead_letter(dead_letter)) == dead_letter
 
 
 def test_new_meta_has_defaults_and_a_fresh_uuid() -> None:
+    """new_meta makes a fresh UUID envelope id with schema version 1 and optional trace context."""
     a, b = new_meta(T, "acme", 5), new_meta(T, "acme", 5, traceparent="00-x-y-01")
     assert a.envelope_id != b.envelope_id and len(a.envelope_id) == 36
     assert (a.traceparent, a.tracestate, a.schema_version) == (None, None, 1)
@@ -296,11 +304,13 @@ def test_new_meta_has_defaults_and_a_fresh_uuid() -> None:
 
 
 def test_envelope_and_payload_thread_must_agree() -> None:
+    """A command whose envelope names another thread cannot be encoded."""
     with pytest.raises(ValueError, match="thread_id"):
         encode_command(COMMANDS[0], new_meta("other-thread", "acme", 1))
 
 
 def test_encoding_an_event_as_a_command_is_a_type_error() -> None:
+    """Encoding an event as a command raises TypeError."""
     with pytest.raises(TypeError, match="ThreadCreated is not one of"):
         encode_command(EVENTS[0], META)  # type: ignore[arg-type]
 
@@ -328,6 +338,7 @@ def _strategy(cls: type) -> st.SearchStrategy[Any]:
 @hsettings(max_examples=40)
 @given(data=st.data(), produced_at_ms=_INT64)
 def test_hypothesis_round_trip(cls: type, data: st.DataObject, produced_at_ms: int) -> None:
+    """Random commands and events of every type round-trip."""
     value = data.draw(_strategy(cls))
     meta = EnvelopeMeta("id", value.thread_id, "t", produced_at_ms, None, "s", 7)
     if cls in _all(Command):
@@ -352,12 +363,14 @@ _STATE_STRATEGY = st.builds(
 @hsettings(max_examples=60)
 @given(state=_STATE_STRATEGY)
 def test_hypothesis_state_round_trip(state: ThreadState) -> None:
+    """Random thread states round-trip."""
     assert decode_state(encode_state(state)) == state
 
 
 @hsettings(max_examples=60)
 @given(output=_strategy(StreamOutput), meta=_strategy(EnvelopeMeta))
 def test_hypothesis_stream_round_trip(output: StreamOutput, meta: EnvelopeMeta) -> None:
+    """Random stream outputs round-trip."""
     assert decode_stream(encode_stream(output, meta)) == (meta, output)
 
 
@@ -391,6 +404,7 @@ def _union(name: str) -> list[str]:
 
 
 def test_every_command_and_event_class_has_a_schema_and_vice_versa() -> None:
+    """Each command, event and stream part class has its schema file and envelope branch, and no more."""
     assert {f"threadline.{c.__name__}" for c in _all(Command)} == set(
         _union("threadline.CommandEnvelope")
     )
@@ -405,6 +419,7 @@ def test_every_command_and_event_class_has_a_schema_and_vice_versa() -> None:
 
 
 def test_schema_files_are_flat_named_documented_and_all_used() -> None:
+    """Every schema file is named as its record, documented, valid, and used by a top-level schema."""
     files = {p.stem for p in SCHEMA_DIR.glob("*.avsc")}
     used = set(TOP_LEVEL_SCHEMAS)
     todo = list(TOP_LEVEL_SCHEMAS)
@@ -466,6 +481,7 @@ LEGACY_FIELDS = {"threadline.ThreadState": {"messages", "runs", "run_by_message"
 
 @pytest.mark.parametrize("cls", BOUND, ids=lambda c: c.__name__)
 def test_record_fields_mirror_the_dataclass(cls: type) -> None:
+    """Each schema's fields are its dataclass's fields in order and type, plus defaulted legacy fields."""
     name = f"threadline.{cls.__name__}"
     legacy = LEGACY_FIELDS.get(name, set())
     assert [t for t in _schema_types(name) if t[0] not in legacy] == _field_types(cls)
@@ -475,6 +491,7 @@ def test_record_fields_mirror_the_dataclass(cls: type) -> None:
 
 
 def test_top_level_records_are_envelope_plus_body() -> None:
+    """Each top-level record is the envelope's fields followed by its body's."""
     envelope = _field_types(EnvelopeMeta)
     assert _schema_types("threadline.Dispatch") == envelope + _field_types(Dispatch)
     assert _schema_types("threadline.StreamEnvelope") == envelope + _field_types(StreamOutput)
@@ -485,6 +502,7 @@ def test_top_level_records_are_envelope_plus_body() -> None:
 
 
 def test_optional_fields_default_to_null_and_enum_symbols_are_the_values() -> None:
+    """Optional fields are null-first with a null default; enum symbols are the Python values."""
     for path in SCHEMA_DIR.glob("*.avsc"):
         for f in json.loads(path.read_text()).get("fields", []):
             if isinstance(f["type"], list) and "null" in f["type"]:
@@ -506,6 +524,7 @@ def test_optional_fields_default_to_null_and_enum_symbols_are_the_values() -> No
     ],
 )
 def test_fingerprint_matches_the_spec_vectors_little_endian(schema: Any, expected: int) -> None:
+    """Our schema fingerprints match Apache Avro's published CRC-64 vectors."""
     assert int.from_bytes(schema_fingerprint(schema), "little", signed=True) == expected
 
 
@@ -529,6 +548,7 @@ def _apache_schemas(directory: Path) -> avro.name.Names:
 
 @pytest.fixture(scope="module")
 def apache() -> avro.name.Names:
+    """The schema files as parsed by the Apache Avro library."""
     return _apache_schemas(SCHEMA_DIR)
 
 
@@ -562,6 +582,7 @@ def _apache_read(names: avro.name.Names, name: str, data: bytes) -> Any:
 def test_apache_avro_reads_every_record_with_only_the_schema_files(
     apache: avro.name.Names,
 ) -> None:
+    """Apache Avro, given only the schema files, reads every record we write."""
     meta = _plain(META)
     for command in COMMANDS:
         got = _apache_read(apache, "threadline.CommandEnvelope", encode_command(command, META))
@@ -588,6 +609,7 @@ def test_apache_avro_reads_every_record_with_only_the_schema_files(
 
 
 def test_we_read_what_apache_avro_writes(apache: avro.name.Names) -> None:
+    """We decode the records Apache Avro writes from the schema files."""
     def write(name: str, datum: dict[str, Any]) -> bytes:
         schema = _named(apache, name)
         out = io.BytesIO(b"\xc3\x01" + schema.fingerprint("CRC-64-AVRO"))
@@ -616,6 +638,7 @@ def test_we_read_what_apache_avro_writes(apache: avro.name.Names) -> None:
 def test_schema_registry_maps_header_fingerprints_to_self_contained_schemas(
     apache: avro.name.Names,
 ) -> None:
+    """The fingerprint map holds one self-contained schema per top-level record, under its fingerprint."""
     registry = schema_registry()
     assert len(registry) == len(TOP_LEVEL_SCHEMAS)
     assert encode_command(COMMANDS[0], META)[2:10] in registry
@@ -651,11 +674,13 @@ HEADERS = [b"\xc3\x01" + fp for fp in schema_registry()]  # in TOP_LEVEL_SCHEMAS
     ],
 )
 def test_malformed_bytes_raise_decode_error(data: bytes, message: str) -> None:
+    """Each kind of malformed bytes raises DecodeError with a message naming the fault."""
     with pytest.raises(DecodeError, match=message):
         decode_command(data)
 
 
 def test_every_truncation_of_every_example_raises_decode_error() -> None:
+    """Every cut-short encoding of every command raises DecodeError."""
     for command in COMMANDS:
         data = encode_command(command, META)
         for end in range(len(data)):
@@ -664,6 +689,7 @@ def test_every_truncation_of_every_example_raises_decode_error() -> None:
 
 
 def test_a_payload_for_another_thread_is_malformed() -> None:
+    """A command whose payload names another thread than its envelope is malformed."""
     schema = load_schema(str(SCHEMA_DIR / "threadline.CommandEnvelope.avsc"))
     body = io.BytesIO()
     payload = ("threadline.CheckDeadlines", _plain(CheckDeadlines("another-thread", 1)))
@@ -675,6 +701,7 @@ def test_a_payload_for_another_thread_is_malformed() -> None:
 @hsettings(max_examples=300)
 @given(data=st.binary(max_size=200))
 def test_random_bytes_raise_only_decode_error(data: bytes) -> None:
+    """Random bytes raise DecodeError from every decoder, never another error."""
     for decode in DECODERS:
         with pytest.raises(DecodeError):
             decode(data)
@@ -685,6 +712,7 @@ def test_random_bytes_raise_only_decode_error(data: bytes) -> None:
 def test_random_bodies_behind_a_valid_header_decode_or_raise_decode_error(
     body: bytes, which: int
 ) -> None:
+    """Random bodies behind a valid header decode or raise DecodeError, nothing else."""
     with contextlib.suppress(DecodeError):
         DECODERS[which](HEADERS[which] + body)
 
@@ -697,6 +725,7 @@ def test_random_bodies_behind_a_valid_header_decode_or_raise_decode_error(
 
 @pytest.fixture
 def topics() -> TopicNames:
+    """Topic names under a fresh prefix, so registry subjects do not clash across tests."""
     return TopicNames.with_prefix(f"t{uuid.uuid4().hex[:12]}.")
 
 
@@ -706,6 +735,7 @@ def _registry_client(url: str) -> SchemaRegistryClient:
 
 def test_confluent_round_trip_registers_one_subject_per_topic(
         schema_registry_url: str, topics: TopicNames) -> None:
+    """Everything written in the Confluent format through a registry reads back, one subject per topic."""
     writer = Codec(ConfluentRegistry(schema_registry_url), topics)
     reader = Codec(ConfluentRegistry(schema_registry_url), topics)  # looks each id up
     for command in COMMANDS:
@@ -729,6 +759,7 @@ def test_confluent_round_trip_registers_one_subject_per_topic(
 
 def test_the_registry_serves_our_schema_under_the_records_id(
         schema_registry_url: str, topics: TopicNames) -> None:
+    """The schema id in a record fetches from the registry a schema that reads it."""
     data = Codec(ConfluentRegistry(schema_registry_url), topics).encode_event(EVENTS[0], META)
     registered = _registry_client(schema_registry_url).get_schema(int.from_bytes(data[1:5], "big"))
     assert registered.schema_type in (None, "AVRO")
@@ -738,6 +769,7 @@ def test_the_registry_serves_our_schema_under_the_records_id(
 
 
 def test_roles_registering_at_once_get_one_id(schema_registry_url: str, topics: TopicNames) -> None:
+    """Six codecs registering the same schemas at once all get the same ids."""
     # Processor, worker and gateway start together: Apicurio answers all but one of
     # the racing first registrations of a subject 409 "already exists".
     codecs = [Codec(ConfluentRegistry(schema_registry_url), topics) for _ in range(6)]
@@ -748,6 +780,7 @@ def test_roles_registering_at_once_get_one_id(schema_registry_url: str, topics: 
 
 def test_prepare_looks_up_another_producers_id_before_the_decode(
         schema_registry_url: str, topics: TopicNames) -> None:
+    """prepare() fetches unseen schema ids up front, so the decode needs no registry."""
     # The asyncio roles call `prepare` on each batch: the lookup runs in a thread,
     # and the decode on the loop then needs no registry.
     other = Codec(ConfluentRegistry(schema_registry_url), topics)  # another producer
@@ -762,12 +795,14 @@ def test_prepare_looks_up_another_producers_id_before_the_decode(
 
 
 def test_confluent_codec_still_reads_single_object_records() -> None:
+    """A registry codec reads single-object records without asking the registry."""
     # Nothing listens on port 1: reading single-object records never asks the registry.
     codec = Codec(ConfluentRegistry("http://127.0.0.1:1", timeout_s=1), TOPICS)
     assert codec.decode_command(GOOD) == (META, COMMANDS[6])
 
 
 def test_register_schemas_up_front(schema_registry_url: str, topics: TopicNames) -> None:
+    """After register_schemas the codec writes and reads its own records with no registry."""
     codec = Codec(ConfluentRegistry(schema_registry_url), topics)
     codec.register_schemas()
     codec.registry = None  # everything it writes and reads of its own: no registry needed
@@ -778,6 +813,7 @@ def test_register_schemas_up_front(schema_registry_url: str, topics: TopicNames)
 
 def test_confluent_reader_resolves_an_older_writer_schema(
         schema_registry_url: str, topics: TopicNames) -> None:
+    """A record written with an older envelope schema is read with the new field's default."""
     # A producer whose envelope predates `tracestate`: the reader fills in the default.
     old = json.loads(json.dumps(schema_registry()[GOOD[2:10]]))
     old["fields"] = [f for f in old["fields"] if f["name"] != "tracestate"]
@@ -793,6 +829,7 @@ def test_confluent_reader_resolves_an_older_writer_schema(
 
 
 def test_unknown_confluent_id_is_malformed(schema_registry_url: str) -> None:
+    """A schema id the registry does not know is a DecodeError."""
     codec = Codec(ConfluentRegistry(schema_registry_url), TOPICS)
     with pytest.raises(DecodeError, match="unknown Confluent schema id 9999999"):
         codec.decode_command(b"\x00" + (9999999).to_bytes(4, "big") + GOOD[10:])
@@ -800,12 +837,14 @@ def test_unknown_confluent_id_is_malformed(schema_registry_url: str) -> None:
 
 def test_confluent_id_of_another_topic_is_malformed(
         schema_registry_url: str, topics: TopicNames) -> None:
+    """An event's record decoded as a command is malformed."""
     codec = Codec(ConfluentRegistry(schema_registry_url), topics)
     with pytest.raises(DecodeError, match=r"malformed threadline\.CommandEnvelope"):
         codec.decode_command(codec.encode_event(EVENTS[0], META))
 
 
 def test_unreachable_registry_is_a_registry_error_not_a_decode_error() -> None:
+    """An unreachable registry raises RegistryError, not DecodeError, on read and write."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
     url = f"http://127.0.0.1:{server.server_address[1]}"
     server.server_close()  # nothing listens there any more
@@ -821,6 +860,7 @@ TOPICS = TopicNames.with_prefix("threadline.")
 
 
 def test_codec_from_settings_uses_the_registry_only_when_configured() -> None:
+    """The codec uses a schema registry only when its URL is set."""
     unset = Settings.from_env({"THREADLINE_SCHEMA_REGISTRY_URL": ""})
     assert Codec.from_settings(unset).registry is None
     settings = Settings.from_env({"THREADLINE_SCHEMA_REGISTRY_URL": "http://registry:8081/"})
@@ -829,11 +869,13 @@ def test_codec_from_settings_uses_the_registry_only_when_configured() -> None:
 
 
 def test_confluent_codec_needs_topic_names() -> None:
+    """A registry codec without topic names is refused."""
     with pytest.raises(ValueError, match="topic names"):
         Codec(ConfluentRegistry("http://127.0.0.1:1"))
 
 
 def test_records_module_is_pure_data() -> None:
+    """streams.records holds only dataclasses and unions of them."""
     # Only dataclasses and unions of them: the mapping to Avro is derived, not written.
     for name in records.__all__:
         value = getattr(records, name)

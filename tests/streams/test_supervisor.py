@@ -19,23 +19,27 @@ from tests.kafka_helpers import wait_for
 
 
 def test_the_backoff_doubles_from_half_a_second_to_thirty() -> None:
+    """Restart delays double from 0.5 s and stop at 30 s."""
     backoff = Backoff()
     assert [backoff.delay(n) for n in range(1, 10)] == [0.5, 1, 2, 4, 8, 16, 30, 30, 30]
 
 
 @given(st.integers(min_value=-5, max_value=10**9))
 def test_the_backoff_stays_within_its_bounds_whatever_the_failure_count(failures: int) -> None:
+    """The restart delay stays between its first and its largest value for any failure count."""
     backoff = Backoff()
     assert backoff.initial_s <= backoff.delay(failures) <= backoff.max_s
 
 
 @given(st.integers(min_value=1, max_value=10**6))
 def test_the_backoff_never_decreases_with_more_failures(failures: int) -> None:
+    """More failures in a row never give a shorter delay."""
     backoff = Backoff(initial_s=0.1, factor=3.0, max_s=1e9)
     assert backoff.delay(failures + 1) >= backoff.delay(failures)
 
 
 def test_a_child_that_stayed_up_long_enough_starts_again_from_the_first_delay() -> None:
+    """A child that ran for stable_s before exiting counts as its first failure again."""
     backoff = Backoff(stable_s=60)
     assert backoff.failures_after(5, uptime_s=59.9) == 6
     assert backoff.failures_after(5, uptime_s=60.0) == 1
@@ -47,6 +51,7 @@ def test_a_child_that_stayed_up_long_enough_starts_again_from_the_first_delay() 
     (70, "exited with status 70"), (-200, "killed by signal 200"),
 ])
 def test_an_exit_status_is_described_with_its_signal_name(status: int, words: str) -> None:
+    """Exit statuses are described with the signal's name, or the status number."""
     assert describe_exit(status) == words
 
 
@@ -84,6 +89,7 @@ class _Clock:
 
 def test_an_exited_child_is_restarted_after_a_growing_delay_and_logged(
         caplog: pytest.LogCaptureFixture) -> None:
+    """A child that keeps crashing is restarted after growing delays, each logged."""
     clock = _Clock()
     child = _FakeChild("processor")
     supervisor = Supervisor([child], Backoff(stable_s=60), clock=clock)
@@ -109,6 +115,7 @@ def test_an_exited_child_is_restarted_after_a_growing_delay_and_logged(
 
 
 def test_stop_restarts_nothing_and_stops_the_children_before_the_base() -> None:
+    """stop() ends every child before the broker base, restarting none."""
     events: list[str] = []
     broker = _FakeChild("broker", events=events)
     roles = [_FakeChild(n, events=events) for n in ("processor", "gateway")]
@@ -126,6 +133,7 @@ def test_stop_restarts_nothing_and_stops_the_children_before_the_base() -> None:
 
 
 def test_a_real_process_killed_with_sigkill_is_started_again(caplog: pytest.LogCaptureFixture) -> None:
+    """A real child process killed with SIGKILL is started again with a new pid, and logged."""
     caplog.set_level(logging.WARNING, "threadline.supervisor")
     child = ProcessChild("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"])
     supervisor = Supervisor([child], Backoff(initial_s=0.05), poll_s=0.05)

@@ -111,6 +111,7 @@ def known_for(history: Iterable[Event], command: Command) -> Known:
 
 
 def given(events: Iterable[Event] = (), policy: Policy = POLICY) -> _Spec:
+    """Start a given/when/then spec from these past events."""
     return _Spec(history=tuple(events), policy=policy)
 
 
@@ -136,12 +137,14 @@ def containing(part: str) -> Any:
 
 
 def created(at: int = 0, title: str = "Trip") -> ThreadCreated:
+    """The event of thread T created by tenant acme."""
     return ThreadCreated(thread_id=T, tenant=TENANT, title=title, at_ms=at)
 
 
 def accepted(
     message_id: str = "m-1", text: str = "hello", key: str | None = None, at: int = 1_000
 ) -> list[Event]:
+    """The events of a message accepted on thread T: message, run accepted, attempt 1 dispatched."""
     run_id = run_id_for(T, message_id)
     return [
         MessageAccepted(
@@ -157,6 +160,7 @@ def accepted(
 def dispatched(
     attempt: int, at: int, run_id: str = RUN1, message_id: str = "m-1"
 ) -> AttemptDispatched:
+    """The event of an attempt of the run handed to the workers."""
     return AttemptDispatched(
         thread_id=T, run_id=run_id, message_id=message_id, attempt=attempt, at_ms=at
     )
@@ -165,6 +169,7 @@ def dispatched(
 def retry(
     failed: int, at: int, due: int, reason: str = "failed: boom", run_id: str = RUN1
 ) -> RetryScheduled:
+    """The event of a failed attempt whose next attempt is due at `due`."""
     return RetryScheduled(
         thread_id=T,
         run_id=run_id,
@@ -179,6 +184,7 @@ def retry(
 def rejected(
     reason: RejectReason, existing: str | None, message_id: str = "m-1", at: int = 2_000
 ) -> RunRejected:
+    """The event of a message refused for `reason` (any detail text)."""
     return RunRejected(
         thread_id=T,
         message_id=message_id,
@@ -190,6 +196,7 @@ def rejected(
 
 
 def completed_event(attempt: int = 1, at: int = 5_000, run_id: str = RUN1) -> RunCompleted:
+    """The event of the run completed with the answer, its steps and citations."""
     message = AssistantMessage(
         message_id=answer_message_id_for(run_id), text="answer", steps=STEPS, citations=CITATIONS
     )
@@ -203,6 +210,7 @@ def post(
     now: int = 2_000,
     tenant: str = TENANT,
 ) -> PostUserMessage:
+    """The command that posts a user message to thread T."""
     return PostUserMessage(
         thread_id=T,
         tenant=tenant,
@@ -214,16 +222,19 @@ def post(
 
 
 def started(attempt: int = 1, now: int = 2_000, run_id: str = RUN1) -> ReportAttemptStarted:
+    """The worker report that an attempt started."""
     return ReportAttemptStarted(
         thread_id=T, run_id=run_id, attempt=attempt, worker_id="w-1", now_ms=now
     )
 
 
 def heartbeat(attempt: int = 1, now: int = 3_000, run_id: str = RUN1) -> ReportHeartbeat:
+    """The worker report that an attempt is still alive."""
     return ReportHeartbeat(thread_id=T, run_id=run_id, attempt=attempt, worker_id="w-1", now_ms=now)
 
 
 def complete(attempt: int = 1, now: int = 5_000, run_id: str = RUN1) -> ReportAttemptCompleted:
+    """The worker report that an attempt finished with the answer."""
     return ReportAttemptCompleted(
         thread_id=T,
         run_id=run_id,
@@ -239,6 +250,7 @@ def complete(attempt: int = 1, now: int = 5_000, run_id: str = RUN1) -> ReportAt
 def fail(
     attempt: int = 1, now: int = 5_000, retryable: bool = True, run_id: str = RUN1
 ) -> ReportAttemptFailed:
+    """The worker report that an attempt failed."""
     return ReportAttemptFailed(
         thread_id=T,
         run_id=run_id,
@@ -251,10 +263,12 @@ def fail(
 
 
 def tick(now: int) -> CheckDeadlines:
+    """The clock command that checks thread T's deadlines at `now`."""
     return CheckDeadlines(thread_id=T, now_ms=now)
 
 
 def cancel(run_id: str = RUN1, tenant: str = TENANT, now: int = 4_000) -> CancelRun:
+    """The command that cancels a run of thread T."""
     return CancelRun(thread_id=T, tenant=tenant, run_id=run_id, reason="user", now_ms=now)
 
 
@@ -267,6 +281,7 @@ ATTEMPT_2 = [*IN_RETRY, dispatched(attempt=2, at=7_000)]
 
 
 def test_create_thread_on_a_missing_thread() -> None:
+    """Creating a thread that does not exist records it with its tenant, title and time."""
     state = given([]).when(CreateThread(T, TENANT, "Trip", now_ms=5)).then([created(at=5)])
     assert state == ThreadState(thread_id=T, tenant=TENANT, title="Trip", created_at_ms=5,
                                 updated_at_ms=5)
@@ -274,6 +289,7 @@ def test_create_thread_on_a_missing_thread() -> None:
 
 @pytest.mark.parametrize("tenant", [TENANT, "other"])
 def test_create_thread_again_is_idempotent_whatever_the_title(tenant: str) -> None:
+    """Creating an existing thread again decides nothing, whatever the tenant or title."""
     given([created()]).when(CreateThread(T, tenant, "Another", now_ms=9)).then([])
 
 
@@ -281,6 +297,7 @@ def test_create_thread_again_is_idempotent_whatever_the_title(tenant: str) -> No
 
 
 def test_a_message_is_accepted_and_its_first_attempt_dispatched() -> None:
+    """A posted message is stored as seq 0 and its run starts with attempt 1 dispatched."""
     state = given([created()]).when(post(now=1_000)).then(accepted(at=1_000))
     assert state is not None
     assert (state.message_count, state.run_count) == (1, 1)
@@ -294,6 +311,7 @@ def test_a_message_is_accepted_and_its_first_attempt_dispatched() -> None:
 
 
 def test_an_idempotency_key_is_recorded_with_the_payload_fingerprint() -> None:
+    """A message's idempotency key is kept with its message, run and text fingerprint."""
     state = apply(None, [created(), *accepted(key="k-1")])
     assert state is not None
     assert state.idempotency == {
@@ -305,14 +323,17 @@ def test_an_idempotency_key_is_recorded_with_the_payload_fingerprint() -> None:
 
 
 def test_a_message_to_a_missing_thread_is_rejected() -> None:
+    """Posting to a thread that does not exist is rejected as unknown_thread."""
     given([]).when(post()).then([rejected(RejectReason.UNKNOWN_THREAD, None)])
 
 
 def test_a_message_from_another_tenant_is_rejected_as_unknown_thread() -> None:
+    """Another tenant cannot post to the thread: it is told the thread is unknown."""
     given([created()]).when(post(tenant="evil")).then([rejected(RejectReason.UNKNOWN_THREAD, None)])
 
 
 def test_a_message_routed_to_the_wrong_thread_is_rejected_as_unknown_thread() -> None:
+    """A command that names another thread than the state's is rejected as unknown_thread."""
     misrouted = replace(post(), thread_id="t-2")
     expected = replace(rejected(RejectReason.UNKNOWN_THREAD, None), thread_id="t-2")
     given([created()]).when(misrouted).then([expected])
@@ -320,11 +341,13 @@ def test_a_message_routed_to_the_wrong_thread_is_rejected_as_unknown_thread() ->
 
 @pytest.mark.parametrize("text", ["", "   ", "\n\t \u2003"])
 def test_an_empty_message_is_invalid(text: str) -> None:
+    """A message of only whitespace is rejected as invalid."""
     expected = replace(rejected(RejectReason.INVALID, None), detail=containing("empty"))
     given([created()]).when(post(text=text)).then([expected])
 
 
 def test_a_message_over_the_limit_is_invalid_and_one_at_the_limit_is_accepted() -> None:
+    """max_input_chars is inclusive: one character more is invalid."""
     policy = Policy(max_input_chars=10)
     expected = replace(rejected(RejectReason.INVALID, None), detail=containing("limit is 10"))
     given([created()], policy).when(post(text="x" * 11)).then([expected])
@@ -334,6 +357,7 @@ def test_a_message_over_the_limit_is_invalid_and_one_at_the_limit_is_accepted() 
 
 
 def test_a_repeated_idempotency_key_with_the_same_payload_is_a_duplicate() -> None:
+    """Reusing a key with the same text is a duplicate that names the original run."""
     history = [created(), *accepted(key="k-1"), completed_event()]
     given(history).when(post(message_id="m-9", key="k-1", now=9_000)).then(
         [rejected(RejectReason.DUPLICATE, RUN1, message_id="m-9", at=9_000)]
@@ -341,6 +365,7 @@ def test_a_repeated_idempotency_key_with_the_same_payload_is_a_duplicate() -> No
 
 
 def test_a_repeated_idempotency_key_with_another_payload_is_a_mismatch() -> None:
+    """Reusing a key with other text is rejected as payload_mismatch."""
     history = [created(), *accepted(key="k-1"), completed_event()]
     given(history).when(post(message_id="m-9", text="bye", key="k-1", now=9_000)).then(
         [rejected(RejectReason.PAYLOAD_MISMATCH, RUN1, message_id="m-9", at=9_000)]
@@ -348,28 +373,33 @@ def test_a_repeated_idempotency_key_with_another_payload_is_a_mismatch() -> None
 
 
 def test_a_repeated_idempotency_key_is_a_duplicate_even_while_its_run_is_active() -> None:
+    """A reused key is a duplicate, not a conflict, while its own run still runs."""
     given([created(), *accepted(key="k-1")]).when(post(message_id="m-9", key="k-1")).then(
         [rejected(RejectReason.DUPLICATE, RUN1, message_id="m-9")]
     )
 
 
 def test_a_repeated_message_id_is_a_duplicate_even_while_its_run_is_active() -> None:
+    """A resent message id is a duplicate, not a conflict, while its run still runs."""
     given(RUNNING).when(post()).then([rejected(RejectReason.DUPLICATE, RUN1)])
 
 
 def test_a_repeated_message_id_after_its_run_ended_is_a_duplicate() -> None:
+    """A resent message id is a duplicate after its run ended, even with other text."""
     given([*RUNNING, completed_event()]).when(post(text="other text")).then(
         [rejected(RejectReason.DUPLICATE, RUN1)]
     )
 
 
 def test_another_message_while_a_run_is_active_is_a_conflict() -> None:
+    """A new message while a run is active is rejected as a conflict naming that run."""
     given(RUNNING).when(post(message_id="m-2", key="k-2")).then(
         [rejected(RejectReason.CONFLICT, RUN1, message_id="m-2")]
     )
 
 
 def test_a_conflict_does_not_burn_the_idempotency_key() -> None:
+    """A message refused for a conflict can be posted again with its key once the run ends."""
     history = [*RUNNING, RunRejected(T, "m-2", RejectReason.CONFLICT, "busy", RUN1, 2_000)]
     given([*history, completed_event()]).when(post(message_id="m-2", key="k-2", now=6_000)).then(
         accepted(message_id="m-2", key="k-2", at=6_000)
@@ -377,6 +407,7 @@ def test_a_conflict_does_not_burn_the_idempotency_key() -> None:
 
 
 def test_a_rejection_changes_nothing() -> None:
+    """Applying a rejection event leaves the state (or its absence) as it was."""
     state = apply(None, RUNNING)
     rejection = RunRejected(T, "m-2", RejectReason.CONFLICT, "busy", RUN1, 2_000)
     assert evolve(state, rejection) == state
@@ -387,6 +418,7 @@ def test_a_rejection_changes_nothing() -> None:
 
 
 def test_attempt_started_moves_dispatched_to_running() -> None:
+    """A worker's started report moves the run to running and counts as a heartbeat."""
     state = (
         given(RUNNING)
         .when(started(now=2_000))
@@ -398,11 +430,13 @@ def test_attempt_started_moves_dispatched_to_running() -> None:
 
 
 def test_attempt_started_again_is_idempotent() -> None:
+    """A second started report for the same attempt decides nothing."""
     history = [*RUNNING, AttemptStarted(T, RUN1, 1, "w-1", 2_000)]
     given(history).when(started(now=2_500)).then([])
 
 
 def test_a_heartbeat_is_recorded_and_a_redelivered_or_older_one_is_not() -> None:
+    """A newer heartbeat is recorded; a repeated or older one decides nothing."""
     state = (
         given(RUNNING)
         .when(heartbeat(now=3_000))
@@ -416,6 +450,7 @@ def test_a_heartbeat_is_recorded_and_a_redelivered_or_older_one_is_not() -> None
 
 
 def test_a_late_stamped_report_never_moves_the_last_heartbeat_back() -> None:
+    """Reports stamped before the last heartbeat never move it back in time."""
     state = given(RUNNING).when(started(now=500)).then([AttemptStarted(T, RUN1, 1, "w-1", 500)])
     assert state is not None and state.active_run is not None
     assert state.active_run.last_heartbeat_ms == 1_000
@@ -425,6 +460,7 @@ def test_a_late_stamped_report_never_moves_the_last_heartbeat_back() -> None:
 
 
 def test_completion_ends_the_run_with_the_assistant_answer() -> None:
+    """A completed report ends the run and stores the answer as the thread's next message."""
     state = (
         given([*RUNNING, AttemptStarted(T, RUN1, 1, "w-1", 2_000)])
         .when(complete(now=5_000))
@@ -438,10 +474,12 @@ def test_completion_ends_the_run_with_the_assistant_answer() -> None:
 
 
 def test_completion_is_accepted_even_if_the_started_report_never_arrived() -> None:
+    """A run completes from dispatched, with no started report seen."""
     given(RUNNING).when(complete()).then([completed_event()])
 
 
 def test_a_retryable_failure_schedules_the_next_attempt_after_the_backoff() -> None:
+    """A retryable failure waits the 2 s backoff before the next attempt."""
     state = given(RUNNING).when(fail(now=5_000)).then([retry(failed=1, at=5_000, due=7_000)])
     assert state is not None and state.active_run is not None
     assert state.active_run.status is RunStatus.RETRY_WAIT
@@ -449,6 +487,7 @@ def test_a_retryable_failure_schedules_the_next_attempt_after_the_backoff() -> N
 
 
 def test_a_retryable_failure_of_the_last_attempt_fails_the_run() -> None:
+    """A failure of the last allowed attempt fails the run and stores no answer."""
     state = (
         given(ATTEMPT_2)
         .when(fail(attempt=2, now=8_000))
@@ -460,18 +499,21 @@ def test_a_retryable_failure_of_the_last_attempt_fails_the_run() -> None:
 
 
 def test_a_non_retryable_failure_fails_the_run_at_once() -> None:
+    """A non-retryable failure fails the run with no further attempt."""
     given(RUNNING).when(fail(retryable=False)).then(
         [RunFailed(thread_id=T, run_id=RUN1, attempt=1, error="boom", at_ms=5_000)]
     )
 
 
 def test_backoff_doubles_from_two_seconds_and_is_capped_at_thirty() -> None:
+    """The backoff is 2, 4, 8, 16 s, then 30 s for every later attempt."""
     assert [POLICY.backoff_ms(n) for n in range(1, 8)] == [
         2_000, 4_000, 8_000, 16_000, 30_000, 30_000, 30_000
     ]  # fmt: skip
 
 
 def test_each_retry_waits_the_backoff_of_the_attempt_that_failed() -> None:
+    """Over seven attempts, each retry is due one backoff (of the failed attempt) later."""
     policy = replace(POLICY, max_attempts=7)
     state = apply(None, RUNNING)
     delays = []
@@ -492,6 +534,7 @@ def test_each_retry_waits_the_backoff_of_the_attempt_that_failed() -> None:
 
 
 def test_backoff_stays_capped_where_the_float_math_overflows() -> None:
+    """At attempt 2,000 the backoff math overflows, yet the retry is still due 30 s later."""
     policy = Policy(max_attempts=5_000)
     with pytest.raises(OverflowError):
         policy.backoff_ms(2_000)
@@ -512,11 +555,13 @@ STALE_REPORTS = [
 
 @pytest.mark.parametrize("report", STALE_REPORTS, ids=lambda report: type(report).__name__)
 def test_reports_of_a_superseded_attempt_are_fenced_off(report: Command) -> None:
+    """Reports from attempt 1 change nothing once attempt 2 runs."""
     given(ATTEMPT_2).when(report).then([])
 
 
 @pytest.mark.parametrize("report", STALE_REPORTS, ids=lambda report: type(report).__name__)
 def test_reports_of_an_attempt_already_given_up_on_are_ignored(report: Command) -> None:
+    """Reports from a failed attempt change nothing while its retry waits."""
     given(IN_RETRY).when(report).then([])
 
 
@@ -533,6 +578,7 @@ def test_reports_of_an_attempt_already_given_up_on_are_ignored(report: Command) 
     ids=repr,
 )
 def test_reports_naming_another_attempt_or_run_are_ignored(report: Command) -> None:
+    """Reports for an attempt or run other than the active one change nothing."""
     given(RUNNING).when(report).then([])
 
 
@@ -540,6 +586,7 @@ def test_reports_naming_another_attempt_or_run_are_ignored(report: Command) -> N
     "report", [started(), heartbeat(), complete(), fail()], ids=lambda report: type(report).__name__
 )
 def test_reports_to_a_missing_thread_are_ignored(report: Command) -> None:
+    """Worker reports to a thread that does not exist decide nothing."""
     given([]).when(report).then([])
 
 
@@ -547,6 +594,7 @@ def test_reports_to_a_missing_thread_are_ignored(report: Command) -> None:
 
 
 def test_a_silent_attempt_times_out_one_millisecond_after_the_heartbeat_timeout() -> None:
+    """An attempt with no heartbeat for 60 s is retried at 60 s + 1 ms, not before."""
     assert next_deadline_ms(apply(None, RUNNING), POLICY) == 61_001
     given(RUNNING).when(tick(61_000)).then([])
     given(RUNNING).when(tick(61_001)).then(
@@ -555,18 +603,21 @@ def test_a_silent_attempt_times_out_one_millisecond_after_the_heartbeat_timeout(
 
 
 def test_a_heartbeat_timeout_of_the_last_attempt_fails_the_run() -> None:
+    """A heartbeat timeout on the last attempt fails the run."""
     given(ATTEMPT_2).when(tick(67_001)).then(
         [RunFailed(thread_id=T, run_id=RUN1, attempt=2, error="heartbeat_timeout", at_ms=67_001)]
     )
 
 
 def test_heartbeats_keep_an_attempt_alive() -> None:
+    """A heartbeat pushes the heartbeat deadline to 60 s after it."""
     history = [*RUNNING, HeartbeatRecorded(T, RUN1, 1, 50_000)]
     assert next_deadline_ms(apply(None, history), POLICY) == 110_001
     given(history).when(tick(61_001)).then([])
 
 
 def test_an_attempt_that_heartbeats_forever_still_times_out() -> None:
+    """An attempt is retried after 300 s in all, however often it heartbeats."""
     history = [*RUNNING, AttemptStarted(T, RUN1, 1, "w-1", 2_000)]
     history += [HeartbeatRecorded(T, RUN1, 1, at) for at in range(50_000, 300_001, 50_000)]
     assert next_deadline_ms(apply(None, history), POLICY) == 301_001
@@ -577,6 +628,7 @@ def test_an_attempt_that_heartbeats_forever_still_times_out() -> None:
 
 
 def test_the_next_attempt_is_dispatched_when_the_retry_is_due() -> None:
+    """The next attempt is dispatched by the first tick at or after the retry's due time."""
     assert next_deadline_ms(apply(None, IN_RETRY), POLICY) == 7_000
     given(IN_RETRY).when(tick(6_999)).then([])
     state = given(IN_RETRY).when(tick(7_000)).then([dispatched(attempt=2, at=7_000)])
@@ -587,6 +639,7 @@ def test_the_next_attempt_is_dispatched_when_the_retry_is_due() -> None:
 
 
 def test_a_retry_due_after_max_attempts_was_lowered_fails_the_run() -> None:
+    """A retry that is due after max_attempts was lowered fails the run instead."""
     given(IN_RETRY, Policy(max_attempts=1)).when(tick(7_000)).then(
         [RunFailed(T, RUN1, 1, "attempts exhausted", 7_000)]
     )
@@ -598,6 +651,7 @@ def test_a_retry_due_after_max_attempts_was_lowered_fails_the_run() -> None:
     ids=["no-thread", "no-run", "ended-run"],
 )
 def test_without_an_active_run_there_is_no_deadline(history: list[Event]) -> None:
+    """Without an active run there is no deadline and a tick decides nothing."""
     assert next_deadline_ms(apply(None, history), POLICY) is None
     given(history).when(tick(10**12)).then([])
 
@@ -609,6 +663,7 @@ def test_without_an_active_run_there_is_no_deadline(history: list[Event]) -> Non
     "history", [RUNNING, IN_RETRY, ATTEMPT_2], ids=["attempt-1", "retry-wait", "attempt-2"]
 )
 def test_the_active_run_can_be_cancelled(history: list[Event]) -> None:
+    """The active run can be cancelled in any attempt or while a retry waits, leaving no deadline."""
     state = (
         given(history)
         .when(cancel(now=9_000))
@@ -633,6 +688,7 @@ def test_the_active_run_can_be_cancelled(history: list[Event]) -> None:
 def test_cancel_of_anything_but_the_active_run_does_nothing(
     history: list[Event], command: CancelRun
 ) -> None:
+    """Cancelling another tenant's, another, an ended or a missing run decides nothing."""
     given(history).when(command).then([])
 
 
@@ -645,6 +701,7 @@ ENDINGS = {
 
 @pytest.mark.parametrize("ending", ENDINGS.values(), ids=ENDINGS.keys())
 def test_after_a_run_ends_the_thread_runs_again(ending: Event) -> None:
+    """Once a run ends, however it ended, the thread accepts the next message."""
     given([*RUNNING, ending]).when(post(message_id="m-2", now=6_000)).then(
         accepted(message_id="m-2", at=6_000)
     )
@@ -655,6 +712,7 @@ def test_after_a_run_ends_the_thread_runs_again(ending: Event) -> None:
     "report", [started(), heartbeat(), complete(), fail()], ids=lambda report: type(report).__name__
 )
 def test_late_reports_for_an_ended_run_change_nothing(ending: Event, report: Command) -> None:
+    """Reports for an ended run change nothing, even once the next run is on attempt 1."""
     given([*RUNNING, ending]).when(report).then([])
     # Nor once the next run is on attempt 1 too: the run id fences them.
     given([*RUNNING, ending, *accepted(message_id="m-2", at=6_000)]).when(report).then([])
@@ -664,6 +722,7 @@ def test_late_reports_for_an_ended_run_change_nothing(ending: Event, report: Com
 
 
 def test_run_ids_are_deterministic_uuid5s_and_distinct() -> None:
+    """Run ids are UUID5s of thread and message, distinct per pair, with no separator clashes."""
     assert run_id_for(T, "m-1") == RUN1
     assert uuid.UUID(RUN1).version == 5
     assert len({RUN1, RUN2, run_id_for("t-2", "m-1")}) == 3
@@ -671,11 +730,13 @@ def test_run_ids_are_deterministic_uuid5s_and_distinct() -> None:
 
 
 def test_payload_fingerprint_is_sha256_hex() -> None:
+    """A message's fingerprint is the SHA-256 hex of its exact text."""
     assert payload_fingerprint("hello") == hashlib.sha256(b"hello").hexdigest()
     assert payload_fingerprint("hello") != payload_fingerprint("hello ")
 
 
 def test_strings_that_are_not_valid_utf8_do_not_break_the_decider() -> None:
+    """Ids, keys and text with lone surrogates are accepted and get distinct run ids."""
     odd = "\ud800 lone surrogate"
     state = (
         given([created()])
@@ -687,6 +748,7 @@ def test_strings_that_are_not_valid_utf8_do_not_break_the_decider() -> None:
 
 
 def test_states_are_never_mutated_in_place() -> None:
+    """Applying events returns new states; old states and their idempotency maps never change."""
     before = apply(None, RUNNING)
     snapshot = repr(before)
     after = apply(before, [AttemptStarted(T, RUN1, 1, "w", 2_000), completed_event()])
@@ -743,11 +805,13 @@ class ThreadMachine(RuleBasedStateMachine):
 
     @initialize(policy=small_policies)
     def start(self, policy: Policy) -> None:
+        """Begin with thread T created under a drawn policy."""
         # The thread exists from the start: commands to missing threads are covered above.
         self.policy = policy
         self.execute(CreateThread(T, TENANT, "title", self.now))
 
     def execute(self, command: Command) -> list[Event]:
+        """Decide and apply one command, checking that nothing was mutated and rejections change nothing."""
         self.healthy = False
         before, snapshot = self.state, repr(self.state)
         events = self.decide_fn(before, command, self.policy, known_for(self.events, command))
@@ -764,6 +828,7 @@ class ThreadMachine(RuleBasedStateMachine):
         return events
 
     def record(self, event: Event) -> None:
+        """Track run lifecycles from one event, asserting at most one open run and one ending each."""
         if isinstance(event, RunAccepted):
             assert event.run_id not in self.terminals, "a run was accepted twice"
             self.open_runs.add(event.run_id)
@@ -796,11 +861,13 @@ class ThreadMachine(RuleBasedStateMachine):
     def post_message(
         self, message_id: str, key: str | None, text: str, tenant: str, dt: int
     ) -> None:
+        """Rule: post a message (sometimes as another tenant, with reused ids and keys)."""
         self.now += dt
         self.execute(PostUserMessage(T, tenant, message_id, text, key, self.now))
 
     @rule(dt=clock_steps)
     def clock_tick(self, dt: int) -> None:
+        """Rule: move the clock on and check deadlines."""
         self.now += dt
         self.execute(tick(self.now))
 
@@ -810,6 +877,7 @@ class ThreadMachine(RuleBasedStateMachine):
         dt=clock_steps,
     )
     def cancel_run(self, which: str, tenant: str, dt: int) -> None:
+        """Rule: cancel the active, the last known or an unknown run."""
         self.now += dt
         self.execute(CancelRun(T, tenant, self.pick_run(which), "user", self.now))
 
@@ -818,6 +886,7 @@ class ThreadMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.state is not None and self.state.active_run is not None)
     @rule(kind=report_kinds, retryable=st.booleans(), dt=clock_steps)
     def worker_report(self, kind: str, retryable: bool, dt: int) -> None:
+        """Rule: a worker reports on the active attempt."""
         assert self.state is not None and self.state.active_run is not None
         active = self.state.active_run
         self.report(kind, active.run_id, active.attempt, retryable, dt)
@@ -832,11 +901,13 @@ class ThreadMachine(RuleBasedStateMachine):
     def stray_report(
         self, kind: str, which: str, attempt_offset: int, retryable: bool, dt: int
     ) -> None:
+        """Rule: a report on a neighbouring attempt of the active, a known or an unknown run."""
         active = self.state.active_run if self.state is not None else None
         attempt = (active.attempt if active is not None else 1) + attempt_offset
         self.report(kind, self.pick_run(which), attempt, retryable, dt)
 
     def report(self, kind: str, run_id: str, attempt: int, retryable: bool, dt: int) -> None:
+        """Send one worker report of this kind, and keep it for redelivery."""
         self.now += dt
         report: Command
         if kind == "started":
@@ -853,10 +924,12 @@ class ThreadMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.reports))
     @rule(data=st.data())
     def redeliver_an_old_report(self, data: st.DataObject) -> None:
+        """Rule: redeliver an earlier report as it was, out of order."""
         report = data.draw(st.sampled_from(self.reports))
         self.execute(report)  # as it was, clock and all: a redelivery arriving out of order
 
     def pick_run(self, which: str) -> str:
+        """A run id: the active run's, the last accepted one's, or one never posted."""
         active = self.state.active_run if self.state is not None else None
         if which == "active" and active is not None:
             return active.run_id
@@ -868,6 +941,7 @@ class ThreadMachine(RuleBasedStateMachine):
 
     @invariant()
     def state_agrees_with_the_event_log(self) -> None:
+        """Invariant: the state's active run, attempts and counters match the events so far."""
         self.healthy = False
         active = self.state.active_run if self.state is not None else None
         assert ({active.run_id} if active is not None else set()) == self.open_runs
@@ -884,6 +958,7 @@ class ThreadMachine(RuleBasedStateMachine):
 
     @invariant()
     def next_deadline_is_exact(self) -> None:
+        """Invariant: a tick just before next_deadline_ms does nothing and one at it does something."""
         self.healthy = False
         deadline = self.deadline_fn(self.state, self.policy)
         if deadline is None:
@@ -896,6 +971,7 @@ class ThreadMachine(RuleBasedStateMachine):
         self.healthy = True
 
     def teardown(self) -> None:
+        """The command log replays to the same events and state, and the clock alone ends every run."""
         if not self.healthy:
             return  # a step already failed; let its error be the one reported
         # Determinism: the command log replays to the same events and state.
@@ -984,6 +1060,7 @@ any_policy = st.builds(
 def test_decide_never_raises_and_replays_identically(
     policy: Policy, commands: list[Command]
 ) -> None:
+    """Any command sequence is decided without raising, twice alike, and only posts create messages."""
     def run() -> tuple[list[list[Event]], ThreadState | None]:
         state, decided = initial_state(), []
         for command in commands:
@@ -1061,6 +1138,7 @@ MUTANTS = {
 
 @pytest.mark.parametrize(("mutant", "message"), MUTANTS.values(), ids=MUTANTS.keys())
 def test_the_invariants_catch_a_broken_decider(mutant: dict[str, Any], message: str) -> None:
+    """Each deliberately broken decider is caught by the state machine's checks."""
     broken = type("BrokenThreadMachine", (ThreadMachine,), mutant)
     quick = settings(
         max_examples=300,

@@ -35,6 +35,7 @@ def _read_all(bootstrap: str, topic: str, isolation: str, expect_at_least: int =
 
 
 def test_topics_are_created_with_the_declared_contract(settings: Settings) -> None:
+    """ensure_topics creates every topic with its partitions and configs, and is idempotent."""
     specs = ensure_topics(settings)
     ensure_topics(settings)  # idempotent
     admin = AdminClient({"bootstrap.servers": settings.bootstrap})
@@ -52,6 +53,7 @@ def test_topics_are_created_with_the_declared_contract(settings: Settings) -> No
 
 
 def test_an_existing_topic_that_disagrees_is_a_clear_error(settings: Settings) -> None:
+    """An existing topic with other partitions is a TopicMismatch error."""
     admin = AdminClient({"bootstrap.servers": settings.bootstrap})
     admin.create_topics([NewTopic(settings.topics.events, 1, 1)])[settings.topics.events].result()
     with pytest.raises(TopicMismatch, match="partitions"):
@@ -61,6 +63,7 @@ def test_an_existing_topic_that_disagrees_is_a_clear_error(settings: Settings) -
 def test_transactional_produce_is_invisible_until_commit_and_gone_after_abort(
     settings: Settings,
 ) -> None:
+    """read_committed consumers see transactional records only once committed, never if aborted."""
     topic = f"{settings.topic_prefix}tx"
     admin = AdminClient({"bootstrap.servers": settings.bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result()

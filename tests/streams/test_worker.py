@@ -82,6 +82,7 @@ def _now() -> int:
 
 
 def test_commit_position_is_the_lowest_running_offset() -> None:
+    """The committed offset never passes a running record, and fetched-again records are not retaken."""
     offsets = PartitionOffsets()
     assert offsets.position() is None
     for o in (5, 6, 7):
@@ -100,6 +101,7 @@ def test_commit_position_is_the_lowest_running_offset() -> None:
 
 
 def test_records_fetched_again_while_an_earlier_one_runs_are_not_taken_twice() -> None:
+    """Records fetched again while an earlier one runs are not taken twice."""
     offsets = PartitionOffsets()
     for o in (1, 2, 3):
         offsets.take(o)
@@ -109,6 +111,7 @@ def test_records_fetched_again_while_an_earlier_one_runs_are_not_taken_twice() -
 
 
 def test_fate_kills_attempts_the_lifecycle_says_are_over() -> None:
+    """An attempt is stopped once a retry, a later dispatch or a cancellation passes it."""
     fate = Fate()
     fate.learn("run_accepted", 0)
     fate.learn("attempt_dispatched", 1)
@@ -126,6 +129,7 @@ def test_fate_kills_attempts_the_lifecycle_says_are_over() -> None:
 
 @dataclass(frozen=True)
 class Rec:
+    """One stream record read back: its partition, offset, envelope and output."""
     partition: int
     offset: int
     meta: EnvelopeMeta
@@ -133,6 +137,7 @@ class Rec:
 
     @property
     def execution(self) -> str:
+        """The execution this output belongs to (the part id's first field)."""
         return self.out.part_id.split(":")[0]
 
 
@@ -210,6 +215,7 @@ class ScriptedAgent:
 
     async def run(self, history: Sequence[HistoryMessage],
                   message: str) -> AsyncIterator[AgentOutput]:
+        """Record the call and yield the script, then hang if asked."""
         self.calls.append((history, message))
         for output in self.script:
             yield output
@@ -217,6 +223,7 @@ class ScriptedAgent:
             await asyncio.Event().wait()
 
     async def aclose(self) -> None:
+        """Nothing to release."""
         return None
 
 
@@ -239,6 +246,7 @@ def _reports(settings: Settings, until: Callable[[list[Any]], bool]) -> list[Any
 
 @pytest.mark.kafka
 async def test_one_attempt_streams_coalesced_parts_and_reports_in_process(settings: Settings) -> None:
+    """An in-process worker streams coalesced text, steps and citations, and reports completion."""
     ensure_topics(settings)
     thread = f"th-{uuid.uuid4()}"
     dispatch = _dispatch(settings, thread, partition=2)
@@ -287,6 +295,7 @@ async def test_one_attempt_streams_coalesced_parts_and_reports_in_process(settin
 async def test_shutdown_reports_running_attempts_failed_retryable_and_commits(
     settings: Settings,
 ) -> None:
+    """On shutdown the worker reports its running attempt failed, retryably, and commits."""
     ensure_topics(settings)
     thread = f"th-{uuid.uuid4()}"
     dispatch = _dispatch(settings, thread, partition=1)
@@ -314,6 +323,7 @@ async def test_shutdown_reports_running_attempts_failed_retryable_and_commits(
 async def test_concurrency_is_bounded_and_unstarted_dispatches_wait_for_the_next_worker(
     settings: Settings,
 ) -> None:
+    """A worker runs at most `concurrency` attempts; the rest wait for the next worker."""
     ensure_topics(settings)
     dispatches = [_dispatch(settings, f"th-{uuid.uuid4()}", partition=3, text=f"q{i}")
                   for i in range(4)]
@@ -371,9 +381,11 @@ class Stack:
 
     @property
     def settings(self) -> Settings:
+        """The settings of this stack's environment."""
         return Settings.from_env(self.env)
 
     def start_worker(self, name: str) -> RoleProcess:
+        """Start a worker role with its own data folder and instance id."""
         env = {**self.env, "THREADLINE_DATA_DIR": str(self.tmp / name),
                "THREADLINE_INSTANCE_ID": name}
         self.workers[name] = RoleProcess("worker", env, self.tmp / f"{name}.log").start()
@@ -389,6 +401,7 @@ class Stack:
         return thread, run_id_for(thread, message)
 
     def logs(self) -> str:
+        """The last log lines of the processor and every worker."""
         procs = {"processor": self.processor, **self.workers}
         return "\n".join(f"--- {name}\n{p.tail(15)}" for name, p in procs.items())
 
@@ -463,6 +476,7 @@ def _kill_env(test_env: dict[str, str], **extra: str) -> dict[str, str]:
 def test_kill_9_mid_stream_reruns_the_attempt_on_the_other_worker(
     test_env: dict[str, str], tmp_path: Path
 ) -> None:
+    """A worker killed mid-stream has its attempt rerun on the other worker, and the run completes."""
     text = "[slow] survive a kill"
     with _stack(_kill_env(test_env), tmp_path, ["w1", "w2"]) as stack:
         settings = stack.settings
@@ -505,6 +519,7 @@ def test_kill_9_mid_stream_reruns_the_attempt_on_the_other_worker(
 def test_a_redelivered_dispatch_of_a_dead_attempt_is_not_run_again(
     test_env: dict[str, str], tmp_path: Path
 ) -> None:
+    """A new worker handed the dispatch of an attempt already given up on does not run it."""
     # The only worker dies; the heartbeat timeout reschedules the run, and attempt 2 is
     # dispatched (after a 4 s backoff) once a new worker owns the partitions. The new
     # worker is handed attempt 1's dispatch again first: it must see that it is dead.
@@ -565,6 +580,7 @@ def _dispatch_positions(settings: Settings) -> list[tuple[int, int]]:
 def test_every_run_completes_exactly_once_when_a_worker_dies_among_them(
     runs: int, test_env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
+    """With a worker killed among many runs, every run completes exactly once."""
     if runs > 12 and "chaos" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("the 50-run version runs with -m chaos (make chaos)")
     extra = {} if runs <= 12 else {  # both recovery paths racing: reschedule and redelivery
@@ -623,6 +639,7 @@ def test_every_run_completes_exactly_once_when_a_worker_dies_among_them(
 
 @pytest.mark.kafka
 def test_a_run_streams_every_part_in_order_and_stores_the_streamed_text(stack: Stack) -> None:
+    """A run streams every part in order from one execution, and the stored answer is the streamed text."""
     settings = stack.settings
     thread, run = stack.post("hello worker")
     records = _read_stream(settings, lambda r: bool(_lifecycle(r, run, "run_completed")))
@@ -658,6 +675,7 @@ def test_a_run_streams_every_part_in_order_and_stores_the_streamed_text(stack: S
 
 @pytest.mark.kafka
 def test_a_hang_is_rescheduled_on_heartbeat_timeout_and_failures_end_the_run(stack: Stack) -> None:
+    """A hung attempt is retried on heartbeat timeout; failures end their runs as they should."""
     settings = stack.settings
     _, hang = stack.post("[hang] please")
     _, fail = stack.post("[fail] please")
@@ -702,6 +720,7 @@ def test_a_hang_is_rescheduled_on_heartbeat_timeout_and_failures_end_the_run(sta
 
 @pytest.mark.kafka
 def test_cancelling_mid_stream_ends_the_run_and_its_output(stack: Stack) -> None:
+    """Cancelling a run mid-stream ends it, and no output of it follows."""
     settings = stack.settings
     text = "[slow] cancel me"
     thread, run = stack.post(text)
