@@ -126,16 +126,23 @@ def _child_threadline(settings: Settings, count: int) -> dict[str, Any]:
     processor = Processor(settings)
     meter = _Meter()
 
+    measured: dict[str, Any] = {}
+
     def watch() -> None:
         while processor.stats.commands < count:
             if processor.stats.batches and not meter.first_at:
                 meter.first(processor.stats.commands)
             time.sleep(0.002)
+        # Measured here, at the end of the last batch: the shutdown after it (leaving
+        # the group, flushing and closing every table) is not per-command work.
+        measured.update(meter.result(processor.stats.commands))
         processor.stopping = True
 
-    threading.Thread(target=watch, daemon=True).start()
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     processor.run()
-    result = meter.result(processor.stats.commands)
+    watcher.join()
+    result = measured
     result.update(batches=processor.stats.batches, aborts=processor.stats.aborts)
     return result
 
