@@ -26,9 +26,9 @@ from collections.abc import Iterator
 
 from streams.history import parse_message_key
 from streams.records import HistoryMessage, MessageRecord
-from streams.serialization import Codec, DecodeError
 from streams.state_store import PartitionStore
 from streams.thread import run_id_for
+from streams.wire import Codec, DecodeError
 
 __all__ = ["MessageStore"]
 

@@ -28,14 +28,15 @@ from aiohttp import web
 from confluent_kafka import KafkaError, Message, Producer
 
 from streams.config import Settings
-from streams.connectors.codec import AuditKind, ConnectorAudit, encode_audit
+from streams.connectors.audit import AuditKind, ConnectorAudit
 from streams.connectors.config import ConnectorConfig
 from streams.connectors.slack_events import Turn, turn_of, verify
 from streams.connectors.stats import ConnectorStats
 from streams.connectors.topics import audit_topic
 from streams.domain import CreateThread, PostUserMessage
 from streams.kafka_security import librdkafka_config
-from streams.serialization import Codec, new_meta
+from streams.wire import Codec, new_meta
+from streams.wire.connector import encode_audit
 
 __all__ = ["KafkaWriter", "WriteFailed", "create_inbound_app"]
 
