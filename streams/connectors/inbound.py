@@ -114,14 +114,14 @@ SETTINGS = web.AppKey("settings", Settings)
 STATS = web.AppKey("stats", ConnectorStats)
 WRITER = web.AppKey("writer", KafkaWriter)
 INSTANCE = web.AppKey("instance", str)
-CODEC = web.AppKey("codec", Codec)  # from the settings: THREADLINE_SCHEMA_REGISTRY_URL
+CODEC = web.AppKey("codec", Codec)  # the role's, from its settings (the registry URL)
 
 
 def create_inbound_app(settings: Settings, config: ConnectorConfig, stats: ConnectorStats,
-                       instance_id: str) -> web.Application:
+                       instance_id: str, codec: Codec) -> web.Application:
     app = web.Application(client_max_size=1 << 20)
     app[CONFIG], app[SETTINGS], app[STATS], app[INSTANCE] = config, settings, stats, instance_id
-    app[CODEC] = Codec.from_settings(settings)
+    app[CODEC] = codec
     app.cleanup_ctx.append(_writer_ctx)
     app.router.add_post("/slack/events", _slack_events)
     app.router.add_get("/healthz", _healthz)
