@@ -49,7 +49,7 @@ def _app(settings: Settings, **env: str) -> tuple[web.Application, ConnectorStat
     config = ConnectorConfig.from_env(settings, {"THREADLINE_SLACK_SIGNING_SECRET": SIGNING_SECRET,
                                                  **env})
     stats = ConnectorStats()
-    return create_inbound_app(settings, config, stats, "test"), stats
+    return create_inbound_app(settings, config, stats, "test", Codec.from_settings(settings)), stats
 
 
 # --- pure: signatures and turns ---------------------------------------------------------------
