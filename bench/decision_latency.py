@@ -25,7 +25,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from bench.common import Figure, load_text, percentile
 from bench.stack import AUTH, Stack, new_stack
 from streams.domain import CreateThread, PostUserMessage
-from streams.serialization import decode_event, encode_command, new_meta
+from streams.wire import Codec, new_meta
+
+CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 BENCH = "decision"
 RATE = 20  # requests per second
@@ -74,7 +76,7 @@ def _direct(stack: Stack, count: int, rate: float) -> tuple[list[float], list[fl
     now = int(time.time() * 1000)
     for thread in threads:  # created first, decided before the timed posts
         meta = new_meta(thread, "bench", now)
-        producer.produce(topics.commands, encode_command(CreateThread(thread, "bench", "d", now),
+        producer.produce(topics.commands, CODEC.encode_command(CreateThread(thread, "bench", "d", now),
                                                          meta), thread.encode())
     producer.flush(30)
     sent: dict[str, float] = {}
@@ -90,7 +92,7 @@ def _direct(stack: Stack, count: int, rate: float) -> tuple[list[float], list[fl
             msg = consumer.poll(0.1)
             if msg is None or msg.error() is not None:
                 continue
-            meta, _event = decode_event(msg.value() or b"")
+            meta, _event = CODEC.decode_event(msg.value() or b"")
             due = sent.pop(meta.traceparent or "", None)
             if due is not None:
                 now = time.perf_counter()
@@ -112,7 +114,7 @@ def _direct(stack: Stack, count: int, rate: float) -> tuple[list[float], list[fl
         meta = new_meta(thread, "bench", int(time.time() * 1000), trace)
         command = PostUserMessage(thread, "bench", str(uuid.uuid4()), "what is the offset?",
                                   None, int(time.time() * 1000))
-        producer.produce(topics.commands, encode_command(command, meta), thread.encode())
+        producer.produce(topics.commands, CODEC.encode_command(command, meta), thread.encode())
         producer.poll(0)
     producer.flush(30)
     done.wait(count / rate + 70)

@@ -29,9 +29,10 @@ from streams.config import Settings
 def _app(settings: Settings, count: int, out: Path) -> Any:
     import faust
 
-    from streams.serialization import decode_command, decode_state, encode_event, encode_state
     from streams.thread import apply, decide
+    from streams.wire import Codec
 
+    codec = Codec()  # single-object, as the processor writes without a registry
     topics = settings.topics
     app = faust.App(
         f"{settings.topic_prefix}faust", broker=f"kafka://{settings.bootstrap}",
@@ -51,17 +52,17 @@ def _app(settings: Settings, count: int, out: Path) -> Any:
     async def process(stream: Any) -> None:
         async for event in stream.events():
             key, partition = event.key, event.message.partition
-            meta, command = decode_command(event.value)
+            meta, command = codec.decode_command(event.value)
             stored = table.get(key)
-            state = decode_state(stored) if stored is not None else None
+            state = codec.decode_state(stored) if stored is not None else None
             decided = decide(state, command, settings.policy)
             if decided:
                 new_state = apply(state, decided)
                 for item in decided:
-                    await events.send(key=key, value=encode_event(item, meta),
+                    await events.send(key=key, value=codec.encode_event(item, meta),
                                       partition=partition)
                 if new_state is not None:
-                    table[key] = encode_state(new_state)
+                    table[key] = codec.encode_state(new_state)
             seen["n"] += 1
             if seen["n"] == 1:
                 seen["first_at"], seen["first_cpu"] = time.monotonic(), own_cpu()

@@ -39,8 +39,10 @@ from streams.config import Settings
 from streams.domain import RunStatus, StoredMessage, ThreadState
 from streams.history import message_key
 from streams.records import MessageRecord
-from streams.serialization import encode_message, encode_state, new_meta
 from streams.topics import ensure_topics
+from streams.wire import Codec, new_meta
+
+CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 
 def _write(settings: Settings, threads: int, messages: int, tag: str) -> None:
@@ -50,7 +52,7 @@ def _write(settings: Settings, threads: int, messages: int, tag: str) -> None:
         thread_id = f"{tag}-{i}-{uuid.uuid4().hex[:12]}"
         state = ThreadState(thread_id, "bench", f"thread {i}", 1_000, message_count=messages,
                             run_count=(messages + 1) // 2, updated_at_ms=1_000 + i)
-        producer.produce(settings.topics.threads, encode_state(state), thread_id.encode())
+        producer.produce(settings.topics.threads, CODEC.encode_state(state), thread_id.encode())
         meta = new_meta(thread_id, "bench", 1_000)
         partition = partition_for(thread_id, settings.partitions)
         for seq in range(messages):
@@ -58,7 +60,7 @@ def _write(settings: Settings, threads: int, messages: int, tag: str) -> None:
             record = MessageRecord(seq, StoredMessage(
                 f"m-{seq}", "user" if user else "assistant", "x" * 200, f"r-{i}-{seq // 2}",
                 1_000 + seq), RunStatus.COMPLETED if user else None, 1 if user else 0)
-            producer.produce(settings.topics.messages, encode_message(record, meta),
+            producer.produce(settings.topics.messages, CODEC.encode_message(record, meta),
                              message_key(thread_id, seq), partition=partition)
         if i % 1_000 == 0:
             producer.poll(0)

@@ -45,8 +45,10 @@ from gateway.kafka import partition_for
 from gateway.ready import probe_thread_id
 from streams.config import Settings
 from streams.domain import CheckDeadlines, Command, CreateThread, PostUserMessage, ReportAttemptCompleted
-from streams.serialization import encode_command, new_meta
 from streams.thread import run_id_for
+from streams.wire import Codec, new_meta
+
+CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 BENCH = "growth"
 TENANT = "bench"  # the tenant of the API key "bench" (bench_env)
@@ -81,7 +83,7 @@ class Commands:
     def send(self, command: Command) -> None:
         """Produce one command to the commands topic."""
         meta = new_meta(command.thread_id, TENANT, int(time.time() * 1000))
-        self.producer.produce(self.topic, encode_command(command, meta),
+        self.producer.produce(self.topic, CODEC.encode_command(command, meta),
                               command.thread_id.encode(), on_delivery=self._delivered)
 
     def _delivered(self, err: object, msg: object) -> None:

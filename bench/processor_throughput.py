@@ -41,19 +41,11 @@ from streams.domain import (
 from streams.history import MessagePut, RunStatusChanged, context_window, history_writes, message_key
 from streams.processor import Processor, _derived_id, _lifecycle
 from streams.records import Dispatch, MessageRecord
-from streams.serialization import (
-    EnvelopeMeta,
-    decode_command,
-    encode_command,
-    encode_dispatch,
-    encode_event,
-    encode_message,
-    encode_state,
-    encode_stream,
-    new_meta,
-)
 from streams.thread import decide, evolve, run_id_for
 from streams.topics import ensure_topics
+from streams.wire import Codec, EnvelopeMeta, new_meta
+
+CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 BENCH = "processor"
 BARE = "bare loop, events only"
@@ -84,7 +76,7 @@ def payload(threads: int, messages: int) -> list[Command]:
 
 def encoded(commands: list[Command]) -> list[tuple[bytes, bytes]]:
     """The commands as (key, value) records, ready to produce."""
-    return [(c.thread_id.encode(), encode_command(c, new_meta(c.thread_id, "bench", 0)))
+    return [(c.thread_id.encode(), CODEC.encode_command(c, new_meta(c.thread_id, "bench", 0)))
             for c in commands]
 
 
@@ -173,7 +165,7 @@ def _child_bare(settings: Settings, count: int, same_records: bool) -> dict[str,
             if msg.error() is not None:
                 continue
             key, partition = msg.key() or b"", msg.partition() or 0
-            meta, command = decode_command(msg.value() or b"")
+            meta, command = CODEC.decode_command(msg.value() or b"")
             state = states.get(key)
             events = decide(state, command, settings.policy)
             offsets[partition] = (msg.offset() or 0) + 1
@@ -189,7 +181,7 @@ def _child_bare(settings: Settings, count: int, same_records: bool) -> dict[str,
                     event_meta = EnvelopeMeta(_derived_id(meta.envelope_id, index), meta.thread_id,
                                               meta.tenant, int(time.time() * 1000),
                                               meta.traceparent, meta.tracestate)
-                producer.produce(topics.events, encode_event(event, event_meta), key,
+                producer.produce(topics.events, CODEC.encode_event(event, event_meta), key,
                                  partition=partition)
                 if not same_records or new_state is None:
                     before = new_state
@@ -205,7 +197,7 @@ def _child_bare(settings: Settings, count: int, same_records: bool) -> dict[str,
                                                write.run_status, write.run_attempts)
                     else:
                         continue
-                    producer.produce(topics.messages, encode_message(record, event_meta),
+                    producer.produce(topics.messages, CODEC.encode_message(record, event_meta),
                                      message_key(meta.thread_id, record.seq), partition=partition)
                 if isinstance(event, AttemptDispatched) and new_state.active_run is not None:
                     seq = new_state.active_run.message_seq
@@ -214,18 +206,18 @@ def _child_bare(settings: Settings, count: int, same_records: bool) -> dict[str,
                     dispatch = Dispatch(event.run_id, event.message_id, event.attempt,
                                         f"agent-{new_state.thread_id}", thread_history[seq].text,
                                         context, event.at_ms)
-                    producer.produce(topics.dispatch, encode_dispatch(dispatch, event_meta), key,
+                    producer.produce(topics.dispatch, CODEC.encode_dispatch(dispatch, event_meta), key,
                                      partition=partition)
                 lifecycle = _lifecycle(event, before)
                 if lifecycle is not None:
-                    producer.produce(topics.stream, encode_stream(lifecycle, event_meta), key,
+                    producer.produce(topics.stream, CODEC.encode_stream(lifecycle, event_meta), key,
                                      partition=partition)
                 before = new_state
             states[key] = new_state
             if same_records and new_state is not None:
                 touched[(partition, key)] = new_state
         for (partition, key), state in touched.items():
-            producer.produce(topics.threads, encode_state(state), key, partition=partition)
+            producer.produce(topics.threads, CODEC.encode_state(state), key, partition=partition)
         producer.send_offsets_to_transaction(
             [TopicPartition(topics.commands, p, o) for p, o in offsets.items()],
             consumer.consumer_group_metadata(), 30)

@@ -24,8 +24,10 @@ from bench.streamgen import TENANT, complete_frames, seed_threads
 from gateway.kafka import partition_for
 from gateway.tokens import ResumeTokens
 from streams.records import MessageStart, RunLifecycle, StreamOutput, TextDelta, TextStart
-from streams.serialization import decode_stream, encode_stream, new_meta
 from streams.thread import answer_message_id_for
+from streams.wire import Codec, new_meta
+
+CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 BENCH = "replay"
 EVENTS = 10_000
@@ -47,7 +49,7 @@ def _write_run(stack: Stack, thread: str, events: int) -> tuple[int, int, str]:
 
     def send(output: StreamOutput) -> None:
         meta = new_meta(thread, TENANT, int(time.time() * 1000))
-        producer.produce(settings.topics.stream, encode_stream(output, meta), thread.encode(),
+        producer.produce(settings.topics.stream, CODEC.encode_stream(output, meta), thread.encode(),
                          partition=partition, on_delivery=delivered)
         producer.poll(0)
 
@@ -94,7 +96,7 @@ def _bare(stack: Stack, partition: int, start: int, last: int, decode: bool) -> 
             if msg.error() is not None:
                 continue
             if decode:
-                decode_stream(msg.value() or b"")
+                CODEC.decode_stream(msg.value() or b"")
             if (msg.offset() or 0) >= last:
                 done = True
                 break

@@ -30,8 +30,10 @@ from confluent_kafka import Producer
 from streams.config import Settings
 from streams.domain import ThreadState
 from streams.records import MessageStart, RunLifecycle, StreamOutput, TextDelta, TextStart
-from streams.serialization import encode_state, encode_stream, new_meta
 from streams.thread import answer_message_id_for
+from streams.wire import Codec, new_meta
+
+CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 TENANT = "bench"
 _DELTA_TS = re.compile(rb'"delta":"ts(\d+)"')
@@ -45,7 +47,7 @@ def seed_threads(settings: Settings, count: int) -> list[str]:
     now = int(time.time() * 1000)
     for thread in threads:
         state = ThreadState(thread_id=thread, tenant=TENANT, title="bench", created_at_ms=now)
-        producer.produce(settings.topics.threads, encode_state(state), thread.encode())
+        producer.produce(settings.topics.threads, CODEC.encode_state(state), thread.encode())
     producer.flush(30)
     return threads
 
@@ -74,7 +76,7 @@ class Generator:
     async def _send(self, thread: str, output: StreamOutput) -> None:
         assert self._producer is not None
         meta = new_meta(thread, TENANT, int(time.time() * 1000))
-        await self._producer.send(self.settings.topics.stream, encode_stream(output, meta),
+        await self._producer.send(self.settings.topics.stream, CODEC.encode_stream(output, meta),
                                   key=thread.encode())
 
     def _output(self, thread: str, part: str, payload: Any, attempt: int = 1) -> StreamOutput:
@@ -110,7 +112,7 @@ class Generator:
             output = self._output(thread, "text:0", TextDelta(f"ts{time.time_ns()}"))
             meta = new_meta(thread, TENANT, int(time.time() * 1000))
             # The worker's _emit: encode, then send (its own clock read comes first too).
-            await self._producer.send(self.settings.topics.stream, encode_stream(output, meta),
+            await self._producer.send(self.settings.topics.stream, CODEC.encode_stream(output, meta),
                                       key=thread.encode())
         await self._producer.flush()
         self.sent += count
@@ -198,8 +200,6 @@ def direct_consumer(settings: Settings, seconds: float, ready_file: Path | None)
     like the gateway's feed; every delta's latency."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from streams.serialization import decode_stream
-
     consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"d{uuid.uuid4()}",
                          "isolation.level": "read_committed", "enable.auto.commit": False,
                          "fetch.wait.max.ms": 100, "log_level": 0})
@@ -217,7 +217,7 @@ def direct_consumer(settings: Settings, seconds: float, ready_file: Path | None)
         if msg is None or msg.error() is not None:
             continue
         now = time.time_ns()
-        _, output = decode_stream(msg.value() or b"")
+        _, output = CODEC.decode_stream(msg.value() or b"")
         payload = output.payload
         if isinstance(payload, TextDelta) and payload.delta.startswith("ts"):
             latencies.append((now - int(payload.delta[2:])) / 1e6)

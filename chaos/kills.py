@@ -46,7 +46,9 @@ from gateway.kafka import partition_for
 from streams.config import Settings
 from streams.domain import PostUserMessage
 from streams.processor import instance_id_for
-from streams.serialization import encode_command, new_meta
+from streams.wire import Codec, new_meta
+
+CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 __all__ = ["Chaos", "Kill", "plan"]
 
@@ -210,7 +212,7 @@ class Chaos:
                 thread_id = threads[i % len(threads)]
                 command = PostUserMessage(thread_id, "chaos", f"{prefix}m{i}", "aim", None, now + i)
                 producer.produce(settings.topics.commands,
-                                 encode_command(command, new_meta(thread_id, "chaos", now + i)),
+                                 CODEC.encode_command(command, new_meta(thread_id, "chaos", now + i)),
                                  thread_id.encode())
             producer.flush(30)
             deadline = time.monotonic() + AIM_DECISION_TIMEOUT_S

@@ -26,7 +26,7 @@ from chaos.topic_audit import (
 )
 from streams.config import Settings
 from streams.history import parse_message_key
-from streams.serialization import Codec, DecodeError
+from streams.wire import Codec, DecodeError
 
 __all__ = ["Raw", "read_topic", "topic_reads"]
 

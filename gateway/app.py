@@ -43,8 +43,8 @@ from gateway.ready import READY, Readiness, readyz
 from streams.config import Settings
 from streams.domain import Event, ThreadDeleted
 from streams.kafka_security import aiokafka_config
-from streams.serialization import Codec
 from streams.topics import ensure_topics
+from streams.wire import Codec
 
 __all__ = ["Options", "create_app", "max_body_bytes", "run_gateway"]
 

@@ -29,7 +29,7 @@ from gateway.problems import Problem
 from streams.config import Settings
 from streams.domain import TERMINAL_EVENTS, Command, Event
 from streams.kafka_security import aiokafka_config
-from streams.serialization import Codec, DecodeError, new_meta
+from streams.wire import Codec, DecodeError, new_meta
 
 __all__ = ["CommandBus", "new_traceparent"]
 

@@ -40,7 +40,7 @@ from gateway.sse import Position, RunTracker, SseEvent, make_events
 from gateway.tokens import ResumeTokens
 from streams.config import Settings
 from streams.records import RunLifecycle
-from streams.serialization import Codec, DecodeError
+from streams.wire import Codec, DecodeError
 
 __all__ = ["StreamFeed", "Subscriber"]
 

@@ -12,7 +12,7 @@ from gateway.kafka import Offsets
 from gateway.limits import TenantLimiter
 from gateway.read_model import ReadModel
 from streams.config import Settings
-from streams.serialization import Codec
+from streams.wire import Codec
 
 __all__ = ["BUS", "CODEC", "FEED", "LIMITER", "OFFSETS", "OPTIONS", "READ_MODEL", "SETTINGS", "Options"]
 

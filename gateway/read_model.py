@@ -68,7 +68,7 @@ from streams.domain import RunStatus, ThreadState
 from streams.heap import release_free_memory
 from streams.kafka_security import librdkafka_config
 from streams.records import MessageRecord
-from streams.serialization import Codec
+from streams.wire import Codec
 
 __all__ = ["ActiveRunStart", "ReadModel", "RunView", "store_folder"]
 

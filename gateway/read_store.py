@@ -47,7 +47,7 @@ from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
 from streams.domain import ActiveRun, RunRecord, RunStatus, ThreadState
 from streams.history import message_key, parse_message_key
 from streams.records import MessageRecord
-from streams.serialization import (
+from streams.wire import (
     Codec,
     DecodeError,
     new_meta,

@@ -27,7 +27,7 @@ from gateway.kafka import new_consumer, stop_client
 from gateway.sse import Position, RunTracker, SseEvent, make_events
 from gateway.tokens import ResumeTokens
 from streams.config import Settings
-from streams.serialization import Codec, DecodeError
+from streams.wire import Codec, DecodeError
 
 __all__ = ["ReplayGone", "ReplayTooLong", "replay"]
 

@@ -30,8 +30,8 @@ from streams.records import (
     TextEnd,
     TextStart,
 )
-from streams.serialization import EnvelopeMeta
 from streams.thread import answer_message_id_for
+from streams.wire import EnvelopeMeta
 
 __all__ = [
     "TERMINAL",

@@ -5,7 +5,7 @@ arrives inside a command, so that `decide` and `evolve` (in `streams.thread`)
 are deterministic and a recorded command log always replays to the same events.
 
 Each command and event class has a matching Avro record in `schemas/` with the
-same name and fields; `streams.serialization` owns the mapping.
+same name and fields; `streams.wire` owns the mapping.
 """
 
 from __future__ import annotations

@@ -34,9 +34,9 @@ from itertools import islice
 
 from streams.history import parse_message_key
 from streams.records import HistoryMessage, MessageRecord
-from streams.serialization import Codec, DecodeError
 from streams.state_store import PartitionStore
 from streams.thread import run_id_for
+from streams.wire import Codec, DecodeError
 
 __all__ = ["ContextWindows", "MessageStore"]
 

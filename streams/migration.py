@@ -25,9 +25,9 @@ from streams.domain import RunRecord, StoredMessage, ThreadState
 from streams.history import message_key
 from streams.message_store import MessageStore
 from streams.records import MessageRecord
-from streams.serialization import EnvelopeMeta
 from streams.state_store import PartitionStore
 from streams.thread import uuid5_text
+from streams.wire import EnvelopeMeta
 
 if TYPE_CHECKING:
     from streams.processor import Processor

@@ -68,7 +68,6 @@ from streams.kafka_security import librdkafka_config
 from streams.message_store import ContextWindows, MessageStore
 from streams.migration import migrate_partition
 from streams.records import DeadLetter, Dispatch, MessageRecord, RunLifecycle, StreamOutput
-from streams.serialization import Codec, DecodeError, EnvelopeMeta
 from streams.state_store import PartitionStore, TableStores
 from streams.thread import (
     OUTPUT_TOO_LARGE,
@@ -80,6 +79,7 @@ from streams.thread import (
     uuid5_text,
 )
 from streams.topics import ensure_topics, record_limit
+from streams.wire import Codec, DecodeError, EnvelopeMeta
 
 __all__ = ["Processor", "ProcessorStats", "run_processor"]
 

@@ -2,7 +2,7 @@
 
 Pure data like `streams.domain`: the commands and events live there, these are
 the other messages that cross Kafka. Each class has a matching Avro record in
-`schemas/` with the same name and fields; `streams.serialization` owns the mapping.
+`schemas/` with the same name and fields; `streams.wire` owns the mapping.
 """
 
 from __future__ import annotations

@@ -96,9 +96,9 @@ from streams.records import (
     TextEnd,
     TextStart,
 )
-from streams.serialization import Codec, DecodeError, EnvelopeMeta, new_meta
 from streams.thread import OUTPUT_TOO_LARGE, answer_message_id_for
 from streams.topics import ensure_topics
+from streams.wire import Codec, DecodeError, EnvelopeMeta, new_meta
 
 __all__ = ["DEFAULT_CONCURRENCY", "Fate", "PartitionOffsets", "Worker", "run_worker"]
 

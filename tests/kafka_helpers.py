@@ -17,7 +17,9 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from streams.config import Settings
 from streams.domain import Command, Event, PostUserMessage, RunRejected
-from streams.serialization import encode_command, new_meta
+from streams.wire import Codec, new_meta
+
+CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,7 +96,7 @@ def send_command(producer: Producer, settings: Settings, command: Command, tenan
     `flush_all` turns into a test failure, so a lost command is never blamed on
     the processor."""
     meta = new_meta(command.thread_id, tenant, int(time.time() * 1000))
-    producer.produce(settings.topics.commands, encode_command(command, meta),
+    producer.produce(settings.topics.commands, CODEC.encode_command(command, meta),
                      command.thread_id.encode(), on_delivery=_delivered)
 
 

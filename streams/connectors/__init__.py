@@ -17,7 +17,7 @@ Modules, pure first:
     ids            chat address <-> thread id, chat message <-> message id, outbox ids
     outbox         the outbox entries, `plan` (events in, entries out), transitions
     slack_events   Slack request signatures and turns
-    codec          Avro for the outbox and audit topics (schemas/connectors/)
+    audit          the audit record (its Avro bytes: streams.wire.connector)
     calls          call outcomes and a blocking HTTP helper
     slack_api      the Slack Web API subset
     webhook        the webhook sink and its signature

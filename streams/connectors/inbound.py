@@ -28,14 +28,15 @@ from aiohttp import web
 from confluent_kafka import KafkaError, Message, Producer
 
 from streams.config import Settings
-from streams.connectors.codec import AuditKind, ConnectorAudit, encode_audit
+from streams.connectors.audit import AuditKind, ConnectorAudit
 from streams.connectors.config import ConnectorConfig
 from streams.connectors.slack_events import Turn, turn_of, verify
 from streams.connectors.stats import ConnectorStats
 from streams.connectors.topics import audit_topic
 from streams.domain import CreateThread, PostUserMessage
 from streams.kafka_security import librdkafka_config
-from streams.serialization import Codec, new_meta
+from streams.wire import Codec, new_meta
+from streams.wire.connector import encode_audit
 
 __all__ = ["KafkaWriter", "WriteFailed", "create_inbound_app"]
 
@@ -114,15 +115,15 @@ SETTINGS = web.AppKey("settings", Settings)
 STATS = web.AppKey("stats", ConnectorStats)
 WRITER = web.AppKey("writer", KafkaWriter)
 INSTANCE = web.AppKey("instance", str)
-CODEC = web.AppKey("codec", Codec)  # from the settings: THREADLINE_SCHEMA_REGISTRY_URL
+CODEC = web.AppKey("codec", Codec)  # the role's, from its settings (the registry URL)
 
 
 def create_inbound_app(settings: Settings, config: ConnectorConfig, stats: ConnectorStats,
-                       instance_id: str) -> web.Application:
+                       instance_id: str, codec: Codec) -> web.Application:
     """The HTTP app that takes Slack events, writes them to Kafka, and serves health and stats."""
     app = web.Application(client_max_size=1 << 20)
     app[CONFIG], app[SETTINGS], app[STATS], app[INSTANCE] = config, settings, stats, instance_id
-    app[CODEC] = Codec.from_settings(settings)
+    app[CODEC] = codec
     app.cleanup_ctx.append(_writer_ctx)
     app.router.add_post("/slack/events", _slack_events)
     app.router.add_get("/healthz", _healthz)

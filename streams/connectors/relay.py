@@ -45,15 +45,16 @@ from confluent_kafka import (
 )
 
 from streams.config import Settings
+from streams.connectors.audit import AuditKind, ConnectorAudit
 from streams.connectors.calls import Done, Found, Outcome
-from streams.connectors.codec import AuditKind, ConnectorAudit, decode_outbox, encode_audit, encode_outbox
 from streams.connectors.config import ConnectorConfig
 from streams.connectors.delivery import Calls, Job
 from streams.connectors.outbox import ChatOutbox, OutboxKind, Sinks, plan
 from streams.connectors.stats import ConnectorStats
 from streams.connectors.topics import audit_topic, outbox_topic
 from streams.kafka_security import librdkafka_config
-from streams.serialization import Codec, DecodeError
+from streams.wire import Codec, DecodeError
+from streams.wire.connector import decode_outbox, encode_audit, encode_outbox
 
 __all__ = ["Relay"]
 

@@ -26,6 +26,7 @@ from streams.connectors.slack_api import SlackApi
 from streams.connectors.stats import ConnectorStats
 from streams.connectors.topics import ensure_connector_topics
 from streams.connectors.webhook import WebhookSink
+from streams.wire import Codec
 
 __all__ = ["run_connector"]
 
@@ -42,7 +43,8 @@ def run_connector(settings: Settings) -> int:
                     HttpClient(config.concurrency)) if config.chat_enabled else None
     webhook = WebhookSink(config.webhook_url, config.webhook_secret, config.call_timeout_s,
                           HttpClient(config.concurrency)) if config.webhook_enabled else None
-    relay = Relay(settings, config, stats, instance_id, Calls(config, stats, chat, webhook))
+    codec = Codec.from_settings(settings)  # one for the relay and the inbound endpoint
+    relay = Relay(settings, config, stats, instance_id, Calls(config, stats, chat, webhook), codec)
     if not config.signing_secret:
         log.warning("THREADLINE_SLACK_SIGNING_SECRET is unset: every chat event is refused")
     stop = threading.Event()
@@ -60,7 +62,7 @@ def run_connector(settings: Settings) -> int:
     thread = threading.Thread(target=relay_main, name="relay")
     thread.start()
     try:
-        asyncio.run(_serve(settings, config, stats, instance_id, stop))
+        asyncio.run(_serve(settings, config, stats, instance_id, codec, stop))
     finally:
         stop.set()
         thread.join(30)
@@ -68,11 +70,11 @@ def run_connector(settings: Settings) -> int:
 
 
 async def _serve(settings: Settings, config: ConnectorConfig, stats: ConnectorStats,
-                 instance_id: str, stop: threading.Event) -> None:
+                 instance_id: str, codec: Codec, stop: threading.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runner = web.AppRunner(create_inbound_app(settings, config, stats, instance_id),
+    runner = web.AppRunner(create_inbound_app(settings, config, stats, instance_id, codec),
                            access_log=None)
     await runner.setup()
     await web.TCPSite(runner, config.http_host, config.http_port).start()

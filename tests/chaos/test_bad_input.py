@@ -24,10 +24,12 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis.generation.modes import GenerationMode
 
 from streams.domain import CreateThread, ThreadCreated
-from streams.serialization import decode_dead_letter, decode_event, encode_command, new_meta
+from streams.wire import Codec, new_meta
 from tests.chaos.conftest import AUTH, Live
 from tests.kafka_helpers import command_producer, read_topic, send_command
 from tests.raw_http import raw_request
+
+CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 pytestmark = pytest.mark.kafka
 
@@ -231,7 +233,7 @@ def test_bad_records_on_the_commands_topic_are_dead_lettered_and_processing_goes
     """Malformed, unknown, oversized, truncated and empty commands are dead-lettered; processing goes on."""
     settings_ = live.settings
     thread = f"bad-{uuid.uuid4()}"
-    valid = encode_command(CreateThread(thread, "fuzz", "x", 1), new_meta(thread, "fuzz", 1))
+    valid = CODEC.encode_command(CreateThread(thread, "fuzz", "x", 1), new_meta(thread, "fuzz", 1))
     unknown_fingerprint = valid[:2] + bytes.fromhex("0123456789abcdef") + valid[10:]
     oversized = valid[:10] + os.urandom(BROKER_MAX_MESSAGE_BYTES - 2_000)
     bad = {
@@ -254,12 +256,12 @@ def test_bad_records_on_the_commands_topic_are_dead_lettered_and_processing_goes
     send_command(producer, settings_, CreateThread(after, "fuzz", "elsewhere",
                                                    int(time.time() * 1000)), tenant="fuzz")
     producer.flush(10)
-    created = read_topic(settings_, settings_.topics.events, lambda b: decode_event(b)[1],
+    created = read_topic(settings_, settings_.topics.events, lambda b: CODEC.decode_event(b)[1],
                          until=lambda r: {e.thread_id for e in r if isinstance(e, ThreadCreated)}
                          >= {thread, after}, timeout=60)
     assert {e.thread_id for e in created if isinstance(e, ThreadCreated)} >= {thread, after}, \
         live.logs()
-    dead = read_topic(settings_, settings_.topics.dead_letter, decode_dead_letter,
+    dead = read_topic(settings_, settings_.topics.dead_letter, CODEC.decode_dead_letter,
                       until=lambda r: len(r) >= len(bad), timeout=30)
     assert len(dead) == len(bad), live.logs()
     by_kind = {d.source_offset: d for d in dead}

@@ -19,15 +19,17 @@ from confluent_kafka.admin import AdminClient
 
 from streams.broker import free_port
 from streams.config import Settings
-from streams.connectors.codec import decode_outbox
 from streams.connectors.ids import message_id_for, outbox_id_for
 from streams.connectors.outbox import ANSWER, ChatOutbox
 from streams.connectors.topics import ensure_connector_topics, outbox_topic
 from streams.domain import Event, RunAccepted, RunCompleted
-from streams.serialization import decode_event
 from streams.thread import run_id_for
+from streams.wire import Codec
+from streams.wire.connector import decode_outbox
 from tests.connectors.chat_double import SIGNING_SECRET, TEAM, ChatDouble
 from tests.kafka_helpers import RoleProcess, read_topic, wait_for
+
+CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 FAST = {"THREADLINE_AGENT_TOKENS_PER_S": "0", "THREADLINE_AGENT_WORDS": "6"}
 BOT_TOKEN = "xoxb-test"
@@ -106,7 +108,7 @@ class Stack:
 
     def events(self, until: Callable[[list[Event]], bool], timeout: float = 60) -> list[Event]:
         return read_topic(self.settings, self.settings.topics.events,
-                          lambda b: decode_event(b)[1], until=until, timeout=timeout)
+                          lambda b: CODEC.decode_event(b)[1], until=until, timeout=timeout)
 
     def outboxes(self) -> dict[str, ChatOutbox]:
         """The newest committed outbox of every thread, read to the end of the topic."""

@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from streams.broker import free_port
 from streams.config import Settings
-from streams.connectors.codec import AuditKind, decode_audit
+from streams.connectors.audit import AuditKind
 from streams.connectors.config import ConnectorConfig
 from streams.connectors.ids import ChatAddress, message_id_for
 from streams.connectors.inbound import create_inbound_app
@@ -23,9 +23,12 @@ from streams.connectors.slack_events import sign, turn_of, verify
 from streams.connectors.stats import ConnectorStats
 from streams.connectors.topics import audit_topic, ensure_connector_topics
 from streams.domain import CreateThread, PostUserMessage
-from streams.serialization import decode_command
+from streams.wire import Codec
+from streams.wire.connector import decode_audit
 from tests.connectors.chat_double import SIGNING_SECRET, ChatDouble, slack_signature
 from tests.raw_http import raw_request
+
+CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 EVENTS = ChatDouble()  # only its event payloads are used: no server
 
@@ -46,7 +49,7 @@ def _app(settings: Settings, **env: str) -> tuple[web.Application, ConnectorStat
     config = ConnectorConfig.from_env(settings, {"THREADLINE_SLACK_SIGNING_SECRET": SIGNING_SECRET,
                                                  **env})
     stats = ConnectorStats()
-    return create_inbound_app(settings, config, stats, "test"), stats
+    return create_inbound_app(settings, config, stats, "test", Codec.from_settings(settings)), stats
 
 
 # --- pure: signatures and turns ---------------------------------------------------------------
@@ -198,7 +201,7 @@ async def test_refused_requests_write_nothing_and_a_turn_is_durable_before_its_2
         commands, audits = _high(settings, settings.topics.commands), _high(settings, audit_topic(settings))
     (partition,) = [p for p, high in commands.items() if high > 0]
     assert audits[partition] == 1, "the audit record is on the thread's partition"
-    written = [decode_command(v)[1] for v, _ in _read(settings, settings.topics.commands, partition,
+    written = [CODEC.decode_command(v)[1] for v, _ in _read(settings, settings.topics.commands, partition,
                                                       commands[partition])]
     assert [type(c) for c in written] == [CreateThread, PostUserMessage]
     post = written[1]

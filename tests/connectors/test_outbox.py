@@ -6,15 +6,7 @@ import json
 
 import pytest
 
-from streams.connectors.codec import (
-    CONNECTOR_SCHEMA_DIR,
-    AuditKind,
-    ConnectorAudit,
-    decode_audit,
-    decode_outbox,
-    encode_audit,
-    encode_outbox,
-)
+from streams.connectors.audit import AuditKind, ConnectorAudit
 from streams.connectors.ids import (
     ChatAddress,
     address_of,
@@ -53,7 +45,9 @@ from streams.domain import (
     RunFailed,
     RunRejected,
 )
-from streams.serialization import DecodeError
+from streams.wire import DecodeError
+from streams.wire.connector import decode_audit, decode_outbox, encode_audit, encode_outbox
+from streams.wire.schemas import CONNECTOR_SCHEMA_DIR
 
 THREAD = "slack:T1:C1:1700000000.000100"
 ASKED = message_id_for("T1", "C1", "1700000000.000200")

@@ -24,10 +24,12 @@ from streams.config import Settings
 from streams.domain import RunStatus, StoredMessage, ThreadState
 from streams.history import message_key, parse_message_key
 from streams.records import MessageRecord
-from streams.serialization import encode_message, encode_state, new_meta
 from streams.topics import ensure_topics
+from streams.wire import Codec, new_meta
 from tests.gateway.conftest import AUTH_A, AUTH_B, Stack, gateway_env
 from tests.gateway.sse_client import read_sse
+
+CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 pytestmark = pytest.mark.kafka
 
@@ -50,7 +52,7 @@ class Writer:
         state = ThreadState(thread_id, tenant, f"title {thread_id}", 1_000,
                             message_count=messages, run_count=(messages + 1) // 2,
                             updated_at_ms=updated)
-        self.producer.produce(self.settings.topics.threads, encode_state(state),
+        self.producer.produce(self.settings.topics.threads, CODEC.encode_state(state),
                               thread_id.encode())
         self.produced += 1
 
@@ -65,7 +67,7 @@ class Writer:
                                     1_000 + seq)
             record = MessageRecord(seq, message, RunStatus.COMPLETED if user else None,
                                    1 if user else 0)
-            self.producer.produce(self.settings.topics.messages, encode_message(record, meta),
+            self.producer.produce(self.settings.topics.messages, CODEC.encode_message(record, meta),
                                   message_key(thread_id, seq), partition=partition)
             self.produced += 1
             if seq % 5_000 == 0:

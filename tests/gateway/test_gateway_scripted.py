@@ -39,18 +39,14 @@ from streams.records import (
     StreamOutput,
     TextDelta,
 )
-from streams.serialization import (
-    decode_command,
-    encode_message,
-    encode_state,
-    encode_stream,
-    new_meta,
-)
 from streams.thread import answer_message_id_for, run_id_for
 from streams.topics import ensure_topics
+from streams.wire import Codec, new_meta
 from tests.gateway.conftest import AUTH_A, Stack, gateway_env
 from tests.gateway.sse_client import Ev, check_every_resume, read_sse
 from tests.kafka_helpers import read_topic
+
+CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 pytestmark = pytest.mark.kafka
 
@@ -80,11 +76,11 @@ class Script:
                             updated_at_ms=self.created)
         meta = new_meta(self.thread_id, TENANT, self.created)
         for record in messages:
-            self.producer.produce(self.settings.topics.messages, encode_message(record, meta),
+            self.producer.produce(self.settings.topics.messages, CODEC.encode_message(record, meta),
                                   message_key(self.thread_id, record.seq),
                                   partition=partition_for(self.thread_id,
                                                           self.settings.partitions))
-        self.producer.produce(self.settings.topics.threads, encode_state(state),
+        self.producer.produce(self.settings.topics.threads, CODEC.encode_state(state),
                               self.thread_id.encode())
         self.producer.flush(10)
 
@@ -93,7 +89,7 @@ class Script:
         output = StreamOutput(run_id, attempt, answer_message_id_for(run_id), part, seq,
                               payload)  # type: ignore[arg-type]
         meta = new_meta(self.thread_id, TENANT, int(time.time() * 1000))
-        self.producer.produce(self.settings.topics.stream, encode_stream(output, meta),
+        self.producer.produce(self.settings.topics.stream, CODEC.encode_stream(output, meta),
                               self.thread_id.encode())
 
     def life(self, run_id: str, event: str, attempt: int = 0, text: str = "") -> None:
@@ -244,7 +240,7 @@ async def test_without_a_decision_in_time_the_answer_is_202_pending_and_the_comm
                                       headers=AUTH_A) as response:
             created = await response.json()
             assert response.status == 202 and created["status"] == "pending", created
-    commands = read_topic(settings, settings.topics.commands, lambda b: decode_command(b)[1],
+    commands = read_topic(settings, settings.topics.commands, lambda b: CODEC.decode_command(b)[1],
                           until=lambda r: len(r) >= 2, timeout=20)
     posted = [c for c in commands if isinstance(c, PostUserMessage)]
     assert [(c.thread_id, c.message_id, c.text, c.idempotency_key) for c in posted] == [

@@ -16,7 +16,7 @@ from gateway.tokens import BadEventId, EventId, ResumeTokens, derived_key
 from streams.config import Settings
 from streams.domain import AssistantMessage
 from streams.records import MessageEnd, MessageStart, RunLifecycle, StreamOutput, TextDelta
-from streams.serialization import new_meta
+from streams.wire import new_meta
 
 RUN = "run-1"
 TOKENS = ResumeTokens([b"test key"])

@@ -16,14 +16,9 @@ from gateway.read_store import MESSAGES, THREADS, ReadStore
 from streams.domain import ActiveRun, RunRecord, RunStatus, StoredMessage, ThreadState
 from streams.history import message_key
 from streams.records import MessageRecord
-from streams.serialization import (
-    SCHEMA_DIR,
-    Codec,
-    encode_message,
-    encode_state,
-    new_meta,
-    schema_fingerprint,
-)
+from streams.wire import SCHEMA_DIR, Codec, new_meta, schema_fingerprint
+
+CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 IDENTITY = {"topic_prefix": "x.", "partitions": 4}
 
@@ -34,7 +29,7 @@ def _store(tmp_path: Path) -> ReadStore:
 
 def _state(thread_id: str, tenant: str = "ten", updated: int = 1_000, count: int = 0,
            active: ActiveRun | None = None) -> bytes:
-    return encode_state(ThreadState(thread_id, tenant, f"title {thread_id}", 500,
+    return CODEC.encode_state(ThreadState(thread_id, tenant, f"title {thread_id}", 500,
                                     active_run=active, message_count=count,
                                     updated_at_ms=updated))
 
@@ -45,7 +40,7 @@ def _message(thread_id: str, seq: int, tenant: str = "ten") -> tuple[bytes, byte
     message = StoredMessage(f"{thread_id}-m{seq}", "user" if user else "assistant",
                             f"text {seq}", run_id, 1_000 + seq)
     record = MessageRecord(seq, message, RunStatus.COMPLETED if user else None, 1 if user else 0)
-    return message_key(thread_id, seq), encode_message(record, new_meta(thread_id, tenant, 0))
+    return message_key(thread_id, seq), CODEC.encode_message(record, new_meta(thread_id, tenant, 0))
 
 
 def _fill(store: ReadStore, thread_id: str, n: int) -> None:
@@ -88,14 +83,14 @@ def test_a_rewritten_message_keeps_its_indexes_and_another_one_replaces_them(
     key, _ = _message("a", 0)
     user = StoredMessage("a-m0", "user", "text 0", "a-run-0", 1_000)
     meta = new_meta("a", "ten", 0)
-    store.apply_message(key, encode_message(MessageRecord(0, user, RunStatus.FAILED, 2), meta))
+    store.apply_message(key, CODEC.encode_message(MessageRecord(0, user, RunStatus.FAILED, 2), meta))
     store.commit({})
     record = store.message("a", 0)
     assert record is not None and (record.run_status, record.run_attempts) == \
         (RunStatus.FAILED, 2)
     assert store.run("a-run-0") is not None and store.message_seq("a", "a-m0") == 0
     other = StoredMessage("b-m0", "user", "other", "b-run", 1_000)
-    store.apply_message(key, encode_message(MessageRecord(0, other, RunStatus.DISPATCHED), meta))
+    store.apply_message(key, CODEC.encode_message(MessageRecord(0, other, RunStatus.DISPATCHED), meta))
     store.commit({})
     assert store.run("a-run-0") is None and store.message_seq("a", "a-m0") is None
     assert store.run("b-run") is not None and store.message_seq("a", "b-m0") == 0

@@ -22,10 +22,12 @@ from streams.config import Settings
 from streams.domain import RunStatus, StoredMessage, ThreadState
 from streams.history import message_key
 from streams.records import MessageRecord
-from streams.serialization import encode_message, encode_state, new_meta
 from streams.topics import ensure_topics
+from streams.wire import Codec, new_meta
 from tests.gateway.conftest import AUTH_A, gateway_env
 from tests.kafka_helpers import RoleProcess
+
+CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 pytestmark = pytest.mark.kafka
 
@@ -48,9 +50,9 @@ def _existing_data(settings: Settings) -> None:
         thread_id = f"old-{i}-{uuid.uuid4()}"
         state = ThreadState(thread_id, "tenant-a", "old", 1_000, message_count=1, run_count=1,
                             updated_at_ms=1_000 + i)
-        producer.produce(settings.topics.threads, encode_state(state), thread_id.encode())
+        producer.produce(settings.topics.threads, CODEC.encode_state(state), thread_id.encode())
         message = StoredMessage(f"m-{i}", "user", "hello", f"r-{i}", 1_000)
-        producer.produce(settings.topics.messages, encode_message(
+        producer.produce(settings.topics.messages, CODEC.encode_message(
             MessageRecord(0, message, RunStatus.COMPLETED, 1), new_meta(thread_id, "tenant-a", 0)),
             message_key(thread_id, 0), partition=partition_for(thread_id, settings.partitions))
         if i % 5_000 == 0:

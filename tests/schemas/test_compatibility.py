@@ -28,7 +28,7 @@ import fastavro
 import pytest
 from fastavro.schema import load_schema
 
-from streams.serialization import SCHEMA_DIR
+from streams.wire import SCHEMA_DIR
 
 REPO = SCHEMA_DIR.parent
 # The core schemas and the connectors' (schemas/connectors/), each folder resolving
@@ -175,7 +175,7 @@ def test_a_retired_schema_is_frozen_under_its_fingerprint(path: Path) -> None:
     would leave such records unreadable fails here."""
     from fastavro import parse_schema
 
-    from streams.serialization import TOP_LEVEL_SCHEMAS, schema_fingerprint
+    from streams.wire import TOP_LEVEL_SCHEMAS, schema_fingerprint
 
     name, fingerprint = path.stem.rsplit("-", 1)
     assert name in TOP_LEVEL_SCHEMAS

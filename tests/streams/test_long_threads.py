@@ -30,16 +30,9 @@ from streams.domain import (
 )
 from streams.history import parse_message_key
 from streams.records import MessageRecord
-from streams.serialization import (
-    decode_dead_letter,
-    decode_dispatch,
-    decode_event,
-    decode_message,
-    decode_state,
-    encode_state,
-)
 from streams.thread import OUTPUT_TOO_LARGE, run_id_for
 from streams.topics import ensure_topics
+from streams.wire import Codec
 from tests.kafka_helpers import (
     RoleProcess,
     command_producer,
@@ -48,6 +41,8 @@ from tests.kafka_helpers import (
     read_topic,
     send_command,
 )
+
+CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 pytestmark = pytest.mark.kafka
 
@@ -95,7 +90,7 @@ def _history(settings: Settings, thread: str, count: int) -> dict[int, MessageRe
         for key, value in records:
             owner, seq = parse_message_key(key)
             if owner == thread and value is not None:
-                found[seq] = decode_message(value)[1]
+                found[seq] = CODEC.decode_message(value)[1]
         return found
 
     raw = _read_keyed(settings, settings.topics.messages, lambda got: sum(
@@ -129,7 +124,7 @@ def _read_keyed(settings: Settings, topic: str, until: object) -> list[tuple[byt
 
 
 def _states(settings: Settings, thread: str, until_count: int) -> list[ThreadState]:
-    states = read_topic(settings, settings.topics.threads, decode_state, until=lambda r: any(
+    states = read_topic(settings, settings.topics.threads, CODEC.decode_state, until=lambda r: any(
         s.thread_id == thread and s.message_count >= until_count and s.active_run is None
         for s in r), timeout=180)
     return [s for s in states if s.thread_id == thread]
@@ -156,10 +151,10 @@ def test_two_thousand_turns_keep_the_state_bounded_and_the_history_whole(
     # The state at turn 2,000 is no larger than at turn 10 plus the idempotency cap
     # (the counters' varints may grow by a few bytes).
     one_key = dict(list(final.idempotency.items())[:1])
-    per_key = len(encode_state(replace(final, idempotency=one_key))) - \
-        len(encode_state(replace(final, idempotency={})))
+    per_key = len(CODEC.encode_state(replace(final, idempotency=one_key))) - \
+        len(CODEC.encode_state(replace(final, idempotency={})))
     assert len(final.idempotency) == MAX_KEYS
-    assert len(encode_state(final)) <= len(encode_state(at_10)) + MAX_KEYS * per_key + 8
+    assert len(CODEC.encode_state(final)) <= len(CODEC.encode_state(at_10)) + MAX_KEYS * per_key + 8
 
     history = _history(settings, thread, 2 * turns)
     assert sorted(history) == list(range(2 * turns)), "a message is missing"
@@ -173,14 +168,14 @@ def test_two_thousand_turns_keep_the_state_bounded_and_the_history_whole(
     send_command(producer, settings, PostUserMessage(thread, "t", "m-3", "question 3", None, _now()))
     send_command(producer, settings, PostUserMessage(thread, "t", "marker", "marker", None, _now()))
     flush_all(producer)
-    events = read_topic(settings, settings.topics.events, lambda b: decode_event(b)[1],
+    events = read_topic(settings, settings.topics.events, lambda b: CODEC.decode_event(b)[1],
                         until=lambda r: any(getattr(e, "message_id", None) == "marker" for e in r),
                         timeout=120)
     rejected = [e for e in events if getattr(e, "message_id", None) == "m-3"
                 and type(e).__name__ == "RunRejected"]
     assert [e.reason.value for e in rejected] == ["duplicate"]  # type: ignore[attr-defined]
     # The newest dispatches carry a bounded context, however long the thread.
-    dispatches = read_topic(settings, settings.topics.dispatch, decode_dispatch,
+    dispatches = read_topic(settings, settings.topics.dispatch, CODEC.decode_dispatch,
                             until=lambda r: len(r) >= turns + 1, timeout=120)
     assert max(len(d.history) for _, d in dispatches) <= 50
     assert processor.alive() and processor.tail(400).count("processor ") == 1  # never restarted
@@ -204,7 +199,7 @@ def test_thirty_kilobyte_messages_past_five_megabytes_of_history(
     assert sum(len(m.message.text.encode()) for m in history.values()) > 5_000_000
     assert [history[2 * i].message.text for i in range(turns)] == [q for q, _ in texts]
     assert [history[2 * i + 1].message.text for i in range(turns)] == [a for _, a in texts]
-    dispatches = read_topic(settings, settings.topics.dispatch, decode_dispatch,
+    dispatches = read_topic(settings, settings.topics.dispatch, CODEC.decode_dispatch,
                             until=lambda r: len(r) >= turns, timeout=120)
     # THREADLINE_CONTEXT_CHARS (100,000) bounds the history each attempt carries.
     assert max(sum(len(h.text) for h in d.history) for _, d in dispatches) <= 100_000
@@ -227,13 +222,13 @@ def test_an_answer_that_cannot_fit_is_dead_lettered_and_the_thread_goes_on(
     _turns(producer, settings, thread, [("again", "fine")], start=1)
     _turns(producer, settings, other, [("hello", "hi")])
     flush_all(producer)
-    events = read_topic(settings, settings.topics.events, lambda b: decode_event(b)[1],
+    events = read_topic(settings, settings.topics.events, lambda b: CODEC.decode_event(b)[1],
                         until=lambda r: sum(isinstance(e, RunCompleted) for e in r) >= 2,
                         timeout=120)
     failed = [e for e in events if isinstance(e, RunFailed)]
     assert [(e.thread_id, e.error) for e in failed] == [(thread, OUTPUT_TOO_LARGE)]
     assert {e.thread_id for e in events if isinstance(e, RunCompleted)} == {thread, other}
-    letters = read_topic(settings, settings.topics.dead_letter, decode_dead_letter,
+    letters = read_topic(settings, settings.topics.dead_letter, CODEC.decode_dead_letter,
                          until=lambda r: len(r) >= 1)
     assert letters[0].reason.startswith(OUTPUT_TOO_LARGE) and letters[0].error_type == "OutputTooLarge"
     assert processor.alive()
@@ -256,10 +251,10 @@ def test_a_decision_over_the_record_limit_is_dead_lettered_not_a_crash(
                                                          _now()))
         _turns(producer, settings, thread, [("small", "ok")], start=1)
         flush_all(producer)
-        events = read_topic(settings, settings.topics.events, lambda b: decode_event(b)[1],
+        events = read_topic(settings, settings.topics.events, lambda b: CODEC.decode_event(b)[1],
                             until=lambda r: any(isinstance(e, RunCompleted) for e in r), timeout=120)
         assert not any(getattr(e, "message_id", None) == "m-big" for e in events)
-        letters = read_topic(settings, settings.topics.dead_letter, decode_dead_letter,
+        letters = read_topic(settings, settings.topics.dead_letter, CODEC.decode_dead_letter,
                              until=lambda r: len(r) >= 1)
         assert "record_too_large" in letters[0].reason
         assert proc.alive()

@@ -32,9 +32,9 @@ from streams.domain import (
 from streams.history import parse_message_key
 from streams.migration import migrated
 from streams.records import MessageRecord
-from streams.serialization import SCHEMA_DIR, decode_event, decode_message, schema_fingerprint
 from streams.thread import answer_message_id_for, run_id_for
 from streams.topics import ensure_topics
+from streams.wire import SCHEMA_DIR, Codec, schema_fingerprint
 from tests.kafka_helpers import (
     RoleProcess,
     command_producer,
@@ -43,6 +43,8 @@ from tests.kafka_helpers import (
     read_topic,
     send_command,
 )
+
+CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 THREADS = 1_200
 TURNS = 2  # each old thread: two answered turns, so four messages
@@ -155,10 +157,10 @@ def test_a_processor_killed_mid_migration_leaves_each_message_stored_once(
         send_command(commands, settings, PostUserMessage(thread, "t", "m0", "question 0", None, 1))
         send_command(commands, settings, PostUserMessage(thread, "t", "m9", "next", None, 2))
         flush_all(commands)
-        events = read_topic(settings, settings.topics.events, lambda b: decode_event(b)[1],
+        events = read_topic(settings, settings.topics.events, lambda b: CODEC.decode_event(b)[1],
                             until=lambda r: any(isinstance(e, RunAccepted) for e in r))
         assert [e.reason for e in events if isinstance(e, RunRejected)] == [RejectReason.DUPLICATE]
-        records = read_topic(settings, settings.topics.messages, decode_message,
+        records = read_topic(settings, settings.topics.messages, CODEC.decode_message,
                              until=lambda r: any(m.seq == 4 and meta.thread_id == thread
                                                  for meta, m in r))
         new = next(m for meta, m in records if meta.thread_id == thread and m.seq == 4)

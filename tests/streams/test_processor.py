@@ -28,17 +28,9 @@ from streams.domain import (
     RunStatus,
     ThreadCreated,
 )
-from streams.serialization import (
-    decode_dead_letter,
-    decode_dispatch,
-    decode_event,
-    decode_message,
-    decode_state,
-    encode_command,
-    new_meta,
-)
 from streams.thread import run_id_for
 from streams.topics import ensure_topics
+from streams.wire import Codec, new_meta
 from tests.conftest import SettingsFactory
 from tests.kafka_helpers import (
     RoleProcess,
@@ -49,6 +41,8 @@ from tests.kafka_helpers import (
     send_marker,
 )
 
+CODEC = Codec()  # single-object records, as the roles write them without a registry
+
 pytestmark = pytest.mark.kafka
 
 
@@ -57,7 +51,7 @@ def _now() -> int:
 
 
 def _events(settings: Settings, until: object, timeout: float = 60) -> list[object]:
-    records = read_topic(settings, settings.topics.events, lambda b: decode_event(b)[1],
+    records = read_topic(settings, settings.topics.events, lambda b: CODEC.decode_event(b)[1],
                          until=until, timeout=timeout)  # type: ignore[arg-type]
     return list(records)
 
@@ -89,7 +83,8 @@ def test_a_run_goes_from_post_to_completion_through_kafka_alone(
     events = _events(settings, lambda r: _count(AttemptDispatched, r) >= 1)
     assert [type(e).__name__ for e in events] == [
         "ThreadCreated", "MessageAccepted", "RunAccepted", "AttemptDispatched"], processor.tail()
-    dispatches = read_topic(settings, settings.topics.dispatch, decode_dispatch, until=lambda r: len(r) >= 1)
+    dispatches = read_topic(settings, settings.topics.dispatch, CODEC.decode_dispatch,
+                            until=lambda r: len(r) >= 1)
     assert [(d.run_id, d.attempt, d.input_text) for _, d in dispatches] == [(run, 1, "hi there")]
 
     for report in (
@@ -105,11 +100,11 @@ def test_a_run_goes_from_post_to_completion_through_kafka_alone(
     assert _count(RunCompleted, events) == 1
     completed = next(e for e in events if isinstance(e, RunCompleted))
     assert completed.message.text == "the answer"
-    states = read_topic(settings, settings.topics.threads, decode_state,
+    states = read_topic(settings, settings.topics.threads, CODEC.decode_state,
                         until=lambda r: any(s.active_run is None and s.message_count == 2 for s in r))
     assert states[-1].last_run is not None and states[-1].last_run.status is RunStatus.COMPLETED
     # The history: one record per message, the question rewritten with its run's end.
-    records = read_topic(settings, settings.topics.messages, decode_message,
+    records = read_topic(settings, settings.topics.messages, CODEC.decode_message,
                          until=lambda r: len(r) >= 3)
     newest = {m.seq: m for _, m in records}
     assert [(newest[i].message.role, newest[i].message.text) for i in (0, 1)] == [
@@ -162,7 +157,7 @@ def test_a_malformed_record_goes_to_the_dead_letter_topic_and_processing_goes_on
 ) -> None:
     """Garbage and misrouted commands are dead-lettered, and later commands are still processed."""
     raw = Producer({"bootstrap.servers": settings.bootstrap, "partitioner": "murmur2_random"})
-    valid = encode_command(CreateThread("th-x", "t", "x", 1), new_meta("th-x", "t", 1))
+    valid = CODEC.encode_command(CreateThread("th-x", "t", "x", 1), new_meta("th-x", "t", 1))
     garbage = [b"\xc3\x01garbage", b"not avro at all", valid[:-3], b"\xc3\x01" + b"\x00" * 8 + valid[10:]]
     for value in garbage:
         raw.produce(settings.topics.commands, value, b"th-x")
@@ -175,7 +170,8 @@ def test_a_malformed_record_goes_to_the_dead_letter_topic_and_processing_goes_on
     producer.flush(10)
     events = _events(settings, lambda r: _count(ThreadCreated, r) >= 1)
     assert [e.thread_id for e in events if isinstance(e, ThreadCreated)] == [thread]
-    dead = read_topic(settings, settings.topics.dead_letter, decode_dead_letter, until=lambda r: len(r) >= 5)
+    dead = read_topic(settings, settings.topics.dead_letter, CODEC.decode_dead_letter,
+                      until=lambda r: len(r) >= 5)
     assert sorted(d.value for d in dead) == sorted([*garbage, valid])
     assert all(d.reason and d.source_topic == settings.topics.commands for d in dead)
     assert any("is not the command's thread_id" in d.reason for d in dead)

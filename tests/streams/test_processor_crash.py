@@ -32,10 +32,12 @@ from streams.domain import (
     RunRejected,
     ThreadCreated,
 )
-from streams.serialization import EnvelopeMeta, decode_event, encode_command, new_meta
 from streams.thread import run_id_for
 from streams.topics import ensure_topics
+from streams.wire import Codec, EnvelopeMeta, new_meta
 from tests.kafka_helpers import RoleProcess, command_producer, flush_all, read_topic, send_command
+
+CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
 
@@ -87,7 +89,8 @@ def _send_markers(settings: Settings, tag: str) -> set[str]:
     for partition in range(settings.partitions):
         thread = f"marker-{tag}-{partition}"
         meta = new_meta(thread, "t", now)
-        producer.produce(settings.topics.commands, encode_command(CreateThread(thread, "t", "m", now), meta),
+        producer.produce(settings.topics.commands,
+                         CODEC.encode_command(CreateThread(thread, "t", "m", now), meta),
                          thread.encode(), partition=partition)
         markers.add(thread)
     flush_all(producer)
@@ -124,7 +127,7 @@ def audit(settings: Settings, expected: list[tuple[str, str]], markers: set[str]
     def all_markers(records: list[tuple[EnvelopeMeta, Event]]) -> bool:
         return markers <= {e.thread_id for _, e in records if isinstance(e, ThreadCreated)}
 
-    records = read_topic(settings, settings.topics.events, decode_event, until=all_markers, timeout=120)
+    records = read_topic(settings, settings.topics.events, CODEC.decode_event, until=all_markers, timeout=120)
     problems: list[str] = []
     if not all_markers(records):
         problems.append("the markers never came back: the processor stopped deciding")
@@ -181,7 +184,7 @@ def _kill_on_output(settings: Settings, proc: RoleProcess, rng: random.Random, k
                 _, partition, offset = msg.topic(), msg.partition(), msg.offset()
                 assert partition is not None and offset is not None
                 if offset >= floor[partition] and \
-                        isinstance(decode_event(msg.value() or b"")[1], MessageAccepted):
+                        isinstance(CODEC.decode_event(msg.value() or b"")[1], MessageAccepted):
                     break
             proc.kill9()
             for tp in partitions:

@@ -49,19 +49,9 @@ from streams.records import (
     TextDelta,
     TextEnd,
 )
-from streams.serialization import (
-    EnvelopeMeta,
-    decode_command,
-    decode_dead_letter,
-    decode_event,
-    decode_message,
-    decode_state,
-    decode_stream,
-    encode_dispatch,
-    new_meta,
-)
 from streams.thread import answer_message_id_for, run_id_for
 from streams.topics import ensure_topics
+from streams.wire import Codec, EnvelopeMeta, new_meta
 from streams.worker import SHUTDOWN_ERROR, Fate, PartitionOffsets, Worker
 from tests.kafka_helpers import (
     RoleProcess,
@@ -72,6 +62,8 @@ from tests.kafka_helpers import (
     send_marker,
     wait_for,
 )
+
+CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 
 def _now() -> int:
@@ -159,7 +151,7 @@ def _read_stream(settings: Settings, until: Callable[[list[Rec]], bool],
                     if error.code() != KafkaError._PARTITION_EOF:
                         raise RuntimeError(error)
                     continue
-                meta, out = decode_stream(msg.value() or b"")
+                meta, out = CODEC.decode_stream(msg.value() or b"")
                 records.append(Rec(msg.partition() or 0, msg.offset() or 0, meta, out))
             if until(records):
                 break
@@ -181,7 +173,7 @@ def _lifecycle(records: Sequence[Rec], run_id: str, event: str) -> list[Rec]:
 
 def _events(settings: Settings, until: Callable[[list[Event]], bool],
             timeout: float = 60) -> list[Event]:
-    return read_topic(settings, settings.topics.events, lambda b: decode_event(b)[1],
+    return read_topic(settings, settings.topics.events, lambda b: CODEC.decode_event(b)[1],
                       until=until, timeout=timeout)
 
 
@@ -233,14 +225,15 @@ def _dispatch(settings: Settings, thread: str, partition: int, text: str = "ques
                         history=(HistoryMessage("m0", "user", "before"),),
                         dispatched_at_ms=_now())
     producer = Producer({"bootstrap.servers": settings.bootstrap})
-    producer.produce(settings.topics.dispatch, encode_dispatch(dispatch, new_meta(thread, "acme", _now())),
+    producer.produce(settings.topics.dispatch,
+                     CODEC.encode_dispatch(dispatch, new_meta(thread, "acme", _now())),
                      thread.encode(), partition=partition)
     producer.flush(10)
     return dispatch
 
 
 def _reports(settings: Settings, until: Callable[[list[Any]], bool]) -> list[Any]:
-    return read_topic(settings, settings.topics.commands, lambda b: decode_command(b)[1],
+    return read_topic(settings, settings.topics.commands, lambda b: CODEC.decode_command(b)[1],
                       until=until, timeout=30)
 
 
@@ -664,9 +657,9 @@ def test_a_run_streams_every_part_in_order_and_stores_the_streamed_text(stack: S
     started = next(e for e in _of_run(events, run) if isinstance(e, AttemptStarted))
     assert started.worker_id == "w1"
 
-    read_topic(settings, settings.topics.threads, decode_state, until=lambda s: any(
+    read_topic(settings, settings.topics.threads, CODEC.decode_state, until=lambda s: any(
         x.thread_id == thread and x.active_run is None and x.message_count == 2 for x in s))
-    records = read_topic(settings, settings.topics.messages, decode_message, until=lambda r: sum(
+    records = read_topic(settings, settings.topics.messages, CODEC.decode_message, until=lambda r: sum(
         m.thread_id == thread for m, _ in r) >= 3)  # question, answer, question rewritten
     history = {r.seq: r.message for m, r in records if m.thread_id == thread}
     assert [(history[i].role, history[i].text) for i in sorted(history)] == [
@@ -769,7 +762,7 @@ def test_hostile_input_never_stops_a_worker(test_env: dict[str, str], tmp_path: 
         for run in runs:
             failed = [e for e in _of_run(events, run) if isinstance(e, RunFailed)]
             assert [(f.error, f.attempt) for f in failed] == [("output_too_large", 1)], stack.logs()
-        letters = read_topic(settings, settings.topics.dead_letter, decode_dead_letter,
+        letters = read_topic(settings, settings.topics.dead_letter, CODEC.decode_dead_letter,
                              until=lambda r: len(r) >= 2)
         assert sorted((d.source_partition, d.error_type) for d in letters) == [
             (0, "DecodeError"), (1, "DecodeError")]

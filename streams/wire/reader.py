@@ -9,8 +9,8 @@ per named record, once, that reads the bytes field by field.
 The output is exactly fastavro's for `return_record_name=True,
 return_record_name_override=True` (dicts in field order; a union's record branch
 as `(name, dict)` unless the union holds a single record; enums as symbols), so
-the dataclass bindings of `streams.serialization` apply unchanged;
-`tests/streams/test_avro_reader.py` checks it against fastavro on generated
+the dataclass bindings of `streams.wire.binding` apply unchanged;
+`tests/streams/wire/test_reader.py` checks it against fastavro on generated
 records, and that malformed bytes raise. It reads the writer schema only, with no
 schema resolution: records of another schema version still go through fastavro.
 

@@ -17,8 +17,8 @@ from fastavro.utils import generate_many
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from streams.avro_reader import compile_reader
-from streams.serialization import SCHEMA_DIR, TOP_LEVEL_SCHEMAS
+from streams.wire import SCHEMA_DIR, TOP_LEVEL_SCHEMAS
+from streams.wire.reader import compile_reader
 
 MALFORMED = (IndexError, ValueError, UnicodeDecodeError, struct.error)
 

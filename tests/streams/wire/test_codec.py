@@ -81,7 +81,7 @@ from streams.records import (
     TextEnd,
     TextStart,
 )
-from streams.serialization import (
+from streams.wire import (
     SCHEMA_DIR,
     TOP_LEVEL_SCHEMAS,
     Codec,
@@ -89,25 +89,12 @@ from streams.serialization import (
     DecodeError,
     EnvelopeMeta,
     RegistryError,
-    decode_command,
-    decode_dead_letter,
-    decode_dispatch,
-    decode_event,
-    decode_legacy_history,
-    decode_message,
-    decode_state,
-    decode_stream,
-    encode_command,
-    encode_dead_letter,
-    encode_dispatch,
-    encode_event,
-    encode_message,
-    encode_state,
-    encode_stream,
     new_meta,
     schema_fingerprint,
     schema_registry,
 )
+
+CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 T = "thread-1"
 STEPS = (Step("tool_call", "search", '{"q": "kafka"}'), Step("tool_result", "search", "[]"))
@@ -206,45 +193,45 @@ def test_examples_cover_every_command_event_and_stream_part() -> None:
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: type(c).__name__)
 def test_command_round_trip(command: Command) -> None:
     """Every command encodes and decodes back to itself with its envelope."""
-    assert decode_command(encode_command(command, META)) == (META, command)
+    assert CODEC.decode_command(CODEC.encode_command(command, META)) == (META, command)
 
 
 @pytest.mark.parametrize("event", EVENTS, ids=lambda e: type(e).__name__)
 def test_event_round_trip(event: Event) -> None:
     """Every event encodes and decodes back to itself with its envelope."""
-    assert decode_event(encode_event(event, META)) == (META, event)
+    assert CODEC.decode_event(CODEC.encode_event(event, META)) == (META, event)
 
 
 @pytest.mark.parametrize("part", PARTS, ids=lambda p: type(p).__name__)
 def test_stream_round_trip(part: StreamPart) -> None:
     """Every stream part encodes and decodes back to itself with its envelope."""
     output = StreamOutput("r1", 1, "m-a1", "part-0", 0, part)
-    assert decode_stream(encode_stream(output, META)) == (META, output)
+    assert CODEC.decode_stream(CODEC.encode_stream(output, META)) == (META, output)
 
 
 @pytest.mark.parametrize("state", STATES)
 def test_state_round_trip(state: ThreadState) -> None:
     """Thread states round-trip, stay read-only, and carry no legacy history."""
-    decoded = decode_state(encode_state(state))
+    decoded = CODEC.decode_state(CODEC.encode_state(state))
     assert decoded == state
     assert isinstance(decoded.idempotency, MappingProxyType)  # stays read-only
-    assert decode_legacy_history(encode_state(state)) == ((), {})  # written empty
+    assert CODEC.decode_legacy_history(CODEC.encode_state(state)) == ((), {})  # written empty
 
 
 @pytest.mark.parametrize("record", MESSAGES, ids=lambda r: str(r.seq))
 def test_message_record_round_trip(record: MessageRecord) -> None:
     """Message records round-trip with their envelope."""
-    assert decode_message(encode_message(record, META)) == (META, record)
+    assert CODEC.decode_message(CODEC.encode_message(record, META)) == (META, record)
 
 
 def test_a_state_in_the_old_form_still_reads_with_its_history() -> None:
     """A state written by release 0.1 (messages, runs and run_by_message inline):
-    the bounded fields read as before, the history through decode_legacy_history."""
+    the bounded fields read as before, the history through CODEC.decode_legacy_history."""
     old = _STATES_SCHEMA_V1_RECORD
     data = _write_v1_state(old)
-    state = decode_state(data)
+    state = CODEC.decode_state(data)
     assert (state.thread_id, state.tenant, state.title, state.message_count) == (T, "acme", "t", 0)
-    messages, runs = decode_legacy_history(data)
+    messages, runs = CODEC.decode_legacy_history(data)
     assert [m.text for m in messages] == ["Hi", "Hello"]
     assert runs == {"r1": RunRecord("r1", "m1", RunStatus.COMPLETED, 1)}
 
@@ -277,8 +264,8 @@ def test_records_written_with_earlier_schema_versions_still_read() -> None:
     """Commands and events on the topics from release 0.1 (before DeleteThread and
     ThreadDeleted joined the unions) decode with this build."""
     for name, encode, decode, example in (
-        ("CommandEnvelope", encode_command, decode_command, COMMANDS[1]),
-        ("EventEnvelope", encode_event, decode_event, EVENTS[1]),
+        ("CommandEnvelope", CODEC.encode_command, CODEC.decode_command, COMMANDS[1]),
+        ("EventEnvelope", CODEC.encode_event, CODEC.decode_event, EVENTS[1]),
     ):
         path = next((SCHEMA_DIR / "history").glob(f"threadline.{name}-*.avsc"))
         parsed = fastavro.parse_schema(json.loads(path.read_text()))
@@ -289,9 +276,9 @@ def test_records_written_with_earlier_schema_versions_still_read() -> None:
 
 def test_dispatch_and_dead_letter_round_trip() -> None:
     """Dispatches and dead letters round-trip."""
-    assert decode_dispatch(encode_dispatch(DISPATCH, META)) == (META, DISPATCH)
+    assert CODEC.decode_dispatch(CODEC.encode_dispatch(DISPATCH, META)) == (META, DISPATCH)
     for dead_letter in DEAD_LETTERS:
-        assert decode_dead_letter(encode_dead_letter(dead_letter)) == dead_letter
+        assert CODEC.decode_dead_letter(CODEC.encode_dead_letter(dead_letter)) == dead_letter
 
 
 def test_new_meta_has_defaults_and_a_fresh_uuid() -> None:
@@ -300,19 +287,19 @@ def test_new_meta_has_defaults_and_a_fresh_uuid() -> None:
     assert a.envelope_id != b.envelope_id and len(a.envelope_id) == 36
     assert (a.traceparent, a.tracestate, a.schema_version) == (None, None, 1)
     assert b.traceparent == "00-x-y-01"
-    assert decode_event(encode_event(EVENTS[0], a))[0] == a
+    assert CODEC.decode_event(CODEC.encode_event(EVENTS[0], a))[0] == a
 
 
 def test_envelope_and_payload_thread_must_agree() -> None:
     """A command whose envelope names another thread cannot be encoded."""
     with pytest.raises(ValueError, match="thread_id"):
-        encode_command(COMMANDS[0], new_meta("other-thread", "acme", 1))
+        CODEC.encode_command(COMMANDS[0], new_meta("other-thread", "acme", 1))
 
 
 def test_encoding_an_event_as_a_command_is_a_type_error() -> None:
     """Encoding an event as a command raises TypeError."""
     with pytest.raises(TypeError, match="ThreadCreated is not one of"):
-        encode_command(EVENTS[0], META)  # type: ignore[arg-type]
+        CODEC.encode_command(EVENTS[0], META)  # type: ignore[arg-type]
 
 
 _INT32 = st.integers(-(2**31), 2**31 - 1)
@@ -342,9 +329,9 @@ def test_hypothesis_round_trip(cls: type, data: st.DataObject, produced_at_ms: i
     value = data.draw(_strategy(cls))
     meta = EnvelopeMeta("id", value.thread_id, "t", produced_at_ms, None, "s", 7)
     if cls in _all(Command):
-        assert decode_command(encode_command(value, meta)) == (meta, value)
+        assert CODEC.decode_command(CODEC.encode_command(value, meta)) == (meta, value)
     else:
-        assert decode_event(encode_event(value, meta)) == (meta, value)
+        assert CODEC.decode_event(CODEC.encode_event(value, meta)) == (meta, value)
 
 
 _STATE_STRATEGY = st.builds(
@@ -364,14 +351,14 @@ _STATE_STRATEGY = st.builds(
 @given(state=_STATE_STRATEGY)
 def test_hypothesis_state_round_trip(state: ThreadState) -> None:
     """Random thread states round-trip."""
-    assert decode_state(encode_state(state)) == state
+    assert CODEC.decode_state(CODEC.encode_state(state)) == state
 
 
 @hsettings(max_examples=60)
 @given(output=_strategy(StreamOutput), meta=_strategy(EnvelopeMeta))
 def test_hypothesis_stream_round_trip(output: StreamOutput, meta: EnvelopeMeta) -> None:
     """Random stream outputs round-trip."""
-    assert decode_stream(encode_stream(output, meta)) == (meta, output)
+    assert CODEC.decode_stream(CODEC.encode_stream(output, meta)) == (meta, output)
 
 
 # --- schemas and dataclasses cannot drift --------------------------------------
@@ -475,7 +462,7 @@ BOUND = [
     StoredMessage, ActiveRun, RunRecord, IdempotencyRecord, ThreadState,
 ]
 # Fields kept in a schema for records written before they were dropped from the
-# dataclass: written with their default, read only by `decode_legacy_history`.
+# dataclass: written with their default, read only by `CODEC.decode_legacy_history`.
 LEGACY_FIELDS = {"threadline.ThreadState": {"messages", "runs", "run_by_message"}}
 
 
@@ -585,26 +572,26 @@ def test_apache_avro_reads_every_record_with_only_the_schema_files(
     """Apache Avro, given only the schema files, reads every record we write."""
     meta = _plain(META)
     for command in COMMANDS:
-        got = _apache_read(apache, "threadline.CommandEnvelope", encode_command(command, META))
+        got = _apache_read(apache, "threadline.CommandEnvelope", CODEC.encode_command(command, META))
         assert got == meta | {"payload": _plain(command)}
     for event in EVENTS:
-        got = _apache_read(apache, "threadline.EventEnvelope", encode_event(event, META))
+        got = _apache_read(apache, "threadline.EventEnvelope", CODEC.encode_event(event, META))
         assert got == meta | {"payload": _plain(event)}
     for part in PARTS:
         output = StreamOutput("r1", 1, "m-a1", "part-0", 7, part)
-        got = _apache_read(apache, "threadline.StreamEnvelope", encode_stream(output, META))
+        got = _apache_read(apache, "threadline.StreamEnvelope", CODEC.encode_stream(output, META))
         assert got == meta | _plain(output)
-    got = _apache_read(apache, "threadline.Dispatch", encode_dispatch(DISPATCH, META))
+    got = _apache_read(apache, "threadline.Dispatch", CODEC.encode_dispatch(DISPATCH, META))
     assert got == meta | _plain(DISPATCH)
     for dead_letter in DEAD_LETTERS:
-        got = _apache_read(apache, "threadline.DeadLetter", encode_dead_letter(dead_letter))
+        got = _apache_read(apache, "threadline.DeadLetter", CODEC.encode_dead_letter(dead_letter))
         assert got == _plain(dead_letter)
     legacy = {"messages": [], "runs": {}, "run_by_message": {}}
     for state in STATES:
-        got = _apache_read(apache, "threadline.ThreadState", encode_state(state))
+        got = _apache_read(apache, "threadline.ThreadState", CODEC.encode_state(state))
         assert got == _plain(state) | legacy
     for record in MESSAGES:
-        got = _apache_read(apache, "threadline.MessageRecord", encode_message(record, META))
+        got = _apache_read(apache, "threadline.MessageRecord", CODEC.encode_message(record, META))
         assert got == meta | _plain(record)
 
 
@@ -622,17 +609,17 @@ def test_we_read_what_apache_avro_writes(apache: avro.name.Names) -> None:
     meta = _plain(META)
     command = COMMANDS[0]
     data = write("threadline.CommandEnvelope", meta | {"payload": _plain(command)})
-    assert decode_command(data) == (META, command)
+    assert CODEC.decode_command(data) == (META, command)
     data = write("threadline.Dispatch", meta | _plain(DISPATCH))
-    assert decode_dispatch(data) == (META, DISPATCH)
+    assert CODEC.decode_dispatch(data) == (META, DISPATCH)
     for letter in DEAD_LETTERS:
-        assert decode_dead_letter(write("threadline.DeadLetter", _plain(letter))) == letter
+        assert CODEC.decode_dead_letter(write("threadline.DeadLetter", _plain(letter))) == letter
     for state in STATES:
         datum = _plain(state) | {"messages": [], "runs": {}, "run_by_message": {}}
-        assert decode_state(write("threadline.ThreadState", datum)) == state
+        assert CODEC.decode_state(write("threadline.ThreadState", datum)) == state
     for record in MESSAGES:
         data = write("threadline.MessageRecord", meta | _plain(record))
-        assert decode_message(data) == (META, record)
+        assert CODEC.decode_message(data) == (META, record)
 
 
 def test_schema_registry_maps_header_fingerprints_to_self_contained_schemas(
@@ -641,7 +628,7 @@ def test_schema_registry_maps_header_fingerprints_to_self_contained_schemas(
     """The fingerprint map holds one self-contained schema per top-level record, under its fingerprint."""
     registry = schema_registry()
     assert len(registry) == len(TOP_LEVEL_SCHEMAS)
-    assert encode_command(COMMANDS[0], META)[2:10] in registry
+    assert CODEC.encode_command(COMMANDS[0], META)[2:10] in registry
     for fp, schema in registry.items():
         assert avro.schema.parse(json.dumps(schema)).fingerprint("CRC-64-AVRO") == fp
         assert _named(apache, schema["name"]).fingerprint("CRC-64-AVRO") == fp
@@ -650,9 +637,10 @@ def test_schema_registry_maps_header_fingerprints_to_self_contained_schemas(
 # --- malformed bytes -----------------------------------------------------------
 
 DECODERS: list[Callable[[bytes], object]] = [
-    decode_command, decode_event, decode_dispatch, decode_stream, decode_dead_letter, decode_state,
+    CODEC.decode_command, CODEC.decode_event, CODEC.decode_dispatch, CODEC.decode_stream,
+    CODEC.decode_dead_letter, CODEC.decode_state,
 ]
-GOOD = encode_command(COMMANDS[6], META)
+GOOD = CODEC.encode_command(COMMANDS[6], META)
 HEADERS = [b"\xc3\x01" + fp for fp in schema_registry()]  # in TOP_LEVEL_SCHEMAS order
 
 
@@ -668,7 +656,7 @@ HEADERS = [b"\xc3\x01" + fp for fp in schema_registry()]  # in TOP_LEVEL_SCHEMAS
         (GOOD[:2] + bytes(8) + GOOD[10:], "unknown schema fingerprint"),
         (GOOD[:-1], "malformed threadline.CommandEnvelope body"),
         (GOOD + b"\x00", "1 trailing bytes"),
-        (encode_event(EVENTS[0], META), "is a threadline.EventEnvelope"),
+        (CODEC.encode_event(EVENTS[0], META), "is a threadline.EventEnvelope"),
         (b"\x00\x00\x00\x00\x01" + GOOD[10:], "no schema registry is configured"),
         (b"\x00\x00\x01", "truncated Confluent header"),
     ],
@@ -676,16 +664,16 @@ HEADERS = [b"\xc3\x01" + fp for fp in schema_registry()]  # in TOP_LEVEL_SCHEMAS
 def test_malformed_bytes_raise_decode_error(data: bytes, message: str) -> None:
     """Each kind of malformed bytes raises DecodeError with a message naming the fault."""
     with pytest.raises(DecodeError, match=message):
-        decode_command(data)
+        CODEC.decode_command(data)
 
 
 def test_every_truncation_of_every_example_raises_decode_error() -> None:
     """Every cut-short encoding of every command raises DecodeError."""
     for command in COMMANDS:
-        data = encode_command(command, META)
+        data = CODEC.encode_command(command, META)
         for end in range(len(data)):
             with pytest.raises(DecodeError):
-                decode_command(data[:end])
+                CODEC.decode_command(data[:end])
 
 
 def test_a_payload_for_another_thread_is_malformed() -> None:
@@ -695,7 +683,7 @@ def test_a_payload_for_another_thread_is_malformed() -> None:
     payload = ("threadline.CheckDeadlines", _plain(CheckDeadlines("another-thread", 1)))
     fastavro.schemaless_writer(body, schema, _plain(META) | {"payload": payload})
     with pytest.raises(DecodeError, match="thread_id"):
-        decode_command(GOOD[:10] + body.getvalue())
+        CODEC.decode_command(GOOD[:10] + body.getvalue())
 
 
 @hsettings(max_examples=300)
