@@ -45,8 +45,8 @@ from gateway.kafka import partition_for
 from gateway.ready import probe_thread_id
 from streams.config import Settings
 from streams.domain import CheckDeadlines, Command, CreateThread, PostUserMessage, ReportAttemptCompleted
+from streams.ids import run_id_for
 from streams.serialization import encode_command, new_meta
-from streams.thread import run_id_for
 
 BENCH = "growth"
 TENANT = "bench"  # the tenant of the API key "bench" (bench_env)

@@ -23,9 +23,9 @@ from bench.stack import AUTH, Stack, new_stack
 from bench.streamgen import TENANT, complete_frames, seed_threads
 from gateway.kafka import partition_for
 from gateway.tokens import ResumeTokens
+from streams.ids import answer_message_id_for
 from streams.records import MessageStart, RunLifecycle, StreamOutput, TextDelta, TextStart
 from streams.serialization import decode_stream, encode_stream, new_meta
-from streams.thread import answer_message_id_for
 
 BENCH = "replay"
 EVENTS = 10_000

@@ -29,9 +29,9 @@ from confluent_kafka import Producer
 
 from streams.config import Settings
 from streams.domain import ThreadState
+from streams.ids import answer_message_id_for
 from streams.records import MessageStart, RunLifecycle, StreamOutput, TextDelta, TextStart
 from streams.serialization import encode_state, encode_stream, new_meta
-from streams.thread import answer_message_id_for
 
 TENANT = "bench"
 _DELTA_TS = re.compile(rb'"delta":"ts(\d+)"')

@@ -71,6 +71,7 @@ from streams.agents import (
     create_agent,
 )
 from streams.aio import stop_client
+from streams.clock import now_ms
 from streams.config import Settings
 from streams.domain import (
     Citation,
@@ -81,7 +82,9 @@ from streams.domain import (
     ReportHeartbeat,
     Step,
 )
+from streams.ids import answer_message_id_for
 from streams.kafka_security import aiokafka_config
+from streams.lifecycle import RunFate
 from streams.records import (
     CitationsOutput,
     DeadLetter,
@@ -97,10 +100,10 @@ from streams.records import (
     TextStart,
 )
 from streams.serialization import Codec, DecodeError, EnvelopeMeta, new_meta
-from streams.thread import OUTPUT_TOO_LARGE, answer_message_id_for
+from streams.thread import OUTPUT_TOO_LARGE
 from streams.topics import ensure_topics
 
-__all__ = ["DEFAULT_CONCURRENCY", "Fate", "PartitionOffsets", "Worker", "run_worker"]
+__all__ = ["DEFAULT_CONCURRENCY", "PartitionOffsets", "Worker", "run_worker"]
 
 log = logging.getLogger("threadline.worker")
 
@@ -115,30 +118,7 @@ OUTCOME_SEND_TRIES = 5
 SHUTDOWN_ERROR = "worker shutting down"
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 # --- pure bookkeeping ------------------------------------------------------------
-
-
-@dataclass
-class Fate:
-    """What the lifecycle records say about a run: which of its attempts are over."""
-
-    ended: bool = False  # completed, failed or cancelled: every attempt is over
-    dead_through: int = 0  # attempts up to and including this one are over
-
-    def learn(self, event: str, attempt: int) -> None:
-        if event in ("run_completed", "run_failed", "run_cancelled"):
-            self.ended = True
-        elif event == "retry_scheduled":  # `attempt` is the failed one
-            self.dead_through = max(self.dead_through, attempt)
-        elif event == "attempt_dispatched":
-            self.dead_through = max(self.dead_through, attempt - 1)
-
-    def kills(self, attempt: int) -> bool:
-        return self.ended or attempt <= self.dead_through
 
 
 class PartitionOffsets:
@@ -184,11 +164,11 @@ class _LifecycleWatch:
     """Reads `RunLifecycle` records of the owned stream partitions into run fates."""
 
     def __init__(self, settings: Settings, client_id: str,
-                 on_fate: Callable[[str, Fate], None], codec: Codec) -> None:
+                 on_fate: Callable[[str, RunFate], None], codec: Codec) -> None:
         self.topic = settings.topics.stream
         self.codec = codec
         self.on_fate = on_fate
-        self.fates: OrderedDict[str, Fate] = OrderedDict()
+        self.fates: OrderedDict[str, RunFate] = OrderedDict()
         self.covered_from: dict[int, int] = {}  # partition -> records read since (ms)
         self.caught_up: set[int] = set()  # read to the end at least once since assignment
         self._ready = asyncio.Event()  # set while `follow` is not under way
@@ -214,7 +194,7 @@ class _LifecycleWatch:
             await asyncio.gather(self._task, return_exceptions=True)
         await stop_client(self.consumer)
 
-    def fate(self, run_id: str) -> Fate | None:
+    def fate(self, run_id: str) -> RunFate | None:
         return self.fates.get(run_id)
 
     async def follow(self, partitions: set[int]) -> None:
@@ -229,7 +209,7 @@ class _LifecycleWatch:
             self.consumer.assign([TopicPartition(self.topic, p) for p in sorted(partitions)])
             for p, offset in kept.items():
                 self.consumer.seek(TopicPartition(self.topic, p), offset)
-            since = _now_ms() - LIFECYCLE_MARGIN_MS
+            since = now_ms() - LIFECYCLE_MARGIN_MS
             self.covered_from = {p: self.covered_from.get(p, since) for p in kept}
             self.caught_up = {p for p in self.caught_up if p in kept}
             for p in partitions - kept.keys():
@@ -303,7 +283,7 @@ class _LifecycleWatch:
             return
         if not isinstance(output.payload, RunLifecycle):
             return
-        fate = self.fates.pop(output.run_id, None) or Fate()
+        fate = self.fates.pop(output.run_id, None) or RunFate()
         fate.learn(output.payload.event, output.attempt)
         self.fates[output.run_id] = fate
         while len(self.fates) > FATES_KEPT:
@@ -491,7 +471,7 @@ class _Execution:
             part_id=f"{self.execution_id}:{part}", seq=self.seq, payload=payload,
         )
         self.seq += 1
-        meta = new_meta(self.meta.thread_id, self.meta.tenant, _now_ms(),
+        meta = new_meta(self.meta.thread_id, self.meta.tenant, now_ms(),
                         self.meta.traceparent, self.meta.tracestate)
         worker = self.worker
         delivery = await worker.producer.send(
@@ -516,10 +496,10 @@ class _Execution:
                 continue
             stalled = False
             await self._report(ReportHeartbeat(self.meta.thread_id, self.dispatch.run_id,
-                                               self.attempt, self.worker.worker_id, _now_ms()))
+                                               self.attempt, self.worker.worker_id, now_ms()))
 
     async def _report(self, command: Command) -> asyncio.Future[Any]:
-        meta = new_meta(self.meta.thread_id, self.meta.tenant, _now_ms(),
+        meta = new_meta(self.meta.thread_id, self.meta.tenant, now_ms(),
                         self.meta.traceparent, self.meta.tracestate)
         delivery: asyncio.Future[Any] = await self.worker.producer.send(
             self.worker.settings.topics.commands, self.worker.codec.encode_command(command, meta),
@@ -543,16 +523,16 @@ class _Execution:
 
     def _started(self) -> ReportAttemptStarted:
         return ReportAttemptStarted(self.meta.thread_id, self.dispatch.run_id, self.attempt,
-                                    self.worker.worker_id, _now_ms())
+                                    self.worker.worker_id, now_ms())
 
     def _completed(self, text: str, steps: tuple[Step, ...],
                    citations: tuple[Citation, ...]) -> ReportAttemptCompleted:
         return ReportAttemptCompleted(self.meta.thread_id, self.dispatch.run_id, self.attempt,
-                                      self.worker.worker_id, text, steps, citations, _now_ms())
+                                      self.worker.worker_id, text, steps, citations, now_ms())
 
     def _failed(self, error: str, retryable: bool) -> ReportAttemptFailed:
         return ReportAttemptFailed(self.meta.thread_id, self.dispatch.run_id, self.attempt,
-                                   self.worker.worker_id, error, retryable, _now_ms())
+                                   self.worker.worker_id, error, retryable, now_ms())
 
 
 def _log_failed_delivery(delivery: asyncio.Future[Any]) -> None:
@@ -648,7 +628,7 @@ class Worker:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
             return
-        if _now_ms() - dispatch.dispatched_at_ms > self.settings.policy.attempt_timeout_ms:
+        if now_ms() - dispatch.dispatched_at_ms > self.settings.policy.attempt_timeout_ms:
             # The processor has timed this attempt out already.
             offsets.finish(record.offset)
             return
@@ -667,7 +647,7 @@ class Worker:
         key, value = record.key, (record.value or b"")[:DEAD_LETTER_MAX_BYTES]
         letter = DeadLetter(source_topic=topic, source_partition=partition,
                             source_offset=record.offset, key=key, value=value, reason=reason,
-                            error_type="DecodeError", failed_at_ms=_now_ms())
+                            error_type="DecodeError", failed_at_ms=now_ms())
         while True:
             try:
                 delivery = await self.producer.send(
@@ -722,7 +702,7 @@ class Worker:
             if execution.finished:
                 execution.offsets.finish(execution.offset)
 
-    def _on_fate(self, run_id: str, fate: Fate) -> None:
+    def _on_fate(self, run_id: str, fate: RunFate) -> None:
         for execution in list(self.by_run.get(run_id, ())):
             if fate.kills(execution.attempt):
                 execution.stop(_Stop.SUPERSEDED)

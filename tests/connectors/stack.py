@@ -20,12 +20,12 @@ from confluent_kafka.admin import AdminClient
 from streams.broker import free_port
 from streams.config import Settings
 from streams.connectors.codec import decode_outbox
-from streams.connectors.ids import message_id_for, outbox_id_for
+from streams.connectors.ids import message_id_for
 from streams.connectors.outbox import ANSWER, ChatOutbox
 from streams.connectors.topics import ensure_connector_topics, outbox_topic
 from streams.domain import Event, RunAccepted, RunCompleted
+from streams.ids import outbox_id_for, run_id_for
 from streams.serialization import decode_event
-from streams.thread import run_id_for
 from tests.connectors.chat_double import SIGNING_SECRET, TEAM, ChatDouble
 from tests.kafka_helpers import RoleProcess, read_topic, wait_for
 

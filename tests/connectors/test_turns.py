@@ -11,11 +11,11 @@ from collections.abc import Iterator
 import pytest
 
 from streams.connectors.codec import AuditKind, decode_audit
-from streams.connectors.ids import outbox_id_for
 from streams.connectors.outbox import ANSWER, PLACEHOLDER_TEXT, WEBHOOK, OutboxStatus
 from streams.connectors.topics import audit_topic
 from streams.connectors.webhook import verify
 from streams.domain import Event, RejectReason, RunAccepted, RunFailed, RunRejected
+from streams.ids import outbox_id_for
 from tests.connectors.chat_double import ChatDouble
 from tests.connectors.stack import (
     Stack,

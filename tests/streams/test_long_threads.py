@@ -29,6 +29,7 @@ from streams.domain import (
     ThreadState,
 )
 from streams.history import parse_message_key
+from streams.ids import run_id_for
 from streams.records import MessageRecord
 from streams.serialization import (
     decode_dead_letter,
@@ -38,7 +39,7 @@ from streams.serialization import (
     decode_state,
     encode_state,
 )
-from streams.thread import OUTPUT_TOO_LARGE, run_id_for
+from streams.thread import OUTPUT_TOO_LARGE
 from streams.topics import ensure_topics
 from tests.kafka_helpers import (
     RoleProcess,

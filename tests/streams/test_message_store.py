@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 
 from streams.domain import RunStatus, StoredMessage
 from streams.history import context_window, message_key
+from streams.ids import run_id_for
 from streams.message_store import MessageStore, _context_row, _row
 from streams.records import HistoryMessage, MessageRecord
 from streams.serialization import Codec, new_meta
 from streams.state_store import PartitionStore
-from streams.thread import run_id_for
 
 CODEC = Codec()
 T = "t/1"  # a slash in the id: keys must still be unambiguous

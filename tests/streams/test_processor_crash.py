@@ -32,8 +32,8 @@ from streams.domain import (
     RunRejected,
     ThreadCreated,
 )
+from streams.ids import run_id_for
 from streams.serialization import EnvelopeMeta, decode_event, encode_command, new_meta
-from streams.thread import run_id_for
 from streams.topics import ensure_topics
 from tests.kafka_helpers import RoleProcess, command_producer, flush_all, read_topic, send_command
 

@@ -37,6 +37,7 @@ from streams.domain import (
     RunFailed,
     Step,
 )
+from streams.ids import answer_message_id_for, run_id_for
 from streams.records import (
     CitationsOutput,
     Dispatch,
@@ -60,9 +61,8 @@ from streams.serialization import (
     encode_dispatch,
     new_meta,
 )
-from streams.thread import answer_message_id_for, run_id_for
 from streams.topics import ensure_topics
-from streams.worker import SHUTDOWN_ERROR, Fate, PartitionOffsets, Worker
+from streams.worker import SHUTDOWN_ERROR, PartitionOffsets, Worker
 from tests.kafka_helpers import (
     RoleProcess,
     command_producer,
@@ -106,19 +106,6 @@ def test_records_fetched_again_while_an_earlier_one_runs_are_not_taken_twice() -
     offsets.finish(3)
     assert offsets.position() == 1
     assert [offsets.take(o) for o in (1, 2, 3, 4)] == [False, False, False, True]
-
-
-def test_fate_kills_attempts_the_lifecycle_says_are_over() -> None:
-    fate = Fate()
-    fate.learn("run_accepted", 0)
-    fate.learn("attempt_dispatched", 1)
-    assert not fate.kills(1)
-    fate.learn("retry_scheduled", 1)
-    assert fate.kills(1) and not fate.kills(2)
-    fate.learn("attempt_dispatched", 3)
-    assert fate.kills(2) and not fate.kills(3)
-    fate.learn("run_cancelled", 0)  # cancellations carry attempt 0
-    assert fate.kills(3) and fate.kills(9)
 
 
 # --- reading topics with positions ------------------------------------------------------------
