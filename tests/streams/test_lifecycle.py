@@ -99,7 +99,7 @@ def test_lifecycle_records_mirror_the_run_decisions() -> None:
     completed = lifecycle_record(RunCompleted(T, RUN, 2, answer, 5), BEFORE)
     assert completed is not None and completed.payload == \
         RunLifecycle("run_completed", "m-1", "", answer)
-    assert type(completed.payload.event) is str  # type: ignore[union-attr]
+    assert type(completed.payload.event) is str
 
 
 def test_no_lifecycle_record_for_other_events_or_without_a_state() -> None:

@@ -80,7 +80,7 @@ async def test_a_completed_attempt_streams_its_answer_and_reports() -> None:
     assert outlet.records[-1][0].payload == MessageEnd("stop")
     started, completed = outlet.reports
     assert isinstance(started, ReportAttemptStarted) and started.worker_id == "w-test"
-    assert isinstance(completed, ReportAttemptCompleted) and completed.text == "Hello"
+    assert isinstance(completed, ReportAttemptCompleted) and completed.final_text == "Hello"
     assert execution.outcome_acked and execution.finished
 
 
