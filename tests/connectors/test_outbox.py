@@ -20,7 +20,6 @@ from streams.connectors.ids import (
     address_of,
     message_id_for,
     message_ref_of,
-    outbox_id_for,
     thread_id_for,
 )
 from streams.connectors.outbox import (
@@ -53,6 +52,7 @@ from streams.domain import (
     RunFailed,
     RunRejected,
 )
+from streams.ids import outbox_id_for
 from streams.serialization import DecodeError
 
 THREAD = "slack:T1:C1:1700000000.000100"
