@@ -39,9 +39,12 @@ from streams.domain import (
     ThreadState,
 )
 from streams.history import MessagePut, RunStatusChanged, context_window, history_writes, message_key
-from streams.processor import Processor, _derived_id, _lifecycle
+from streams.ids import derived_envelope_id as _derived_id
+from streams.ids import run_id_for
+from streams.lifecycle import lifecycle_record as _lifecycle
+from streams.processor import Processor
 from streams.records import Dispatch, MessageRecord
-from streams.thread import decide, evolve, run_id_for
+from streams.thread import decide, evolve
 from streams.topics import ensure_topics
 from streams.wire import Codec, EnvelopeMeta, new_meta
 

@@ -42,10 +42,10 @@ from streams.domain import (
     RunCompleted,
     RunFailed,
 )
+from streams.lifecycle import TERMINAL
 
-__all__ = ["TERMINAL", "Observations", "Post", "Report", "Seen", "WatchLog", "audit"]
+__all__ = ["Observations", "Post", "Report", "Seen", "WatchLog", "audit"]
 
-TERMINAL = frozenset({"run_completed", "run_failed", "run_cancelled"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from chaos.audit import TERMINAL, Post, Seen, WatchLog
+from chaos.audit import Post, Seen, WatchLog
 from chaos.sse import AUTH, IDLE, Api, GaveUp, iter_sse
+from streams.lifecycle import TERMINAL, StreamEnd
 
 __all__ = ["Load", "LoadConfig"]
 
@@ -235,7 +236,7 @@ class Load:
                             if finished() or time.monotonic() > drain_until:
                                 break
                             continue
-                        if seen.event == "message_not_streaming":
+                        if seen.event == StreamEnd.MESSAGE_NOT_STREAMING:
                             run = seen.fields.get("run_id")
                             if isinstance(run, str):
                                 log.not_streaming.add(run)
@@ -245,7 +246,7 @@ class Load:
                         last_id = seen.id or last_id
                         if seen.event in TERMINAL:
                             self.saw_end(run)
-                        if seen.event == "done":
+                        if seen.event == StreamEnd.DONE:
                             done.add(run)
                         if finished():
                             return

@@ -17,7 +17,6 @@ import asyncio
 import logging
 import re
 import secrets
-import time
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -26,6 +25,7 @@ from aiokafka.errors import KafkaError
 
 from gateway.kafka import new_consumer, run_forever, stop_client, stop_task, topic_partitions
 from gateway.problems import Problem
+from streams.clock import now_ms
 from streams.config import Settings
 from streams.domain import TERMINAL_EVENTS, Command, Event
 from streams.kafka_security import aiokafka_config
@@ -86,7 +86,7 @@ class CommandBus:
         """Queue `command` durably and return its (partition, offset); Problem 503 if
         Kafka does not take it."""
         assert self._producer is not None, "CommandBus.start() first"
-        meta = new_meta(command.thread_id, tenant, int(time.time() * 1000), traceparent)
+        meta = new_meta(command.thread_id, tenant, now_ms(), traceparent)
         try:
             sent = await self._producer.send_and_wait(
                 self.settings.topics.commands, self.codec.encode_command(command, meta),

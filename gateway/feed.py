@@ -39,6 +39,7 @@ from gateway.read_model import ReadModel
 from gateway.sse import Position, RunTracker, SseEvent, make_events
 from gateway.tokens import ResumeTokens
 from streams.config import Settings
+from streams.lifecycle import Lifecycle
 from streams.records import RunLifecycle
 from streams.wire import Codec, DecodeError
 
@@ -385,7 +386,7 @@ class StreamFeed:
                 if sub.push(event):
                     self._dirty.append(sub)
         if isinstance(output.payload, RunLifecycle):
-            if output.payload.event == "run_accepted":
+            if output.payload.event == Lifecycle.RUN_ACCEPTED:
                 window.active_run = output.run_id
             elif state.terminal and window.active_run == output.run_id:
                 window.active_run = None

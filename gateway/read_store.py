@@ -36,7 +36,6 @@ import json
 import logging
 import shutil
 import struct
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -44,6 +43,7 @@ from typing import Any
 
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
 
+from streams.clock import now_ms
 from streams.domain import ActiveRun, RunRecord, RunStatus, ThreadState
 from streams.history import message_key, parse_message_key
 from streams.records import MessageRecord
@@ -161,7 +161,7 @@ class ReadStore:
         shutil.rmtree(self.path, ignore_errors=True)
         self._db = self._open()
         self._db.put(_META, json.dumps({"identity": self.identity, "format": FORMAT,
-                                        "saved_at_ms": int(time.time() * 1000)}).encode())
+                                        "saved_at_ms": now_ms()}).encode())
         self.active.clear()
         self._pending.clear()
 
@@ -203,7 +203,7 @@ class ReadStore:
         for (kind, partition), offset in offsets.items():
             batch.put(_checkpoint_key(kind, partition), str(offset).encode())
         batch.put(_META, json.dumps({"identity": self.identity, "format": FORMAT,
-                                     "saved_at_ms": int(time.time() * 1000)}).encode())
+                                     "saved_at_ms": now_ms()}).encode())
         self._db.write(batch)
         self._pending.clear()
 

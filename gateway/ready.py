@@ -32,6 +32,7 @@ from gateway.health import HealthProbe
 from gateway.kafka import partition_for
 from gateway.keys import FEED
 from gateway.read_model import ReadModel
+from streams.clock import now_ms
 from streams.config import Settings
 from streams.domain import CheckDeadlines
 
@@ -119,7 +120,7 @@ class Readiness:
             if pending is not None and now - pending[1] < REPROBE_S:
                 continue
             thread_id = self.thread_ids[partition]
-            command = CheckDeadlines(thread_id, int(time.time() * 1000))
+            command = CheckDeadlines(thread_id, now_ms())
             written, offset = await self.bus.publish(command, PROBE_TENANT, None)
             assert written == partition, (written, partition)
             self._outstanding[partition] = (offset, now)

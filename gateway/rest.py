@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import time
 import uuid
 from typing import Any
 
@@ -30,6 +29,7 @@ from gateway.kafka import partition_for
 from gateway.keys import BUS, LIMITER, READ_MODEL, SETTINGS
 from gateway.limits import tenant_active_runs
 from gateway.problems import Problem
+from streams.clock import now_ms
 from streams.domain import (
     CancelRun,
     CreateThread,
@@ -46,34 +46,20 @@ from streams.domain import (
     ThreadCreated,
     ThreadDeleted,
     ThreadState,
-    workflow_id_for,
 )
+from streams.ids import idempotent_message_id_for, run_id_for, workflow_id_for
 from streams.records import MessageRecord
-from streams.thread import run_id_for
 
 __all__ = ["MAX_MESSAGES_PAGE", "MAX_THREADS_PAGE", "MESSAGES_PAGE", "THREADS_PAGE",
            "cancel_run", "create_thread", "delete_thread", "get_thread", "list_messages",
-           "list_threads", "message_id_for", "post_user_message"]
+           "list_threads", "post_user_message"]
 
 MESSAGES_PAGE, MAX_MESSAGES_PAGE = 100, 1000  # GET /v1/threads/{id}/messages: default, max
 THREADS_PAGE, MAX_THREADS_PAGE = 50, 200  # GET /v1/threads
 END_SEQ = (1 << 63) - 1  # `before=end`: the newest messages
 
-# Fixed forever: changing it changes the message id of every idempotency key.
-_KEY_NAMESPACE = uuid.UUID("5d0c7c1e-9b0e-4f57-a3a4-2c1f0f1f6a11")
 MAX_TITLE_CHARS = 500
 MAX_KEY_CHARS = 255
-
-
-def message_id_for(tenant: str, thread_id: str, idempotency_key: str) -> str:
-    """The user message id of an idempotency key: the same key always names the same
-    message, so the processor's duplicate rules answer a resend."""
-    name = f"{len(tenant)}:{tenant}:{len(thread_id)}:{thread_id}:{idempotency_key}"
-    return str(uuid.uuid5(_KEY_NAMESPACE, name))
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> \
@@ -199,7 +185,7 @@ async def create_thread(request: web.Request) -> web.Response:
     if len(title) > MAX_TITLE_CHARS:
         raise Problem(422, "invalid-body", f"'title' is longer than {MAX_TITLE_CHARS} characters")
     tenant, thread_id = request[TENANT], str(uuid.uuid4())
-    command = CreateThread(thread_id, tenant, title, _now_ms())
+    command = CreateThread(thread_id, tenant, title, now_ms())
     request.app[READ_MODEL].note_write(thread_id)
     event = await request.app[BUS].decide(command, tenant, new_traceparent(
         request.headers.get("traceparent")))
@@ -258,7 +244,7 @@ async def delete_thread(request: web.Request) -> web.Response:
     read_model = request.app[READ_MODEL]
     read_model.note_write(thread_id)
     event = await request.app[BUS].decide(
-        DeleteThread(thread_id, tenant, _now_ms()), tenant,
+        DeleteThread(thread_id, tenant, now_ms()), tenant,
         new_traceparent(request.headers.get("traceparent")), until=ThreadDeleted)
     if event is None:
         return _json(202, {"thread_id": thread_id, "status": "pending"})
@@ -295,8 +281,8 @@ async def post_user_message(request: web.Request) -> web.Response:
     tenant, thread_id = request[TENANT], state.thread_id
     read_model = request.app[READ_MODEL]
     request.app[LIMITER].admit_run(tenant, tenant_active_runs(read_model, tenant))
-    message_id = message_id_for(tenant, thread_id, key) if key else str(uuid.uuid4())
-    command = PostUserMessage(thread_id, tenant, message_id, text, key, _now_ms())
+    message_id = idempotent_message_id_for(tenant, thread_id, key) if key else str(uuid.uuid4())
+    command = PostUserMessage(thread_id, tenant, message_id, text, key, now_ms())
     request.app[READ_MODEL].note_write(thread_id)
     event = await request.app[BUS].decide(command, tenant, new_traceparent(
         request.headers.get("traceparent")))
@@ -342,7 +328,7 @@ async def cancel_run(request: web.Request) -> web.Response:
         raise Problem(409, "run-finished", f"the run already ended ({run.status.value})",
                       run_status=run.status.value)
     tenant = request[TENANT]
-    command = CancelRun(state.thread_id, tenant, run_id, reason, _now_ms())
+    command = CancelRun(state.thread_id, tenant, run_id, reason, now_ms())
     request.app[READ_MODEL].note_write(state.thread_id)
     event = await request.app[BUS].decide(command, tenant, new_traceparent(
         request.headers.get("traceparent")), watch_run=run_id)

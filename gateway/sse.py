@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from gateway.tokens import ResumeTokens
+from streams.ids import answer_message_id_for
+from streams.lifecycle import TERMINAL, Lifecycle, RunFate, StreamEnd
 from streams.records import (
     CitationsOutput,
     MessageEnd,
@@ -30,11 +32,9 @@ from streams.records import (
     TextEnd,
     TextStart,
 )
-from streams.thread import answer_message_id_for
 from streams.wire import EnvelopeMeta
 
 __all__ = [
-    "TERMINAL",
     "Position",
     "RunState",
     "RunTracker",
@@ -47,8 +47,6 @@ __all__ = [
 ]
 
 Position = tuple[int, int]  # (offset, sub): the order of events within a partition
-
-TERMINAL = frozenset({"run_completed", "run_failed", "run_cancelled"})
 
 
 class SseEvent(NamedTuple):
@@ -74,7 +72,7 @@ class SseEvent(NamedTuple):
     @property
     def terminal(self) -> bool:
         """Whether this is the run's final `done` event."""
-        return self.name == "done"
+        return self.name == StreamEnd.DONE
 
 
 # json.dumps(data, separators=(",", ":")), without building an encoder per call.
@@ -107,7 +105,7 @@ def not_streaming_frame(thread_id: str, run_id: str | None) -> bytes:
         "detail": "the stream of this message is no longer retained; "
                   "GET /v1/threads/{thread_id}/messages has it",
     }
-    return f"event: message_not_streaming\ndata: {json.dumps(data)}\n\n".encode()
+    return f"event: {StreamEnd.MESSAGE_NOT_STREAMING}\ndata: {json.dumps(data)}\n\n".encode()
 
 
 def _payload_fields(output: StreamOutput) -> tuple[str, dict[str, Any]]:
@@ -164,8 +162,8 @@ def make_events(tokens: ResumeTokens, partition: int, offset: int, run_start: in
     if name not in TERMINAL:
         return [first]
     done_id = tokens.sign(meta.thread_id, partition, offset, 1, run_start, run_id)
-    return [first, SseEvent(partition, offset, 1, run_start, run_id, "done",
-                            _frame(done_id, "done", "[DONE]"))]
+    return [first, SseEvent(partition, offset, 1, run_start, run_id, StreamEnd.DONE.value,
+                            _frame(done_id, StreamEnd.DONE, "[DONE]"))]
 
 
 def execution_of(part_id: str) -> str:
@@ -179,11 +177,15 @@ class RunState:
 
     thread_id: str
     start: int  # offset of the run_accepted record
-    min_attempt: int = 0
+    fate: RunFate = field(default_factory=RunFate)  # from its lifecycle records
     attempt: int = 0  # attempt of the current execution
     execution: str | None = None
     last_seq: int = -1
-    terminal: bool = False
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the run's terminal lifecycle record was read."""
+        return self.fate.ended
 
 
 class RunTracker:
@@ -209,7 +211,7 @@ class RunTracker:
         self.unknown = False
         payload = output.payload
         state = self.runs.get(output.run_id)
-        if isinstance(payload, RunLifecycle) and payload.event == "run_accepted":
+        if isinstance(payload, RunLifecycle) and payload.event == Lifecycle.RUN_ACCEPTED:
             if state is not None:
                 return None
             state = self.runs[output.run_id] = RunState(thread_id, offset)
@@ -221,7 +223,7 @@ class RunTracker:
             return None
         if isinstance(payload, RunLifecycle):
             return self._lifecycle(state, output.run_id, payload.event, output.attempt)
-        if output.attempt < state.min_attempt:
+        if output.attempt < state.fate.min_attempt:  # not `kills`: terminal runs are out already
             return None
         execution = execution_of(output.part_id)
         same = state.execution == execution and state.attempt == output.attempt
@@ -237,18 +239,13 @@ class RunTracker:
 
     def _lifecycle(self, state: RunState, run_id: str, event: str,
                    attempt: int) -> RunState | None:
-        if event == "attempt_dispatched":
-            state.min_attempt = max(state.min_attempt, attempt)
-        elif event == "retry_scheduled":
-            state.min_attempt = max(state.min_attempt, attempt + 1)
-        elif event in TERMINAL:
-            state.terminal = True
+        if not state.fate.learn(event, attempt):
+            return state
+        if state.fate.ended:
             self._finished[run_id] = None
             while len(self._finished) > self._max_finished:
                 old, _ = self._finished.popitem(last=False)
                 self.runs.pop(old, None)
-        else:
-            return state
-        if state.attempt < state.min_attempt:
+        if state.attempt < state.fate.min_attempt:
             state.execution = None
         return state

@@ -123,6 +123,7 @@ class Settings:
     extra: Mapping[str, str] = field(default_factory=dict)
     # TLS and SASL settings of every Kafka client, as librdkafka keys (streams/kafka_security.py)
     kafka_security: Mapping[str, str] = field(default_factory=dict)
+    worker_concurrency: int = 16  # attempts one worker process runs at once
 
     @property
     def topics(self) -> TopicNames:
@@ -194,4 +195,5 @@ class Settings:
             limits=GatewayLimits.from_env(env),
             extra={k: v for k, v in env.items() if k.startswith("THREADLINE_AGENT_")},
             kafka_security=security_from_env(env),
+            worker_concurrency=_int(env, "THREADLINE_WORKER_CONCURRENCY", 16),
         )

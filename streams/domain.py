@@ -53,13 +53,7 @@ __all__ = [
     "ThreadDeleted",
     "ThreadState",
     "TERMINAL_EVENTS",
-    "workflow_id_for",
 ]
-
-
-def workflow_id_for(thread_id: str) -> str:
-    """The reference API's workflow id: one durable workflow per thread."""
-    return f"agent-{thread_id}"
 
 
 def _frozen_map() -> Mapping[str, object]:

@@ -29,8 +29,8 @@ from streams.domain import (
     ThreadDeleted,
     ThreadState,
 )
+from streams.ids import run_id_for
 from streams.records import HistoryMessage
-from streams.thread import run_id_for
 
 __all__ = [
     "HistoryErased",

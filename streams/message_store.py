@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 from streams.history import parse_message_key
+from streams.ids import run_id_for
 from streams.records import HistoryMessage, MessageRecord
 from streams.state_store import PartitionStore
-from streams.thread import run_id_for
 from streams.wire import Codec, DecodeError
 
 __all__ = ["ContextWindows", "MessageStore"]

@@ -16,17 +16,17 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from streams.clock import now_ms
 from streams.domain import RunRecord, StoredMessage, ThreadState
 from streams.history import message_key
+from streams.ids import uuid5_text
 from streams.message_store import MessageStore
 from streams.records import MessageRecord
 from streams.state_store import PartitionStore
-from streams.thread import uuid5_text
 from streams.wire import EnvelopeMeta
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ def _migrate_batch(processor: Processor, partition: int, store: PartitionStore,
                    batch: list[tuple[bytes, bytes, tuple[StoredMessage, ...], dict[str, RunRecord]]]) \
         -> None:
     topics, producer = processor.topics, processor.producer
-    now = int(time.time() * 1000)
+    now = now_ms()
     if processor.exactly_once:
         producer.begin_transaction()
     try:

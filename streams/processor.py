@@ -21,7 +21,6 @@ clock goes through the same fenced, transactional path as every other input.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import signal
@@ -33,13 +32,13 @@ from dataclasses import dataclass, field, replace
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from streams.clock import now_ms as _now_ms  # the call sites are part of the loop's rewrite
 from streams.config import Settings
 from streams.domain import (
     NOTHING_KNOWN,
     AttemptDispatched,
     CheckDeadlines,
     Command,
-    Event,
     Known,
     MessageAccepted,
     PostUserMessage,
@@ -47,13 +46,8 @@ from streams.domain import (
     ReportAttemptFailed,
     ReportAttemptStarted,
     ReportHeartbeat,
-    RetryScheduled,
-    RunAccepted,
-    RunCancelled,
-    RunCompleted,
     RunFailed,
     ThreadState,
-    workflow_id_for,
 )
 from streams.history import (
     HistoryErased,
@@ -64,19 +58,19 @@ from streams.history import (
     history_writes,
     message_key,
 )
+from streams.ids import derived_envelope_id
 from streams.kafka_security import librdkafka_config
+from streams.lifecycle import dispatch_record, lifecycle_record
 from streams.message_store import ContextWindows, MessageStore
 from streams.migration import migrate_partition
-from streams.records import DeadLetter, Dispatch, MessageRecord, RunLifecycle, StreamOutput
+from streams.records import DeadLetter, MessageRecord
 from streams.state_store import PartitionStore, TableStores
 from streams.thread import (
     OUTPUT_TOO_LARGE,
-    answer_message_id_for,
     decide,
     evolve,
     next_deadline_ms,
     output_bytes,
-    uuid5_text,
 )
 from streams.topics import ensure_topics, record_limit
 from streams.wire import Codec, DecodeError, EnvelopeMeta
@@ -94,15 +88,6 @@ BATCH = 500  # commands per transaction at most
 TXN_HANG_EXIT_S = TXN_TIMEOUT_S + 15  # a call this long ignored its timeout: exit
 HUNG_EXIT_STATUS = 70
 DEAD_LETTER_MAX_BYTES = 256 * 1024  # of a dead record's key and value kept in its dead letter
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def _derived_id(parent: str, index: int) -> str:
-    digest = hashlib.sha1(f"{parent}:{index}".encode(), usedforsecurity=False).digest()
-    return uuid5_text(digest)
 
 
 def _position(msg: Message) -> tuple[str, int, int]:
@@ -525,7 +510,7 @@ class Processor:
             after = evolve(before, event, self.policy)
             owner = after or before
             event_meta = EnvelopeMeta(
-                envelope_id=_derived_id(meta.envelope_id, index), thread_id=meta.thread_id,
+                envelope_id=derived_envelope_id(meta.envelope_id, index), thread_id=meta.thread_id,
                 tenant=owner.tenant if owner is not None else meta.tenant,
                 produced_at_ms=_now_ms(), traceparent=meta.traceparent,
                 tracestate=meta.tracestate, schema_version=meta.schema_version,
@@ -535,7 +520,7 @@ class Processor:
                 input_text = event.text
             if isinstance(event, AttemptDispatched) and after is not None:
                 outputs.append(self._dispatch(event, after, event_meta, key, history, input_text))
-            lifecycle = _lifecycle(event, before)
+            lifecycle = lifecycle_record(event, before)
             if lifecycle is not None:
                 outputs.append(_Output(self.topics.stream, key,
                                        self.codec.encode_stream(lifecycle, event_meta)))
@@ -623,10 +608,7 @@ class Processor:
         while True:
             context = context_window(history.context(state.thread_id, seq, HISTORY_LIMIT), budget,
                                      HISTORY_LIMIT)
-            dispatch = Dispatch(run_id=event.run_id, message_id=event.message_id,
-                                attempt=event.attempt, workflow_id=workflow_id_for(state.thread_id),
-                                input_text=input_text, history=context,
-                                dispatched_at_ms=event.at_ms)
+            dispatch = dispatch_record(event, state.thread_id, input_text, context)
             value = self.codec.encode_dispatch(dispatch, meta)
             # Characters are not bytes: halve the budget until the record fits.
             if len(value) + len(key) <= self.max_record_bytes or not context:
@@ -683,11 +665,6 @@ class Processor:
         self.ticker.poll(0)
 
 
-_LIFECYCLE_NAMES: dict[type, str] = {
-    RunAccepted: "run_accepted", AttemptDispatched: "attempt_dispatched",
-    RetryScheduled: "retry_scheduled", RunCompleted: "run_completed",
-    RunFailed: "run_failed", RunCancelled: "run_cancelled",
-}
 _ENVELOPE_ROOM = 16 * 1024  # of a record, for the envelope and ids around an answer
 
 
@@ -695,33 +672,6 @@ def _staged(writes: list[tuple[MessageRecord | None, int, bytes | None]],
             seq: int) -> MessageRecord | None:
     """Message `seq` as written earlier by the same decision, if it was."""
     return next((r for r, s, _ in reversed(writes) if s == seq and r is not None), None)
-
-
-def _lifecycle(event: Event, before: ThreadState | None) -> StreamOutput | None:
-    """The SSE-visible decisions, for the stream topic (see `RunLifecycle`); `before`
-    is the state the event was decided on."""
-    name = _LIFECYCLE_NAMES.get(type(event))
-    if name is None or before is None:
-        return None
-    run_id: str = event.run_id  # type: ignore[union-attr]
-    run = before.active_run if before.active_run and before.active_run.run_id == run_id else None
-    user_message_id = event.message_id if isinstance(event, RunAccepted) else \
-        (run.message_id if run else "")
-    attempt, detail, message = 0, "", None
-    if isinstance(event, AttemptDispatched):
-        attempt = event.attempt
-    elif isinstance(event, RetryScheduled):
-        attempt, detail = event.failed_attempt, event.reason
-    elif isinstance(event, RunCompleted):
-        attempt, message = event.attempt, event.message
-    elif isinstance(event, RunFailed):
-        attempt, detail = event.attempt, event.error
-    elif isinstance(event, RunCancelled):
-        attempt = run.attempt if run else 0  # the attempt that was running
-        detail = event.reason
-    return StreamOutput(run_id=run_id, attempt=attempt, message_id=answer_message_id_for(run_id),
-                        part_id="lifecycle", seq=0,
-                        payload=RunLifecycle(name, user_message_id, detail, message))
 
 
 def run_processor(settings: Settings) -> int:

@@ -18,10 +18,8 @@ are rebuilt and wrapped read-only.
 from __future__ import annotations
 
 import hashlib
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from functools import lru_cache
 from types import MappingProxyType
 from typing import assert_never
 
@@ -59,8 +57,8 @@ from streams.domain import (
     ThreadCreated,
     ThreadDeleted,
     ThreadState,
-    workflow_id_for,
 )
+from streams.ids import answer_message_id_for, run_id_for, workflow_id_for
 
 __all__ = [
     "ATTEMPT_TIMEOUT",
@@ -68,20 +66,13 @@ __all__ = [
     "OUTPUT_TOO_LARGE",
     "THREAD_DELETED",
     "output_bytes",
-    "answer_message_id_for",
     "apply",
     "decide",
     "evolve",
     "initial_state",
     "next_deadline_ms",
     "payload_fingerprint",
-    "run_id_for",
-    "uuid5_text",
 ]
-
-# Fixed forever: changing it changes every derived run and message id.
-_ID_NAMESPACE = uuid.UUID("d54544ca-b4dd-48dd-a9c2-e9e2b46811a5")
-_ID_NAMESPACE_BYTES = _ID_NAMESPACE.bytes
 
 _DEFAULT_POLICY = Policy()
 
@@ -109,36 +100,7 @@ OUTPUT_TOO_LARGE = "output_too_large"
 THREAD_DELETED = "thread deleted"
 
 
-# --- ids ---------------------------------------------------------------------
-
-
-def _uuid5(name: str) -> str:
-    # uuid.uuid5 itself, but "surrogatepass" so that no string can make it raise.
-    data = _ID_NAMESPACE_BYTES + name.encode("utf-8", "surrogatepass")
-    return uuid5_text(hashlib.sha1(data, usedforsecurity=False).digest())
-
-
-def uuid5_text(sha1_digest: bytes) -> str:
-    """`str(uuid.UUID(bytes=sha1_digest[:16], version=5))`, without building a UUID
-    (a third of the cost of an id, which the processor makes several of per command)."""
-    b = bytearray(sha1_digest[:16])
-    b[6] = (b[6] & 0x0F) | 0x50  # version 5
-    b[8] = (b[8] & 0x3F) | 0x80  # RFC 4122 variant
-    h = b.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-
-@lru_cache(maxsize=16_384)
-def run_id_for(thread_id: str, message_id: str) -> str:
-    """The run id a user message starts: the same message always maps to the same run."""
-    # Length-prefixed so that ("a:b", "c") and ("a", "b:c") cannot collide.
-    return _uuid5(f"run:{len(thread_id)}:{thread_id}:{message_id}")
-
-
-@lru_cache(maxsize=16_384)  # pure; decide, evolve and the lifecycle mirror ask in turn
-def answer_message_id_for(run_id: str) -> str:
-    """The message id of the assistant answer that completes `run_id`."""
-    return _uuid5(f"answer:{run_id}")
+# --- fingerprints ----------------------------------------------------------------
 
 
 def payload_fingerprint(text: str) -> str:

@@ -10,13 +10,12 @@ the processor's duplicate rule turns into one turn.
 
 Outbox ids are opaque uuid5s of the triggering event's id and the role of the
 outbound message; they travel in the chat message's metadata and as a webhook's
-`Idempotency-Key`.
+`Idempotency-Key`; `outbox_id_for` is in `streams.ids`, with every other derived id.
 """
 
 from __future__ import annotations
 
 import re
-import uuid
 from dataclasses import dataclass
 
 __all__ = [
@@ -25,13 +24,9 @@ __all__ = [
     "address_of",
     "message_id_for",
     "message_ref_of",
-    "outbox_id_for",
     "tenant_for",
     "thread_id_for",
 ]
-
-# Fixed forever: changing it changes every outbox id (and so every idempotency key).
-_OUTBOX_NAMESPACE = uuid.UUID("7f4f0a52-52a5-4b8e-9a6e-3f4bd3a1c0de")
 
 _SLACK_ID = re.compile(r"[A-Z0-9]{1,32}")
 _SLACK_TS = re.compile(r"[0-9]{1,12}\.[0-9]{1,8}")
@@ -105,9 +100,3 @@ def message_ref_of(message_id: str) -> ChatMessageRef | None:
     if not (_valid_id(team) and _valid_id(channel) and _valid_ts(ts)):
         return None
     return ChatMessageRef(team, channel, ts)
-
-
-def outbox_id_for(trigger: str, role: str) -> str:
-    """The outbox id of the outbound message `role` caused by `trigger` (a run or message id)."""
-    # Length-prefixed so that ("a:b", "c") and ("a", "b:c") cannot collide.
-    return str(uuid.uuid5(_OUTBOX_NAMESPACE, f"{len(trigger)}:{trigger}:{role}"))

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from confluent_kafka import KafkaError, Message, Producer
 
+from streams.clock import now_ms
 from streams.config import Settings
 from streams.connectors.audit import AuditKind, ConnectorAudit
 from streams.connectors.config import ConnectorConfig
@@ -185,7 +186,7 @@ async def _slack_events(request: web.Request) -> web.Response:
 
 
 def _turn_records(settings: Settings, codec: Codec, turn: Turn) -> list[Record]:
-    now = int(time.time() * 1000)
+    now = now_ms()
     key, topic = turn.thread_id.encode(), settings.topics.commands
     create = CreateThread(turn.thread_id, turn.tenant, turn.title, now)
     post = PostUserMessage(turn.thread_id, turn.tenant, turn.message_id, turn.text, None, now)
@@ -201,5 +202,5 @@ def _audit_record(app: web.Application, turn: Turn, retry: str | None) -> Record
     audit = ConnectorAudit(audit_id=str(uuid.uuid4()), thread_id=turn.thread_id,
                            kind=AuditKind.INBOUND_EVENT, outbox_id=None,
                            instance_id=app[INSTANCE], detail_json=json.dumps(detail),
-                           at_ms=int(time.time() * 1000))
+                           at_ms=now_ms())
     return audit_topic(app[SETTINGS]), turn.thread_id.encode(), encode_audit(audit)

@@ -30,7 +30,7 @@ import json
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from streams.connectors.ids import address_of, message_ref_of, outbox_id_for
+from streams.connectors.ids import address_of, message_ref_of
 from streams.domain import (
     Event,
     RejectReason,
@@ -40,6 +40,7 @@ from streams.domain import (
     RunFailed,
     RunRejected,
 )
+from streams.ids import outbox_id_for
 
 __all__ = [
     "ANSWER",

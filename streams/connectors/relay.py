@@ -44,6 +44,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from streams.clock import now_ms as _now_ms  # the call sites are part of the loop's rewrite
 from streams.config import Settings
 from streams.connectors.audit import AuditKind, ConnectorAudit
 from streams.connectors.calls import Done, Found, Outcome
@@ -64,10 +65,6 @@ log = logging.getLogger("threadline.connector.relay")
 _DEPOSED = frozenset({KafkaError.FENCED_INSTANCE_ID, KafkaError.ILLEGAL_GENERATION,
                       KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS})
 Key = tuple[int, bytes]  # partition, thread key
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Relay:

@@ -19,11 +19,11 @@ from confluent_kafka.admin import AdminClient
 
 from streams.broker import free_port
 from streams.config import Settings
-from streams.connectors.ids import message_id_for, outbox_id_for
+from streams.connectors.ids import message_id_for
 from streams.connectors.outbox import ANSWER, ChatOutbox
 from streams.connectors.topics import ensure_connector_topics, outbox_topic
 from streams.domain import Event, RunAccepted, RunCompleted
-from streams.thread import run_id_for
+from streams.ids import outbox_id_for, run_id_for
 from streams.wire import Codec
 from streams.wire.connector import decode_outbox
 from tests.connectors.chat_double import SIGNING_SECRET, TEAM, ChatDouble

@@ -16,7 +16,7 @@ from streams.config import Settings
 from streams.connectors.calls import Done, Found, NotFound, NotSent, Refused, Retry
 from streams.connectors.config import ConnectorConfig
 from streams.connectors.delivery import Calls, Job, _Runtime
-from streams.connectors.ids import message_id_for, outbox_id_for
+from streams.connectors.ids import message_id_for
 from streams.connectors.outbox import (
     ANSWER,
     ChatOutbox,
@@ -30,6 +30,7 @@ from streams.connectors.slack_api import SlackApi
 from streams.connectors.stats import ConnectorStats
 from streams.connectors.webhook import WebhookSink, sign, verify
 from streams.domain import AssistantMessage, RunAccepted, RunCompleted
+from streams.ids import outbox_id_for
 from tests.connectors.chat_double import ChatDouble
 from tests.connectors.webhook_receiver import WebhookReceiver
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from streams.connectors.ids import outbox_id_for
 from streams.connectors.outbox import ANSWER, OutboxStatus
+from streams.ids import outbox_id_for
 from tests.connectors.chat_double import ChatDouble
 from tests.connectors.stack import (
     Stack,

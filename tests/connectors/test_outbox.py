@@ -12,7 +12,6 @@ from streams.connectors.ids import (
     address_of,
     message_id_for,
     message_ref_of,
-    outbox_id_for,
     thread_id_for,
 )
 from streams.connectors.outbox import (
@@ -45,6 +44,7 @@ from streams.domain import (
     RunFailed,
     RunRejected,
 )
+from streams.ids import outbox_id_for
 from streams.wire import DecodeError
 from streams.wire.connector import decode_audit, decode_outbox, encode_audit, encode_outbox
 from streams.wire.schemas import CONNECTOR_SCHEMA_DIR

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 import pytest
 
 from streams.connectors.audit import AuditKind
-from streams.connectors.ids import outbox_id_for
 from streams.connectors.outbox import ANSWER, PLACEHOLDER_TEXT, WEBHOOK, OutboxStatus
 from streams.connectors.topics import audit_topic
 from streams.connectors.webhook import verify
 from streams.domain import Event, RejectReason, RunAccepted, RunFailed, RunRejected
+from streams.ids import outbox_id_for
 from streams.wire.connector import decode_audit
 from tests.connectors.chat_double import ChatDouble
 from tests.connectors.stack import (

@@ -18,7 +18,6 @@ from confluent_kafka.admin import AdminClient
 
 from gateway.app import Options, create_app
 from gateway.kafka import partition_for
-from gateway.rest import message_id_for
 from streams.config import Settings
 from streams.domain import (
     ActiveRun,
@@ -31,6 +30,7 @@ from streams.domain import (
     ThreadState,
 )
 from streams.history import message_key
+from streams.ids import answer_message_id_for, idempotent_message_id_for, run_id_for
 from streams.records import (
     MessageEnd,
     MessageRecord,
@@ -39,7 +39,6 @@ from streams.records import (
     StreamOutput,
     TextDelta,
 )
-from streams.thread import answer_message_id_for, run_id_for
 from streams.topics import ensure_topics
 from streams.wire import Codec, new_meta
 from tests.gateway.conftest import AUTH_A, Stack, gateway_env
@@ -232,7 +231,7 @@ async def test_without_a_decision_in_time_the_answer_is_202_pending_and_the_comm
                                       headers=headers) as response:
             body = await response.json()
             assert response.status == 202, body
-        message_id = message_id_for(TENANT, script.thread_id, "pending-1")
+        message_id = idempotent_message_id_for(TENANT, script.thread_id, "pending-1")
         assert body == {"workflow_id": f"agent-{script.thread_id}", "message_id": message_id,
                         "run_id": run_id_for(script.thread_id, message_id),
                         "status": "pending"}

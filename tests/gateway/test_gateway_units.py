@@ -10,11 +10,11 @@ import pytest
 from gateway.auth import redact
 from gateway.feed import Subscriber
 from gateway.kafka import partition_for
-from gateway.rest import message_id_for
 from gateway.sse import RunTracker, SseEvent, make_events
 from gateway.tokens import BadEventId, EventId, ResumeTokens, derived_key
 from streams.config import Settings
 from streams.domain import AssistantMessage
+from streams.ids import idempotent_message_id_for
 from streams.records import MessageEnd, MessageStart, RunLifecycle, StreamOutput, TextDelta
 from streams.wire import new_meta
 
@@ -150,11 +150,11 @@ def test_access_tokens_are_redacted_from_logged_paths() -> None:
 
 def test_idempotency_keys_name_messages_per_tenant_and_thread() -> None:
     """A key gives the same message id every time, and another one for another tenant, thread or key."""
-    one = message_id_for("tenant", "thread", "key")
-    assert one == message_id_for("tenant", "thread", "key")
-    assert len({one, message_id_for("tenant2", "thread", "key"),
-                message_id_for("tenant", "thread2", "key"),
-                message_id_for("tenant", "thread", "key2")}) == 4
+    one = idempotent_message_id_for("tenant", "thread", "key")
+    assert one == idempotent_message_id_for("tenant", "thread", "key")
+    assert len({one, idempotent_message_id_for("tenant2", "thread", "key"),
+                idempotent_message_id_for("tenant", "thread2", "key"),
+                idempotent_message_id_for("tenant", "thread", "key2")}) == 4
 
 
 def test_partitioning_matches_kafkas_murmur2() -> None:

@@ -31,3 +31,10 @@ def test_every_variable_read_is_documented() -> None:
     assert variables
     undocumented = {v for v in variables if v not in readme and v.rstrip("_") not in readme}
     assert not undocumented
+
+
+def test_the_worker_and_the_agents_read_no_environment() -> None:
+    for folder in ("worker", "agents"):
+        for path in (REPO / "streams" / folder).rglob("*.py"):
+            text = path.read_text()
+            assert "os.environ" not in text and "getenv" not in text, path

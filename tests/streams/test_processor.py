@@ -28,7 +28,7 @@ from streams.domain import (
     RunStatus,
     ThreadCreated,
 )
-from streams.thread import run_id_for
+from streams.ids import run_id_for
 from streams.topics import ensure_topics
 from streams.wire import Codec, new_meta
 from tests.conftest import SettingsFactory

@@ -57,15 +57,14 @@ from streams.domain import (
     ThreadDeleted,
     ThreadState,
 )
+from streams.ids import answer_message_id_for, run_id_for
 from streams.thread import (
-    answer_message_id_for,
     apply,
     decide,
     evolve,
     initial_state,
     next_deadline_ms,
     payload_fingerprint,
-    run_id_for,
 )
 
 T = "t-1"

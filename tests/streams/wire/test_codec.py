@@ -28,7 +28,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from streams import domain, records
+from streams import ids, records
 from streams.config import Settings, TopicNames
 from streams.domain import (
     ActiveRun,
@@ -118,7 +118,7 @@ EVENTS: list[Event] = [
     ThreadCreated(T, "acme", "Trip planning", 1),
     MessageAccepted(T, "m1", "Hello", "idem-1", 2),
     MessageAccepted(T, "m2", "Hello", None, 2),
-    RunAccepted(T, "r1", domain.workflow_id_for(T), "m1", 3),
+    RunAccepted(T, "r1", ids.workflow_id_for(T), "m1", 3),
     *(RunRejected(T, "m3", reason, "because", None, 4) for reason in RejectReason),
     RunRejected(T, "m1", RejectReason.DUPLICATE, "already ran", "r1", 4),
     AttemptDispatched(T, "r1", "m1", 1, 5),

@@ -37,6 +37,7 @@ from streams.domain import (
     RunFailed,
     Step,
 )
+from streams.ids import answer_message_id_for, run_id_for
 from streams.records import (
     CitationsOutput,
     Dispatch,
@@ -49,10 +50,9 @@ from streams.records import (
     TextDelta,
     TextEnd,
 )
-from streams.thread import answer_message_id_for, run_id_for
 from streams.topics import ensure_topics
 from streams.wire import Codec, EnvelopeMeta, new_meta
-from streams.worker import SHUTDOWN_ERROR, Fate, PartitionOffsets, Worker
+from streams.worker import SHUTDOWN_ERROR, Worker
 from tests.kafka_helpers import (
     RoleProcess,
     command_producer,
@@ -68,52 +68,6 @@ CODEC = Codec()  # single-object records, as the roles write them without a regi
 
 def _now() -> int:
     return int(time.time() * 1000)
-
-
-# --- pure bookkeeping ---------------------------------------------------------------------
-
-
-def test_commit_position_is_the_lowest_running_offset() -> None:
-    """The committed offset never passes a running record, and fetched-again records are not retaken."""
-    offsets = PartitionOffsets()
-    assert offsets.position() is None
-    for o in (5, 6, 7):
-        assert offsets.take(o)
-    assert offsets.position() == 5
-    offsets.finish(6)
-    assert offsets.position() == 5  # 5 still runs: 6 may not be committed past it
-    offsets.finish(5)
-    assert offsets.position() == 7
-    offsets.finish(7)
-    assert offsets.position() == 8
-    # Fetched again after a rebalance: neither running nor finished records run twice.
-    assert not offsets.take(6) and not offsets.take(7)
-    assert offsets.take(9) and not offsets.take(9)
-    assert offsets.position() == 9
-
-
-def test_records_fetched_again_while_an_earlier_one_runs_are_not_taken_twice() -> None:
-    """Records fetched again while an earlier one runs are not taken twice."""
-    offsets = PartitionOffsets()
-    for o in (1, 2, 3):
-        offsets.take(o)
-    offsets.finish(3)
-    assert offsets.position() == 1
-    assert [offsets.take(o) for o in (1, 2, 3, 4)] == [False, False, False, True]
-
-
-def test_fate_kills_attempts_the_lifecycle_says_are_over() -> None:
-    """An attempt is stopped once a retry, a later dispatch or a cancellation passes it."""
-    fate = Fate()
-    fate.learn("run_accepted", 0)
-    fate.learn("attempt_dispatched", 1)
-    assert not fate.kills(1)
-    fate.learn("retry_scheduled", 1)
-    assert fate.kills(1) and not fate.kills(2)
-    fate.learn("attempt_dispatched", 3)
-    assert fate.kills(2) and not fate.kills(3)
-    fate.learn("run_cancelled", 0)  # cancellations carry attempt 0
-    assert fate.kills(3) and fate.kills(9)
 
 
 # --- reading topics with positions ------------------------------------------------------------

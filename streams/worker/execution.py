@@ -1,0 +1,274 @@
+"""One execution of one attempt: runs the agent, streams its answer, reports.
+
+With the worker's idempotent (not transactional, so tokens are not held back)
+producer, an execution reports `ReportAttemptStarted`, streams the answer's
+records (`streams.worker.answer`) on the dispatch record's partition number,
+reports `ReportHeartbeat` while the agent makes progress, and ends with
+`ReportAttemptCompleted` or `ReportAttemptFailed`, sent until the broker acks it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from streams.agents import Agent, AgentCitations, AgentError, AgentOutput, AgentStep, TextChunk
+from streams.clock import now_ms
+from streams.config import Settings
+from streams.domain import (
+    Citation,
+    Command,
+    ReportAttemptCompleted,
+    ReportAttemptFailed,
+    ReportAttemptStarted,
+    ReportHeartbeat,
+    Step,
+)
+from streams.ids import answer_message_id_for
+from streams.records import Dispatch, StreamOutput
+from streams.thread import OUTPUT_TOO_LARGE
+from streams.wire import Codec, EnvelopeMeta, new_meta
+from streams.worker.answer import Answer
+from streams.worker.offsets import PartitionOffsets
+
+__all__ = ["SHUTDOWN_ERROR", "Execution", "Outlet", "Stop"]
+
+log = logging.getLogger("threadline.worker")
+
+OUTCOME_SEND_TRIES = 5
+SHUTDOWN_ERROR = "worker shutting down"
+
+
+class Stop(Enum):
+    """Why an execution was stopped before it reported its outcome."""
+
+    SUPERSEDED = "superseded"  # the run or attempt is over: finished, report nothing
+    REVOKED = "revoked"  # the partition moved: not finished, its new owner re-runs it
+    SHUTDOWN = "shutdown"  # the worker stops: report a retryable failure if started
+
+
+@dataclass(frozen=True, slots=True)
+class Outlet:
+    """What an execution needs of its worker: where its records go, and who it is."""
+
+    producer: AIOKafkaProducer
+    codec: Codec
+    settings: Settings
+    agent: Agent
+    worker_id: str
+
+    async def stream(self, output: StreamOutput, meta: EnvelopeMeta, partition: int) -> None:
+        """Send a stream record to `partition` of the stream topic (not waiting for its ack)."""
+        delivery = await self.producer.send(
+            self.settings.topics.stream, self.codec.encode_stream(output, meta),
+            key=meta.thread_id.encode(), partition=partition)
+        delivery.add_done_callback(_log_failed_delivery)
+
+    async def command(self, command: Command, meta: EnvelopeMeta) -> asyncio.Future[Any]:
+        """Send a report to the commands topic; the future is its delivery."""
+        delivery: asyncio.Future[Any] = await self.producer.send(
+            self.settings.topics.commands, self.codec.encode_command(command, meta),
+            key=meta.thread_id.encode())
+        delivery.add_done_callback(_log_failed_delivery)
+        return delivery
+
+
+_END = object()
+
+
+@dataclass(eq=False)
+class Execution:
+    """One execution of one dispatched attempt, from its dispatch record to its outcome."""
+
+    outlet: Outlet
+    partition: int
+    offset: int
+    offsets: PartitionOffsets
+    timestamp_ms: int
+    meta: EnvelopeMeta
+    dispatch: Dispatch
+    execution_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    started: bool = False
+    reporting: bool = False  # the agent is done; the outcome report is on its way
+    outcome_acked: bool = False
+    stop_reason: Stop | None = None
+    last_progress: float = field(default_factory=time.monotonic)
+    task: asyncio.Task[None] | None = None
+    answer: Answer = field(init=False)
+
+    def __post_init__(self) -> None:
+        settings = self.outlet.settings
+        self.answer = Answer(self.dispatch.run_id, self.dispatch.attempt,
+                             answer_message_id_for(self.dispatch.run_id), self.execution_id,
+                             settings.delta_coalesce_ms / 1000, settings.policy.max_output_bytes)
+
+    @property
+    def attempt(self) -> int:
+        """The attempt number this execution runs."""
+        return self.dispatch.attempt
+
+    def stop(self, reason: Stop) -> None:
+        """Stop the execution for `reason` (a shutdown lets an outcome report finish)."""
+        if self.stop_reason is not None or self.task is None or self.task.done():
+            return
+        if reason is Stop.SHUTDOWN and self.reporting:
+            return  # let the outcome report finish
+        self.stop_reason = reason
+        self.task.cancel()
+
+    @property
+    def finished(self) -> bool:
+        """Whether the group may move past this dispatch."""
+        return self.outcome_acked or self.stop_reason is Stop.SUPERSEDED
+
+    async def run(self) -> None:
+        """Run the agent, stream its answer and report the outcome."""
+        self.started = True
+        self.last_progress = time.monotonic()
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        pump = asyncio.create_task(self._pump(queue))
+        beat = asyncio.create_task(self._heartbeat())
+        try:
+            await self._report(self._started())
+            text, steps, citations = await self._stream(queue)
+            self.reporting = True
+            await self._outcome(self._completed(text, steps, citations))
+        except AgentError as exc:
+            self.reporting = True
+            await self._emit(self.answer.end_with_error())
+            await self._outcome(self._failed(str(exc), exc.retryable))
+        except asyncio.CancelledError:
+            if self.stop_reason is not Stop.SHUTDOWN:
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            self.reporting = True
+            await self._emit(self.answer.end_with_error())
+            await self._outcome(self._failed(SHUTDOWN_ERROR, True))
+        finally:
+            for task in (pump, beat):
+                task.cancel()
+            await asyncio.gather(pump, beat, return_exceptions=True)
+
+    # --- the agent's output -> stream records ---
+
+    async def _pump(self, queue: asyncio.Queue[object]) -> None:
+        try:
+            async for output in self.outlet.agent.run(self.dispatch.history,
+                                                      self.dispatch.input_text):
+                self.last_progress = time.monotonic()
+                queue.put_nowait(output)
+            queue.put_nowait(_END)
+        except Exception as exc:
+            queue.put_nowait(exc)
+
+    async def _stream(
+        self, queue: asyncio.Queue[object]
+    ) -> tuple[str, tuple[Step, ...], tuple[Citation, ...]]:
+        answer = self.answer
+        await self._emit(answer.start())
+        while True:
+            flush_at = answer.flush_at
+            timeout = None if flush_at is None else max(0.0, flush_at - time.monotonic())
+            try:
+                item = await asyncio.wait_for(queue.get(), timeout)
+            except TimeoutError:
+                await self._emit(answer.flush())
+                continue
+            if item is _END:
+                break
+            if isinstance(item, AgentError):
+                await self._emit(answer.close_text())
+                raise item
+            if isinstance(item, Exception):  # a bug in the agent: worth another attempt
+                await self._emit(answer.close_text())
+                raise AgentError(f"{type(item).__name__}: {item}", retryable=True) from item
+            output: AgentOutput = item  # type: ignore[assignment]
+            if isinstance(output, TextChunk):
+                if not output.text:
+                    continue
+                if not answer.spend(output.text):
+                    await self._emit(answer.close_text())
+                    raise AgentError(OUTPUT_TOO_LARGE, retryable=False)
+                await self._emit(answer.add_text(output.text, time.monotonic()))
+            elif isinstance(output, AgentStep):
+                await self._emit(answer.close_text())
+                step = output.step
+                if not answer.spend(step.kind, step.name, step.payload_json):
+                    raise AgentError(OUTPUT_TOO_LARGE, retryable=False)
+                await self._emit(answer.add_step(step))
+            elif isinstance(output, AgentCitations):
+                if not answer.spend(*(x for c in output.citations for x in (c.url, c.title))):
+                    raise AgentError(OUTPUT_TOO_LARGE, retryable=False)
+                answer.add_citations(output.citations)
+        await self._emit(answer.end())
+        return answer.text, tuple(answer.steps), tuple(answer.citations)
+
+    async def _emit(self, outputs: list[StreamOutput]) -> None:
+        for output in outputs:
+            meta = new_meta(self.meta.thread_id, self.meta.tenant, now_ms(),
+                            self.meta.traceparent, self.meta.tracestate)
+            await self.outlet.stream(output, meta, self.partition)
+
+    # --- reports ---
+
+    async def _heartbeat(self) -> None:
+        settings = self.outlet.settings
+        interval = max(settings.heartbeat_interval_ms / 1000, 0.05)
+        stall_s = max(2 * interval, settings.policy.heartbeat_timeout_ms / 2000)
+        stalled = False
+        while True:
+            await asyncio.sleep(interval)
+            if time.monotonic() - self.last_progress > stall_s:
+                if not stalled:
+                    log.warning("run %s attempt %d: no agent output for %.1fs; heartbeats paused",
+                                self.dispatch.run_id, self.attempt, stall_s)
+                stalled = True
+                continue
+            stalled = False
+            await self._report(ReportHeartbeat(self.meta.thread_id, self.dispatch.run_id,
+                                               self.attempt, self.outlet.worker_id, now_ms()))
+
+    async def _report(self, command: Command) -> asyncio.Future[Any]:
+        meta = new_meta(self.meta.thread_id, self.meta.tenant, now_ms(),
+                        self.meta.traceparent, self.meta.tracestate)
+        return await self.outlet.command(command, meta)
+
+    async def _outcome(self, command: ReportAttemptCompleted | ReportAttemptFailed) -> None:
+        """Send the outcome report until the broker acks it."""
+        for attempt in range(OUTCOME_SEND_TRIES):
+            try:
+                await asyncio.shield(await self._report(command))
+                self.outcome_acked = True
+                return
+            except KafkaError as exc:
+                log.warning("outcome report for run %s failed (%s); retrying",
+                            self.dispatch.run_id, exc)
+                await asyncio.sleep(0.5 * 2**attempt)
+        log.error("giving up reporting the outcome of run %s attempt %d",
+                  self.dispatch.run_id, self.attempt)
+
+    def _started(self) -> ReportAttemptStarted:
+        return ReportAttemptStarted(self.meta.thread_id, self.dispatch.run_id, self.attempt,
+                                    self.outlet.worker_id, now_ms())
+
+    def _completed(self, text: str, steps: tuple[Step, ...],
+                   citations: tuple[Citation, ...]) -> ReportAttemptCompleted:
+        return ReportAttemptCompleted(self.meta.thread_id, self.dispatch.run_id, self.attempt,
+                                      self.outlet.worker_id, text, steps, citations, now_ms())
+
+    def _failed(self, error: str, retryable: bool) -> ReportAttemptFailed:
+        return ReportAttemptFailed(self.meta.thread_id, self.dispatch.run_id, self.attempt,
+                                   self.outlet.worker_id, error, retryable, now_ms())
+
+
+def _log_failed_delivery(delivery: asyncio.Future[Any]) -> None:
+    if not delivery.cancelled() and delivery.exception() is not None:
+        log.warning("a record was not delivered: %s", delivery.exception())

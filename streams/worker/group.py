@@ -1,0 +1,260 @@
+"""The worker's group loop: the dispatch consumer group, and the executions it runs.
+
+Workers share the dispatch topic as the consumer group `{prefix}worker`
+(read_committed, manual commits); each dispatch record becomes an asyncio task
+that runs one `Execution`, at most `concurrency` at a time (partitions are paused
+while all slots are busy).
+
+Offsets: a partition's committed offset is the lowest dispatch still running
+(`PartitionOffsets`), so the group only moves past attempts whose outcome report
+was acked, or that were superseded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+
+from streams.agents import Agent
+from streams.aio import stop_client
+from streams.clock import now_ms
+from streams.config import Settings
+from streams.kafka_security import aiokafka_config
+from streams.lifecycle import RunFate
+from streams.records import DeadLetter
+from streams.topics import ensure_topics
+from streams.wire import Codec, DecodeError
+from streams.worker.execution import Execution, Outlet, Stop
+from streams.worker.offsets import PartitionOffsets
+from streams.worker.watch import LifecycleWatch
+
+__all__ = ["Worker"]
+
+log = logging.getLogger("threadline.worker")
+
+PREPARE_TIMEOUT_S = 10.0  # past this, run the dispatch without knowing its run's fate
+SHUTDOWN_TIMEOUT_S = 15.0
+DEAD_LETTER_MAX_BYTES = 256 * 1024  # of an unreadable dispatch kept in its dead letter
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Commits before partitions move; tells the worker what it owns after."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.worker._commit()
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.worker._assigned({tp.partition for tp in assigned})
+
+
+class Worker:
+    """One worker process's consumer, producer, lifecycle follower and executions."""
+
+    def __init__(self, settings: Settings, agent: Agent, *,
+                 concurrency: int | None = None, worker_id: str | None = None,
+                 codec: Codec | None = None) -> None:
+        self.settings = settings
+        # THREADLINE_SCHEMA_REGISTRY_URL: the Confluent format; else single-object.
+        self.codec = codec or Codec.from_settings(settings)
+        self.agent = agent
+        self.concurrency = max(1, settings.worker_concurrency if concurrency is None else concurrency)
+        self.worker_id = (worker_id or settings.instance_id
+                          or f"{socket.gethostname()}-{os.getpid()}")
+        self.partitions: dict[int, PartitionOffsets] = {}
+        self.executions: dict[tuple[int, int], Execution] = {}
+        self.by_run: dict[str, set[Execution]] = {}
+        self.producer = AIOKafkaProducer(
+            **aiokafka_config(settings), client_id=f"worker-{self.worker_id}",
+            acks="all", enable_idempotence=True,  # the default partitioner is murmur2
+        )
+        self.consumer = AIOKafkaConsumer(
+            **aiokafka_config(settings), client_id=f"worker-{self.worker_id}",
+            group_id=f"{settings.topic_prefix}worker", enable_auto_commit=False,
+            isolation_level="read_committed", auto_offset_reset="earliest",
+            session_timeout_ms=settings.session_timeout_ms,
+            heartbeat_interval_ms=max(100, min(1_000, settings.session_timeout_ms // 5)),
+            fetch_max_wait_ms=100,
+        )
+        self.watch = LifecycleWatch(settings, f"worker-{self.worker_id}", self._on_fate,
+                                    self.codec)
+        self.outlet = Outlet(self.producer, self.codec, settings, agent, self.worker_id)
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run attempts until `stop` is set, then shut down as the module says."""
+        await asyncio.to_thread(ensure_topics, self.settings)
+        await asyncio.to_thread(self.codec.register_schemas)  # blocking HTTP: off the loop
+        await self.producer.start()
+        await self.watch.start()
+        self.consumer.subscribe([self.settings.topics.dispatch], listener=_Rebalance(self))
+        await self.consumer.start()
+        log.info("worker %s started on %s (concurrency %d)", self.worker_id,
+                 self.settings.bootstrap, self.concurrency)
+        try:
+            while not stop.is_set():
+                await self._poll()
+        finally:
+            await self._shutdown()
+
+    async def _poll(self) -> None:
+        free = self.concurrency - len(self.executions)
+        assigned = self.consumer.assignment()
+        if free <= 0:
+            self.consumer.pause(*assigned)
+        elif self.consumer.paused():
+            self.consumer.resume(*self.consumer.paused())
+        batch = await self.consumer.getmany(timeout_ms=100, max_records=max(free, 1))
+        await self.codec.prepare(r.value for rs in batch.values() for r in rs)
+        for tp, records in batch.items():
+            for record in records:
+                self._take(tp.partition, record)
+        await self._commit()
+
+    def _take(self, partition: int, record: Any) -> None:
+        offsets = self.partitions.get(partition)
+        if offsets is None or not offsets.take(record.offset):
+            return
+        try:
+            meta, dispatch = self.codec.decode_dispatch(record.value or b"")
+        except DecodeError as exc:
+            log.warning("dead-lettering dispatch %d@%d: %s", partition, record.offset, exc)
+            task = asyncio.create_task(self._dead_letter(partition, record, str(exc), offsets))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            return
+        if now_ms() - dispatch.dispatched_at_ms > self.settings.policy.attempt_timeout_ms:
+            # The processor has timed this attempt out already.
+            offsets.finish(record.offset)
+            return
+        execution = Execution(self.outlet, partition, record.offset, offsets, record.timestamp,
+                              meta, dispatch)
+        self.executions[(partition, record.offset)] = execution
+        self.by_run.setdefault(dispatch.run_id, set()).add(execution)
+        execution.task = asyncio.create_task(self._execute(execution),
+                                             name=f"run-{dispatch.run_id}-{dispatch.attempt}")
+
+    async def _dead_letter(self, partition: int, record: Any, reason: str,
+                           offsets: PartitionOffsets) -> None:
+        """Keep an unreadable dispatch on the dead-letter topic, then move past it (the
+        offset is committed only once the dead letter is acked)."""
+        topic = self.settings.topics.dispatch
+        key, value = record.key, (record.value or b"")[:DEAD_LETTER_MAX_BYTES]
+        letter = DeadLetter(source_topic=topic, source_partition=partition,
+                            source_offset=record.offset, key=key, value=value, reason=reason,
+                            error_type="DecodeError", failed_at_ms=now_ms())
+        while True:
+            try:
+                delivery = await self.producer.send(
+                    self.settings.topics.dead_letter, self.codec.encode_dead_letter(letter),
+                    key=key or f"{topic}/{partition}/{record.offset}".encode(), partition=partition)
+                await delivery
+                break
+            except KafkaError as exc:
+                log.warning("dead letter for dispatch %d@%d failed (%s); retrying", partition,
+                            record.offset, exc)
+                await asyncio.sleep(1)
+        offsets.finish(record.offset)
+
+    async def _execute(self, execution: Execution) -> None:
+        run_id, attempt = execution.dispatch.run_id, execution.attempt
+        try:
+            try:
+                async with asyncio.timeout(PREPARE_TIMEOUT_S):
+                    await self.watch.prepare(execution.partition, execution.timestamp_ms)
+            except TimeoutError:
+                log.warning("run %s attempt %d: lifecycle records not read in %.0fs; running it "
+                            "anyway", run_id, attempt, PREPARE_TIMEOUT_S)
+            fate = self.watch.fate(run_id)
+            if fate is not None and fate.kills(attempt):
+                execution.stop_reason = Stop.SUPERSEDED
+                log.info("run %s attempt %d: not started (over already)", run_id, attempt)
+                return
+            log.info("run %s attempt %d: execution %s started", run_id, attempt,
+                     execution.execution_id)
+            await execution.run()
+            log.info("run %s attempt %d: execution %s reported", run_id, attempt,
+                     execution.execution_id)
+        except asyncio.CancelledError:
+            if execution.stop_reason is None:
+                raise
+            if execution.started:
+                log.info("run %s attempt %d: execution %s stopped (%s)", run_id, attempt,
+                         execution.execution_id, execution.stop_reason.value)
+            else:
+                log.info("run %s attempt %d: not started (%s)", run_id, attempt,
+                         execution.stop_reason.value)
+        except Exception:
+            log.exception("run %s attempt %d: execution %s broke", run_id, attempt,
+                          execution.execution_id)
+        finally:
+            self.executions.pop((execution.partition, execution.offset), None)
+            runs = self.by_run.get(run_id)
+            if runs is not None:
+                runs.discard(execution)
+                if not runs:
+                    del self.by_run[run_id]
+            if execution.finished:
+                execution.offsets.finish(execution.offset)
+
+    def _on_fate(self, run_id: str, fate: RunFate) -> None:
+        for execution in list(self.by_run.get(run_id, ())):
+            if fate.kills(execution.attempt):
+                execution.stop(Stop.SUPERSEDED)
+
+    async def _commit(self) -> None:
+        topic = self.settings.topics.dispatch
+        assigned = {tp.partition for tp in self.consumer.assignment()}
+        offsets: dict[TopicPartition, int] = {}
+        for partition, tracked in self.partitions.items():
+            position = tracked.position()
+            if partition in assigned and position is not None and position != tracked.committed:
+                offsets[TopicPartition(topic, partition)] = position
+        if not offsets:
+            return
+        try:
+            await self.consumer.commit(offsets)
+        except KafkaError as exc:  # e.g. a rebalance is under way: the next commit catches up
+            log.info("commit failed: %s", exc)
+            return
+        for tp, position in offsets.items():
+            if tp.partition in self.partitions:
+                self.partitions[tp.partition].committed = position
+
+    async def _assigned(self, partitions: set[int]) -> None:
+        for partition in set(self.partitions) - partitions:
+            for execution in [e for (p, _), e in self.executions.items() if p == partition]:
+                execution.stop(Stop.REVOKED)
+            del self.partitions[partition]
+        for partition in partitions - set(self.partitions):
+            self.partitions[partition] = PartitionOffsets()
+        await self.watch.follow(partitions)
+        log.info("assigned dispatch partitions %s", sorted(partitions))
+
+    async def _shutdown(self) -> None:
+        log.info("worker %s stopping: %d attempts in flight", self.worker_id, len(self.executions))
+        tasks = [e.task for e in self.executions.values() if e.task is not None]
+        for execution in list(self.executions.values()):
+            execution.stop(Stop.SHUTDOWN)
+        if tasks:
+            await asyncio.wait(tasks, timeout=SHUTDOWN_TIMEOUT_S)
+        await self._commit()
+        closers: tuple[Callable[[], Awaitable[None]], ...] = (
+            partial(stop_client, self.consumer), self.watch.stop,
+            partial(stop_client, self.producer), self.agent.aclose)
+        for close in closers:
+            try:
+                await close()
+            except Exception:
+                log.exception("closing %s", close)
+        log.info("worker %s stopped", self.worker_id)

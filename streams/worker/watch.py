@@ -1,0 +1,168 @@
+"""The worker's lifecycle follower: reads the `RunLifecycle` records the processor
+mirrors into the stream topic, on the partitions this worker owns, into run fates.
+
+A second, group-less consumer; an attempt whose run ended, or whose attempt number
+is past, is stopped by the worker as soon as the follower learns it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from streams.aio import stop_client
+from streams.clock import now_ms
+from streams.config import Settings
+from streams.kafka_security import aiokafka_config
+from streams.lifecycle import RunFate
+from streams.records import RunLifecycle
+from streams.wire import Codec, DecodeError
+
+__all__ = ["LifecycleWatch"]
+
+log = logging.getLogger("threadline.worker")
+
+LIFECYCLE_MARGIN_MS = 5_000  # clock slack when looking for a dispatch's lifecycle records
+CATCH_UP_TIMEOUT_S = 5.0
+FATES_KEPT = 100_000  # runs whose fate is remembered, most recent first
+
+
+class LifecycleWatch:
+    """Reads `RunLifecycle` records of the owned stream partitions into run fates."""
+
+    def __init__(self, settings: Settings, client_id: str,
+                 on_fate: Callable[[str, RunFate], None], codec: Codec) -> None:
+        self.topic = settings.topics.stream
+        self.codec = codec
+        self.on_fate = on_fate
+        self.fates: OrderedDict[str, RunFate] = OrderedDict()
+        self.covered_from: dict[int, int] = {}  # partition -> records read since (ms)
+        self.caught_up: set[int] = set()  # read to the end at least once since assignment
+        self._ready = asyncio.Event()  # set while `follow` is not under way
+        self.consumer = AIOKafkaConsumer(
+            **aiokafka_config(settings), client_id=f"{client_id}-lifecycle",
+            group_id=None, enable_auto_commit=False, isolation_level="read_committed",
+            auto_offset_reset="latest", request_timeout_ms=15_000,
+            # Most records here are other executions' text deltas: without a minimum,
+            # each of them woke a fetch (most of the worker's CPU while answers stream).
+            # A run's end is learnt up to 100 ms later; nothing waits on it but a
+            # superseded execution, which then stops that much later.
+            fetch_min_bytes=64 * 1024, fetch_max_wait_ms=100,
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start the consumer and the reading loop."""
+        await self.consumer.start()
+        self._task = asyncio.create_task(self._loop(), name="lifecycle-watch")
+
+    async def stop(self) -> None:
+        """Stop reading and close the consumer."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await stop_client(self.consumer)
+
+    def fate(self, run_id: str) -> RunFate | None:
+        """What the records read so far say of `run_id`; None if nothing."""
+        return self.fates.get(run_id)
+
+    async def follow(self, partitions: set[int]) -> None:
+        """Read exactly `partitions`: kept ones where they were, new ones from now."""
+        self._ready.clear()
+        try:
+            kept: dict[int, int] = {}
+            for tp in self.consumer.assignment():
+                if tp.partition in partitions:
+                    with contextlib.suppress(TimeoutError, KafkaError):  # then: from now
+                        kept[tp.partition] = await asyncio.wait_for(self.consumer.position(tp), 5)
+            self.consumer.assign([TopicPartition(self.topic, p) for p in sorted(partitions)])
+            for p, offset in kept.items():
+                self.consumer.seek(TopicPartition(self.topic, p), offset)
+            since = now_ms() - LIFECYCLE_MARGIN_MS
+            self.covered_from = {p: self.covered_from.get(p, since) for p in kept}
+            self.caught_up = {p for p in self.caught_up if p in kept}
+            for p in partitions - kept.keys():
+                await self._seek_to_time(p, since)
+                self.covered_from[p] = since
+        finally:
+            self._ready.set()
+
+    async def prepare(self, partition: int, timestamp_ms: int) -> None:
+        """Before running a dispatch written at `timestamp_ms`: make sure the fates
+        of its run are known, by reading the partition from that time to its end
+        if it was not read that far back, or not yet to its end since assignment."""
+        await self._ready.wait()
+        since = timestamp_ms - LIFECYCLE_MARGIN_MS
+        if partition not in self.covered_from:
+            return  # no longer ours
+        if since < self.covered_from[partition]:
+            log.debug("lifecycle partition %d: reading again from %d", partition, since)
+            self.covered_from[partition] = since
+            self.caught_up.discard(partition)
+            await self._seek_to_time(partition, since)
+        if partition not in self.caught_up and await self._catch_up(partition):
+            self.caught_up.add(partition)
+        log.debug("lifecycle partition %d: caught up", partition)
+
+    async def _catch_up(self, partition: int) -> bool:
+        """Wait until the partition is read to its current end; False on timeout."""
+        tp = TopicPartition(self.topic, partition)
+        deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+        try:
+            end = (await self.consumer.end_offsets([tp]))[tp]
+            while time.monotonic() < deadline:
+                if await asyncio.wait_for(self.consumer.position(tp), CATCH_UP_TIMEOUT_S) >= end:
+                    return True
+                await asyncio.sleep(0.02)
+        except (TimeoutError, KafkaError) as exc:
+            log.warning("lifecycle catch-up on partition %d failed: %s", partition, exc)
+        return False
+
+    async def _seek_to_time(self, partition: int, timestamp_ms: int) -> None:
+        tp = TopicPartition(self.topic, partition)
+        log.debug("lifecycle partition %d: seeking to time %d", partition, timestamp_ms)
+        try:
+            found = (await self.consumer.offsets_for_times({tp: max(timestamp_ms, 0)})).get(tp)
+            # Nothing that new: the end. A plain `seek` takes effect at once, where
+            # `seek_to_end` waits for an offset reset by the fetcher.
+            offset = (await self.consumer.end_offsets([tp]))[tp] if found is None else found.offset
+            self.consumer.seek(tp, offset)
+        except KafkaError as exc:  # e.g. no longer assigned after a rebalance
+            log.warning("lifecycle seek on partition %d failed: %s", partition, exc)
+
+    async def _loop(self) -> None:
+        while True:
+            if not self.consumer.assignment():
+                await asyncio.sleep(0.05)
+                continue
+            try:
+                batch = await self.consumer.getmany(timeout_ms=200, max_records=2_000)
+                await self.codec.prepare(r.value for rs in batch.values() for r in rs)
+                for records in batch.values():
+                    for record in records:
+                        self._read(record.value or b"")
+            except Exception:  # keep following: a dead follower would stop no attempt
+                log.exception("reading lifecycle records")
+                await asyncio.sleep(0.5)
+
+    def _read(self, value: bytes) -> None:
+        try:
+            _, output = self.codec.decode_stream(value)
+        except DecodeError:
+            return
+        if not isinstance(output.payload, RunLifecycle):
+            return
+        fate = self.fates.pop(output.run_id, None) or RunFate()
+        fate.learn(output.payload.event, output.attempt)
+        self.fates[output.run_id] = fate
+        while len(self.fates) > FATES_KEPT:
+            self.fates.popitem(last=False)
+        self.on_fate(output.run_id, fate)

@@ -1,0 +1,128 @@
+"""One execution against a fake outlet: no broker, no worker, only its dependencies."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from streams.agents import AgentError, AgentOutput, TextChunk
+from streams.config import Settings
+from streams.domain import (
+    Command,
+    ReportAttemptCompleted,
+    ReportAttemptFailed,
+    ReportAttemptStarted,
+)
+from streams.records import Dispatch, HistoryMessage, MessageEnd, MessageStart, StreamOutput
+from streams.thread import OUTPUT_TOO_LARGE
+from streams.wire import EnvelopeMeta, new_meta
+from streams.worker.execution import SHUTDOWN_ERROR, Execution, Stop
+from streams.worker.offsets import PartitionOffsets
+
+
+class Script:
+    """An agent that yields a script, then raises `error` or hangs."""
+
+    def __init__(self, script: Sequence[AgentOutput], error: Exception | None = None,
+                 hang: bool = False) -> None:
+        self.script, self.error, self.hang = script, error, hang
+
+    async def run(self, history: Sequence[HistoryMessage],
+                  message: str) -> AsyncIterator[AgentOutput]:
+        for output in self.script:
+            yield output
+        if self.error is not None:
+            raise self.error
+        if self.hang:
+            await asyncio.Event().wait()
+
+    async def aclose(self) -> None:
+        return None
+
+
+@dataclass
+class FakeOutlet:
+    """Collects what the execution sends."""
+
+    settings: Settings
+    agent: Script
+    worker_id: str = "w-test"
+    records: list[tuple[StreamOutput, int]] = field(default_factory=list)
+    reports: list[Command] = field(default_factory=list)
+
+    async def stream(self, output: StreamOutput, meta: EnvelopeMeta, partition: int) -> None:
+        self.records.append((output, partition))
+
+    async def command(self, command: Command, meta: EnvelopeMeta) -> asyncio.Future[Any]:
+        self.reports.append(command)
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+def _execution(agent: Script, **settings: Any) -> tuple[Execution, FakeOutlet]:
+    base = Settings.from_env({"THREADLINE_DELTA_COALESCE_MS": "0"})
+    outlet = FakeOutlet(base.with_(**settings), agent)
+    dispatch = Dispatch("r-1", "m-1", 1, "agent-t", "hi", (), 0)
+    execution = Execution(outlet, 3, 7, PartitionOffsets(), 0,  # type: ignore[arg-type]
+                          new_meta("t", "acme", 0), dispatch)
+    return execution, outlet
+
+
+async def test_a_completed_attempt_streams_its_answer_and_reports() -> None:
+    execution, outlet = _execution(Script([TextChunk("Hel"), TextChunk("lo")]))
+    await execution.run()
+    assert all(partition == 3 for _, partition in outlet.records)
+    assert [o.seq for o, _ in outlet.records] == list(range(len(outlet.records)))
+    assert outlet.records[0][0].payload == MessageStart("assistant")
+    assert outlet.records[-1][0].payload == MessageEnd("stop")
+    started, completed = outlet.reports
+    assert isinstance(started, ReportAttemptStarted) and started.worker_id == "w-test"
+    assert isinstance(completed, ReportAttemptCompleted) and completed.final_text == "Hello"
+    assert execution.outcome_acked and execution.finished
+
+
+async def test_an_agent_error_ends_the_message_and_reports_failure() -> None:
+    execution, outlet = _execution(Script([TextChunk("x")], AgentError("boom", retryable=False)))
+    await execution.run()
+    assert outlet.records[-1][0].payload == MessageEnd("error")
+    failed = outlet.reports[-1]
+    assert isinstance(failed, ReportAttemptFailed)
+    assert (failed.error, failed.retryable) == ("boom", False)
+
+
+async def test_an_answer_past_the_cap_fails_not_retryable() -> None:
+    execution, outlet = _execution(Script([TextChunk("x" * 20)]))
+    execution.answer.budget = 10
+    await execution.run()
+    failed = outlet.reports[-1]
+    assert isinstance(failed, ReportAttemptFailed)
+    assert (failed.error, failed.retryable) == (OUTPUT_TOO_LARGE, False)
+
+
+async def test_a_shutdown_reports_a_retryable_failure() -> None:
+    execution, outlet = _execution(Script([TextChunk("partial")], hang=True))
+    execution.task = asyncio.create_task(execution.run())
+    while not any(isinstance(o.payload, MessageStart) for o, _ in outlet.records):
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    execution.stop(Stop.SHUTDOWN)
+    await execution.task
+    failed = outlet.reports[-1]
+    assert isinstance(failed, ReportAttemptFailed)
+    assert (failed.error, failed.retryable) == (SHUTDOWN_ERROR, True)
+    assert outlet.records[-1][0].payload == MessageEnd("error")
+
+
+async def test_a_superseded_execution_reports_nothing_more() -> None:
+    execution, outlet = _execution(Script([], hang=True))
+    execution.task = asyncio.create_task(execution.run())
+    await asyncio.sleep(0.05)
+    execution.stop(Stop.SUPERSEDED)
+    await asyncio.gather(execution.task, return_exceptions=True)
+    assert [type(r) for r in outlet.reports] == [ReportAttemptStarted]
+    assert execution.finished and not execution.outcome_acked
+
+
