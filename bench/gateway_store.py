@@ -38,9 +38,9 @@ from streams.broker import free_port
 from streams.config import Settings
 from streams.domain import RunStatus, StoredMessage, ThreadState
 from streams.history import message_key
+from streams.kafka.topics import ensure_topics
 from streams.records import MessageRecord
 from streams.serialization import encode_message, encode_state, new_meta
-from streams.topics import ensure_topics
 
 
 def _write(settings: Settings, threads: int, messages: int, tag: str) -> None:

@@ -39,6 +39,7 @@ from streams.domain import (
     ThreadState,
 )
 from streams.history import MessagePut, RunStatusChanged, context_window, history_writes, message_key
+from streams.kafka.topics import ensure_topics
 from streams.processor import Processor, _derived_id, _lifecycle
 from streams.records import Dispatch, MessageRecord
 from streams.serialization import (
@@ -53,7 +54,6 @@ from streams.serialization import (
     new_meta,
 )
 from streams.thread import decide, evolve, run_id_for
-from streams.topics import ensure_topics
 
 BENCH = "processor"
 BARE = "bare loop, events only"

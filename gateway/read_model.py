@@ -65,7 +65,7 @@ from gateway.read_store import (
 )
 from streams.config import Settings
 from streams.domain import RunStatus, ThreadState
-from streams.kafka_security import librdkafka_config
+from streams.kafka.clients import librdkafka_config
 from streams.records import MessageRecord
 from streams.serialization import Codec
 

@@ -116,7 +116,7 @@ class Settings:
     processing_guarantee: str  # "exactly_once" (default) | "at_least_once" (benchmarks only)
     limits: GatewayLimits = field(default_factory=GatewayLimits)
     extra: Mapping[str, str] = field(default_factory=dict)
-    # TLS and SASL settings of every Kafka client, as librdkafka keys (streams/kafka_security.py)
+    # TLS and SASL settings of every Kafka client, as librdkafka keys (streams/kafka/clients.py)
     kafka_security: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -134,7 +134,7 @@ class Settings:
 
     @classmethod
     def from_env(cls, overrides: Mapping[str, str] | None = None) -> Settings:
-        from streams.kafka_security import security_from_env
+        from streams.kafka.clients import security_from_env
 
         env: dict[str, str] = dict(os.environ)
         env.update(overrides or {})

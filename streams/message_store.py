@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from streams.history import parse_message_key
+from streams.kafka.state_store import PartitionStore
 from streams.records import HistoryMessage, MessageRecord
 from streams.serialization import Codec, DecodeError
-from streams.state_store import PartitionStore
 from streams.thread import run_id_for
 
 __all__ = ["MessageStore"]

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 
 from streams.domain import RunRecord, StoredMessage, ThreadState
 from streams.history import message_key
+from streams.kafka.state_store import PartitionStore
 from streams.message_store import MessageStore
 from streams.records import MessageRecord
 from streams.serialization import EnvelopeMeta
-from streams.state_store import PartitionStore
 from streams.thread import uuid5_text
 
 if TYPE_CHECKING:

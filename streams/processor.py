@@ -64,12 +64,13 @@ from streams.history import (
     history_writes,
     message_key,
 )
-from streams.kafka_security import librdkafka_config
+from streams.kafka.clients import librdkafka_config
+from streams.kafka.state_store import PartitionStore, TableStores
+from streams.kafka.topics import ensure_topics, record_limit
 from streams.message_store import MessageStore
 from streams.migration import migrate_partition
 from streams.records import DeadLetter, Dispatch, MessageRecord, RunLifecycle, StreamOutput
 from streams.serialization import Codec, DecodeError, EnvelopeMeta
-from streams.state_store import PartitionStore, TableStores
 from streams.thread import (
     OUTPUT_TOO_LARGE,
     answer_message_id_for,
@@ -79,7 +80,6 @@ from streams.thread import (
     output_bytes,
     uuid5_text,
 )
-from streams.topics import ensure_topics, record_limit
 
 __all__ = ["Processor", "ProcessorStats", "run_processor"]
 

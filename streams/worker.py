@@ -81,7 +81,8 @@ from streams.domain import (
     ReportHeartbeat,
     Step,
 )
-from streams.kafka_security import aiokafka_config
+from streams.kafka.clients import aiokafka_config
+from streams.kafka.topics import ensure_topics
 from streams.records import (
     CitationsOutput,
     DeadLetter,
@@ -98,7 +99,6 @@ from streams.records import (
 )
 from streams.serialization import Codec, DecodeError, EnvelopeMeta, new_meta
 from streams.thread import OUTPUT_TOO_LARGE, answer_message_id_for
-from streams.topics import ensure_topics
 
 __all__ = ["DEFAULT_CONCURRENCY", "Fate", "PartitionOffsets", "Worker", "run_worker"]
 

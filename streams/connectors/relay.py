@@ -52,7 +52,7 @@ from streams.connectors.delivery import Calls, Job
 from streams.connectors.outbox import ChatOutbox, OutboxKind, Sinks, plan
 from streams.connectors.stats import ConnectorStats
 from streams.connectors.topics import audit_topic, outbox_topic
-from streams.kafka_security import librdkafka_config
+from streams.kafka.clients import librdkafka_config
 from streams.serialization import Codec, DecodeError
 
 __all__ = ["Relay"]

@@ -23,9 +23,9 @@ from gateway.read_model import ReadModel
 from streams.config import Settings
 from streams.domain import RunStatus, StoredMessage, ThreadState
 from streams.history import message_key, parse_message_key
+from streams.kafka.topics import ensure_topics
 from streams.records import MessageRecord
 from streams.serialization import encode_message, encode_state, new_meta
-from streams.topics import ensure_topics
 from tests.gateway.conftest import AUTH_A, AUTH_B, Stack, gateway_env
 from tests.gateway.sse_client import read_sse
 

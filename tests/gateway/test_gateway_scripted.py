@@ -31,6 +31,7 @@ from streams.domain import (
     ThreadState,
 )
 from streams.history import message_key
+from streams.kafka.topics import ensure_topics
 from streams.records import (
     MessageEnd,
     MessageRecord,
@@ -47,7 +48,6 @@ from streams.serialization import (
     new_meta,
 )
 from streams.thread import answer_message_id_for, run_id_for
-from streams.topics import ensure_topics
 from tests.gateway.conftest import AUTH_A, Stack, gateway_env
 from tests.gateway.sse_client import Ev, check_every_resume, read_sse
 from tests.kafka_helpers import read_topic

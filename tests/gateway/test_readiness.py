@@ -21,9 +21,9 @@ from gateway.ready import READY, probe_thread_id
 from streams.config import Settings
 from streams.domain import RunStatus, StoredMessage, ThreadState
 from streams.history import message_key
+from streams.kafka.topics import ensure_topics
 from streams.records import MessageRecord
 from streams.serialization import encode_message, encode_state, new_meta
-from streams.topics import ensure_topics
 from tests.gateway.conftest import AUTH_A, gateway_env
 from tests.kafka_helpers import RoleProcess
 

@@ -29,6 +29,7 @@ from streams.domain import (
     ThreadState,
 )
 from streams.history import parse_message_key
+from streams.kafka.topics import ensure_topics
 from streams.records import MessageRecord
 from streams.serialization import (
     decode_dead_letter,
@@ -39,7 +40,6 @@ from streams.serialization import (
     encode_state,
 )
 from streams.thread import OUTPUT_TOO_LARGE, run_id_for
-from streams.topics import ensure_topics
 from tests.kafka_helpers import (
     RoleProcess,
     command_producer,

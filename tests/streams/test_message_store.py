@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from streams.domain import RunStatus, StoredMessage
 from streams.history import context_window, message_key
+from streams.kafka.state_store import PartitionStore
 from streams.message_store import MessageStore, _context_row, _row
 from streams.records import HistoryMessage, MessageRecord
 from streams.serialization import Codec, new_meta
-from streams.state_store import PartitionStore
 from streams.thread import run_id_for
 
 CODEC = Codec()

@@ -30,11 +30,11 @@ from streams.domain import (
     ThreadState,
 )
 from streams.history import parse_message_key
+from streams.kafka.topics import ensure_topics
 from streams.migration import migrated
 from streams.records import MessageRecord
 from streams.serialization import SCHEMA_DIR, decode_event, decode_message, schema_fingerprint
 from streams.thread import answer_message_id_for, run_id_for
-from streams.topics import ensure_topics
 from tests.kafka_helpers import (
     RoleProcess,
     command_producer,

@@ -28,6 +28,7 @@ from streams.domain import (
     RunStatus,
     ThreadCreated,
 )
+from streams.kafka.topics import ensure_topics
 from streams.serialization import (
     decode_dead_letter,
     decode_dispatch,
@@ -38,7 +39,6 @@ from streams.serialization import (
     new_meta,
 )
 from streams.thread import run_id_for
-from streams.topics import ensure_topics
 from tests.conftest import SettingsFactory
 from tests.kafka_helpers import (
     RoleProcess,

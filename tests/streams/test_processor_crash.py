@@ -32,9 +32,9 @@ from streams.domain import (
     RunRejected,
     ThreadCreated,
 )
+from streams.kafka.topics import ensure_topics
 from streams.serialization import EnvelopeMeta, decode_event, encode_command, new_meta
 from streams.thread import run_id_for
-from streams.topics import ensure_topics
 from tests.kafka_helpers import RoleProcess, command_producer, flush_all, read_topic, send_command
 
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos]

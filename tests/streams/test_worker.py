@@ -37,6 +37,7 @@ from streams.domain import (
     RunFailed,
     Step,
 )
+from streams.kafka.topics import ensure_topics
 from streams.records import (
     CitationsOutput,
     Dispatch,
@@ -61,7 +62,6 @@ from streams.serialization import (
     new_meta,
 )
 from streams.thread import answer_message_id_for, run_id_for
-from streams.topics import ensure_topics
 from streams.worker import SHUTDOWN_ERROR, Fate, PartitionOffsets, Worker
 from tests.kafka_helpers import (
     RoleProcess,
