@@ -56,6 +56,7 @@ def test_rows_without_context_fall_back_to_the_record(tmp_path: Path) -> None:
         HistoryMessage("m-0", "user", "stored before context rows")]
 
 
+@hypothesis.settings(deadline=None)  # two RocksDB opens an example: slow on a loaded machine
 @hypothesis.given(texts=st.lists(st.text(st.characters(exclude_categories=("Cs",))),
                                  min_size=1, max_size=8))
 def test_a_restore_from_the_changelog_gives_the_same_context(texts: list[str]) -> None:
