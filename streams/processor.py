@@ -26,7 +26,6 @@ import logging
 import signal
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer
@@ -326,7 +325,7 @@ class Processor:
                 return
         for out in decision.outputs:
             outputs.append(Output(out.topic, out.key, out.value, partition,
-                                  self._history_delivered(partition)
+                                  self.history_stores.get(partition).changelog_delivered
                                   if out.topic == self.topics.messages else None))
         for record, seq, raw in decision.history:
             if record is None:
@@ -416,10 +415,6 @@ class Processor:
         outputs.append(_Output(self.topics.messages, message_key(thread_id, record.seq), raw))
         writes.append((record, record.seq, raw))
 
-    def _history_delivered(self, partition: int) -> Callable[[KafkaError | None, Message], None]:
-        store = self.history_stores.get(partition)
-        return self._changelog_delivered(store)
-
     def _write_states(self, outputs: list[Output]) -> None:
         """Each thread's state as the batch leaves it, to the table and the changelog.
 
@@ -432,20 +427,12 @@ class Processor:
                 if (partition, key) in self._step.deleted:
                     store.delete(key)
                     outputs.append(Output(self.topics.threads, key, None, partition,
-                                          self._changelog_delivered(store)))
+                                          store.changelog_delivered))
                 continue
             encoded = self.codec.encode_state(state)
             store.put(key, encoded)
             outputs.append(Output(self.topics.threads, key, encoded, partition,
-                                  self._changelog_delivered(store)))
-
-    @staticmethod
-    def _changelog_delivered(store: PartitionStore) -> Callable[[KafkaError | None, Message], None]:
-        def delivered(err: KafkaError | None, msg: Message) -> None:
-            if err is None:
-                store.note_offset(record_position(msg)[2])
-
-        return delivered
+                                  store.changelog_delivered))
 
     def _load(self, store: PartitionStore, key: bytes) -> ThreadState | None:
         if key in self.cache:

@@ -16,8 +16,12 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rocksdict import Options, Rdict, WriteBatch
+
+if TYPE_CHECKING:
+    from confluent_kafka import KafkaError, Message
 
 __all__ = ["PartitionStore", "TableStores"]
 
@@ -63,6 +67,12 @@ class PartitionStore:
     def note_offset(self, changelog_offset: int) -> None:
         """Note that the changelog holds this batch up to `changelog_offset` (inclusive)."""
         self._pending_offset = max(self._pending_offset or 0, changelog_offset + 1)
+
+    def changelog_delivered(self, err: KafkaError | None, msg: Message) -> None:
+        """Delivery report of a record of this table's changelog: the checkpoint moves past it."""
+        offset = msg.offset()
+        if err is None and offset is not None:
+            self.note_offset(offset)
 
     def commit(self) -> None:
         """Move the staged writes and the checkpoint into RocksDB, atomically."""
