@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from streams.config import Settings
-from streams.topics import ensure_topics
+from streams.kafka.topics import ensure_topics
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

@@ -38,8 +38,8 @@ from streams.broker import free_port
 from streams.config import Settings
 from streams.domain import RunStatus, StoredMessage, ThreadState
 from streams.history import message_key
+from streams.kafka.topics import ensure_topics
 from streams.records import MessageRecord
-from streams.topics import ensure_topics
 from streams.wire import Codec, new_meta
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry

@@ -28,7 +28,7 @@ from bench.gateway_store import _write
 from bench.growth import Commands
 from streams.broker import free_port
 from streams.config import Settings
-from streams.topics import ensure_topics
+from streams.kafka.topics import ensure_topics
 
 BENCH = "growth-gateway"
 SIZES = (1_000, 100_000)

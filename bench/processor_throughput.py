@@ -41,11 +41,11 @@ from streams.domain import (
 from streams.history import MessagePut, RunStatusChanged, context_window, history_writes, message_key
 from streams.ids import derived_envelope_id as _derived_id
 from streams.ids import run_id_for
+from streams.kafka.topics import ensure_topics
 from streams.lifecycle import lifecycle_record as _lifecycle
 from streams.processor import Processor
 from streams.records import Dispatch, MessageRecord
 from streams.thread import decide, evolve
-from streams.topics import ensure_topics
 from streams.wire import Codec, EnvelopeMeta, new_meta
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry

@@ -18,7 +18,7 @@ from pyinstrument import Profiler
 from bench.common import VAR, bench_env, broker, cleanup
 from bench.processor_throughput import _child_threadline, encoded, payload, preload
 from streams.config import Settings
-from streams.topics import ensure_topics
+from streams.kafka.topics import ensure_topics
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ import aiohttp
 from bench.common import VAR, Child, bench_env, cleanup
 from streams.broker import free_port
 from streams.config import Settings
-from streams.topics import ensure_topics
+from streams.kafka.topics import ensure_topics
 
 AUTH = {"Authorization": "Bearer bench"}
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from streams.broker import EmbeddedCluster, EmbeddedKafka, _die_with_parent, free_port
 from streams.config import Settings
-from streams.topics import ensure_topics
+from streams.kafka.topics import ensure_topics
 
 __all__ = ["API_KEY", "ROLES", "Proc", "Stack", "chaos_env"]
 

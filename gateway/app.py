@@ -42,8 +42,8 @@ from gateway.read_model import ReadModel
 from gateway.ready import READY, Readiness, readyz
 from streams.config import Settings
 from streams.domain import Event, ThreadDeleted
-from streams.kafka_security import aiokafka_config
-from streams.topics import ensure_topics
+from streams.kafka.clients import aiokafka_config
+from streams.kafka.topics import ensure_topics
 from streams.wire import Codec
 
 __all__ = ["Options", "create_app", "max_body_bytes", "run_gateway"]

@@ -28,7 +28,7 @@ from gateway.problems import Problem
 from streams.clock import now_ms
 from streams.config import Settings
 from streams.domain import TERMINAL_EVENTS, Command, Event
-from streams.kafka_security import aiokafka_config
+from streams.kafka.clients import aiokafka_config
 from streams.wire import Codec, DecodeError, new_meta
 
 __all__ = ["CommandBus", "new_traceparent"]

@@ -31,7 +31,7 @@ class HealthProbe:
 
     def __init__(self, bootstrap: str, client_args: Mapping[str, object] | None = None) -> None:
         self.bootstrap = bootstrap
-        self.client_args = dict(client_args or {})  # TLS and SASL: streams.kafka_security
+        self.client_args = dict(client_args or {})  # TLS and SASL: streams.kafka.clients
         self._admin: AIOKafkaAdminClient | None = None
         self._lock = asyncio.Lock()  # one probe at a time shares one client
 

@@ -13,7 +13,7 @@ from aiokafka.structs import OffsetAndTimestamp
 
 from streams.aio import stop_client
 from streams.config import Settings
-from streams.kafka_security import aiokafka_config
+from streams.kafka.clients import aiokafka_config
 
 __all__ = ["Offsets", "new_consumer", "partition_for", "run_forever", "stop_client", "stop_task",
            "topic_partitions"]

@@ -66,7 +66,7 @@ from gateway.read_store import (
 from streams.config import Settings
 from streams.domain import RunStatus, ThreadState
 from streams.heap import release_free_memory
-from streams.kafka_security import librdkafka_config
+from streams.kafka.clients import librdkafka_config
 from streams.records import MessageRecord
 from streams.wire import Codec
 

@@ -7,7 +7,7 @@ active runs is kept in memory (the feed and per-tenant limits ask for it often);
 it is also stored, so a warm start reads it without scanning the threads.
 
 A batch of changelog records is applied as one RocksDB write batch that also
-holds the offsets it reaches (like `streams.state_store` for the processor): a
+holds the offsets it reaches (like `streams.kafka.state_store` for the processor): a
 crash leaves the store at a batch boundary, and a restart goes on from there.
 Re-reading records after a checkpoint is harmless anyway (every row is the last
 record's image, so applying a record twice gives the same rows).

@@ -64,7 +64,7 @@ def _broker(settings: Settings) -> int:
 
 
 def _topics(settings: Settings) -> int:
-    from streams.topics import ensure_topics
+    from streams.kafka.topics import ensure_topics
 
     for spec in ensure_topics(settings):
         print(f"{spec.name}\tpartitions={spec.partitions}\t{spec.config}")
@@ -148,7 +148,7 @@ class _BrokerChild:
 def _run_all(settings: Settings) -> int:
     """Start each role as a child process and keep it running (`streams.supervisor`);
     stop them all on Ctrl-C or SIGTERM."""
-    from streams.topics import ensure_topics
+    from streams.kafka.topics import ensure_topics
 
     refusal = dev_keys_refusal(settings)
     if refusal is not None:

@@ -121,7 +121,7 @@ class Settings:
     processing_guarantee: str  # "exactly_once" (default) | "at_least_once" (benchmarks only)
     limits: GatewayLimits = field(default_factory=GatewayLimits)
     extra: Mapping[str, str] = field(default_factory=dict)
-    # TLS and SASL settings of every Kafka client, as librdkafka keys (streams/kafka_security.py)
+    # TLS and SASL settings of every Kafka client, as librdkafka keys (streams/kafka/clients.py)
     kafka_security: Mapping[str, str] = field(default_factory=dict)
     worker_concurrency: int = 16  # attempts one worker process runs at once
 
@@ -144,7 +144,7 @@ class Settings:
     @classmethod
     def from_env(cls, overrides: Mapping[str, str] | None = None) -> Settings:
         """Settings from THREADLINE_* environment variables (plus overrides), defaults where unset."""
-        from streams.kafka_security import security_from_env
+        from streams.kafka.clients import security_from_env
 
         env: dict[str, str] = dict(os.environ)
         env.update(overrides or {})

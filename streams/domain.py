@@ -16,6 +16,8 @@ from enum import StrEnum
 from types import MappingProxyType
 
 __all__ = [
+    "NOTHING_KNOWN",
+    "TERMINAL_EVENTS",
     "ActiveRun",
     "AssistantMessage",
     "AttemptDispatched",
@@ -31,7 +33,6 @@ __all__ = [
     "IdempotencyRecord",
     "Known",
     "MessageAccepted",
-    "NOTHING_KNOWN",
     "Policy",
     "PostUserMessage",
     "RejectReason",
@@ -52,7 +53,6 @@ __all__ = [
     "ThreadCreated",
     "ThreadDeleted",
     "ThreadState",
-    "TERMINAL_EVENTS",
 ]
 
 

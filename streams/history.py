@@ -33,11 +33,11 @@ from streams.ids import run_id_for
 from streams.records import HistoryMessage
 
 __all__ = [
+    "SEQ_DIGITS",
     "HistoryErased",
     "HistoryWrite",
     "MessagePut",
     "RunStatusChanged",
-    "SEQ_DIGITS",
     "context_window",
     "history_writes",
     "message_key",

@@ -34,8 +34,8 @@ from itertools import islice
 
 from streams.history import parse_message_key
 from streams.ids import run_id_for
+from streams.kafka.state_store import PartitionStore
 from streams.records import HistoryMessage, MessageRecord
-from streams.state_store import PartitionStore
 from streams.wire import Codec, DecodeError
 
 __all__ = ["ContextWindows", "MessageStore"]

@@ -24,9 +24,10 @@ from streams.clock import now_ms
 from streams.domain import RunRecord, StoredMessage, ThreadState
 from streams.history import message_key
 from streams.ids import uuid5_text
+from streams.kafka.loop import Output
+from streams.kafka.state_store import PartitionStore
 from streams.message_store import MessageStore
 from streams.records import MessageRecord
-from streams.state_store import PartitionStore
 from streams.wire import EnvelopeMeta
 
 if TYPE_CHECKING:
@@ -78,10 +79,9 @@ def _migrate_batch(processor: Processor, partition: int, store: PartitionStore,
                    history: MessageStore,
                    batch: list[tuple[bytes, bytes, tuple[StoredMessage, ...], dict[str, RunRecord]]]) \
         -> None:
-    topics, producer = processor.topics, processor.producer
+    topics = processor.topics
     now = now_ms()
-    if processor.exactly_once:
-        producer.begin_transaction()
+    outputs: list[Output] = []
     try:
         for key, raw, messages, runs in batch:
             state, records = migrated(processor.codec.decode_state(raw), messages, runs, now)
@@ -90,13 +90,13 @@ def _migrate_batch(processor: Processor, partition: int, store: PartitionStore,
                                     thread_id=state.thread_id, tenant=state.tenant,
                                     produced_at_ms=now)
                 value = processor.codec.encode_message(record, meta)
-                producer.produce(topics.messages, value, message_key(state.thread_id, record.seq),
-                                 partition=partition)
+                outputs.append(Output(topics.messages, message_key(state.thread_id, record.seq),
+                                      value, partition))
                 history.put(state.thread_id, record, value)
             encoded = processor.codec.encode_state(state)
             store.put(key, encoded)
-            producer.produce(topics.threads, encoded, key, partition=partition)
-        processor._commit([])
+            outputs.append(Output(topics.threads, key, encoded, partition))
+        processor.loop.commit(outputs, [])
     except Exception:
         # Nothing of the batch is committed: drop what was staged and let the role
         # crash; the next owner of the partition migrates it again.

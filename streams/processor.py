@@ -2,10 +2,11 @@
 
 A thin shell around `streams.thread`: for each command record it loads the
 thread's state from the partition's RocksDB table, calls `decide`, folds the
-events with `evolve`, and writes the events, the dispatches for workers and the
-new state (changelog) in one Kafka transaction together with the input offsets
-(KIP-447: `send_offsets_to_transaction` with the consumer's group metadata, so
-a deposed instance is fenced by the group generation).
+events with `evolve`, and returns the events, the dispatches for workers and the
+new state (changelog) as the records of the step; the Kafka runtime's table loop
+(`streams.kafka.loop`) writes them in one Kafka transaction together with the
+input offsets, and only then commits the tables (KIP-447: a deposed instance is
+fenced by the group generation).
 
 Why not Faust's `exactly_once` mode: in faust-streaming 0.15.3 table changelog
 writes go through `send_soon`, outside the transaction; commit failures are
@@ -20,19 +21,15 @@ clock goes through the same fenced, transactional path as every other input.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import signal
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer
 
-from streams.clock import now_ms as _now_ms  # the call sites are part of the loop's rewrite
+from streams.clock import now_ms
 from streams.config import Settings
 from streams.domain import (
     NOTHING_KNOWN,
@@ -59,12 +56,15 @@ from streams.history import (
     message_key,
 )
 from streams.ids import derived_envelope_id
-from streams.kafka_security import librdkafka_config
+from streams.kafka.clients import librdkafka_config, table_consumer_config, table_producer_config
+from streams.kafka.loop import Output, TableLoop, record_position
+from streams.kafka.restore import ChangelogReader, restore_table
+from streams.kafka.state_store import PartitionStore, TableStores
+from streams.kafka.topics import ensure_topics, record_limit
 from streams.lifecycle import dispatch_record, lifecycle_record
 from streams.message_store import ContextWindows, MessageStore
 from streams.migration import migrate_partition
 from streams.records import DeadLetter, MessageRecord
-from streams.state_store import PartitionStore, TableStores
 from streams.thread import (
     OUTPUT_TOO_LARGE,
     decide,
@@ -72,7 +72,6 @@ from streams.thread import (
     next_deadline_ms,
     output_bytes,
 )
-from streams.topics import ensure_topics, record_limit
 from streams.wire import Codec, DecodeError, EnvelopeMeta
 
 __all__ = ["Processor", "ProcessorStats", "run_processor"]
@@ -83,18 +82,9 @@ HISTORY_LIMIT = 50  # earlier messages handed to the agent with a dispatch, at m
 RECORD_TOO_LARGE = "record_too_large"  # RunFailed.error when a decision's record cannot fit
 TICK_INTERVAL_S = 0.1
 TICK_RESEND_MS = 2_000  # a due tick not yet acted on is sent again after this
-TXN_TIMEOUT_S = 30  # of each transactional call
-BATCH = 500  # commands per transaction at most
-TXN_HANG_EXIT_S = TXN_TIMEOUT_S + 15  # a call this long ignored its timeout: exit
-HUNG_EXIT_STATUS = 70
 DEAD_LETTER_MAX_BYTES = 256 * 1024  # of a dead record's key and value kept in its dead letter
 
 
-def _position(msg: Message) -> tuple[str, int, int]:
-    """Topic, partition and offset of a consumed record (never None there)."""
-    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-    assert topic is not None and partition is not None and offset is not None
-    return topic, partition, offset
 
 
 def instance_id_for(settings: Settings) -> str:
@@ -123,40 +113,6 @@ class _Partition:
     ticks_sent: dict[bytes, int] = field(default_factory=dict)  # thread key -> sent at
 
 
-class _Watchdog:
-    """Exits the process when a transactional call overruns its own timeout.
-
-    librdkafka 2.16's `send_offsets_to_transaction` can block far past its timeout
-    after a broker restart (seen in the chaos run: minutes, until the process was
-    stopped). The group then waits `max.poll.interval.ms` (5 min) for this member
-    and its partitions stall. Crash-only instead: the restarted instance's
-    `init_transactions` aborts the open transaction and the group moves on."""
-
-    def __init__(self) -> None:
-        self._call: tuple[str, float] | None = None  # what runs, and its deadline
-        self._thread: threading.Thread | None = None
-
-    @contextlib.contextmanager
-    def guard(self, what: str, limit_s: float = TXN_HANG_EXIT_S) -> Iterator[None]:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._watch, name="txn-watchdog", daemon=True)
-            self._thread.start()
-        self._call = (what, time.monotonic() + limit_s)
-        try:
-            yield
-        finally:
-            self._call = None
-
-    def _watch(self) -> None:
-        while True:
-            time.sleep(1.0)
-            call = self._call
-            if call is not None and time.monotonic() > call[1]:
-                log.critical("%s hung past its timeout; exiting so a restart recovers", call[0])
-                logging.shutdown()
-                os._exit(HUNG_EXIT_STATUS)
-
-
 @dataclass(frozen=True, slots=True)
 class _Output:
     topic: str
@@ -175,7 +131,18 @@ class _Decision:
     too_large_output: bool = False  # the run ended output_too_large
 
 
+@dataclass
+class _Step:
+    """What the step in progress staged, until its transaction commits or aborts."""
+
+    touched: dict[tuple[int, bytes], ThreadState | None] = field(default_factory=dict)
+    deleted: set[tuple[int, bytes]] = field(default_factory=set)
+    commands: int = 0
+
+
 class Processor:
+    """The command processor role: decides each command record, on the table loop."""
+
     def __init__(self, settings: Settings, instance_id: str | None = None,
                  codec: Codec | None = None) -> None:
         self.settings = settings
@@ -193,42 +160,26 @@ class Processor:
         self.windows = ContextWindows(HISTORY_LIMIT)  # cleared with `cache`
         self.stats = ProcessorStats()
         self.stopping = False
-        self.watchdog = _Watchdog()
         self.max_record_bytes = 1_000_000  # until run() reads the topics' limit
-        common = librdkafka_config(settings, log_level=3)
-        self.consumer = Consumer({
-            **common,
-            "group.id": self.group_id,
-            "client.id": f"processor-{self.instance_id}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-            "session.timeout.ms": settings.session_timeout_ms,
-            "heartbeat.interval.ms": 1_000,
-            "fetch.wait.max.ms": 20,
-            "partition.assignment.strategy": "range",
-        })
         self.exactly_once = settings.processing_guarantee == "exactly_once"
-        producer_config: dict[str, object] = {
-            **common,
-            "client.id": f"processor-{self.instance_id}",
-            "partitioner": "murmur2_random",
-            "linger.ms": 2,
-            "enable.idempotence": True,
-        }
-        if self.exactly_once:
-            producer_config["transactional.id"] = f"{self.group_id}-{self.instance_id}"
-            # A crashed instance's open transaction blocks read_committed readers
-            # until it times out, unless the same instance restarts first.
-            producer_config["transaction.timeout.ms"] = 10_000
-        self.producer = Producer(producer_config)
+        client_id = f"processor-{self.instance_id}"
+        self.loop = TableLoop(
+            self, Consumer(table_consumer_config(settings, self.group_id, client_id)),
+            Producer(table_producer_config(
+                settings, client_id, linger_ms=2,
+                transactional_id=f"{self.group_id}-{self.instance_id}" if self.exactly_once else None)),
+            self.topics.commands, transactional=self.exactly_once)
+        self._step = _Step()
+        self._next_tick = 0.0
         # Clock ticks go to the commands topic outside any transaction.
-        self.ticker = Producer({**common, "partitioner": "murmur2_random", "linger.ms": 5,
-                                "enable.idempotence": True})
+        self.ticker = Producer(librdkafka_config(settings, **{
+            "log_level": 3, "partitioner": "murmur2_random", "linger.ms": 5,
+            "enable.idempotence": True}))
 
     # --- lifecycle ----------------------------------------------------------
 
     def run(self) -> None:
+        """Check the topics, then decide commands until `stopping`; closes at the end."""
         ensure_topics(self.settings)
         self.codec.register_schemas()  # a no-op without a registry
         self.max_record_bytes = min(record_limit(self.settings),
@@ -237,75 +188,84 @@ class Processor:
         # lifecycle mirror, the history record), envelope included.
         self.policy = replace(self.policy, max_output_bytes=min(
             self.policy.max_output_bytes, self.max_record_bytes - _ENVELOPE_ROOM))
-        if self.exactly_once:
-            self.producer.init_transactions(30)
-        self.consumer.subscribe([self.topics.commands], on_assign=self._on_assign,
-                                on_revoke=self._on_revoke, on_lost=self._on_revoke)
         log.info("processor %s started on %s (records up to %d bytes)", self.instance_id,
                  self.settings.bootstrap, self.max_record_bytes)
-        next_tick = time.monotonic()
+        self._next_tick = time.monotonic()
         try:
-            while not self.stopping:
-                batch = self._next_batch()
-                if batch:
-                    self._process_batch(batch)
-                if time.monotonic() >= next_tick:
-                    self._tick()
-                    next_tick = time.monotonic() + TICK_INTERVAL_S
+            self.loop.run(lambda: self.stopping)
         finally:
             self.close()
 
-    def _next_batch(self) -> list[Message]:
-        """What the consumer holds, up to BATCH records, at once; else the first record
-        within 50 ms and whatever came with it. `consume(n, timeout)` alone waits for
-        n records or the whole timeout: at a low rate every command waited for it."""
-        batch: list[Message] = self.consumer.consume(BATCH, timeout=0)
-        if not batch:
-            batch = self.consumer.consume(1, timeout=0.05)
-            if batch:
-                batch += self.consumer.consume(BATCH - 1, timeout=0)
-        return batch
-
     def close(self) -> None:
-        try:
-            self.consumer.close()
-        except Exception:
-            log.exception("closing the consumer")
+        """Leave the group, flush the ticks, close the tables."""
+        self.loop.close()
         self.ticker.flush(5)
         self.stores.close_all()
         self.history_stores.close_all()
 
-    # --- rebalance ------------------------------------------------------------
+    # --- the table loop's calls (streams.kafka.loop.TableRole) --------------------
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # Committed offsets first: a read_committed consumer waits here for a
-        # deposed owner's pending transactional offsets (KIP-447), so the changelogs
-        # read next are complete up to that owner's last committed batch.
-        committed = consumer.committed(partitions, timeout=60)
-        for tp in partitions:
-            self._restore(tp.partition)
-        consumer.assign(committed)
-        log.info("assigned %s", sorted(tp.partition for tp in partitions))
+    def assigned(self, partitions: list[int]) -> None:
+        """Restore the partitions' tables and their deadlines."""
+        with ChangelogReader(self.settings, f"{self.group_id}-restore") as reader:
+            for partition in partitions:
+                self._restore(reader, partition)
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        for tp in partitions:
-            self.stores.close(tp.partition)
-            self.history_stores.close(tp.partition)
-            self.partitions.pop(tp.partition, None)
+    def revoked(self, partitions: list[int]) -> None:
+        """Close the partitions' tables."""
+        for partition in partitions:
+            self.stores.close(partition)
+            self.history_stores.close(partition)
+            self.partitions.pop(partition, None)
         self.cache.clear()
         self.windows.clear()
-        log.info("revoked %s", sorted(tp.partition for tp in partitions))
 
-    def _restore(self, partition: int) -> None:
+    def process(self, records: list[Message]) -> list[Output]:
+        """Decide each command; the records to write, each thread's state last."""
+        self._step = _Step(commands=len(records))
+        outputs: list[Output] = []
+        for msg in records:
+            self._process(msg, outputs)
+        self._write_states(outputs)
+        return outputs
+
+    def committed(self) -> None:
+        """Commit the tables and track the new deadlines."""
+        self.stores.commit_all()
+        self.history_stores.commit_all()
+        for (partition, key), state in self._step.touched.items():
+            self._track_deadline(partition, key, state)
+        now = time.monotonic()
+        self.stats.first_batch_at = self.stats.first_batch_at or now
+        self.stats.last_batch_at = now
+        self.stats.batches += 1
+        self.stats.commands += self._step.commands
+
+    def aborted(self, error: KafkaError) -> float:
+        """Drop the staged table writes and the caches; no pause."""
+        self.stats.aborts += 1
+        self.stores.rollback_all()
+        self.history_stores.rollback_all()
+        self.cache.clear()
+        self.windows.clear()
+        return 0.0
+
+    def after_step(self) -> None:
+        """Send the ticks of due deadlines, every TICK_INTERVAL_S."""
+        if time.monotonic() >= self._next_tick:
+            self._tick()
+            self._next_tick = time.monotonic() + TICK_INTERVAL_S
+
+    def _restore(self, reader: ChangelogReader, partition: int) -> None:
         """Bring the partition's tables up to the end of their changelogs, then
         migrate any state written before the messages topic existed."""
         started = time.monotonic()
-        store = self._restore_table(self.stores, self.topics.threads, partition,
-                                    lambda s, key, value, offset: s.put(key, value, offset)
-                                    if value is not None else s.delete(key, offset))
-        history = self._restore_table(self.history_stores, self.topics.messages, partition,
-                                      lambda s, key, value, offset: MessageStore(s, self.codec).restore(
-                                          key, value, offset))
+        store = restore_table(reader, self.stores, self.topics.threads, partition,
+                              lambda s, key, value, offset: s.put(key, value, offset)
+                              if value is not None else s.delete(key, offset))
+        history = restore_table(reader, self.history_stores, self.topics.messages, partition,
+                                lambda s, key, value, offset: MessageStore(s, self.codec).restore(
+                                    key, value, offset))
         migrated = migrate_partition(self, partition, store, MessageStore(history, self.codec))
         state = _Partition()
         for key, raw in store.items():
@@ -316,128 +276,20 @@ class Processor:
         log.info("partition %d restored in %.2f s (%d legacy threads migrated)", partition,
                  time.monotonic() - started, migrated)
 
-    def _restore_table(self, tables: TableStores, topic: str, partition: int,
-                       apply_record: Callable[[PartitionStore, bytes, bytes | None, int], None]) \
-            -> PartitionStore:
-        store = tables.open(partition)
-        restorer = Consumer(librdkafka_config(
-            self.settings, **{"group.id": f"{self.group_id}-restore", "enable.auto.commit": False,
-                              "isolation.level": "read_committed", "enable.partition.eof": True,
-                              "log_level": 3}))
-        try:
-            low, high = restorer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
-            start = store.checkpoint
-            if start > high or start < low:  # the topic was recreated or trimmed
-                tables.wipe(partition)
-                store = tables.open(partition)
-                start = low
-            restored = 0
-            if start < high:
-                restorer.assign([TopicPartition(topic, partition, start)])
-                while True:
-                    msg = restorer.poll(1.0)
-                    if msg is None:
-                        continue
-                    error = msg.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            break
-                        raise KafkaException(error)
-                    apply_record(store, msg.key() or b"", msg.value(), _position(msg)[2])
-                    restored += 1
-                    if restored % 10_000 == 0:
-                        store.commit()  # bound the overlay; the checkpoint moves with it
-                store.commit()
-            log.info("%s[%d]: %d changelog records from %d", topic, partition, restored, start)
-            return store
-        finally:
-            restorer.close()
+    # --- one command ------------------------------------------------------------
 
-    # --- the transactional step -------------------------------------------------
-
-    def _process_batch(self, batch: list[Message]) -> None:
-        positions: dict[tuple[str, int], int] = {}
-        starts: dict[tuple[str, int], int] = {}  # where to rewind to if the batch aborts
-        if self.exactly_once:
-            self.producer.begin_transaction()
-        touched: dict[tuple[int, bytes], ThreadState | None] = {}
-        deleted: set[tuple[int, bytes]] = set()
-        try:
-            for msg in batch:
-                error = msg.error()
-                if error is not None:
-                    if error.code() != KafkaError._PARTITION_EOF:
-                        log.warning("consume error: %s", error)
-                    continue
-                topic, partition, offset = _position(msg)
-                positions[(topic, partition)] = offset + 1
-                starts.setdefault((topic, partition), offset)
-                self._process(msg, touched, deleted)
-            self._write_states(touched, deleted)
-            offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
-            self._commit(offsets)
-        except KafkaException as exc:
-            self._recover(exc, starts)
-            return
-        self.stores.commit_all()
-        self.history_stores.commit_all()
-        for (partition, key), state in touched.items():
-            self._track_deadline(partition, key, state)
-        now = time.monotonic()
-        self.stats.first_batch_at = self.stats.first_batch_at or now
-        self.stats.last_batch_at = now
-        self.stats.batches += 1
-        self.stats.commands += len(batch)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("committed %d commands up to %s", len(batch), sorted(positions.items()))
-
-    def _commit(self, offsets: list[TopicPartition]) -> None:
-        """Commit what was produced since the transaction began, with `offsets`."""
-        if self.exactly_once:
-            if offsets:
-                with self.watchdog.guard("send_offsets_to_transaction"):
-                    self.producer.send_offsets_to_transaction(
-                        offsets, self.consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
-            with self.watchdog.guard("commit_transaction"):
-                self.producer.commit_transaction(TXN_TIMEOUT_S)
-        else:  # at least once: a crash between flush and commit repeats the batch
-            if self.producer.flush(30):
-                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "flush timed out"))
-            if offsets:
-                self.consumer.commit(offsets=offsets, asynchronous=False)
-
-    def _recover(self, exc: KafkaException, starts: dict[tuple[str, int], int]) -> None:
-        err = exc.args[0]
-        if not self.exactly_once:
-            raise exc
-        if isinstance(err, KafkaError) and err.txn_requires_abort():
-            log.warning("aborting transaction: %s", err)
-            self.stats.aborts += 1
-            with self.watchdog.guard("abort_transaction"):
-                self.producer.abort_transaction(TXN_TIMEOUT_S)
-            self.stores.rollback_all()
-            self.history_stores.rollback_all()
-            self.cache.clear()
-            self.windows.clear()
-            # Back to the batch's first records: the committed offsets would miss a
-            # partition that never committed (no offset to seek to).
-            for (topic, partition), offset in starts.items():
-                self.consumer.seek(TopicPartition(topic, partition, offset))
-            return
-        raise exc  # fatal (fenced or broken): crash, a restart recovers from Kafka
-
-    def _process(self, msg: Message, touched: dict[tuple[int, bytes], ThreadState | None],
-                 deleted: set[tuple[int, bytes]]) -> None:
-        _, partition, _ = _position(msg)
+    def _process(self, msg: Message, outputs: list[Output]) -> None:
+        _, partition, _ = record_position(msg)
         key = msg.key() or b""
         try:
             meta, command = self.codec.decode_command(msg.value() or b"")
             if key != meta.thread_id.encode():
                 raise DecodeError(f"record key {key!r} is not the command's thread_id {meta.thread_id!r}")
         except DecodeError as exc:
-            self._dead_letter(msg, str(exc), type(exc).__name__)
+            outputs.append(self._dead_letter(msg, str(exc), type(exc).__name__))
             return
         # A thread touched earlier in the batch: its newest state is not in the store yet.
+        touched, deleted = self._step.touched, self._step.deleted
         state = touched[(partition, key)] if (partition, key) in touched else \
             self._load(self.stores.get(partition), key)
         history = MessageStore(self.history_stores.get(partition), self.codec, self.windows, partition)
@@ -446,25 +298,25 @@ class Processor:
             return
         if isinstance(command, ReportAttemptCompleted) and decision.too_large_output:
             # Kept for the operator: the answer that could not be stored.
-            self._dead_letter(msg, f"{OUTPUT_TOO_LARGE}: the answer is {output_bytes(command)} "
-                              f"bytes, the limit is {self.policy.max_output_bytes}",
-                              "OutputTooLarge")
+            outputs.append(self._dead_letter(
+                msg, f"{OUTPUT_TOO_LARGE}: the answer is {output_bytes(command)} bytes, the limit "
+                f"is {self.policy.max_output_bytes}", "OutputTooLarge"))
         oversized = next((o for o in decision.outputs
                           if len(o.key) + len(o.value or b"") > self.max_record_bytes), None)
         if oversized is not None:
             # No record of a command may stop the processor: the command goes to the
             # dead letters, and a run it was about ends instead of waiting forever.
             size = len(oversized.key) + len(oversized.value or b"")
-            self._dead_letter(msg, f"{RECORD_TOO_LARGE}: its decision needs a {size}-byte "
-                              f"{oversized.topic} record, the limit is {self.max_record_bytes}",
-                              "RecordTooLarge")
+            outputs.append(self._dead_letter(
+                msg, f"{RECORD_TOO_LARGE}: its decision needs a {size}-byte {oversized.topic} "
+                f"record, the limit is {self.max_record_bytes}", "RecordTooLarge"))
             decision = self._fail_reported_run(state, command, meta, partition, key, history)
             if decision is None:
                 return
         for out in decision.outputs:
-            self.producer.produce(out.topic, out.value, out.key, partition=partition,
-                                  on_delivery=self._history_delivered(partition)
-                                  if out.topic == self.topics.messages else None)
+            outputs.append(Output(out.topic, out.key, out.value, partition,
+                                  self.history_stores.get(partition).changelog_delivered
+                                  if out.topic == self.topics.messages else None))
         for record, seq, raw in decision.history:
             if record is None:
                 history.erase(meta.thread_id, seq)
@@ -512,7 +364,7 @@ class Processor:
             event_meta = EnvelopeMeta(
                 envelope_id=derived_envelope_id(meta.envelope_id, index), thread_id=meta.thread_id,
                 tenant=owner.tenant if owner is not None else meta.tenant,
-                produced_at_ms=_now_ms(), traceparent=meta.traceparent,
+                produced_at_ms=now_ms(), traceparent=meta.traceparent,
                 tracestate=meta.tracestate, schema_version=meta.schema_version,
             )
             outputs.append(_Output(self.topics.events, key, self.codec.encode_event(event, event_meta)))
@@ -553,37 +405,24 @@ class Processor:
         outputs.append(_Output(self.topics.messages, message_key(thread_id, record.seq), raw))
         writes.append((record, record.seq, raw))
 
-    def _history_delivered(self, partition: int) -> Callable[[KafkaError | None, Message], None]:
-        store = self.history_stores.get(partition)
-        return self._changelog_delivered(store)
-
-    def _write_states(self, touched: dict[tuple[int, bytes], ThreadState | None],
-                      deleted: set[tuple[int, bytes]]) -> None:
+    def _write_states(self, outputs: list[Output]) -> None:
         """Each thread's state as the batch leaves it, to the table and the changelog.
 
         Once per thread and batch, not per command: the batch commits as one
         transaction, so no reader could see a state between two of its commands.
         A deleted thread's state becomes a tombstone."""
-        for (partition, key), state in touched.items():
+        for (partition, key), state in self._step.touched.items():
             store = self.stores.get(partition)
             if state is None:
-                if (partition, key) in deleted:
+                if (partition, key) in self._step.deleted:
                     store.delete(key)
-                    self.producer.produce(self.topics.threads, None, key, partition=partition,
-                                          on_delivery=self._changelog_delivered(store))
+                    outputs.append(Output(self.topics.threads, key, None, partition,
+                                          store.changelog_delivered))
                 continue
             encoded = self.codec.encode_state(state)
             store.put(key, encoded)
-            self.producer.produce(self.topics.threads, encoded, key, partition=partition,
-                                  on_delivery=self._changelog_delivered(store))
-
-    @staticmethod
-    def _changelog_delivered(store: PartitionStore) -> Callable[[KafkaError | None, Message], None]:
-        def delivered(err: KafkaError | None, msg: Message) -> None:
-            if err is None:
-                store.note_offset(_position(msg)[2])
-
-        return delivered
+            outputs.append(Output(self.topics.threads, key, encoded, partition,
+                                  store.changelog_delivered))
 
     def _load(self, store: PartitionStore, key: bytes) -> ThreadState | None:
         if key in self.cache:
@@ -615,8 +454,8 @@ class Processor:
                 return _Output(self.topics.dispatch, key, value)
             budget = sum(len(m.text) for m in context) // 2
 
-    def _dead_letter(self, msg: Message, reason: str, error_type: str) -> None:
-        topic, partition, offset = _position(msg)
+    def _dead_letter(self, msg: Message, reason: str, error_type: str) -> Output:
+        topic, partition, offset = record_position(msg)
         log.warning("dead-lettering %s[%d]@%d: %s", topic, partition, offset, reason)
         # A record near the broker's size limit would not fit in a dead letter that also
         # carries it: the produce would fail, the processor crash, and the restarted one
@@ -628,11 +467,10 @@ class Processor:
             value, key = value[:DEAD_LETTER_MAX_BYTES], key and key[:DEAD_LETTER_MAX_BYTES]
         record = DeadLetter(source_topic=topic, source_partition=partition, source_offset=offset,
                             key=key, value=value, reason=reason,
-                            error_type=error_type, failed_at_ms=_now_ms())
+                            error_type=error_type, failed_at_ms=now_ms())
         # Compacted topics refuse null keys; a keyless record is keyed by its position.
         key = key or f"{topic}/{partition}/{offset}".encode()
-        self.producer.produce(self.topics.dead_letter, self.codec.encode_dead_letter(record), key,
-                              partition=partition)
+        return Output(self.topics.dead_letter, key, self.codec.encode_dead_letter(record), partition)
 
     # --- the clock ----------------------------------------------------------------
 
@@ -648,7 +486,7 @@ class Processor:
         part.ticks_sent.pop(key, None)
 
     def _tick(self) -> None:
-        now = _now_ms()
+        now = now_ms()
         for part in self.partitions.values():
             for key, due in part.deadlines.items():
                 if due > now or now - part.ticks_sent.get(key, -TICK_RESEND_MS) < TICK_RESEND_MS:

@@ -65,12 +65,12 @@ __all__ = [
     "HEARTBEAT_TIMEOUT",
     "OUTPUT_TOO_LARGE",
     "THREAD_DELETED",
-    "output_bytes",
     "apply",
     "decide",
     "evolve",
     "initial_state",
     "next_deadline_ms",
+    "output_bytes",
     "payload_fingerprint",
 ]
 

@@ -6,8 +6,8 @@ partitions back at once). It owns a thread's outbox when it owns the thread's
 events partition; the outbox topic is co-partitioned and compacted, so on
 assignment the relay reads each owned outbox partition to its end.
 
-Each step is one Kafka transaction (KIP-447: `send_offsets_to_transaction` with
-the consumer's group metadata) holding, together with the consumed offsets:
+Each step is one Kafka transaction of the table loop (`streams.kafka.loop`; KIP-447:
+`send_offsets_to_transaction` with the group metadata) holding, with the consumed offsets:
 
 1. the entries the consumed events cause (`outbox.plan`), as `pending`;
 2. the results of calls that finished (`delivered`, `failed`), and adoptions;
@@ -34,17 +34,9 @@ import threading
 import time
 import uuid
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 
-from streams.clock import now_ms as _now_ms  # the call sites are part of the loop's rewrite
+from streams.clock import now_ms
 from streams.config import Settings
 from streams.connectors.audit import AuditKind, ConnectorAudit
 from streams.connectors.calls import Done, Found, Outcome
@@ -53,7 +45,9 @@ from streams.connectors.delivery import Calls, Job
 from streams.connectors.outbox import ChatOutbox, OutboxKind, Sinks, plan
 from streams.connectors.stats import ConnectorStats
 from streams.connectors.topics import audit_topic, outbox_topic
-from streams.kafka_security import librdkafka_config
+from streams.kafka.clients import librdkafka_config, table_consumer_config, table_producer_config
+from streams.kafka.loop import Output, TableLoop, record_position
+from streams.kafka.restore import ChangelogReader
 from streams.wire import Codec, DecodeError
 from streams.wire.connector import decode_outbox, encode_audit, encode_outbox
 
@@ -68,6 +62,8 @@ Key = tuple[int, bytes]  # partition, thread key
 
 
 class Relay:
+    """The outbound relay role: plans outbox entries and makes their calls, on the table loop."""
+
     def __init__(self, settings: Settings, config: ConnectorConfig, stats: ConnectorStats,
                  instance_id: str, calls: Calls, codec: Codec | None = None) -> None:
         self.settings, self.config, self.stats, self.calls = settings, config, stats, calls
@@ -79,48 +75,34 @@ class Relay:
         self.group_id = f"{settings.topic_prefix}connector"
         self.sinks = Sinks(chat=config.chat_enabled, webhook=config.webhook_enabled)
         self.tables: dict[int, dict[bytes, ChatOutbox]] = {}  # committed outboxes, owned partitions
-        self.positions: dict[int, int] = {}  # committed input offsets, owned partitions
         self.active: set[Key] = set()  # threads with entries not done
         self.unrecorded: list[tuple[Job, Outcome]] = []
-        self.paused_until = 0.0
         self.draining = False
-        common = librdkafka_config(settings, **{"log_level": 3, "client.id": f"connector-{instance_id}"})
-        self.consumer = Consumer({
-            **common, "group.id": self.group_id, "group.instance.id": instance_id,
-            "enable.auto.commit": False, "auto.offset.reset": config.offset_reset,
-            "isolation.level": "read_committed", "session.timeout.ms": settings.session_timeout_ms,
-            "heartbeat.interval.ms": 1_000, "fetch.wait.max.ms": 20,
-            "partition.assignment.strategy": "range",
-        })
-        self.producer = Producer({
-            **common, "transactional.id": f"{self.group_id}-{instance_id}",
-            "partitioner": "murmur2_random", "linger.ms": 1, "enable.idempotence": True,
-            # A crashed instance's open transaction blocks readers until it times out,
-            # unless the same instance restarts first.
-            "transaction.timeout.ms": 10_000,
-        })
+        self._staged: dict[Key, ChatOutbox] = {}  # the step in progress: its outboxes
+        self._fenced: list[Job] = []  # and the calls it fences
+        client_id = f"connector-{instance_id}"
+        self.loop = TableLoop(
+            self, Consumer(table_consumer_config(settings, self.group_id, client_id,
+                                                 offset_reset=config.offset_reset,
+                                                 group_instance_id=instance_id)),
+            Producer(table_producer_config(settings, client_id, linger_ms=1,
+                                           transactional_id=f"{self.group_id}-{instance_id}")),
+            self.events)
         # Records of things already done: not transactional (a fenced transaction
         # must not erase the evidence of a real call), never awaited.
-        self.auditor = Producer({**common, "acks": "all", "enable.idempotence": True,
-                                 "partitioner": "murmur2_random", "linger.ms": 5})
+        self.auditor = Producer(librdkafka_config(settings, **{
+            "log_level": 3, "client.id": client_id, "acks": "all", "enable.idempotence": True,
+            "partitioner": "murmur2_random", "linger.ms": 5}))
 
     # --- lifecycle ----------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
+        """Relay until `stop` is set, then drain the calls in flight; closes at the end."""
         self.codec.register_schemas()  # a no-op without a registry
-        self.producer.init_transactions(30)
-        self.consumer.subscribe([self.events], on_assign=self._on_assign,
-                                on_revoke=self._on_revoke, on_lost=self._on_revoke)
         log.info("relay %s started (chat %s, webhook %s)", self.instance_id,
                  self.sinks.chat, self.sinks.webhook)
         try:
-            while not stop.is_set():
-                batch = self.consumer.consume(500, timeout=0.05)
-                if time.monotonic() < self.paused_until:
-                    self._rewind(batch)
-                    continue
-                self._step(batch)
-                self.auditor.poll(0)
+            self.loop.run(stop.is_set)
             self._drain()
         finally:
             self.close()
@@ -133,92 +115,98 @@ class Relay:
         while self.calls.in_flight and time.monotonic() < deadline:
             time.sleep(0.05)
         try:
-            self._step([])
+            self.loop.step([])
         except KafkaException as exc:
             log.warning("results not recorded at shutdown: %s", exc)
 
     def close(self) -> None:
+        """Stop the calls, leave the group, flush the audit records."""
         self.calls.close()
-        try:
-            self.consumer.close()
-        except Exception:
-            log.exception("closing the consumer")
+        self.loop.close()
         self.auditor.flush(5)
 
-    # --- rebalance ------------------------------------------------------------------------
+    # --- the table loop's calls (streams.kafka.loop.TableRole) ------------------------------
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # Committed offsets first: a read_committed consumer waits here for a deposed
-        # owner's pending transactional offsets (KIP-447), so the outbox read next
-        # holds everything that owner committed.
-        committed = consumer.committed(partitions, timeout=60)
-        restored = self._restore([tp.partition for tp in partitions])
-        for tp in committed:
-            table = restored.get(tp.partition, {})
-            self.tables[tp.partition] = table
-            self.positions[tp.partition] = tp.offset if tp.offset >= 0 else self._low(tp.partition)
+    def assigned(self, partitions: list[int]) -> None:
+        """Restore the partitions' outboxes and the calls they left in flight."""
+        restored = self._restore(partitions)
+        for partition in partitions:
+            table = restored.get(partition, {})
+            self.tables[partition] = table
             for key, outbox in table.items():
                 self.calls.restored(outbox)
                 if any(not e.status.done for e in outbox.entries):
-                    self.active.add((tp.partition, key))
-        consumer.assign(committed)
-        self.paused_until = 0.0
-        log.info("assigned %s: %d threads with entries to deliver",
-                 sorted(tp.partition for tp in partitions), len(self.active))
+                    self.active.add((partition, key))
+        log.info("%d threads with entries to deliver", len(self.active))
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        for tp in partitions:
-            for outbox in self.tables.pop(tp.partition, {}).values():
+    def revoked(self, partitions: list[int]) -> None:
+        """Forget the partitions' outboxes."""
+        for partition in partitions:
+            for outbox in self.tables.pop(partition, {}).values():
                 self.calls.forget(outbox)
-            self.positions.pop(tp.partition, None)
         self.active = {k for k in self.active if k[0] in self.tables}
-        log.info("revoked %s", sorted(tp.partition for tp in partitions))
 
-    def _low(self, partition: int) -> int:
-        low, _ = self.consumer.get_watermark_offsets(TopicPartition(self.events, partition), 30)
-        return int(low)
+    def process(self, records: list[Message]) -> list[Output]:
+        """Plan the events' entries, record finished calls, fence the next calls: the
+        outboxes that changed, to write."""
+        staged = self._step(records)
+        return [Output(self.outbox, key, encode_outbox(outbox), partition)
+                for (partition, key), outbox in staged.items()]
+
+    def committed(self) -> None:
+        """The outboxes are recorded: keep them, and make the fenced calls."""
+        self.stats.add("transactions")
+        self.unrecorded = []
+        for (partition, key), outbox in self._staged.items():
+            if partition not in self.tables:
+                continue
+            self.tables[partition][key] = outbox
+            if any(not e.status.done for e in outbox.entries):
+                self.active.add((partition, key))
+            else:
+                self.active.discard((partition, key))
+        for job in self._fenced:
+            self.calls.launch(job)
+
+    def aborted(self, error: KafkaError) -> float:
+        """Nothing recorded, no call made; a deposed instance pauses a second."""
+        self.stats.add("aborted")
+        if error.code() in _DEPOSED:
+            self.stats.add("fenced")
+            log.warning("fenced (%s): deposed, no calls until the next assignment", error.name())
+            return 1.0
+        return 0.2
+
+    def after_step(self) -> None:
+        """Serve the audit producer's delivery reports."""
+        self.auditor.poll(0)
 
     def _restore(self, partitions: list[int]) -> dict[int, dict[bytes, ChatOutbox]]:
         """The newest committed outbox of every thread in `partitions`."""
         tables: dict[int, dict[bytes, ChatOutbox]] = {p: {} for p in partitions}
-        reader = Consumer(librdkafka_config(self.settings, **{
-            "log_level": 3, "group.id": f"{self.group_id}-restore", "enable.auto.commit": False,
-            "isolation.level": "read_committed", "enable.partition.eof": True}))
-        try:
-            todo = set()
-            for p in partitions:
-                low, high = reader.get_watermark_offsets(TopicPartition(self.outbox, p), 30)
-                if high > low:
-                    todo.add(p)
-            reader.assign([TopicPartition(self.outbox, p, OFFSET_BEGINNING) for p in sorted(todo)])
-            while todo:
-                for msg in reader.consume(500, timeout=1.0):
-                    error = msg.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            todo.discard(msg.partition() or 0)
-                            continue
-                        raise KafkaException(error)
-                    try:
-                        tables[msg.partition() or 0][msg.key() or b""] = decode_outbox(msg.value() or b"")
-                    except DecodeError as exc:
-                        log.warning("skipping an unreadable outbox record: %s", exc)
-        finally:
-            reader.close()
+
+        def apply(msg: Message) -> None:
+            try:
+                tables[msg.partition() or 0][msg.key() or b""] = decode_outbox(msg.value() or b"")
+            except DecodeError as exc:
+                log.warning("skipping an unreadable outbox record: %s", exc)
+
+        with ChangelogReader(self.settings, f"{self.group_id}-restore") as reader:
+            reader.read(self.outbox, {p: reader.watermarks(self.outbox, p)[0] for p in partitions},
+                        apply)
         return tables
 
-    # --- one step: one transaction -------------------------------------------------------
+    # --- one step ------------------------------------------------------------------------
 
     def _outbox(self, staged: dict[Key, ChatOutbox], key: Key) -> ChatOutbox | None:
         return staged.get(key) or self.tables.get(key[0], {}).get(key[1])
 
-    def _step(self, batch: list[Message]) -> None:
-        now_ms = _now_ms()
+    def _step(self, batch: list[Message]) -> dict[Key, ChatOutbox]:
+        now = now_ms()
         staged: dict[Key, ChatOutbox] = {}
-        read: dict[int, int] = {}
         self.calls.begin_step()
         for msg in batch:
-            self._plan(msg, staged, read, now_ms)
+            self._plan(msg, staged, now)
         fresh = self.calls.finished()
         for job, outcome in fresh:
             self.calls.note(job, outcome)
@@ -231,7 +219,7 @@ class Relay:
                 self.stats.add("results_unrecorded")
                 log.info("result for %s not recorded: the thread moved", job.entry.outbox_id)
                 continue
-            updated = self.calls.record(current, job, outcome, now_ms)
+            updated = self.calls.record(current, job, outcome, now)
             if updated != current:
                 staged[key] = updated
                 self.unrecorded.append((job, outcome))  # until the transaction commits
@@ -239,23 +227,14 @@ class Relay:
         for key in [] if self.draining else sorted(self.active | set(staged)):
             current = self._outbox(staged, key)
             if current is not None:
-                updated = self.calls.choose(key[0], key[1], current, now_ms, fenced.append)
+                updated = self.calls.choose(key[0], key[1], current, now, fenced.append)
                 if updated != current:
                     staged[key] = updated
-        if staged or read:
-            self._commit(staged, read, batch, fenced)
+        self._staged, self._fenced = staged, fenced
+        return staged
 
-    def _plan(self, msg: Message, staged: dict[Key, ChatOutbox], read: dict[int, int],
-              now_ms: int) -> None:
-        error = msg.error()
-        partition, offset = msg.partition(), msg.offset()
-        if error is not None or partition is None or offset is None:
-            if error is not None and error.code() != KafkaError._PARTITION_EOF:
-                log.warning("consume error: %s", error)
-            return
-        if partition not in self.tables:
-            return
-        read[partition] = offset + 1
+    def _plan(self, msg: Message, staged: dict[Key, ChatOutbox], now_ms: int) -> None:
+        _, partition, offset = record_position(msg)
         key = msg.key() or b""
         try:
             meta, event = self.codec.decode_event(msg.value() or b"")
@@ -269,69 +248,8 @@ class Relay:
                            len(updated.entries) - (len(current.entries) if current else 0))
             staged[(partition, key)] = updated
 
-    def _commit(self, staged: dict[Key, ChatOutbox], read: dict[int, int], batch: list[Message],
-                fenced: list[Job]) -> None:
-        positions = {**{p: self.positions[p] for p, _ in staged if p in self.positions}, **read}
-        offsets = [TopicPartition(self.events, p, o) for p, o in sorted(positions.items())]
-        try:
-            self.producer.begin_transaction()
-            for (partition, key), outbox in staged.items():
-                self.producer.produce(self.outbox, encode_outbox(outbox), key, partition=partition)
-            self.producer.send_offsets_to_transaction(
-                offsets, self.consumer.consumer_group_metadata(), 30)
-            self._commit_transaction()
-        except KafkaException as exc:
-            self._recover(exc, batch)
-            return
-        self.stats.add("transactions")
-        self.unrecorded = []
-        self.positions.update(read)
-        for (partition, key), outbox in staged.items():
-            if partition not in self.tables:
-                continue
-            self.tables[partition][key] = outbox
-            if any(not e.status.done for e in outbox.entries):
-                self.active.add((partition, key))
-            else:
-                self.active.discard((partition, key))
-        for job in fenced:
-            self.calls.launch(job)
-
-    def _commit_transaction(self) -> None:
-        for attempt in range(3):
-            try:
-                self.producer.commit_transaction(30)
-                return
-            except KafkaException as exc:
-                if not exc.args[0].retriable() or attempt == 2:
-                    raise
-
-    def _recover(self, exc: KafkaException, batch: list[Message]) -> None:
-        err = exc.args[0]
-        if not (isinstance(err, KafkaError) and err.txn_requires_abort()):
-            raise exc  # fatal (e.g. a newer instance with our transactional id): exit
-        self.stats.add("aborted")
-        self.producer.abort_transaction(30)
-        if err.code() in _DEPOSED:
-            self.stats.add("fenced")
-            log.warning("fenced (%s): deposed, no calls until the next assignment", err.name())
-            self.paused_until = time.monotonic() + 1.0
-        else:
-            log.warning("transaction aborted: %s", err)
-            self.paused_until = time.monotonic() + 0.2
-        self._rewind(batch)
-
-    def _rewind(self, batch: list[Message]) -> None:
-        """Consume `batch` again later: back to the committed positions."""
-        for partition in {m.partition() for m in batch if m.error() is None}:
-            if partition is not None and partition in self.positions:
-                try:
-                    self.consumer.seek(TopicPartition(self.events, partition,
-                                                      self.positions[partition]))
-                except KafkaException as exc:  # e.g. no longer assigned
-                    log.info("seek on partition %d: %s", partition, exc)
-
     # --- audit: records of things done, never blocking -------------------------------------
+
 
     def _audit_outcome(self, job: Job, outcome: Outcome) -> None:
         if isinstance(outcome, Done):
@@ -347,7 +265,7 @@ class Relay:
                   "result_ts": outcome.result_ts, "attempt": entry.attempts + (0 if job.reconcile else 1),
                   "coalesced": job.coalesced_id}
         record = ConnectorAudit(str(uuid.uuid4()), _thread_id(job.key), kind, entry.outbox_id,
-                                self.instance_id, json.dumps(detail), _now_ms())
+                                self.instance_id, json.dumps(detail), now_ms())
         try:
             self.auditor.produce(self.audit, encode_audit(record), job.key,
                                  on_delivery=self._audit_delivered)

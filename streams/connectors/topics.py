@@ -13,7 +13,8 @@ that owns the events partition owns the outbox partition too.
 from __future__ import annotations
 
 from streams.config import Settings
-from streams.topics import TopicSpec, ensure_specs, ensure_topics
+from streams.kafka.topics import ensure_specs, ensure_topics
+from streams.topics import TopicSpec
 
 __all__ = ["audit_topic", "connector_topic_specs", "ensure_connector_topics", "outbox_topic"]
 
@@ -43,7 +44,7 @@ def connector_topic_specs(settings: Settings, audit_retention_ms: int) -> list[T
 
 def ensure_connector_topics(settings: Settings, audit_retention_ms: int,
                             timeout_s: float = 30.0) -> list[TopicSpec]:
-    """The core topics (`streams.topics.ensure_topics`), then the connector's, on
+    """The core topics (`streams.kafka.topics.ensure_topics`), then the connector's, on
     the same terms: TopicMismatch if an existing one disagrees, and only once every
     partition has a serving leader (a query in the gap answers NOT_LEADER)."""
     ensure_topics(settings, timeout_s)

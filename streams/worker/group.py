@@ -27,10 +27,10 @@ from streams.agents import Agent
 from streams.aio import stop_client
 from streams.clock import now_ms
 from streams.config import Settings
-from streams.kafka_security import aiokafka_config
+from streams.kafka.clients import aiokafka_config
+from streams.kafka.topics import ensure_topics
 from streams.lifecycle import RunFate
 from streams.records import DeadLetter
-from streams.topics import ensure_topics
 from streams.wire import Codec, DecodeError
 from streams.worker.execution import Execution, Outlet, Stop
 from streams.worker.offsets import PartitionOffsets

@@ -20,7 +20,7 @@ from aiokafka.errors import KafkaError
 from streams.aio import stop_client
 from streams.clock import now_ms
 from streams.config import Settings
-from streams.kafka_security import aiokafka_config
+from streams.kafka.clients import aiokafka_config
 from streams.lifecycle import RunFate
 from streams.records import RunLifecycle
 from streams.wire import Codec, DecodeError

@@ -15,7 +15,7 @@ import pytest
 
 from streams.broker import free_port
 from streams.config import Settings
-from streams.topics import ensure_topics
+from streams.kafka.topics import ensure_topics
 from tests.kafka_helpers import RoleProcess
 
 KEY = "fuzz-key"

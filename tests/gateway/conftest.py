@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestServer
 
 from gateway.app import Options, create_app
 from streams.config import Settings
-from streams.topics import ensure_topics
+from streams.kafka.topics import ensure_topics
 from tests.kafka_helpers import RoleProcess
 
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}

@@ -23,8 +23,8 @@ from gateway.read_model import ReadModel
 from streams.config import Settings
 from streams.domain import RunStatus, StoredMessage, ThreadState
 from streams.history import message_key, parse_message_key
+from streams.kafka.topics import ensure_topics
 from streams.records import MessageRecord
-from streams.topics import ensure_topics
 from streams.wire import Codec, new_meta
 from tests.gateway.conftest import AUTH_A, AUTH_B, Stack, gateway_env
 from tests.gateway.sse_client import read_sse

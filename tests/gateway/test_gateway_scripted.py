@@ -31,6 +31,7 @@ from streams.domain import (
 )
 from streams.history import message_key
 from streams.ids import answer_message_id_for, idempotent_message_id_for, run_id_for
+from streams.kafka.topics import ensure_topics
 from streams.records import (
     MessageEnd,
     MessageRecord,
@@ -39,7 +40,6 @@ from streams.records import (
     StreamOutput,
     TextDelta,
 )
-from streams.topics import ensure_topics
 from streams.wire import Codec, new_meta
 from tests.gateway.conftest import AUTH_A, Stack, gateway_env
 from tests.gateway.sse_client import Ev, check_every_resume, read_sse

@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaConsumer
 from gateway.health import HealthProbe
 from streams.broker import EmbeddedKafka
 from streams.config import Settings
-from streams.topics import ensure_topics
+from streams.kafka.topics import ensure_topics
 
 pytestmark = pytest.mark.kafka
 

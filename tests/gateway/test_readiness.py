@@ -21,8 +21,8 @@ from gateway.ready import READY, probe_thread_id
 from streams.config import Settings
 from streams.domain import RunStatus, StoredMessage, ThreadState
 from streams.history import message_key
+from streams.kafka.topics import ensure_topics
 from streams.records import MessageRecord
-from streams.topics import ensure_topics
 from streams.wire import Codec, new_meta
 from tests.gateway.conftest import AUTH_A, gateway_env
 from tests.kafka_helpers import RoleProcess

@@ -30,9 +30,9 @@ from streams.domain import (
 )
 from streams.history import parse_message_key
 from streams.ids import run_id_for
+from streams.kafka.topics import ensure_topics
 from streams.records import MessageRecord
 from streams.thread import OUTPUT_TOO_LARGE
-from streams.topics import ensure_topics
 from streams.wire import Codec
 from tests.kafka_helpers import (
     RoleProcess,

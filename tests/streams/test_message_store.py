@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from streams.domain import RunStatus, StoredMessage
 from streams.history import context_window, message_key
 from streams.ids import run_id_for
+from streams.kafka.state_store import PartitionStore
 from streams.message_store import ContextWindows, MessageStore, _context_row, _row
 from streams.records import HistoryMessage, MessageRecord
-from streams.state_store import PartitionStore
 from streams.wire import Codec, new_meta
 
 CODEC = Codec()
@@ -58,6 +58,7 @@ def test_rows_without_context_fall_back_to_the_record(tmp_path: Path) -> None:
         HistoryMessage("m-0", "user", "stored before context rows")]
 
 
+@hypothesis.settings(deadline=None)  # two RocksDB opens an example: slow on a loaded machine
 @hypothesis.given(texts=st.lists(st.text(st.characters(exclude_categories=("Cs",))),
                                  min_size=1, max_size=8))
 def test_a_restore_from_the_changelog_gives_the_same_context(texts: list[str]) -> None:

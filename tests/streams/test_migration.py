@@ -31,9 +31,9 @@ from streams.domain import (
 )
 from streams.history import parse_message_key
 from streams.ids import answer_message_id_for, run_id_for
+from streams.kafka.topics import ensure_topics
 from streams.migration import migrated
 from streams.records import MessageRecord
-from streams.topics import ensure_topics
 from streams.wire import SCHEMA_DIR, Codec, schema_fingerprint
 from tests.kafka_helpers import (
     RoleProcess,

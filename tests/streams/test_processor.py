@@ -29,7 +29,7 @@ from streams.domain import (
     ThreadCreated,
 )
 from streams.ids import run_id_for
-from streams.topics import ensure_topics
+from streams.kafka.topics import ensure_topics
 from streams.wire import Codec, new_meta
 from tests.conftest import SettingsFactory
 from tests.kafka_helpers import (

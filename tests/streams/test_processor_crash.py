@@ -33,7 +33,7 @@ from streams.domain import (
     ThreadCreated,
 )
 from streams.ids import run_id_for
-from streams.topics import ensure_topics
+from streams.kafka.topics import ensure_topics
 from streams.wire import Codec, EnvelopeMeta, new_meta
 from tests.kafka_helpers import RoleProcess, command_producer, flush_all, read_topic, send_command
 

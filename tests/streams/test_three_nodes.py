@@ -11,7 +11,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from streams.broker import EmbeddedCluster
 from streams.config import Settings
-from streams.topics import ensure_topics
+from streams.kafka.topics import ensure_topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
 

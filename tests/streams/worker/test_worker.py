@@ -38,6 +38,7 @@ from streams.domain import (
     Step,
 )
 from streams.ids import answer_message_id_for, run_id_for
+from streams.kafka.topics import ensure_topics
 from streams.records import (
     CitationsOutput,
     Dispatch,
@@ -50,7 +51,6 @@ from streams.records import (
     TextDelta,
     TextEnd,
 )
-from streams.topics import ensure_topics
 from streams.wire import Codec, EnvelopeMeta, new_meta
 from streams.worker import SHUTDOWN_ERROR, Worker
 from tests.kafka_helpers import (

@@ -8,7 +8,8 @@ environment sets them, TLS and SASL settings (docs/security.md).
 
 `Settings.kafka_security` holds them as librdkafka keys; `librdkafka_config` and
 `aiokafka_config` turn them into the two client libraries' configurations, so the
-two never drift apart.
+two never drift apart. The configurations of the transactional table loop's own
+clients (`streams.kafka.loop`) are built here too, once for every role.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any
 
 from streams.config import Settings
 
-__all__ = ["aiokafka_config", "librdkafka_config", "security_from_env"]
+__all__ = ["aiokafka_config", "librdkafka_config", "restore_consumer_config", "security_from_env",
+           "table_consumer_config", "table_producer_config"]
 
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 
@@ -46,6 +48,55 @@ def security_from_env(env: Mapping[str, str]) -> dict[str, str]:
 def librdkafka_config(settings: Settings, **extra: Any) -> dict[str, Any]:
     """A confluent-kafka client configuration: bootstrap servers, security, `extra`."""
     return {"bootstrap.servers": settings.bootstrap, **settings.kafka_security, **extra}
+
+
+def table_consumer_config(settings: Settings, group_id: str, client_id: str, *,
+                          offset_reset: str = "earliest",
+                          group_instance_id: str | None = None) -> dict[str, Any]:
+    """The table loop's group consumer: read_committed, offsets committed only with
+    the transaction, range assignment (co-partitioned topics stay together)."""
+    config = librdkafka_config(settings, **{
+        "log_level": 3,
+        "client.id": client_id,
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "auto.offset.reset": offset_reset,
+        "isolation.level": "read_committed",
+        "session.timeout.ms": settings.session_timeout_ms,
+        "heartbeat.interval.ms": 1_000,
+        "fetch.wait.max.ms": 20,
+        "partition.assignment.strategy": "range",
+    })
+    if group_instance_id is not None:  # static membership: a restart takes its partitions back at once
+        config["group.instance.id"] = group_instance_id
+    return config
+
+
+def table_producer_config(settings: Settings, client_id: str, *, transactional_id: str | None,
+                          linger_ms: int) -> dict[str, Any]:
+    """The table loop's producer: idempotent, and transactional unless
+    `transactional_id` is None (at_least_once, benchmarks only)."""
+    config = librdkafka_config(settings, **{
+        "log_level": 3,
+        "client.id": client_id,
+        "partitioner": "murmur2_random",
+        "linger.ms": linger_ms,
+        "enable.idempotence": True,
+    })
+    if transactional_id is not None:
+        config["transactional.id"] = transactional_id
+        # A crashed instance's open transaction blocks read_committed readers
+        # until it times out, unless the same instance restarts first.
+        config["transaction.timeout.ms"] = 10_000
+    return config
+
+
+def restore_consumer_config(settings: Settings, group_id: str) -> dict[str, Any]:
+    """A consumer that reads changelog partitions to their end outside any group
+    assignment (read_committed, with end-of-partition events)."""
+    return librdkafka_config(settings, **{
+        "log_level": 3, "group.id": group_id, "enable.auto.commit": False,
+        "isolation.level": "read_committed", "enable.partition.eof": True})
 
 
 def aiokafka_config(settings: Settings, **extra: object) -> dict[str, object]:

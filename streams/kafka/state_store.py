@@ -16,8 +16,12 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rocksdict import Options, Rdict, WriteBatch
+
+if TYPE_CHECKING:
+    from confluent_kafka import KafkaError, Message
 
 __all__ = ["PartitionStore", "TableStores"]
 
@@ -42,6 +46,7 @@ class PartitionStore:
         return int(raw) if raw is not None else 0
 
     def get(self, key: bytes) -> bytes | None:
+        """The row of `key` as staged, else as committed; None if there is none."""
         if key in self._overlay:
             return self._overlay[key]
         value: bytes | None = self._db.get(key)
@@ -60,9 +65,17 @@ class PartitionStore:
             self._pending_offset = max(self._pending_offset or 0, changelog_offset + 1)
 
     def note_offset(self, changelog_offset: int) -> None:
+        """Note that the changelog holds this batch up to `changelog_offset` (inclusive)."""
         self._pending_offset = max(self._pending_offset or 0, changelog_offset + 1)
 
+    def changelog_delivered(self, err: KafkaError | None, msg: Message) -> None:
+        """Delivery report of a record of this table's changelog: the checkpoint moves past it."""
+        offset = msg.offset()
+        if err is None and offset is not None:
+            self.note_offset(offset)
+
     def commit(self) -> None:
+        """Move the staged writes and the checkpoint into RocksDB, atomically."""
         if not self._overlay and self._pending_offset is None:
             return
         batch = WriteBatch(raw_mode=True)
@@ -78,6 +91,7 @@ class PartitionStore:
         self._pending_offset = None
 
     def rollback(self) -> None:
+        """Drop the staged writes: the transaction they belonged to aborted."""
         self._overlay.clear()
         self._pending_offset = None
 
@@ -88,12 +102,13 @@ class PartitionStore:
                 yield key, value
 
     def close(self) -> None:
+        """Drop the staged writes and close the database."""
         self.rollback()
         self._db.close()
 
 
 class TableStores:
-    """One of the processor's tables, one RocksDB per partition, opened on assignment."""
+    """One table of a role, one RocksDB per partition, opened on assignment."""
 
     def __init__(self, root: Path, name: str) -> None:
         self.root = root
@@ -102,37 +117,46 @@ class TableStores:
         self._open: dict[int, PartitionStore] = {}
 
     def path(self, partition: int) -> Path:
+        """The folder of the partition's RocksDB."""
         return self.root / f"{self.name}-{partition}.rocksdb"
 
     def open(self, partition: int) -> PartitionStore:
+        """The partition's store, opened if it is not yet."""
         if partition not in self._open:
             self._open[partition] = PartitionStore(self.path(partition))
         return self._open[partition]
 
     def wipe(self, partition: int) -> None:
+        """Close the partition's store and delete its files (its changelog is rebuilt)."""
         self.close(partition)
         shutil.rmtree(self.path(partition), ignore_errors=True)
 
     def get(self, partition: int) -> PartitionStore:
+        """The open store of an assigned partition."""
         return self._open[partition]
 
     def close(self, partition: int) -> None:
+        """Close the partition's store, dropping staged writes."""
         store = self._open.pop(partition, None)
         if store is not None:
             store.close()
 
     def close_all(self) -> None:
+        """Close every open store."""
         for partition in list(self._open):
             self.close(partition)
 
     def commit_all(self) -> None:
+        """Commit every open store's staged writes."""
         for store in self._open.values():
             store.commit()
 
     def rollback_all(self) -> None:
+        """Drop every open store's staged writes."""
         for store in self._open.values():
             store.rollback()
 
     def each(self, fn: Callable[[int, PartitionStore], None]) -> None:
+        """Call `fn` with each open partition and its store."""
         for partition, store in self._open.items():
             fn(partition, store)

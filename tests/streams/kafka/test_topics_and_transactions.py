@@ -9,7 +9,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from streams.config import Settings
-from streams.topics import TopicMismatch, ensure_topics
+from streams.kafka.topics import TopicMismatch, ensure_topics
 
 pytestmark = pytest.mark.kafka
 

@@ -1,0 +1,278 @@
+"""The transactional table loop: consume -> process -> produce -> commit, exactly once.
+
+One loop for every role that turns input records into output records and table
+state (the thread processor, the connector relay). The role says what to do with
+the records (`TableRole`); the loop owns the order of things, which is what makes
+the whole exactly once (KIP-447):
+
+On assignment:
+  1. read the new partitions' committed offsets: a read_committed consumer waits
+     here for a deposed owner's pending transactional offsets, so the changelogs
+     read next hold everything that owner committed;
+  2. `role.assigned(partitions)`: the role restores its tables from their changelogs;
+  3. assign the partitions at the committed offsets.
+On revocation or loss: `role.revoked(partitions)`: the role drops those tables.
+
+Each step (`step`):
+  1. consume a batch (read_committed); records of partitions not owned are dropped;
+  2. `role.process(records)`: the role stages its table writes (nothing reaches its
+     stores yet) and returns the records to write, in order;
+  3. begin the transaction and produce those records;
+  4. `send_offsets_to_transaction`: the offsets of the partitions read, and of the
+     partitions written but not read (their committed offsets, unchanged: a step may
+     only write, and must still prove that this instance owns the partition), with
+     the consumer's group metadata, so a deposed instance (stale generation) is refused;
+  5. commit the transaction; a retriable error is retried (up to three times);
+  6. `role.committed()`: only now does the role move its staged writes into its
+     stores and act on what the transaction recorded.
+A step with nothing read and nothing to write has no transaction. If 3-5 fail with
+an error that requires an abort: abort the transaction, seek each partition of the
+batch back to its first record, then `role.aborted(error)`: the role drops what it
+staged, and may ask for a pause during which batches are consumed and rewound,
+not processed. Any other Kafka error is fatal: it propagates, the process exits,
+and a restart recovers from Kafka.
+
+Every transactional call runs under a watchdog (`streams.kafka.watchdog`): one that
+hangs far past its own timeout ends the process.
+
+Without a transactional producer (at_least_once, benchmarks only), 3-5 become:
+produce, flush, commit the offsets; a crash between flush and commit repeats the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from streams.kafka.watchdog import Watchdog
+
+__all__ = ["BATCH", "TXN_TIMEOUT_S", "Output", "TableLoop", "TableRole", "record_position"]
+
+log = logging.getLogger("threadline.kafka.loop")
+
+BATCH = 500  # records per step at most
+TXN_TIMEOUT_S = 30  # of each transactional call
+TXN_HANG_EXIT_S = TXN_TIMEOUT_S + 15  # a call this long ignored its timeout: exit
+COMMIT_ATTEMPTS = 3
+
+Delivered = Callable[[KafkaError | None, Message], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """One record a step writes, in the step's transaction."""
+
+    topic: str
+    key: bytes
+    value: bytes | None  # None: a tombstone
+    partition: int
+    on_delivery: Delivered | None = None
+
+
+class TableRole(Protocol):
+    """What a role supplies to the table loop: its tables and what a batch does."""
+
+    def assigned(self, partitions: list[int]) -> None:
+        """Restore the tables of newly assigned partitions (before they are consumed)."""
+
+    def revoked(self, partitions: list[int]) -> None:
+        """Drop the tables of partitions this instance no longer owns."""
+
+    def process(self, records: list[Message]) -> list[Output]:
+        """Stage the table writes of `records` (maybe none) and return what to produce."""
+        ...
+
+    def committed(self) -> None:
+        """The step's transaction committed: apply what `process` staged."""
+
+    def aborted(self, error: KafkaError) -> float:
+        """The step's transaction aborted: drop what `process` staged; the seconds
+        to pause (consume and rewind without processing), 0 for none."""
+        ...
+
+    def after_step(self) -> None:
+        """Between steps: timers and other clients of the role."""
+
+
+def record_position(msg: Message) -> tuple[str, int, int]:
+    """Topic, partition and offset of a consumed record (never None there)."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and partition is not None and offset is not None
+    return topic, partition, offset
+
+
+class TableLoop:
+    """The consume -> process -> produce -> commit loop of one role over one input topic."""
+
+    def __init__(self, role: TableRole, consumer: Consumer, producer: Producer, topic: str, *,
+                 transactional: bool = True) -> None:
+        self.role = role
+        self.consumer = consumer
+        self.producer = producer
+        self.topic = topic
+        self.transactional = transactional
+        self.watchdog = Watchdog(TXN_HANG_EXIT_S)
+        self._positions: dict[int, int] = {}  # owned partition -> committed input offset (<0: none)
+        self._paused_until = 0.0
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def run(self, should_stop: Callable[[], bool]) -> None:
+        """Join the group and step until `should_stop()`; the caller closes."""
+        if self.transactional:
+            with self.watchdog.guard("init_transactions"):
+                self.producer.init_transactions(TXN_TIMEOUT_S)
+        self.consumer.subscribe([self.topic], on_assign=self._on_assign,
+                                on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        while not should_stop():
+            batch = self.next_batch()
+            if time.monotonic() < self._paused_until:
+                self._rewind(_starts(batch))
+                continue
+            self.step(batch)
+            self.role.after_step()
+
+    def next_batch(self) -> list[Message]:
+        """What the consumer holds, up to BATCH records, at once; else the first record
+        within 50 ms and whatever came with it. `consume(n, timeout)` alone waits for
+        n records or the whole timeout: at a low rate every record waited for it."""
+        batch: list[Message] = self.consumer.consume(BATCH, timeout=0)
+        if not batch:
+            batch = self.consumer.consume(1, timeout=0.05)
+            if batch:
+                batch += self.consumer.consume(BATCH - 1, timeout=0)
+        return batch
+
+    def close(self) -> None:
+        """Leave the group (revoking every partition)."""
+        try:
+            self.consumer.close()
+        except Exception:
+            log.exception("closing the consumer")
+
+    # --- rebalance --------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        committed = consumer.committed(partitions, timeout=60)  # step 1: see the module doc
+        self.role.assigned([tp.partition for tp in partitions])
+        for tp in committed:
+            self._positions[tp.partition] = tp.offset
+        consumer.assign(committed)
+        self._paused_until = 0.0
+        log.info("assigned %s", sorted(tp.partition for tp in partitions))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.role.revoked([tp.partition for tp in partitions])
+        for tp in partitions:
+            self._positions.pop(tp.partition, None)
+        log.info("revoked %s", sorted(tp.partition for tp in partitions))
+
+    def _position(self, partition: int) -> int:
+        """The committed input offset of an owned partition; its start if none is."""
+        if self._positions[partition] < 0:
+            low, _ = self.consumer.get_watermark_offsets(TopicPartition(self.topic, partition), 30)
+            self._positions[partition] = int(low)
+        return self._positions[partition]
+
+    # --- one step: one transaction ----------------------------------------------------
+
+    def step(self, batch: list[Message]) -> None:
+        """Process `batch` and commit what it wrote with its offsets, or abort and rewind."""
+        records = []
+        for msg in batch:
+            error = msg.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consume error: %s", error)
+                continue
+            if msg.partition() in self._positions:
+                records.append(msg)
+        read = {record_position(m)[1]: record_position(m)[2] + 1 for m in records}
+        outputs = self.role.process(records)
+        if not outputs and not read:
+            return
+        written = {o.partition for o in outputs if o.partition in self._positions}
+        positions = {**{p: self._position(p) for p in written}, **read}
+        offsets = [TopicPartition(self.topic, p, o) for p, o in sorted(positions.items())]
+        try:
+            self.commit(outputs, offsets)
+        except KafkaException as exc:
+            self._recover(exc, _starts(records))
+            return
+        self._positions.update(read)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("committed %d records up to %s", len(records), sorted(read.items()))
+        self.role.committed()
+
+    def commit(self, outputs: list[Output], offsets: list[TopicPartition]) -> None:
+        """Write `outputs` and commit them with the input `offsets` as one transaction
+        (steps 3-5); raises KafkaException if that fails, having aborted nothing."""
+        if self.transactional:
+            with self.watchdog.guard("begin_transaction"):
+                self.producer.begin_transaction()
+            self._produce(outputs)
+            if offsets:
+                with self.watchdog.guard("send_offsets_to_transaction"):
+                    self.producer.send_offsets_to_transaction(
+                        offsets, self.consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
+            self._commit_transaction()
+        else:  # at least once: a crash between flush and commit repeats the batch
+            self._produce(outputs)
+            if self.producer.flush(TXN_TIMEOUT_S):
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "flush timed out"))
+            if offsets:
+                self.consumer.commit(offsets=offsets, asynchronous=False)
+
+    def _produce(self, outputs: list[Output]) -> None:
+        for out in outputs:
+            self.producer.produce(out.topic, out.value, out.key, partition=out.partition,
+                                  on_delivery=out.on_delivery)
+
+    def _commit_transaction(self) -> None:
+        for attempt in range(COMMIT_ATTEMPTS):
+            try:
+                with self.watchdog.guard("commit_transaction"):
+                    self.producer.commit_transaction(TXN_TIMEOUT_S)
+                return
+            except KafkaException as exc:
+                if not exc.args[0].retriable() or attempt == COMMIT_ATTEMPTS - 1:
+                    raise
+
+    def _recover(self, exc: KafkaException, starts: dict[int, int]) -> None:
+        err = exc.args[0]
+        if not (self.transactional and isinstance(err, KafkaError) and err.txn_requires_abort()):
+            raise exc  # fatal (e.g. a newer instance with our transactional id): exit
+        log.warning("aborting transaction: %s", err)
+        with self.watchdog.guard("abort_transaction"):
+            self.producer.abort_transaction(TXN_TIMEOUT_S)
+        # Back to the batch's first records: the committed offsets would miss a
+        # partition that never committed (no offset to seek to).
+        self._rewind(starts)
+        pause = self.role.aborted(err)
+        if pause > 0:
+            self._paused_until = time.monotonic() + pause
+
+    def _rewind(self, starts: dict[int, int]) -> None:
+        """Consume again from `starts` (partition -> offset)."""
+        for partition, offset in starts.items():
+            try:
+                self.consumer.seek(TopicPartition(self.topic, partition, offset))
+            except KafkaException as exc:
+                if partition in self._positions:
+                    raise
+                log.info("seek on partition %d: %s", partition, exc)  # no longer assigned
+
+
+def _starts(batch: list[Message]) -> dict[int, int]:
+    """Each partition's first offset in `batch` (errors left out)."""
+    starts: dict[int, int] = {}
+    for msg in batch:
+        if msg.error() is None:
+            _, partition, offset = record_position(msg)
+            starts.setdefault(partition, offset)
+    return starts

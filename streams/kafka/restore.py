@@ -1,0 +1,95 @@
+"""Restoring tables on assignment: changelog partitions read to their end.
+
+A restore reads read_committed, so a table never holds what an aborted or still
+open transaction wrote; it runs before the partitions are assigned (inside the
+assignment callback), so no input is processed on a table that is behind.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from types import TracebackType
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from streams.config import Settings
+from streams.kafka.clients import restore_consumer_config
+from streams.kafka.state_store import PartitionStore, TableStores
+
+__all__ = ["ChangelogReader", "restore_table"]
+
+log = logging.getLogger("threadline.kafka.restore")
+
+COMMIT_EVERY = 10_000  # restored records between store commits: bounds the overlay
+
+
+class ChangelogReader:
+    """A consumer outside the group's assignment that reads partitions to their end."""
+
+    def __init__(self, settings: Settings, group_id: str) -> None:
+        self._consumer = Consumer(restore_consumer_config(settings, group_id))
+
+    def __enter__(self) -> ChangelogReader:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self._consumer.close()
+
+    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        """The partition's low and high watermarks (first offset, end offset)."""
+        low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+        return int(low), int(high)
+
+    def read(self, topic: str, starts: dict[int, int], apply: Callable[[Message], None]) -> int:
+        """Hand every record of `topic` from each partition's start offset up to its
+        current end to `apply`, in order; returns how many there were."""
+        todo = {p: start for p, start in starts.items() if start < self.watermarks(topic, p)[1]}
+        if not todo:
+            return 0
+        self._consumer.assign([TopicPartition(topic, p, start) for p, start in sorted(todo.items())])
+        count = 0
+        while todo:
+            for msg in self._consumer.consume(500, timeout=1.0):
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        todo.pop(msg.partition() or 0, None)
+                        continue
+                    raise KafkaException(error)
+                apply(msg)
+                count += 1
+        self._consumer.unassign()
+        return count
+
+
+def restore_table(reader: ChangelogReader, tables: TableStores, topic: str, partition: int,
+                  apply_record: Callable[[PartitionStore, bytes, bytes | None, int], None]) \
+        -> PartitionStore:
+    """Open the partition's store and bring it from its checkpoint to the end of its
+    changelog `topic`; a checkpoint outside the changelog (the topic was recreated or
+    trimmed) wipes the store and restores it whole."""
+    store = tables.open(partition)
+    low, high = reader.watermarks(topic, partition)
+    start = store.checkpoint
+    if start > high or start < low:
+        tables.wipe(partition)
+        store = tables.open(partition)
+        start = low
+    restored = 0
+
+    def apply(msg: Message) -> None:
+        nonlocal restored
+        offset = msg.offset()
+        assert offset is not None
+        apply_record(store, msg.key() or b"", msg.value(), offset)
+        restored += 1
+        if restored % COMMIT_EVERY == 0:
+            store.commit()  # the checkpoint moves with it
+
+    if start < high:
+        reader.read(topic, {partition: start}, apply)
+        store.commit()
+    log.info("%s[%d]: %d changelog records from %d", topic, partition, restored, start)
+    return store

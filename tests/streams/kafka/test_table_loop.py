@@ -1,0 +1,234 @@
+"""The table loop's ordering on a real broker: what runs in which order on a commit,
+on an abort (and the rewind after it), and on a retried commit; and the watchdog.
+
+A toy role copies each input record to an output topic. The producer and the
+consumer are the real clients, subclassed only to write down each call (and to
+fail one when a test says so).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from streams.config import Settings
+from streams.kafka.clients import librdkafka_config, table_consumer_config, table_producer_config
+from streams.kafka.loop import Output, TableLoop
+from streams.kafka.watchdog import HUNG_EXIT_STATUS
+
+pytestmark = pytest.mark.kafka
+
+Calls = list[str]
+
+
+class RecordingProducer(Producer):
+    """A producer that writes down its transactional calls and can fail one once."""
+
+    def __init__(self, config: dict[str, Any], calls: Calls) -> None:
+        super().__init__(config)
+        self.calls = calls
+        self.fail_once: dict[str, KafkaError] = {}  # call name -> the error it raises, once
+
+    def _maybe_fail(self, name: str) -> None:
+        self.calls.append(name)
+        error = self.fail_once.pop(name, None)
+        if error is not None:
+            raise KafkaException(error)
+
+    def begin_transaction(self, *args: Any) -> None:
+        self.calls.append("begin")
+        super().begin_transaction(*args)
+
+    def produce(self, *args: Any, **kwargs: Any) -> None:
+        self.calls.append("produce")
+        super().produce(*args, **kwargs)
+
+    def send_offsets_to_transaction(self, *args: Any) -> None:
+        super().send_offsets_to_transaction(*args)
+        self._maybe_fail("send_offsets")
+
+    def commit_transaction(self, *args: Any) -> None:
+        self._maybe_fail("commit")
+        super().commit_transaction(*args)
+
+    def abort_transaction(self, *args: Any) -> None:
+        self.calls.append("abort")
+        super().abort_transaction(*args)
+
+
+class RecordingConsumer(Consumer):
+    """A consumer that writes down its seeks."""
+
+    def __init__(self, config: dict[str, Any], calls: Calls) -> None:
+        super().__init__(config)
+        self.calls = calls
+
+    def seek(self, partition: TopicPartition) -> None:
+        self.calls.append(f"seek {partition.partition}@{partition.offset}")
+        super().seek(partition)
+
+
+class CopyRole:
+    """Copies each input record to `out`; writes down the loop's calls to it."""
+
+    def __init__(self, out: str, calls: Calls) -> None:
+        self.out, self.calls = out, calls
+        self.staged: list[bytes] = []
+        self.table: list[bytes] = []  # what committed steps applied
+        self.owned: set[int] = set()
+
+    def assigned(self, partitions: list[int]) -> None:
+        self.calls.append(f"assigned {partitions}")
+        self.owned.update(partitions)
+
+    def revoked(self, partitions: list[int]) -> None:
+        self.owned.difference_update(partitions)
+
+    def process(self, records: list[Message]) -> list[Output]:
+        if records:
+            self.calls.append(f"process {len(records)}")
+        self.staged = [m.value() or b"" for m in records]
+        return [Output(self.out, m.key() or b"", b"copy:" + (m.value() or b""), m.partition() or 0)
+                for m in records]
+
+    def committed(self) -> None:
+        self.calls.append("committed")
+        self.table += self.staged
+
+    def aborted(self, error: KafkaError) -> float:
+        self.calls.append(f"aborted {error.name()}")
+        self.staged = []
+        return 0.0
+
+    def after_step(self) -> None:
+        pass
+
+
+def _topics(settings: Settings) -> tuple[str, str]:
+    source, out = f"{settings.topic_prefix}loop-in", f"{settings.topic_prefix}loop-out"
+    admin = AdminClient(librdkafka_config(settings))
+    for future in admin.create_topics([NewTopic(t, 1, 1) for t in (source, out)]).values():
+        future.result()
+    return source, out
+
+
+def _send(settings: Settings, topic: str, values: list[bytes]) -> None:
+    producer = Producer(librdkafka_config(settings))
+    for value in values:
+        producer.produce(topic, value, b"k", partition=0)
+    assert producer.flush(30) == 0
+
+
+def _read_committed(settings: Settings, topic: str) -> list[bytes]:
+    reader = Consumer(librdkafka_config(settings, **{
+        "group.id": f"check-{uuid.uuid4()}", "isolation.level": "read_committed",
+        "enable.partition.eof": True}))
+    reader.assign([TopicPartition(topic, 0, 0)])
+    values: list[bytes] = []
+    try:
+        while True:
+            msg = reader.poll(10)
+            assert msg is not None, "no end of partition within 10 s"
+            error = msg.error()
+            if error is not None:
+                assert error.code() == KafkaError._PARTITION_EOF
+                return values
+            values.append(msg.value() or b"")
+    finally:
+        reader.close()
+
+
+def _run(settings: Settings, fail: dict[str, KafkaError], until: Callable[[CopyRole], bool]) \
+        -> tuple[Calls, CopyRole, TableLoop, str]:
+    source, out = _topics(settings)
+    _send(settings, source, [b"a", b"b", b"c"])
+    calls: Calls = []
+    group = f"{settings.topic_prefix}loop"
+    producer = RecordingProducer(table_producer_config(
+        settings, "loop-test", transactional_id=f"{group}-1", linger_ms=1), calls)
+    producer.fail_once.update(fail)
+    role = CopyRole(out, calls)
+    loop = TableLoop(role, RecordingConsumer(table_consumer_config(settings, group, "loop-test"), calls),
+                     producer, source)
+    deadline = time.monotonic() + 60
+    try:
+        loop.run(lambda: until(role) or time.monotonic() > deadline)
+    finally:
+        loop.close()
+    return calls, role, loop, out
+
+
+def _committed_offset(settings: Settings, topic: str) -> int:
+    consumer = Consumer(table_consumer_config(settings, f"{settings.topic_prefix}loop", "check"))
+    try:
+        [tp] = consumer.committed([TopicPartition(topic, 0)], timeout=30)
+        return int(tp.offset)
+    finally:
+        consumer.close()
+
+
+def _steps(calls: Calls) -> list[Calls]:
+    """The calls split into steps, each starting at a `process`."""
+    steps: list[Calls] = []
+    for call in calls:
+        if call.startswith("process"):
+            steps.append([])
+        if steps:
+            steps[-1].append(call)
+    return steps
+
+
+def test_a_step_commits_the_transaction_before_the_role_applies_it(settings: Settings) -> None:
+    calls, role, _, out = _run(settings, {}, lambda r: len(r.table) >= 3)
+    assert calls[0] == "assigned [0]"
+    for step in _steps(calls):
+        n = int(step[0].split()[1])
+        assert step == [f"process {n}", "begin", *["produce"] * n, "send_offsets", "commit", "committed"]
+    assert role.table == [b"a", b"b", b"c"]
+    assert _read_committed(settings, out) == [b"copy:a", b"copy:b", b"copy:c"]
+    assert _committed_offset(settings, f"{settings.topic_prefix}loop-in") == 3
+
+
+def test_an_aborted_step_is_rewound_and_processed_again_once(settings: Settings) -> None:
+    abortable = KafkaError(KafkaError.CONCURRENT_TRANSACTIONS, "injected", txn_requires_abort=True)
+    calls, role, _, out = _run(settings, {"send_offsets": abortable}, lambda r: len(r.table) >= 3)
+    first = calls.index("send_offsets")
+    assert calls[first:first + 4] == ["send_offsets", "abort", "seek 0@0", "aborted CONCURRENT_TRANSACTIONS"]
+    assert "committed" not in calls[:first + 4]
+    assert calls[first + 4].startswith("process")  # the same records again
+    assert role.table == [b"a", b"b", b"c"]
+    assert _read_committed(settings, out) == [b"copy:a", b"copy:b", b"copy:c"]  # nothing twice
+    assert _committed_offset(settings, f"{settings.topic_prefix}loop-in") == 3
+
+
+def test_a_retriable_commit_error_is_retried(settings: Settings) -> None:
+    retriable = KafkaError(KafkaError._TIMED_OUT, "injected", retriable=True)
+    calls, _, _, out = _run(settings, {"commit": retriable}, lambda r: len(r.table) >= 3)
+    first = calls.index("commit")
+    assert calls[first:first + 3] == ["commit", "commit", "committed"]
+    assert "abort" not in calls
+    assert _read_committed(settings, out) == [b"copy:a", b"copy:b", b"copy:c"]
+
+
+def test_a_fatal_error_propagates(settings: Settings) -> None:
+    fatal = KafkaError(KafkaError._FENCED, "injected", fatal=True)
+    with pytest.raises(KafkaException, match="injected"):
+        _run(settings, {"send_offsets": fatal}, lambda r: False)
+
+
+def test_the_watchdog_ends_a_call_that_hangs_past_its_limit() -> None:
+    code = ("import time\nfrom streams.kafka.watchdog import Watchdog\n"
+            "with Watchdog(0.5).guard('a call'):\n    time.sleep(30)\n")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert done.returncode == HUNG_EXIT_STATUS
+    assert time.monotonic() - started < 10
+    assert "a call hung past its timeout" in done.stderr
