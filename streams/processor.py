@@ -513,6 +513,7 @@ def _staged(writes: list[tuple[MessageRecord | None, int, bytes | None]],
 
 
 def run_processor(settings: Settings) -> int:
+    """The processor's entry point: runs it until SIGTERM or SIGINT asks it to stop; returns exit code 0."""
     processor = Processor(settings)
 
     def _stop(*_: object) -> None:

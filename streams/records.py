@@ -67,16 +67,19 @@ class Dispatch:
 
 @dataclass(frozen=True, slots=True)
 class MessageStart:
+    """The first record of a streamed message, naming its role (the worker's answers are "assistant")."""
     role: str
 
 
 @dataclass(frozen=True, slots=True)
 class TextStart:
+    """A text part of the message opens; its deltas and its TextEnd follow under the same part id."""
     pass
 
 
 @dataclass(frozen=True, slots=True)
 class TextDelta:
+    """New text of the open text part: the chunks that arrived since the last delta, joined."""
     delta: str
 
 
@@ -98,11 +101,13 @@ class StepOutput:
 
 @dataclass(frozen=True, slots=True)
 class CitationsOutput:
+    """The answer's citations, sent together once, just before the message ends."""
     citations: tuple[Citation, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class MessageEnd:
+    """The last record of a streamed message: finish_reason "stop" if complete, "error" if broken off."""
     finish_reason: str
 
 

@@ -65,6 +65,7 @@ class ChatMessageRef:
 
 
 def thread_id_for(address: ChatAddress) -> str:
+    """The thread id of a chat address: `slack:{team}:{channel}`, plus `:{thread_ts}` in a channel."""
     base = f"slack:{address.team}:{address.channel}"
     return base if address.thread_ts is None else f"{base}:{address.thread_ts}"
 
@@ -86,6 +87,7 @@ def tenant_for(team: str) -> str:
 
 
 def message_id_for(team: str, channel: str, ts: str) -> str:
+    """The message id `slack-message:{team}:{channel}:{ts}`; ValueError if these are not Slack ids."""
     if not (_valid_id(team) and _valid_id(channel) and _valid_ts(ts)):
         raise ValueError(f"not a Slack message: {team!r} {channel!r} {ts!r}")
     return f"slack-message:{team}:{channel}:{ts}"

@@ -34,6 +34,7 @@ def test_every_variable_read_is_documented() -> None:
 
 
 def test_the_worker_and_the_agents_read_no_environment() -> None:
+    """Shows no module of the worker or the agents reads the environment; settings come to them."""
     for folder in ("worker", "agents"):
         for path in (REPO / "streams" / folder).rglob("*.py"):
             text = path.read_text()

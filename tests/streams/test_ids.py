@@ -30,16 +30,19 @@ KNOWN = [
 
 
 def test_known_ids_do_not_change() -> None:
+    """Shows each derived id still has the value pinned when the ids moved to streams.ids."""
     for got, want in KNOWN:
         assert got == want
 
 
 @given(st.text(), st.text())
 def test_run_id_is_a_uuid5_and_never_raises(thread_id: str, message_id: str) -> None:
+    """Shows a run id is a version-5 uuid for any thread and message id text, and never raises."""
     run_id = run_id_for(thread_id, message_id)
     assert len(run_id) == 36 and run_id[14] == "5"
 
 
 @given(st.text(), st.integers(min_value=0, max_value=1000))
 def test_envelope_ids_differ_by_index(parent: str, index: int) -> None:
+    """Shows envelope ids derived from one parent differ from one index to the next."""
     assert derived_envelope_id(parent, index) != derived_envelope_id(parent, index + 1)

@@ -35,6 +35,7 @@ BEFORE = ThreadState(T, "acme", "title", 0, active_run=RUN_STATE)
 
 
 def test_names_are_the_wire_strings() -> None:
+    """Shows the lifecycle and stream-end names are the exact strings on the wire, and which are terminal."""
     assert [n.value for n in Lifecycle] == [
         "run_accepted", "attempt_dispatched", "retry_scheduled", "run_completed", "run_failed",
         "run_cancelled"]
@@ -44,6 +45,7 @@ def test_names_are_the_wire_strings() -> None:
 
 
 def test_fate_kills_attempts_the_lifecycle_says_are_over() -> None:
+    """Shows a run's fate kills attempts once a later one is dispatched, a retry is scheduled, or it ends."""
     fate = RunFate()
     assert not fate.learn("run_accepted", 0)
     fate.learn("attempt_dispatched", 1)
@@ -61,6 +63,7 @@ _RECORDS = st.lists(st.tuples(st.sampled_from([*Lifecycle]), st.integers(0, 20))
 
 @given(_RECORDS, st.randoms())
 def test_fate_is_the_same_in_any_order(records: list[tuple[Lifecycle, int]], rnd: object) -> None:
+    """Shows a run's fate comes out the same whatever order its lifecycle records are learnt in."""
     forward, shuffled = RunFate(), RunFate()
     for event, attempt in records:
         forward.learn(event, attempt)
@@ -74,6 +77,7 @@ def test_fate_is_the_same_in_any_order(records: list[tuple[Lifecycle, int]], rnd
 @given(_RECORDS, st.integers(1, 25))
 def test_fate_kills_exactly_the_attempts_past(records: list[tuple[Lifecycle, int]],
                                               attempt: int) -> None:
+    """Shows the fate kills an attempt exactly when the run ended or a later attempt or retry is past it."""
     fate = RunFate()
     for event, a in records:
         fate.learn(event, a)
@@ -84,6 +88,7 @@ def test_fate_kills_exactly_the_attempts_past(records: list[tuple[Lifecycle, int
 
 
 def test_lifecycle_records_mirror_the_run_decisions() -> None:
+    """Shows run decisions become stream-topic lifecycle records of the answer message, attempt and detail."""
     accepted = lifecycle_record(RunAccepted(T, RUN, workflow_id_for(T), "m-1", 5), BEFORE)
     assert accepted is not None
     assert (accepted.run_id, accepted.attempt, accepted.part_id, accepted.seq) == \
@@ -103,11 +108,13 @@ def test_lifecycle_records_mirror_the_run_decisions() -> None:
 
 
 def test_no_lifecycle_record_for_other_events_or_without_a_state() -> None:
+    """Shows other events, and events without a thread state, give no lifecycle record."""
     assert lifecycle_record(MessageAccepted(T, "m-1", "hi", None, 5), BEFORE) is None
     assert lifecycle_record(AttemptDispatched(T, RUN, "m-1", 1, 5), None) is None
 
 
 def test_dispatch_record() -> None:
+    """Shows an attempt's dispatch carries its run, message, attempt, workflow, input, history and time."""
     history = (HistoryMessage("m-0", "user", "earlier"),)
     assert dispatch_record(AttemptDispatched(T, RUN, "m-1", 2, 7), T, "hi", history) == \
         Dispatch(RUN, "m-1", 2, workflow_id_for(T), "hi", history, 7)

@@ -24,6 +24,7 @@ def _delivered(offset: int) -> Any:
 
 
 def test_staged_writes_are_read_back_but_reach_rocksdb_only_at_commit(tmp_path: Path) -> None:
+    """Shows a staged write is read back at once but reaches RocksDB, with its checkpoint, only on commit."""
     store = PartitionStore(tmp_path / "db")
     store.put(b"a", b"1", changelog_offset=4)
     assert store.get(b"a") == b"1"
@@ -37,6 +38,7 @@ def test_staged_writes_are_read_back_but_reach_rocksdb_only_at_commit(tmp_path: 
 
 
 def test_a_rollback_drops_the_staged_writes_and_their_checkpoint(tmp_path: Path) -> None:
+    """Shows a rollback drops staged puts, deletes and delivered changelog offsets, keeping the committed."""
     store = PartitionStore(tmp_path / "db")
     store.put(b"a", b"1", changelog_offset=0)
     store.commit()
@@ -52,6 +54,7 @@ def test_a_rollback_drops_the_staged_writes_and_their_checkpoint(tmp_path: Path)
 
 
 def test_a_delivered_changelog_record_moves_the_checkpoint_a_failed_one_does_not(tmp_path: Path) -> None:
+    """Shows only a delivered changelog record moves the checkpoint; a failed delivery leaves it."""
     store = PartitionStore(tmp_path / "db")
     store.put(b"a", b"1")
     store.changelog_delivered(None, _delivered(7))
@@ -62,6 +65,7 @@ def test_a_delivered_changelog_record_moves_the_checkpoint_a_failed_one_does_not
 
 
 def test_a_wiped_partition_opens_empty(tmp_path: Path) -> None:
+    """Shows a wiped partition's store opens again empty, with checkpoint 0."""
     tables = TableStores(tmp_path, "threads")
     tables.open(0).put(b"a", b"1", changelog_offset=0)
     tables.commit_all()

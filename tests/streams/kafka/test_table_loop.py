@@ -44,22 +44,27 @@ class RecordingProducer(Producer):
             raise KafkaException(error)
 
     def begin_transaction(self, *args: Any) -> None:
+        """Writes down "begin", then begins the transaction."""
         self.calls.append("begin")
         super().begin_transaction(*args)
 
     def produce(self, *args: Any, **kwargs: Any) -> None:
+        """Writes down "produce", then produces the record."""
         self.calls.append("produce")
         super().produce(*args, **kwargs)
 
     def send_offsets_to_transaction(self, *args: Any) -> None:
+        """Sends the offsets, then writes down "send_offsets" and raises its injected error if one is set."""
         super().send_offsets_to_transaction(*args)
         self._maybe_fail("send_offsets")
 
     def commit_transaction(self, *args: Any) -> None:
+        """Writes down "commit" and raises its injected error if one is set, else commits."""
         self._maybe_fail("commit")
         super().commit_transaction(*args)
 
     def abort_transaction(self, *args: Any) -> None:
+        """Writes down "abort", then aborts the transaction."""
         self.calls.append("abort")
         super().abort_transaction(*args)
 
@@ -72,6 +77,7 @@ class RecordingConsumer(Consumer):
         self.calls = calls
 
     def seek(self, partition: TopicPartition) -> None:
+        """Writes down "seek {partition}@{offset}", then seeks."""
         self.calls.append(f"seek {partition.partition}@{partition.offset}")
         super().seek(partition)
 
@@ -86,13 +92,16 @@ class CopyRole:
         self.owned: set[int] = set()
 
     def assigned(self, partitions: list[int]) -> None:
+        """Writes down the assigned partitions and owns them."""
         self.calls.append(f"assigned {partitions}")
         self.owned.update(partitions)
 
     def revoked(self, partitions: list[int]) -> None:
+        """Stops owning the revoked partitions."""
         self.owned.difference_update(partitions)
 
     def process(self, records: list[Message]) -> list[Output]:
+        """Writes down "process {n}" for a batch, stages its values, and returns a `copy:` of each."""
         if records:
             self.calls.append(f"process {len(records)}")
         self.staged = [m.value() or b"" for m in records]
@@ -100,15 +109,18 @@ class CopyRole:
                 for m in records]
 
     def committed(self) -> None:
+        """Writes down "committed" and applies the staged values to the table."""
         self.calls.append("committed")
         self.table += self.staged
 
     def aborted(self, error: KafkaError) -> float:
+        """Writes down "aborted {error}", drops the staged values, and asks for no backoff."""
         self.calls.append(f"aborted {error.name()}")
         self.staged = []
         return 0.0
 
     def after_step(self) -> None:
+        """Nothing to do between steps."""
         pass
 
 
@@ -187,6 +199,7 @@ def _steps(calls: Calls) -> list[Calls]:
 
 
 def test_a_step_commits_the_transaction_before_the_role_applies_it(settings: Settings) -> None:
+    """Shows a step's order (process, begin, produce, send offsets, commit, then apply) and nothing lost."""
     calls, role, _, out = _run(settings, {}, lambda r: len(r.table) >= 3)
     assert calls[0] == "assigned [0]"
     for step in _steps(calls):
@@ -198,6 +211,7 @@ def test_a_step_commits_the_transaction_before_the_role_applies_it(settings: Set
 
 
 def test_an_aborted_step_is_rewound_and_processed_again_once(settings: Settings) -> None:
+    """Shows an aborted step is aborted, rewound, processed again, and written and applied only once."""
     abortable = KafkaError(KafkaError.CONCURRENT_TRANSACTIONS, "injected", txn_requires_abort=True)
     calls, role, _, out = _run(settings, {"send_offsets": abortable}, lambda r: len(r.table) >= 3)
     first = calls.index("send_offsets")
@@ -210,6 +224,7 @@ def test_an_aborted_step_is_rewound_and_processed_again_once(settings: Settings)
 
 
 def test_a_retriable_commit_error_is_retried(settings: Settings) -> None:
+    """Shows a retriable commit error is followed by another commit, not an abort, and nothing twice."""
     retriable = KafkaError(KafkaError._TIMED_OUT, "injected", retriable=True)
     calls, _, _, out = _run(settings, {"commit": retriable}, lambda r: len(r.table) >= 3)
     first = calls.index("commit")
@@ -219,12 +234,14 @@ def test_a_retriable_commit_error_is_retried(settings: Settings) -> None:
 
 
 def test_a_fatal_error_propagates(settings: Settings) -> None:
+    """Shows a fatal transaction error is raised out of the loop's run."""
     fatal = KafkaError(KafkaError._FENCED, "injected", fatal=True)
     with pytest.raises(KafkaException, match="injected"):
         _run(settings, {"send_offsets": fatal}, lambda r: False)
 
 
 def test_the_watchdog_ends_a_call_that_hangs_past_its_limit() -> None:
+    """Shows the watchdog ends a process whose guarded call hangs past its limit, with HUNG_EXIT_STATUS."""
     code = ("import time\nfrom streams.kafka.watchdog import Watchdog\n"
             "with Watchdog(0.5).guard('a call'):\n    time.sleep(30)\n")
     started = time.monotonic()

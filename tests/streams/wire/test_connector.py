@@ -28,6 +28,7 @@ AUDIT_BYTES = bytes.fromhex(
 
 
 def test_connector_records_keep_their_bytes() -> None:
+    """Shows outbox and audit records encode to the pinned bytes and decode from them back to the same."""
     assert encode_outbox(OUTBOX) == OUTBOX_BYTES
     assert decode_outbox(OUTBOX_BYTES) == OUTBOX
     assert encode_audit(AUDIT) == AUDIT_BYTES
@@ -37,5 +38,6 @@ def test_connector_records_keep_their_bytes() -> None:
 @pytest.mark.parametrize("data", [b"", OUTBOX_BYTES[:10], OUTBOX_BYTES + b"\x00", AUDIT_BYTES,
                                   OUTBOX_BYTES[:-4], b"\x00\x00\x00\x00\x01" + OUTBOX_BYTES[10:]])
 def test_anything_else_is_a_decode_error(data: bytes) -> None:
+    """Shows empty, truncated, padded, other-schema or other-header bytes are a DecodeError, not an outbox."""
     with pytest.raises(DecodeError):
         decode_outbox(data)

@@ -28,6 +28,7 @@ def _shape(outputs: list[StreamOutput]) -> list[tuple[str, int, object]]:
 
 
 def test_a_whole_answer_is_numbered_in_order() -> None:
+    """Shows a whole answer's records: one seq order across message, text, step and citation parts."""
     answer = _answer()
     out = answer.start()
     out += answer.add_text("Hel", now=0.0)
@@ -54,6 +55,7 @@ def test_a_whole_answer_is_numbered_in_order() -> None:
 
 
 def test_deltas_wait_for_the_coalescing_window() -> None:
+    """Shows text deltas are held until the coalescing window has passed, then sent as one."""
     answer = _answer(coalesce_s=0.01)
     answer.start()
     assert [o.payload for o in answer.add_text("a", now=0.0)] == [TextStart()]
@@ -67,6 +69,7 @@ def test_deltas_wait_for_the_coalescing_window() -> None:
 
 
 def test_no_coalescing_sends_each_chunk() -> None:
+    """Shows with no coalescing window each chunk is sent as its own delta at once."""
     answer = _answer(coalesce_s=0.0)
     answer.start()
     assert [o.payload for o in answer.add_text("a", now=5.0)] == [TextStart(), TextDelta("a")]
@@ -74,6 +77,7 @@ def test_no_coalescing_sends_each_chunk() -> None:
 
 
 def test_the_budget_counts_utf8_bytes() -> None:
+    """Shows the output budget counts UTF-8 bytes, not characters."""
     answer = _answer(budget=4)
     assert answer.spend("é")  # 2 bytes
     assert answer.spend("ab")
@@ -81,6 +85,7 @@ def test_the_budget_counts_utf8_bytes() -> None:
 
 
 def test_an_error_ends_the_message_after_what_was_sent() -> None:
+    """Shows an error ends the message with "error" right after the records already sent, in seq order."""
     answer = _answer()
     out = answer.start() + answer.add_text("x", now=0.0) + answer.end_with_error()
     assert [o.seq for o in out] == [0, 1, 2]
@@ -91,6 +96,7 @@ def test_an_error_ends_the_message_after_what_was_sent() -> None:
        st.floats(0, 0.01))
 def test_deltas_carry_every_chunk_once_in_order(chunks: list[tuple[str, float]],
                                                 coalesce_s: float) -> None:
+    """Shows the deltas carry every chunk once, in order, with no empty delta, whatever the timing."""
     answer = _answer(coalesce_s=coalesce_s)
     out = answer.start()
     now = 0.0

@@ -31,6 +31,7 @@ class Script:
 
     async def run(self, history: Sequence[HistoryMessage],
                   message: str) -> AsyncIterator[AgentOutput]:
+        """Yields the scripted outputs, then raises the error or waits forever if told to."""
         for output in self.script:
             yield output
         if self.error is not None:
@@ -39,6 +40,7 @@ class Script:
             await asyncio.Event().wait()
 
     async def aclose(self) -> None:
+        """Nothing to close."""
         return None
 
 
@@ -53,9 +55,11 @@ class FakeOutlet:
     reports: list[Command] = field(default_factory=list)
 
     async def stream(self, output: StreamOutput, meta: EnvelopeMeta, partition: int) -> None:
+        """Keeps the stream record with the partition it was sent to."""
         self.records.append((output, partition))
 
     async def command(self, command: Command, meta: EnvelopeMeta) -> asyncio.Future[Any]:
+        """Keeps the report and returns an already-acknowledged future."""
         self.reports.append(command)
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         done.set_result(None)
@@ -72,6 +76,7 @@ def _execution(agent: Script, **settings: Any) -> tuple[Execution, FakeOutlet]:
 
 
 async def test_a_completed_attempt_streams_its_answer_and_reports() -> None:
+    """Shows a completed attempt streams in seq order on its partition, then reports and is acked."""
     execution, outlet = _execution(Script([TextChunk("Hel"), TextChunk("lo")]))
     await execution.run()
     assert all(partition == 3 for _, partition in outlet.records)
@@ -85,6 +90,7 @@ async def test_a_completed_attempt_streams_its_answer_and_reports() -> None:
 
 
 async def test_an_agent_error_ends_the_message_and_reports_failure() -> None:
+    """Shows an agent error ends the streamed message with "error" and reports a non-retryable failure."""
     execution, outlet = _execution(Script([TextChunk("x")], AgentError("boom", retryable=False)))
     await execution.run()
     assert outlet.records[-1][0].payload == MessageEnd("error")
@@ -94,6 +100,7 @@ async def test_an_agent_error_ends_the_message_and_reports_failure() -> None:
 
 
 async def test_an_answer_past_the_cap_fails_not_retryable() -> None:
+    """Shows an answer over the output budget fails with OUTPUT_TOO_LARGE, not retryable."""
     execution, outlet = _execution(Script([TextChunk("x" * 20)]))
     execution.answer.budget = 10
     await execution.run()
@@ -103,6 +110,7 @@ async def test_an_answer_past_the_cap_fails_not_retryable() -> None:
 
 
 async def test_a_shutdown_reports_a_retryable_failure() -> None:
+    """Shows a stop for shutdown ends the message with "error" and reports a retryable failure."""
     execution, outlet = _execution(Script([TextChunk("partial")], hang=True))
     execution.task = asyncio.create_task(execution.run())
     while not any(isinstance(o.payload, MessageStart) for o, _ in outlet.records):
@@ -117,6 +125,7 @@ async def test_a_shutdown_reports_a_retryable_failure() -> None:
 
 
 async def test_a_superseded_execution_reports_nothing_more() -> None:
+    """Shows a superseded execution stops after its start report, with no outcome reported."""
     execution, outlet = _execution(Script([], hang=True))
     execution.task = asyncio.create_task(execution.run())
     await asyncio.sleep(0.05)

@@ -6,6 +6,7 @@ from streams.worker.offsets import PartitionOffsets
 
 
 def test_commit_position_is_the_lowest_running_offset() -> None:
+    """Shows the commit position is the lowest running offset, else one past the last finished."""
     offsets = PartitionOffsets()
     assert offsets.position() is None
     for o in (5, 6, 7):
@@ -24,6 +25,7 @@ def test_commit_position_is_the_lowest_running_offset() -> None:
 
 
 def test_records_fetched_again_while_an_earlier_one_runs_are_not_taken_twice() -> None:
+    """Shows records fetched again while an earlier one runs are not taken again, running or finished."""
     offsets = PartitionOffsets()
     for o in (1, 2, 3):
         offsets.take(o)
