@@ -472,6 +472,7 @@ def test_a_redelivered_dispatch_of_a_dead_attempt_is_not_run_again(
     # worker is handed attempt 1's dispatch again first: it must see that it is dead.
     # A heartbeat timeout of 8 s, not FAST's 3: on a loaded machine attempt 2 missed
     # its 3 s window once, and a third attempt is not what this test is about.
+    # The 4 s backoff leaves w2 time to join before attempt 2 is dispatched.
     env = {**test_env, **FAST, "THREADLINE_RETRY_INITIAL_S": "4",
            "THREADLINE_HEARTBEAT_TIMEOUT_S": "8",
            "THREADLINE_AGENT_SLOW_TOKENS_PER_S": "10", "THREADLINE_AGENT_WORDS": "30"}
@@ -482,6 +483,10 @@ def test_a_redelivered_dispatch_of_a_dead_attempt_is_not_run_again(
         _read_stream(settings, lambda r: sum(isinstance(x.out.payload, TextDelta)
                                              for x in _output_of(r, run)) >= 3, timeout=30)
         stack.workers["w1"].kill9()
+        # w2 joins only once attempt 1 is given up on: joining earlier, it would rightly
+        # run attempt 1 (still alive to the processor) instead of skipping it.
+        _events(settings, lambda e: any(isinstance(x, RetryScheduled) for x in _of_run(e, run)),
+                timeout=45)
         stack.start_worker("w2")
         events = _events(settings, lambda e: any(isinstance(x, (RunCompleted, RunFailed))
                                                  for x in _of_run(e, run)), timeout=45)
