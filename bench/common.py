@@ -32,7 +32,7 @@ def broker() -> Iterator[str]:
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
         return
-    from streams.broker import EmbeddedKafka
+    from streams.devbroker import EmbeddedKafka
 
     data = VAR / f"bench-broker-{uuid.uuid4().hex[:6]}"
     kafka = EmbeddedKafka(data, port=0)

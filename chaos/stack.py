@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streams.broker import EmbeddedCluster, EmbeddedKafka, _die_with_parent, free_port
 from streams.config import Settings
+from streams.devbroker import EmbeddedCluster, EmbeddedKafka, _die_with_parent, free_port
 from streams.topics import ensure_topics
 
 __all__ = ["API_KEY", "ROLES", "Proc", "Stack", "chaos_env"]

@@ -44,7 +44,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         with KafkaContainer("apache/kafka:3.9.1").with_kraft() as kafka:
             yield kafka.get_bootstrap_server()
         return
-    from streams.broker import EmbeddedKafka
+    from streams.devbroker import EmbeddedKafka
 
     broker = EmbeddedKafka(tmp_path_factory.mktemp("broker"), port=0)
     broker.start()

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from streams.broker import free_port
 from streams.config import Settings
+from streams.devbroker import free_port
 from streams.topics import ensure_topics
 from tests.kafka_helpers import RoleProcess, wait_for
 

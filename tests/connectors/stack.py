@@ -17,12 +17,12 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from streams.broker import free_port
 from streams.config import Settings
 from streams.connectors.codec import decode_outbox
 from streams.connectors.ids import message_id_for, outbox_id_for
 from streams.connectors.outbox import ANSWER, ChatOutbox
 from streams.connectors.topics import ensure_connector_topics, outbox_topic
+from streams.devbroker import free_port
 from streams.domain import Event, RunAccepted, RunCompleted
 from streams.serialization import decode_event
 from streams.thread import run_id_for

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestServer
 
 from gateway.app import Options, create_app
 from gateway.keys import FEED
-from streams.broker import free_port
+from streams.devbroker import free_port
 from tests.gateway.conftest import AUTH_A, Stack, wait_healthy
 from tests.gateway.sse_client import Ev, check_every_resume, read_sse
 from tests.kafka_helpers import RoleProcess

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from streams.broker import EmbeddedKafka, free_port
 from streams.cli import _BrokerChild, dev_keys_refusal, is_loopback_host
 from streams.config import Settings
+from streams.devbroker import EmbeddedKafka, free_port
 from streams.supervisor import Backoff, Supervisor
 from tests.kafka_helpers import wait_for
 
