@@ -8,8 +8,6 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -19,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from streams.config import Settings
+from streams.testing.process import ChildProcess
 from streams.topics import ensure_topics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -170,41 +169,24 @@ def median(values: list[float]) -> float:
 # --- child processes ------------------------------------------------------------------
 
 
-class Child:
+class Child(ChildProcess):
     """A process of the benchmark (a Threadline role or a bench helper) whose CPU
-    and memory can be read while it runs; its output goes to a log file."""
+    and memory can be read while it runs; its output goes to a log file. Started
+    when made."""
 
     def __init__(self, name: str, args: list[str], env: Mapping[str, str], log: Path,
                  nofile: int | None = None) -> None:
-        self.name, self.log = name, log
-        log.parent.mkdir(parents=True, exist_ok=True)
-        out = open(log, "ab")  # noqa: SIM115 - handed to the child
-        full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
-
-        def limits() -> None:
-            if nofile:
-                hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-                resource.setrlimit(resource.RLIMIT_NOFILE, (min(nofile, hard), hard))
-
         # BENCH_SRC: run the children from another checkout (before/after comparisons).
-        cwd = os.environ.get("BENCH_SRC") or ROOT
-        self.proc = subprocess.Popen([sys.executable, *args], env=full_env, cwd=cwd,
-                                     stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, preexec_fn=limits)
-        out.close()
+        super().__init__(name, args, env, log, cwd=os.environ.get("BENCH_SRC") or ROOT, nofile=nofile)
+        self.start()
         self.cpu0 = 0.0
 
     @classmethod
     def role(cls, role: str, env: Mapping[str, str], folder: Path, nofile: int | None = None) \
             -> Child:
+        # `streams.cli <role>`, which also starts the gateway in a BENCH_SRC checkout
+        # from before `python -m gateway` existed.
         return cls(role, ["-m", "streams.cli", role], env, folder / f"{role}.log", nofile)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
 
     def cpu(self) -> float:
         return process_cpu(self.pid)
@@ -220,28 +202,7 @@ class Child:
         return process_rss(self.pid)
 
     def tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        except FileNotFoundError:
-            return ""
-
-    def stop(self, timeout: float = 20) -> None:
-        if self.alive():
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise RuntimeError(f"{self.name} did not finish in {timeout}s:\n{self.tail()}") \
-                from None
+        return super().tail(n)
 
 
 def run_child_json(module: str, args: list[str], env: Mapping[str, str], log: Path,

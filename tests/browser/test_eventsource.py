@@ -15,8 +15,8 @@ import pytest
 
 from streams.config import Settings
 from streams.devbroker import free_port
+from streams.testing.process import RoleProcess, wait_for
 from streams.topics import ensure_topics
-from tests.kafka_helpers import RoleProcess, wait_for
 
 pytestmark = pytest.mark.kafka
 

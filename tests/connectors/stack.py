@@ -25,9 +25,10 @@ from streams.connectors.topics import ensure_connector_topics, outbox_topic
 from streams.devbroker import free_port
 from streams.domain import Event, RunAccepted, RunCompleted
 from streams.serialization import decode_event
+from streams.testing.process import RoleProcess, wait_for
 from streams.thread import run_id_for
 from tests.connectors.chat_double import SIGNING_SECRET, TEAM, ChatDouble
-from tests.kafka_helpers import RoleProcess, read_topic, wait_for
+from tests.kafka_helpers import read_topic
 
 FAST = {"THREADLINE_AGENT_TOKENS_PER_S": "0", "THREADLINE_AGENT_WORDS": "6"}
 BOT_TOKEN = "xoxb-test"

@@ -19,8 +19,8 @@ from aiohttp.test_utils import TestServer
 
 from gateway.app import Options, create_app
 from streams.config import Settings
+from streams.testing.process import RoleProcess
 from streams.topics import ensure_topics
-from tests.kafka_helpers import RoleProcess
 
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
 AUTH_A = {"Authorization": "Bearer key-a"}

@@ -25,9 +25,9 @@ from streams.domain import RunStatus, StoredMessage, ThreadState
 from streams.history import message_key, parse_message_key
 from streams.records import MessageRecord
 from streams.serialization import encode_message, encode_state, new_meta
+from streams.testing.sse import read_sse
 from streams.topics import ensure_topics
 from tests.gateway.conftest import AUTH_A, AUTH_B, Stack, gateway_env
-from tests.gateway.sse_client import read_sse
 
 pytestmark = pytest.mark.kafka
 

@@ -46,10 +46,12 @@ from streams.serialization import (
     encode_stream,
     new_meta,
 )
+from streams.testing.sse import SseEvent as Ev
+from streams.testing.sse import read_sse
 from streams.thread import answer_message_id_for, run_id_for
 from streams.topics import ensure_topics
 from tests.gateway.conftest import AUTH_A, Stack, gateway_env
-from tests.gateway.sse_client import Ev, check_every_resume, read_sse
+from tests.gateway.sse_client import check_every_resume
 from tests.kafka_helpers import read_topic
 
 pytestmark = pytest.mark.kafka

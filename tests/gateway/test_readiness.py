@@ -23,9 +23,9 @@ from streams.domain import RunStatus, StoredMessage, ThreadState
 from streams.history import message_key
 from streams.records import MessageRecord
 from streams.serialization import encode_message, encode_state, new_meta
+from streams.testing.process import RoleProcess
 from streams.topics import ensure_topics
 from tests.gateway.conftest import AUTH_A, gateway_env
-from tests.kafka_helpers import RoleProcess
 
 pytestmark = pytest.mark.kafka
 

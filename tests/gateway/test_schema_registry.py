@@ -25,8 +25,8 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from gateway.keys import CODEC
 from streams.config import Settings
+from streams.testing.sse import read_sse
 from tests.gateway.conftest import AUTH_A, Stack, gateway_env, running_stack
-from tests.gateway.sse_client import read_sse
 
 pytestmark = pytest.mark.kafka
 

@@ -22,7 +22,7 @@ from streams.cli import _BrokerChild, dev_keys_refusal, is_loopback_host
 from streams.config import Settings
 from streams.devbroker import EmbeddedKafka, free_port
 from streams.supervisor import Backoff, Supervisor
-from tests.kafka_helpers import wait_for
+from streams.testing.process import wait_for
 
 DEV = {"Authorization": "Bearer dev"}
 
@@ -87,6 +87,8 @@ def _children(pid: int) -> dict[str, int]:
             argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
             if b"streams.cli" in argv:
                 found[argv[argv.index(b"streams.cli") + 1].decode()] = int(child)
+            elif argv[1:3] == [b"-m", b"gateway"]:  # the gateway role runs by module name
+                found["gateway"] = int(child)
     return found
 
 

@@ -30,8 +30,8 @@ from gateway.app import create_app
 from streams.config import Settings
 from streams.devbroker import EmbeddedKafka
 from streams.kafka_security import aiokafka_config, librdkafka_config
+from streams.testing.process import ROOT, RoleProcess, wait_for
 from streams.topics import ensure_topics
-from tests.kafka_helpers import ROOT, RoleProcess, wait_for
 
 pytestmark = pytest.mark.kafka
 

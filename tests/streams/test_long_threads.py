@@ -38,10 +38,10 @@ from streams.serialization import (
     decode_state,
     encode_state,
 )
+from streams.testing.process import RoleProcess
 from streams.thread import OUTPUT_TOO_LARGE, run_id_for
 from streams.topics import ensure_topics
 from tests.kafka_helpers import (
-    RoleProcess,
     command_producer,
     flush_all,
     keys_to_end,

@@ -33,10 +33,10 @@ from streams.history import parse_message_key
 from streams.migration import migrated
 from streams.records import MessageRecord
 from streams.serialization import SCHEMA_DIR, decode_event, decode_message, schema_fingerprint
+from streams.testing.process import RoleProcess
 from streams.thread import answer_message_id_for, run_id_for
 from streams.topics import ensure_topics
 from tests.kafka_helpers import (
-    RoleProcess,
     command_producer,
     flush_all,
     keys_to_end,

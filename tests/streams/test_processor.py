@@ -37,11 +37,11 @@ from streams.serialization import (
     encode_command,
     new_meta,
 )
+from streams.testing.process import RoleProcess
 from streams.thread import run_id_for
 from streams.topics import ensure_topics
 from tests.conftest import SettingsFactory
 from tests.kafka_helpers import (
-    RoleProcess,
     command_producer,
     marked,
     read_topic,

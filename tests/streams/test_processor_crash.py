@@ -33,9 +33,10 @@ from streams.domain import (
     ThreadCreated,
 )
 from streams.serialization import EnvelopeMeta, decode_event, encode_command, new_meta
+from streams.testing.process import RoleProcess
 from streams.thread import run_id_for
 from streams.topics import ensure_topics
-from tests.kafka_helpers import RoleProcess, command_producer, flush_all, read_topic, send_command
+from tests.kafka_helpers import command_producer, flush_all, read_topic, send_command
 
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
 

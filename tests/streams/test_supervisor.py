@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streams.supervisor import Backoff, ProcessChild, Supervisor, describe_exit
-from tests.kafka_helpers import wait_for
+from streams.testing.process import wait_for
 
 
 def test_the_backoff_doubles_from_half_a_second_to_thirty() -> None:

@@ -60,17 +60,16 @@ from streams.serialization import (
     encode_dispatch,
     new_meta,
 )
+from streams.testing.process import RoleProcess, wait_for
 from streams.thread import answer_message_id_for, run_id_for
 from streams.topics import ensure_topics
 from streams.worker import SHUTDOWN_ERROR, Fate, PartitionOffsets, Worker
 from tests.kafka_helpers import (
-    RoleProcess,
     command_producer,
     marked,
     read_topic,
     send_command,
     send_marker,
-    wait_for,
 )
 
 
