@@ -18,6 +18,7 @@ from typing import Any
 
 from streams.config import Settings
 from streams.testing.process import ChildProcess
+from streams.testing.stack import broker_bootstrap, unique_prefix
 from streams.topics import ensure_topics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,24 +29,13 @@ VAR = ROOT / "var"
 @contextmanager
 def broker() -> Iterator[str]:
     """`KAFKA_BOOTSTRAP_SERVERS` if set, else an embedded broker for the whole run."""
-    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
-        return
-    from streams.devbroker import EmbeddedKafka
-
-    data = VAR / f"bench-broker-{uuid.uuid4().hex[:6]}"
-    kafka = EmbeddedKafka(data, port=0)
-    kafka.start()
-    try:
-        yield kafka.bootstrap
-    finally:
-        kafka.stop()
-        shutil.rmtree(data, ignore_errors=True)
+    with broker_bootstrap(VAR / f"bench-broker-{uuid.uuid4().hex[:6]}", remove=True) as bootstrap:
+        yield bootstrap
 
 
 def bench_env(bootstrap: str, partitions: int = 12, **extra: str) -> dict[str, str]:
     """The environment of one case: its own topic prefix and data folder."""
-    prefix = f"b{uuid.uuid4().hex[:8]}."
+    prefix = unique_prefix("b", 8)
     return {
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "THREADLINE_TOPIC_PREFIX": prefix,
         "THREADLINE_PARTITIONS": str(partitions),

@@ -10,7 +10,6 @@ on free ports), so restarting it harms no other test; with
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 from streams.config import Settings
 from streams.devbroker import EmbeddedCluster, EmbeddedKafka, free_port
 from streams.testing.process import RoleProcess
+from streams.testing.stack import fresh_env, unique_prefix
 from streams.topics import ensure_topics
 
 __all__ = ["API_KEY", "ROLES", "Proc", "Stack", "chaos_env"]
@@ -30,10 +30,7 @@ ROLES = ("processor", "worker", "gateway")
 
 def chaos_env(bootstrap: str, folder: Path, replication: int) -> dict[str, str]:
     """Short timeouts everywhere: a dead process is noticed within seconds."""
-    return {
-        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-        "THREADLINE_TOPIC_PREFIX": f"chaos{uuid.uuid4().hex[:8]}.",
-        "THREADLINE_PARTITIONS": "6",
+    return fresh_env(bootstrap, folder, prefix=unique_prefix("chaos", 8), partitions=6, **{
         "THREADLINE_REPLICATION_FACTOR": str(replication),
         "THREADLINE_API_KEYS": f"{API_KEY}=chaos",
         # The load is one tenant standing for many: no per-tenant limits.
@@ -41,7 +38,6 @@ def chaos_env(bootstrap: str, folder: Path, replication: int) -> dict[str, str]:
         "THREADLINE_TENANT_POSTS_PER_S": "0", "THREADLINE_TENANT_MAX_ACTIVE_RUNS": "0",
         "THREADLINE_HEARTBEAT_INTERVAL_S": "0.5",
         "THREADLINE_HEARTBEAT_TIMEOUT_S": "4.5",
-        "THREADLINE_SESSION_TIMEOUT_S": "6",
         "THREADLINE_RETRY_INITIAL_S": "0.2",
         "THREADLINE_RETRY_MAX_S": "2",
         # Enough attempts that no run fails for want of them: a kill is not an answer.
@@ -50,9 +46,8 @@ def chaos_env(bootstrap: str, folder: Path, replication: int) -> dict[str, str]:
         "THREADLINE_AGENT_TOKENS_PER_S": "60",
         "THREADLINE_AGENT_SLOW_TOKENS_PER_S": "8",
         "THREADLINE_AGENT_WORDS": "16",
-        "THREADLINE_DATA_DIR": str(folder / "data"),
         "THREADLINE_LOG_LEVEL": "INFO",
-    }
+    })
 
 
 @dataclass

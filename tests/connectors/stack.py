@@ -26,6 +26,7 @@ from streams.devbroker import free_port
 from streams.domain import Event, RunAccepted, RunCompleted
 from streams.serialization import decode_event
 from streams.testing.process import RoleProcess, wait_for
+from streams.testing.stack import fresh_env
 from streams.thread import run_id_for
 from tests.connectors.chat_double import SIGNING_SECRET, TEAM, ChatDouble
 from tests.kafka_helpers import read_topic
@@ -167,13 +168,10 @@ def running_stack(kafka_bootstrap: str, tmp: Path, *, double: ChatDouble | None 
                   **env: str) -> Iterator[Stack]:
     """The processor and a worker on a fresh prefix, the chat double, no connector yet."""
     double = (double or ChatDouble()).start()
-    base = {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-            "THREADLINE_TOPIC_PREFIX": f"t{uuid.uuid4().hex[:10]}.",
-            "THREADLINE_PARTITIONS": "4", "THREADLINE_DATA_DIR": str(tmp / "processor"),
-            "THREADLINE_SESSION_TIMEOUT_S": "6",
-            "THREADLINE_SLACK_SIGNING_SECRET": SIGNING_SECRET,
-            "THREADLINE_SLACK_BOT_TOKEN": BOT_TOKEN, "THREADLINE_SLACK_API_URL": double.api_url,
-            **FAST, **env}
+    base = fresh_env(kafka_bootstrap, tmp, THREADLINE_DATA_DIR=str(tmp / "processor"),
+                     THREADLINE_SLACK_SIGNING_SECRET=SIGNING_SECRET,
+                     THREADLINE_SLACK_BOT_TOKEN=BOT_TOKEN, THREADLINE_SLACK_API_URL=double.api_url,
+                     **FAST, **env)
     stack = Stack(base, tmp, double)
     ensure_connector_topics(stack.settings, 86_400_000)
     try:

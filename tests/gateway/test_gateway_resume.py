@@ -19,7 +19,8 @@ from streams.devbroker import free_port
 from streams.testing.process import RoleProcess
 from streams.testing.sse import SseEvent as Ev
 from streams.testing.sse import read_sse
-from tests.gateway.conftest import AUTH_A, Stack, wait_healthy
+from streams.testing.stack import wait_healthy_async as wait_healthy
+from tests.gateway.conftest import AUTH_A, Stack
 from tests.gateway.sse_client import check_every_resume
 
 pytestmark = pytest.mark.kafka
