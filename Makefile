@@ -38,7 +38,7 @@ bench: install
 
 lint: install
 	$(PY) -m ruff check .
-	$(PY) -m mypy streams gateway
+	$(PY) -m mypy streams gateway tests chaos bench
 
 clean:
 	rm -rf var .pytest_cache .hypothesis

@@ -81,11 +81,12 @@ def read_topic(
     try:
         while time.monotonic() < deadline:
             for msg in consumer.consume(500, timeout=0.2):
-                if msg.error():
-                    if msg.error().code() != KafkaError._PARTITION_EOF:
-                        raise RuntimeError(msg.error())
+                error = msg.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(error)
                     continue
-                records.append(decode(msg.value()))
+                records.append(decode(msg.value() or b""))
             if until(records):
                 return records
         return records

@@ -109,6 +109,6 @@ def test_a_browser_eventsource_sees_every_run_whole_across_gateway_restarts(
 def _healthy(base: str) -> bool:
     try:
         with urllib.request.urlopen(base + "/healthz", timeout=5) as response:
-            return response.status == 200
+            return bool(response.status == 200)
     except Exception:
         return False

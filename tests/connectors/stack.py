@@ -168,10 +168,10 @@ def running_stack(kafka_bootstrap: str, tmp: Path, *, double: ChatDouble | None 
                   **env: str) -> Iterator[Stack]:
     """The processor and a worker on a fresh prefix, the chat double, no connector yet."""
     double = (double or ChatDouble()).start()
-    base = fresh_env(kafka_bootstrap, tmp, THREADLINE_DATA_DIR=str(tmp / "processor"),
-                     THREADLINE_SLACK_SIGNING_SECRET=SIGNING_SECRET,
-                     THREADLINE_SLACK_BOT_TOKEN=BOT_TOKEN, THREADLINE_SLACK_API_URL=double.api_url,
-                     **FAST, **env)
+    base = {**fresh_env(kafka_bootstrap, tmp), "THREADLINE_DATA_DIR": str(tmp / "processor"),
+            "THREADLINE_SLACK_SIGNING_SECRET": SIGNING_SECRET,
+            "THREADLINE_SLACK_BOT_TOKEN": BOT_TOKEN, "THREADLINE_SLACK_API_URL": double.api_url,
+            **FAST, **env}
     stack = Stack(base, tmp, double)
     ensure_connector_topics(stack.settings, 86_400_000)
     try:

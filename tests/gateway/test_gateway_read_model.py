@@ -227,7 +227,7 @@ async def test_the_tenants_threads_list_newest_first_and_page(stack: Stack) -> N
 
 async def test_deleting_a_thread_cancels_its_run_ends_its_streams_and_erases_it(
         stack: Stack) -> None:
-    model = stack.server.app[READ_MODEL]  # type: ignore[index]
+    model = stack.server.app[READ_MODEL]
     thread_id = await stack.create_thread(title="to delete")
     status, first = await stack.post(thread_id, "remember this")
     assert status == 202
@@ -322,7 +322,7 @@ def _latest_values(settings: Settings, topic: str, thread_id: str) -> dict[int, 
                 latest[-1] = msg.value()
                 continue
             try:
-                owner, seq = parse_message_key(msg.key())
+                owner, seq = parse_message_key(msg.key() or b"")
             except ValueError:
                 continue
             if owner == thread_id:

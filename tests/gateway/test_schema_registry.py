@@ -83,9 +83,9 @@ def _read_all(settings: Settings, topic: str) -> list[bytes]:
                 error = msg.error()
                 if error is not None:
                     assert error.code() == KafkaError._PARTITION_EOF, error
-                    at_end.add(msg.partition())
-                elif msg.value() is not None:
-                    values.append(msg.value())
+                    at_end.add(msg.partition() or 0)
+                elif (value := msg.value()) is not None:
+                    values.append(value)
         assert len(at_end) == len(partitions), f"{topic}: not read to its end"
         return values
     finally:

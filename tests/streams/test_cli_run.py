@@ -165,7 +165,7 @@ def test_the_embedded_broker_killed_under_run_is_started_again(tmp_path: Path) -
     runner = threading.Thread(target=supervisor.run)
     runner.start()
     try:
-        first = wait_for(lambda: broker.process and broker.process.pid)
+        first = wait_for(lambda: broker.process.pid if broker.process else 0)
         os.kill(first, signal.SIGKILL)
         wait_for(lambda: supervisor.restarts == 1, timeout=60)
         assert broker.process is not None and broker.process.pid != first

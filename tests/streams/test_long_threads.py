@@ -115,8 +115,9 @@ def _read_keyed(settings: Settings, topic: str, until: object) -> list[tuple[byt
     try:
         while time.monotonic() < deadline:
             for msg in consumer.consume(1000, timeout=0.2):
-                if msg.error():
-                    assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
+                error = msg.error()
+                if error is not None:
+                    assert error.code() == KafkaError._PARTITION_EOF, error
                     continue
                 got.append((msg.key() or b"", msg.value()))
             if until(got):  # type: ignore[operator]
@@ -175,7 +176,7 @@ def test_two_thousand_turns_keep_the_state_bounded_and_the_history_whole(
                         timeout=120)
     rejected = [e for e in events if getattr(e, "message_id", None) == "m-3"
                 and type(e).__name__ == "RunRejected"]
-    assert [e.reason.value for e in rejected] == ["duplicate"]  # type: ignore[attr-defined]
+    assert [e.reason.value for e in rejected] == ["duplicate"]  # type: ignore[union-attr]
     # The newest dispatches carry a bounded context, however long the thread.
     dispatches = read_topic(settings, settings.topics.dispatch, decode_dispatch,
                             until=lambda r: len(r) >= turns + 1, timeout=120)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,7 @@ def _count(kind: type, records: list[object]) -> int:
 
 
 @pytest.fixture
-def processor(test_env: dict[str, str], tmp_path: Path) -> RoleProcess:
+def processor(test_env: dict[str, str], tmp_path: Path) -> Iterator[RoleProcess]:
     settings = Settings.from_env(test_env)
     ensure_topics(settings)
     proc = RoleProcess("processor", test_env, tmp_path / "processor.log").start()

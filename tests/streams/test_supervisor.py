@@ -132,7 +132,7 @@ def test_a_real_process_killed_with_sigkill_is_started_again(caplog: pytest.LogC
     runner = threading.Thread(target=supervisor.run)
     runner.start()
     try:
-        first = wait_for(lambda: child.process and child.process.pid)
+        first = wait_for(lambda: child.process.pid if child.process else 0)
         os.kill(first, signal.SIGKILL)
         wait_for(lambda: supervisor.restarts == 1)
         assert child.process is not None and child.process.pid != first

@@ -648,9 +648,9 @@ def test_a_run_streams_every_part_in_order_and_stores_the_streamed_text(stack: S
 
     read_topic(settings, settings.topics.threads, decode_state, until=lambda s: any(
         x.thread_id == thread and x.active_run is None and x.message_count == 2 for x in s))
-    records = read_topic(settings, settings.topics.messages, decode_message, until=lambda r: sum(
+    stored = read_topic(settings, settings.topics.messages, decode_message, until=lambda r: sum(
         m.thread_id == thread for m, _ in r) >= 3)  # question, answer, question rewritten
-    history = {r.seq: r.message for m, r in records if m.thread_id == thread}
+    history = {r.seq: r.message for m, r in stored if m.thread_id == thread}
     assert [(history[i].role, history[i].text) for i in sorted(history)] == [
         ("user", "hello worker"), ("assistant", text)]
 
