@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml infra/kafka/pom.xml infra/registry/pom.xml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
-	$(PY) -c "from streams.broker import ensure_jars; print('kafka jars:', ensure_jars())"
+	$(PY) -c "from streams.devbroker import ensure_jars; print('kafka jars:', ensure_jars())"
 	$(PY) -c "from streams.registry_server import ensure_registry; print('schema registry:', ensure_registry())"
 	touch $@
 
@@ -33,12 +33,12 @@ chaos: install
 	$(PY) -m chaos --preset full $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) $(CHAOS_ARGS)
 
 bench: install
-	$(PY) -c 'import matplotlib, pyinstrument' 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) -c 'import matplotlib, pyinstrument, faust' 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'
 	$(PY) -m bench $(BENCH_ARGS)
 
 lint: install
 	$(PY) -m ruff check .
-	$(PY) -m mypy streams gateway
+	$(PY) -m mypy streams gateway tests chaos bench
 
 clean:
 	rm -rf var .pytest_cache .hypothesis

@@ -8,8 +8,6 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -20,6 +18,8 @@ from typing import Any
 
 from streams.config import Settings
 from streams.kafka.topics import ensure_topics
+from streams.testing.process import ChildProcess
+from streams.testing.stack import broker_bootstrap, unique_prefix
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -29,24 +29,13 @@ VAR = ROOT / "var"
 @contextmanager
 def broker() -> Iterator[str]:
     """`KAFKA_BOOTSTRAP_SERVERS` if set, else an embedded broker for the whole run."""
-    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
-        return
-    from streams.broker import EmbeddedKafka
-
-    data = VAR / f"bench-broker-{uuid.uuid4().hex[:6]}"
-    kafka = EmbeddedKafka(data, port=0)
-    kafka.start()
-    try:
-        yield kafka.bootstrap
-    finally:
-        kafka.stop()
-        shutil.rmtree(data, ignore_errors=True)
+    with broker_bootstrap(VAR / f"bench-broker-{uuid.uuid4().hex[:6]}", remove=True) as bootstrap:
+        yield bootstrap
 
 
 def bench_env(bootstrap: str, partitions: int = 12, **extra: str) -> dict[str, str]:
     """The environment of one case: its own topic prefix and data folder."""
-    prefix = f"b{uuid.uuid4().hex[:8]}."
+    prefix = unique_prefix("b", 8)
     return {
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "THREADLINE_TOPIC_PREFIX": prefix,
         "THREADLINE_PARTITIONS": str(partitions),
@@ -176,44 +165,25 @@ def median(values: list[float]) -> float:
 # --- child processes ------------------------------------------------------------------
 
 
-class Child:
+class Child(ChildProcess):
     """A process of the benchmark (a Threadline role or a bench helper) whose CPU
-    and memory can be read while it runs; its output goes to a log file."""
+    and memory can be read while it runs; its output goes to a log file. Started
+    when made."""
 
     def __init__(self, name: str, args: list[str], env: Mapping[str, str], log: Path,
                  nofile: int | None = None) -> None:
-        self.name, self.log = name, log
-        log.parent.mkdir(parents=True, exist_ok=True)
-        out = open(log, "ab")  # noqa: SIM115 - handed to the child
-        full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
-
-        def limits() -> None:
-            if nofile:
-                hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-                resource.setrlimit(resource.RLIMIT_NOFILE, (min(nofile, hard), hard))
-
         # BENCH_SRC: run the children from another checkout (before/after comparisons).
-        cwd = os.environ.get("BENCH_SRC") or ROOT
-        self.proc = subprocess.Popen([sys.executable, *args], env=full_env, cwd=cwd,
-                                     stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, preexec_fn=limits)
-        out.close()
+        super().__init__(name, args, env, log, cwd=os.environ.get("BENCH_SRC") or ROOT, nofile=nofile)
+        self.start()
         self.cpu0 = 0.0
 
     @classmethod
     def role(cls, role: str, env: Mapping[str, str], folder: Path, nofile: int | None = None) \
             -> Child:
         """A child that runs one Threadline role (`threadline <role>`), logging to the folder."""
+        # `streams.cli <role>`, which also starts the gateway in a BENCH_SRC checkout
+        # from before `python -m gateway` existed.
         return cls(role, ["-m", "streams.cli", role], env, folder / f"{role}.log", nofile)
-
-    @property
-    def pid(self) -> int:
-        """The child's process id."""
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        """Whether the child is still running."""
-        return self.proc.poll() is None
 
     def cpu(self) -> float:
         """CPU seconds the child has used so far."""
@@ -233,30 +203,7 @@ class Child:
 
     def tail(self, n: int = 30) -> str:
         """The last n lines of the child's log."""
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        except FileNotFoundError:
-            return ""
-
-    def stop(self, timeout: float = 20) -> None:
-        """Terminate the child, killing it after the timeout."""
-        if self.alive():
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def wait(self, timeout: float) -> int:
-        """Wait for the child to exit; kill it and raise if it does not in time."""
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise RuntimeError(f"{self.name} did not finish in {timeout}s:\n{self.tail()}") \
-                from None
+        return super().tail(n)
 
 
 def run_child_json(module: str, args: list[str], env: Mapping[str, str], log: Path,

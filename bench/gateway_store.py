@@ -34,8 +34,8 @@ from confluent_kafka import Producer
 
 from bench.common import ROOT, Figure, bench_env, broker, load_text
 from gateway.kafka import partition_for
-from streams.broker import free_port
 from streams.config import Settings
+from streams.devbroker import free_port
 from streams.domain import RunStatus, StoredMessage, ThreadState
 from streams.history import message_key
 from streams.kafka.topics import ensure_topics

@@ -26,8 +26,8 @@ import aiohttp
 from bench.common import VAR, Child, Figure, bench_env, cleanup, load_text, process_rss
 from bench.gateway_store import _write
 from bench.growth import Commands
-from streams.broker import free_port
 from streams.config import Settings
+from streams.devbroker import free_port
 from streams.kafka.topics import ensure_topics
 
 BENCH = "growth-gateway"

@@ -21,12 +21,15 @@ from bench.replay import _write_run
 from bench.stack import Stack, new_stack
 from bench.streamgen import seed_threads
 from gateway.replay import replay
+from gateway.tokens import ResumeTokens
+from streams.wire import Codec
 
 
 async def _replay_all(stack: Stack, thread: str, partition: int, start: int, last: int) -> int:
     count = 0
-    async for _event in replay(stack.settings, partition, thread, scan_from=start,
-                               after=(start + 1, 0), until=(last, 99)):
+    async for _event in replay(stack.settings, ResumeTokens.from_settings(stack.settings), partition, thread,
+                               scan_from=start, after=(start + 1, 0), until=(last, 99),
+                               codec=Codec.from_settings(stack.settings)):
         count += 1
     return count
 

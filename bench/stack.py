@@ -13,8 +13,8 @@ from pathlib import Path
 import aiohttp
 
 from bench.common import VAR, Child, bench_env, cleanup
-from streams.broker import free_port
 from streams.config import Settings
+from streams.devbroker import free_port
 from streams.kafka.topics import ensure_topics
 
 AUTH = {"Authorization": "Bearer bench"}

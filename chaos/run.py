@@ -175,9 +175,9 @@ async def _monitor(load: Load, stack: Stack, until: asyncio.Event) -> None:
             dumped = now
             out = stack.folder / "logs" / f"stacks-{int(now)}.txt"
             for proc in stack.all_procs():
-                if proc.popen is not None and proc.exited() is None:
+                if proc.proc is not None and proc.exited() is None:
                     dump = await asyncio.to_thread(
-                        subprocess.run, [spy, "dump", "--pid", str(proc.popen.pid)],
+                        subprocess.run, [spy, "dump", "--pid", str(proc.proc.pid)],
                         capture_output=True, text=True, check=False)
                     with out.open("a") as f:
                         f.write(f"=== {proc.name}\n{dump.stdout}{dump.stderr}\n")

@@ -1,5 +1,5 @@
 """The HTTP side of the chaos clients: requests that fail over between gateways,
-and an SSE reader that parses frames as a browser's EventSource would."""
+and the SSE events as the audit records them."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import aiohttp
 
 from chaos.audit import Seen
 from chaos.stack import API_KEY
+from streams.testing.sse import iter_sse as iter_sse_kit
+from streams.testing.sse import iter_sse_idle
 
 __all__ = ["AUTH", "IDLE", "Api", "GaveUp", "iter_sse"]
 
@@ -30,35 +32,12 @@ IDLE = Seen("", "", "")  # yielded after `idle_s` without a complete event
 
 async def iter_sse(response: aiohttp.ClientResponse, idle_s: float | None = None) -> \
         AsyncIterator[Seen]:
-    """The events of an SSE response; with `idle_s`, also `IDLE` whenever no line came
-    for that long, so the caller can look at the clock and its own state."""
-    event_id, name, has_data = "", "message", False
-    data: list[str] = []
-    while True:
-        try:
-            raw = await asyncio.wait_for(response.content.readline(), idle_s)
-        except TimeoutError:
-            yield IDLE
-            continue
-        if not raw:
-            return
-        line = raw.decode().rstrip("\r\n")
-        if not line:
-            if has_data:
-                yield Seen(event_id, name, "\n".join(data))
-            event_id, name, data, has_data = "", "message", [], False
-            continue
-        if line.startswith(":"):
-            continue
-        key, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if key == "id":
-            event_id = value
-        elif key == "event":
-            name = value
-        elif key == "data":
-            data.append(value)
-            has_data = True
+    """The events of an SSE response (the testing kit's parser); with `idle_s`, also
+    `IDLE` whenever no line came for that long, so the caller can look at the clock
+    and its own state."""
+    events = iter_sse_idle(response, idle_s) if idle_s is not None else iter_sse_kit(response)
+    async for event in events:
+        yield IDLE if event is None else Seen(event.id or "", event.event, event.data)
 
 
 class Api:

@@ -9,33 +9,28 @@ on free ports), so restarting it harms no other test; with
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streams.broker import EmbeddedCluster, EmbeddedKafka, _die_with_parent, free_port
 from streams.config import Settings
+from streams.devbroker import EmbeddedCluster, EmbeddedKafka, free_port
 from streams.kafka.topics import ensure_topics
+from streams.testing.process import RoleProcess
+from streams.testing.stack import fresh_env, unique_prefix
 
 __all__ = ["API_KEY", "ROLES", "Proc", "Stack", "chaos_env"]
 
-ROOT = Path(__file__).resolve().parent.parent
+Proc = RoleProcess  # one role process of the run, killed with SIGKILL and restarted
+
 API_KEY = "chaos-key"
 ROLES = ("processor", "worker", "gateway")
 
 
 def chaos_env(bootstrap: str, folder: Path, replication: int) -> dict[str, str]:
     """Short timeouts everywhere: a dead process is noticed within seconds."""
-    return {
-        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-        "THREADLINE_TOPIC_PREFIX": f"chaos{uuid.uuid4().hex[:8]}.",
-        "THREADLINE_PARTITIONS": "6",
+    return fresh_env(bootstrap, folder, prefix=unique_prefix("chaos", 8), partitions=6, **{
         "THREADLINE_REPLICATION_FACTOR": str(replication),
         "THREADLINE_API_KEYS": f"{API_KEY}=chaos",
         # The load is one tenant standing for many: no per-tenant limits.
@@ -43,7 +38,6 @@ def chaos_env(bootstrap: str, folder: Path, replication: int) -> dict[str, str]:
         "THREADLINE_TENANT_POSTS_PER_S": "0", "THREADLINE_TENANT_MAX_ACTIVE_RUNS": "0",
         "THREADLINE_HEARTBEAT_INTERVAL_S": "0.5",
         "THREADLINE_HEARTBEAT_TIMEOUT_S": "4.5",
-        "THREADLINE_SESSION_TIMEOUT_S": "6",
         "THREADLINE_RETRY_INITIAL_S": "0.2",
         "THREADLINE_RETRY_MAX_S": "2",
         # Enough attempts that no run fails for want of them: a kill is not an answer.
@@ -52,50 +46,8 @@ def chaos_env(bootstrap: str, folder: Path, replication: int) -> dict[str, str]:
         "THREADLINE_AGENT_TOKENS_PER_S": "60",
         "THREADLINE_AGENT_SLOW_TOKENS_PER_S": "8",
         "THREADLINE_AGENT_WORDS": "16",
-        "THREADLINE_DATA_DIR": str(folder / "data"),
         "THREADLINE_LOG_LEVEL": "INFO",
-    }
-
-
-@dataclass
-class Proc:
-    """One `threadline <role>` process: started, killed with SIGKILL, restarted."""
-
-    role: str
-    name: str
-    env: dict[str, str]
-    log: Path
-    popen: subprocess.Popen[bytes] | None = None
-    starts: int = 0
-
-    def start(self) -> None:
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        out = open(self.log, "ab")  # noqa: SIM115 - handed to the child
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "streams.cli", self.role],
-            env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}, cwd=ROOT,
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent)  # a killed chaos program leaves no orphans
-        out.close()
-        self.starts += 1
-
-    def kill9(self) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            os.kill(self.popen.pid, signal.SIGKILL)
-            self.popen.wait()
-
-    def stop(self, timeout: float = 20) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.terminate()
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-
-    def exited(self) -> int | None:
-        """The exit status if the process ended, else None."""
-        return None if self.popen is None else self.popen.poll()
+    })
 
 
 @dataclass
@@ -152,14 +104,17 @@ class Stack:
         for i in range(2):
             env = {**self.env, "THREADLINE_DATA_DIR": str(self.folder / f"processor-{i}"),
                    "THREADLINE_PROCESSING_GUARANTEE": self.processing_guarantee}
-            self.processors.append(Proc("processor", f"processor-{i}", env, logs / f"processor-{i}.log"))
+            self.processors.append(Proc("processor", env, logs / f"processor-{i}.log", name=f"processor-{i}",
+                                        die_with_parent=True))
             env = {**self.env, "THREADLINE_INSTANCE_ID": f"worker-{i}"}
-            self.workers.append(Proc("worker", f"worker-{i}", env, logs / f"worker-{i}.log"))
+            self.workers.append(Proc("worker", env, logs / f"worker-{i}.log", name=f"worker-{i}",
+                                     die_with_parent=True))
         for i in range(gateways):
             port = free_port()
             self.ports.append(port)
             env = {**self.env, "THREADLINE_HTTP_PORT": str(port)}
-            self.gateways.append(Proc("gateway", f"gateway-{i}", env, logs / f"gateway-{i}.log"))
+            self.gateways.append(Proc("gateway", env, logs / f"gateway-{i}.log", name=f"gateway-{i}",
+                                      die_with_parent=True))
         for proc in self.all_procs():
             proc.start()
 

@@ -27,9 +27,9 @@ from streams.config import Settings
 from streams.supervisor import ProcessChild, Supervisor
 
 if TYPE_CHECKING:
-    from streams.broker import EmbeddedKafka
+    from streams.devbroker import EmbeddedKafka
 
-__all__ = ["main"]
+__all__ = ["log_level_option", "main", "start_role"]
 
 log = logging.getLogger("threadline")
 
@@ -38,7 +38,7 @@ def _embedded_broker(settings: Settings) -> EmbeddedKafka:
     """The embedded broker of `settings`: with SASL/SCRAM-SHA-512 on its listener when
     the clients are given SCRAM credentials (THREADLINE_KAFKA_SASL_USERNAME/_PASSWORD),
     that user then being created when its storage is first formatted."""
-    from streams.broker import SCRAM, EmbeddedKafka
+    from streams.devbroker import SCRAM, EmbeddedKafka
 
     security = settings.kafka_security
     users: dict[str, str] = {}
@@ -51,7 +51,7 @@ def _embedded_broker(settings: Settings) -> EmbeddedKafka:
 
 
 def _broker(settings: Settings) -> int:
-    from streams.broker import KAFKA_VERSION
+    from streams.devbroker import KAFKA_VERSION
 
     broker = _embedded_broker(settings)
     broker.start()
@@ -83,11 +83,12 @@ def _worker(settings: Settings) -> int:
     return run_worker(settings)
 
 
-def _gateway(settings: Settings) -> int:
-    from gateway.app import run_gateway
+GATEWAY_COMMAND = ["-m", "gateway"]  # the gateway role by module name: streams never imports gateway
 
-    code: int = run_gateway(settings)
-    return code
+
+def _gateway(settings: Settings) -> int:
+    # exec, not a child: the role keeps this pid, so a supervisor's or a test's SIGKILL reaches it.
+    os.execv(sys.executable, [sys.executable, *GATEWAY_COMMAND])
 
 
 def _connector(settings: Settings) -> int:
@@ -179,7 +180,8 @@ def _run_all(settings: Settings) -> int:
                   "'dev' (Authorization: Bearer dev) for tenant 'dev' on this machine only", flush=True)
         ensure_topics(settings)
         roles = [ProcessChild(role, [sys.executable, "-m", "streams.cli", role], env)
-                 for role in ("processor", "worker", "gateway")]
+                 for role in ("processor", "worker")]
+        roles.append(ProcessChild("gateway", [sys.executable, *GATEWAY_COMMAND], env))
         supervisor = Supervisor(roles, base=None if broker is None else _BrokerChild(broker))
         print(f"threadline: gateway on http://{settings.http_host}:{settings.http_port} "
               f"(Kafka {settings.bootstrap}); a role that exits is restarted; "
@@ -205,17 +207,28 @@ ROLES = {
 }
 
 
+def start_role(log_level: str) -> Settings:
+    """Set up one role's process (its log format, the `var` folder); its settings from the environment."""
+    os.environ["THREADLINE_LOG_LEVEL"] = log_level  # a role that execs another module keeps the level
+    logging.basicConfig(level=log_level,
+                        format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s")
+    Path("var").mkdir(exist_ok=True)
+    return Settings.from_env()
+
+
+def log_level_option(parser: argparse.ArgumentParser) -> None:
+    """The `--log-level` option every role's command line takes."""
+    parser.add_argument("--log-level", default=os.environ.get("THREADLINE_LOG_LEVEL", "INFO"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """The `threadline <role>` command: set up logging and run one role until it exits."""
+    """`threadline <role>`: run one role (or `run`: all of them, supervised) in this process."""
     parser = argparse.ArgumentParser(prog="threadline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("role", choices=sorted(ROLES))
-    parser.add_argument("--log-level", default=os.environ.get("THREADLINE_LOG_LEVEL", "INFO"))
+    log_level_option(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s")
-    Path("var").mkdir(exist_ok=True)
-    return ROLES[args.role](Settings.from_env())
+    return ROLES[args.role](start_role(args.log_level))
 
 
 if __name__ == "__main__":

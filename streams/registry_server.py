@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from streams.broker import _die_with_parent, free_port
+from streams.devbroker import _die_with_parent, free_port
 
 __all__ = ["APICURIO_VERSION", "EmbeddedRegistry", "RegistryServerError", "ensure_registry"]
 

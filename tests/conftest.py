@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,39 +18,13 @@ from hypothesis import core as hypothesis_core
 from hypothesis import settings as hsettings
 
 from streams.config import Settings
-
-
-def _docker_answers() -> bool:
-    if os.environ.get("THREADLINE_NO_DOCKER"):
-        return False
-    try:
-        import docker  # type: ignore[import-untyped]
-
-        docker.from_env(timeout=2).ping()
-        return True
-    except Exception:
-        return False
+from streams.testing.stack import broker_bootstrap, fresh_env
 
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
-        return
-    if _docker_answers():
-        from testcontainers.kafka import KafkaContainer  # type: ignore[import-untyped]
-
-        with KafkaContainer("apache/kafka:3.9.1").with_kraft() as kafka:
-            yield kafka.get_bootstrap_server()
-        return
-    from streams.broker import EmbeddedKafka
-
-    broker = EmbeddedKafka(tmp_path_factory.mktemp("broker"), port=0)
-    broker.start()
-    try:
-        yield broker.bootstrap
-    finally:
-        broker.stop()
+    with broker_bootstrap(tmp_path_factory.mktemp("broker"), docker=True) as bootstrap:
+        yield bootstrap
 
 
 @pytest.fixture(scope="session")
@@ -74,13 +47,7 @@ SettingsFactory = Callable[..., Settings]
 def test_env(kafka_bootstrap: str, tmp_path: Path) -> dict[str, str]:
     """Environment of this test's Threadline processes: the session broker, a
     fresh topic prefix and data folder, and short timeouts."""
-    return {
-        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "THREADLINE_TOPIC_PREFIX": f"t{uuid.uuid4().hex[:10]}.",
-        "THREADLINE_PARTITIONS": "4",
-        "THREADLINE_DATA_DIR": str(tmp_path / "data"),
-        "THREADLINE_SESSION_TIMEOUT_S": "6",
-    }
+    return fresh_env(kafka_bootstrap, tmp_path)
 
 
 @pytest.fixture

@@ -1,16 +1,11 @@
-"""Helpers for tests against the real broker: role processes, producers, readers."""
+"""Helpers for tests against the real broker: producers and readers of the topics
+(role processes are `streams.testing.process`)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -22,60 +17,6 @@ from streams.wire import Codec, new_meta
 CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 T = TypeVar("T")
-ROOT = Path(__file__).resolve().parent.parent
-
-
-class RoleProcess:
-    """One `threadline <role>` process, killable like a crash would kill it."""
-
-    def __init__(self, role: str, env: dict[str, str], log: Path) -> None:
-        self.role, self.env, self.log = role, env, log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> RoleProcess:
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        out = open(self.log, "ab")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streams.cli", self.role],
-            env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"},
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )
-        out.close()
-        return self
-
-    def kill9(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def stop(self, timeout: float = 20) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def tail(self, n: int = 40) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        except FileNotFoundError:
-            return ""
-
-
-@contextmanager
-def role_processes(*procs: RoleProcess) -> Iterator[tuple[RoleProcess, ...]]:
-    try:
-        for p in procs:
-            p.start()
-        yield procs
-    finally:
-        for p in procs:
-            p.stop()
 
 
 def command_producer(settings: Settings) -> Producer:
@@ -142,26 +83,17 @@ def read_topic(
     try:
         while time.monotonic() < deadline:
             for msg in consumer.consume(500, timeout=0.2):
-                if msg.error():
-                    if msg.error().code() != KafkaError._PARTITION_EOF:
-                        raise RuntimeError(msg.error())
+                error = msg.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(error)
                     continue
-                records.append(decode(msg.value()))
+                records.append(decode(msg.value() or b""))
             if until(records):
                 return records
         return records
     finally:
         consumer.close()
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def keys_to_end(settings: Settings, topic: str) -> list[bytes]:

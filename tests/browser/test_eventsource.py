@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from streams.broker import free_port
 from streams.config import Settings
+from streams.devbroker import free_port
 from streams.kafka.topics import ensure_topics
-from tests.kafka_helpers import RoleProcess, wait_for
+from streams.testing.process import RoleProcess, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -110,6 +110,6 @@ def test_a_browser_eventsource_sees_every_run_whole_across_gateway_restarts(
 def _healthy(base: str) -> bool:
     try:
         with urllib.request.urlopen(base + "/healthz", timeout=5) as response:
-            return response.status == 200
+            return bool(response.status == 200)
     except Exception:
         return False

@@ -17,17 +17,19 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from streams.broker import free_port
 from streams.config import Settings
 from streams.connectors.ids import message_id_for
 from streams.connectors.outbox import ANSWER, ChatOutbox
 from streams.connectors.topics import ensure_connector_topics, outbox_topic
+from streams.devbroker import free_port
 from streams.domain import Event, RunAccepted, RunCompleted
 from streams.ids import outbox_id_for, run_id_for
+from streams.testing.process import RoleProcess, wait_for
+from streams.testing.stack import fresh_env
 from streams.wire import Codec
 from streams.wire.connector import decode_outbox
 from tests.connectors.chat_double import SIGNING_SECRET, TEAM, ChatDouble
-from tests.kafka_helpers import RoleProcess, read_topic, wait_for
+from tests.kafka_helpers import read_topic
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry
 
@@ -168,10 +170,7 @@ def running_stack(kafka_bootstrap: str, tmp: Path, *, double: ChatDouble | None 
                   **env: str) -> Iterator[Stack]:
     """The processor and a worker on a fresh prefix, the chat double, no connector yet."""
     double = (double or ChatDouble()).start()
-    base = {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-            "THREADLINE_TOPIC_PREFIX": f"t{uuid.uuid4().hex[:10]}.",
-            "THREADLINE_PARTITIONS": "4", "THREADLINE_DATA_DIR": str(tmp / "processor"),
-            "THREADLINE_SESSION_TIMEOUT_S": "6",
+    base = {**fresh_env(kafka_bootstrap, tmp), "THREADLINE_DATA_DIR": str(tmp / "processor"),
             "THREADLINE_SLACK_SIGNING_SECRET": SIGNING_SECRET,
             "THREADLINE_SLACK_BOT_TOKEN": BOT_TOKEN, "THREADLINE_SLACK_API_URL": double.api_url,
             **FAST, **env}

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from streams.broker import free_port
 from streams.config import Settings
 from streams.connectors.calls import Done, Found, NotFound, NotSent, Refused, Retry
 from streams.connectors.config import ConnectorConfig
@@ -29,6 +28,7 @@ from streams.connectors.outbox import (
 from streams.connectors.slack_api import SlackApi
 from streams.connectors.stats import ConnectorStats
 from streams.connectors.webhook import WebhookSink, sign, verify
+from streams.devbroker import free_port
 from streams.domain import AssistantMessage, RunAccepted, RunCompleted
 from streams.ids import outbox_id_for
 from tests.connectors.chat_double import ChatDouble

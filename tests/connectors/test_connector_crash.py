@@ -17,6 +17,7 @@ import pytest
 
 from streams.connectors.outbox import ANSWER, OutboxStatus
 from streams.ids import outbox_id_for
+from streams.testing.process import RoleProcess
 from tests.connectors.chat_double import ChatDouble
 from tests.connectors.stack import (
     Stack,
@@ -27,7 +28,6 @@ from tests.connectors.stack import (
     unique_channel,
     wait_until,
 )
-from tests.kafka_helpers import RoleProcess
 
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
 

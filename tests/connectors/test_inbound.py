@@ -13,7 +13,6 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from confluent_kafka import Consumer, TopicPartition
 
-from streams.broker import free_port
 from streams.config import Settings
 from streams.connectors.audit import AuditKind
 from streams.connectors.config import ConnectorConfig
@@ -22,6 +21,7 @@ from streams.connectors.inbound import create_inbound_app
 from streams.connectors.slack_events import sign, turn_of, verify
 from streams.connectors.stats import ConnectorStats
 from streams.connectors.topics import audit_topic, ensure_connector_topics
+from streams.devbroker import free_port
 from streams.domain import CreateThread, PostUserMessage
 from streams.wire import Codec
 from streams.wire.connector import decode_audit

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +17,8 @@ from aiohttp.test_utils import TestServer
 
 from gateway.app import Options, create_app
 from streams.config import Settings
-from streams.kafka.topics import ensure_topics
-from tests.kafka_helpers import RoleProcess
+from streams.testing.process import RoleProcess
+from streams.testing.stack import fresh_env, start_roles, unique_prefix, wait_healthy_async
 
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
 AUTH_A = {"Authorization": "Bearer key-a"}
@@ -28,18 +26,10 @@ AUTH_B = {"Authorization": "Bearer key-b"}
 
 
 def gateway_env(bootstrap: str, folder: Path) -> dict[str, str]:
-    return {
-        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-        "THREADLINE_TOPIC_PREFIX": f"g{uuid.uuid4().hex[:10]}.",
-        "THREADLINE_PARTITIONS": "4",
-        "THREADLINE_DATA_DIR": str(folder / "data"),
-        "THREADLINE_SESSION_TIMEOUT_S": "6",
-        "THREADLINE_API_KEYS": ",".join(f"{k}={t}" for k, t in KEYS.items()),
-        "THREADLINE_AGENT_TOKENS_PER_S": "150",
-        "THREADLINE_AGENT_SLOW_TOKENS_PER_S": "25",
-        "THREADLINE_AGENT_WORDS": "12",
-        "THREADLINE_DECISION_TIMEOUT_S": "10",
-    }
+    return fresh_env(bootstrap, folder, prefix=unique_prefix("g"),
+                     THREADLINE_API_KEYS=",".join(f"{k}={t}" for k, t in KEYS.items()),
+                     THREADLINE_AGENT_TOKENS_PER_S="150", THREADLINE_AGENT_SLOW_TOKENS_PER_S="25",
+                     THREADLINE_AGENT_WORDS="12", THREADLINE_DECISION_TIMEOUT_S="10")
 
 
 @dataclass
@@ -79,34 +69,17 @@ class Stack:
         return f"--- processor\n{self.processor.tail()}\n--- worker\n{self.worker.tail()}"
 
 
-async def wait_healthy(session: aiohttp.ClientSession, url: str, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    body: Any = None
-    while time.monotonic() < deadline:
-        try:
-            async with session.get(url) as response:
-                body = await response.json()
-                if response.status == 200:
-                    return
-        except aiohttp.ClientError as exc:
-            body = str(exc)
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"gateway not healthy in {timeout}s: {body}")
-
-
 @contextlib.asynccontextmanager
 async def running_stack(env: dict[str, str], folder: Path) -> AsyncIterator[Stack]:
     """Processor and worker processes with `env`, and the gateway in-process, healthy."""
     settings = Settings.from_env(env)
-    await asyncio.to_thread(ensure_topics, settings)
-    processor = RoleProcess("processor", env, folder / "processor.log").start()
-    worker = RoleProcess("worker", env, folder / "worker.log").start()
+    processor, worker = await asyncio.to_thread(start_roles, env, folder, ("processor", "worker"))
     server = TestServer(create_app(settings, Options(keepalive_s=1.0)), host="127.0.0.1",
                         handler_cancellation=True)  # as run_gateway serves it
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
     try:
         await server.start_server()
-        await wait_healthy(session, str(server.make_url("/healthz")))
+        await wait_healthy_async(session, str(server.make_url("/healthz")))
         yield Stack(env, settings, folder, server, session, processor, worker)
     finally:
         await session.close()

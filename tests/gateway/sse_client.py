@@ -1,78 +1,11 @@
-"""A small SSE client for tests: parses frames as a browser's EventSource would."""
+"""Resume checks for the gateway tests, over the testing kit's SSE client."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Any
-
 import aiohttp
 
-
-@dataclass(frozen=True, slots=True)
-class Ev:
-    id: str | None
-    event: str
-    data: str
-
-    @property
-    def json(self) -> Any:
-        return json.loads(self.data)
-
-
-async def iter_sse(response: aiohttp.ClientResponse) -> AsyncIterator[Ev]:
-    event_id: str | None = None
-    data: list[str] = []
-    name, has_data = "message", False
-    while True:
-        raw = await response.content.readline()
-        if not raw:
-            return
-        line = raw.decode().rstrip("\r\n")
-        if not line:
-            if has_data:
-                yield Ev(event_id, name, "\n".join(data))
-            event_id, name, data, has_data = None, "message", [], False
-            continue
-        if line.startswith(":"):
-            continue
-        field, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if field == "id":
-            event_id = value
-        elif field == "event":
-            name = value
-        elif field == "data":
-            data.append(value)
-            has_data = True
-
-
-def until_done(events: list[Ev]) -> bool:
-    return bool(events) and events[-1].event == "done"
-
-
-async def read_sse(session: aiohttp.ClientSession, url: str, *,
-                   headers: dict[str, str] | None = None,
-                   until: Callable[[list[Ev]], bool] = until_done, limit: int | None = None,
-                   timeout: float = 30.0, opened: asyncio.Event | None = None) -> list[Ev]:
-    """Events until `until(events)` holds, `limit` events, or the server closes."""
-    events: list[Ev] = []
-
-    async def read() -> None:
-        async with session.get(url, headers=headers) as response:
-            assert response.status == 200, await response.text()
-            assert response.headers["Content-Type"].startswith("text/event-stream")
-            if opened is not None:
-                opened.set()
-            async for event in iter_sse(response):
-                events.append(event)
-                if (limit is not None and len(events) >= limit) or until(events):
-                    return
-
-    await asyncio.wait_for(read(), timeout)
-    return events
+from streams.testing.sse import SseEvent as Ev
+from streams.testing.sse import read_sse
 
 
 def _never(_: list[Ev]) -> bool:

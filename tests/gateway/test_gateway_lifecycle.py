@@ -9,8 +9,9 @@ import pytest
 from gateway.kafka import partition_for
 from gateway.keys import FEED
 from streams.agents.builtin import reply_for
+from streams.testing.sse import SseEvent as Ev
+from streams.testing.sse import read_sse
 from tests.gateway.conftest import AUTH_A, Stack
-from tests.gateway.sse_client import Ev, read_sse
 
 pytestmark = pytest.mark.kafka
 

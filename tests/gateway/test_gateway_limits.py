@@ -16,8 +16,8 @@ from aiohttp.test_utils import TestServer
 
 from gateway.app import Options, create_app
 from streams.config import Settings
+from streams.testing.sse import read_sse
 from tests.gateway.conftest import KEYS, Stack
-from tests.gateway.sse_client import read_sse
 
 pytestmark = pytest.mark.kafka
 

@@ -25,9 +25,9 @@ from streams.domain import RunStatus, StoredMessage, ThreadState
 from streams.history import message_key, parse_message_key
 from streams.kafka.topics import ensure_topics
 from streams.records import MessageRecord
+from streams.testing.sse import read_sse
 from streams.wire import Codec, new_meta
 from tests.gateway.conftest import AUTH_A, AUTH_B, Stack, gateway_env
-from tests.gateway.sse_client import read_sse
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry
 
@@ -238,7 +238,7 @@ async def test_the_tenants_threads_list_newest_first_and_page(stack: Stack) -> N
 async def test_deleting_a_thread_cancels_its_run_ends_its_streams_and_erases_it(
         stack: Stack) -> None:
     """Deleting a thread cancels its run, ends its streams, and erases it and its messages."""
-    model = stack.server.app[READ_MODEL]  # type: ignore[index]
+    model = stack.server.app[READ_MODEL]
     thread_id = await stack.create_thread(title="to delete")
     status, first = await stack.post(thread_id, "remember this")
     assert status == 202
@@ -333,7 +333,7 @@ def _latest_values(settings: Settings, topic: str, thread_id: str) -> dict[int, 
                 latest[-1] = msg.value()
                 continue
             try:
-                owner, seq = parse_message_key(msg.key())
+                owner, seq = parse_message_key(msg.key() or b"")
             except ValueError:
                 continue
             if owner == thread_id:

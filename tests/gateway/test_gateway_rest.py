@@ -15,8 +15,8 @@ from gateway.app import Options, create_app, max_body_bytes
 from gateway.keys import FEED
 from gateway.openapi import SPEC
 from streams.config import Settings
+from streams.testing.sse import read_sse
 from tests.gateway.conftest import AUTH_A, AUTH_B, KEYS, Stack, gateway_env
-from tests.gateway.sse_client import read_sse
 
 pytestmark = pytest.mark.kafka
 

@@ -15,10 +15,13 @@ from aiohttp.test_utils import TestServer
 
 from gateway.app import Options, create_app
 from gateway.keys import FEED
-from streams.broker import free_port
-from tests.gateway.conftest import AUTH_A, Stack, wait_healthy
-from tests.gateway.sse_client import Ev, check_every_resume, read_sse
-from tests.kafka_helpers import RoleProcess
+from streams.devbroker import free_port
+from streams.testing.process import RoleProcess
+from streams.testing.sse import SseEvent as Ev
+from streams.testing.sse import read_sse
+from streams.testing.stack import wait_healthy_async as wait_healthy
+from tests.gateway.conftest import AUTH_A, Stack
+from tests.gateway.sse_client import check_every_resume
 
 pytestmark = pytest.mark.kafka
 

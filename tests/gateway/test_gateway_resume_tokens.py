@@ -14,8 +14,9 @@ from aiohttp.test_utils import TestServer
 from gateway.app import Options, create_app
 from gateway.kafka import partition_for
 from streams.config import Settings
+from streams.testing.sse import SseEvent as Ev
+from streams.testing.sse import read_sse
 from tests.gateway.conftest import AUTH_A, Stack
-from tests.gateway.sse_client import Ev, read_sse
 
 pytestmark = pytest.mark.kafka
 

@@ -40,9 +40,11 @@ from streams.records import (
     StreamOutput,
     TextDelta,
 )
+from streams.testing.sse import SseEvent as Ev
+from streams.testing.sse import read_sse
 from streams.wire import Codec, new_meta
 from tests.gateway.conftest import AUTH_A, Stack, gateway_env
-from tests.gateway.sse_client import Ev, check_every_resume, read_sse
+from tests.gateway.sse_client import check_every_resume
 from tests.kafka_helpers import read_topic
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry

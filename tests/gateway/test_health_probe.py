@@ -13,8 +13,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from gateway.health import HealthProbe
-from streams.broker import EmbeddedKafka
 from streams.config import Settings
+from streams.devbroker import EmbeddedKafka
 from streams.kafka.topics import ensure_topics
 
 pytestmark = pytest.mark.kafka

@@ -23,9 +23,9 @@ from streams.domain import RunStatus, StoredMessage, ThreadState
 from streams.history import message_key
 from streams.kafka.topics import ensure_topics
 from streams.records import MessageRecord
+from streams.testing.process import RoleProcess
 from streams.wire import Codec, new_meta
 from tests.gateway.conftest import AUTH_A, gateway_env
-from tests.kafka_helpers import RoleProcess
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry
 
@@ -124,7 +124,7 @@ async def test_a_cold_gateway_serves_livez_at_once_and_v1_once_its_read_model_lo
         kafka_bootstrap: str, tmp_path: Path) -> None:
     """A cold start reads every thread and message first: meanwhile the process is
     alive to a liveness probe, and /v1 says 503 with Retry-After, never a wrong 404."""
-    from streams.broker import free_port
+    from streams.devbroker import free_port
 
     env = {**gateway_env(kafka_bootstrap, tmp_path), "THREADLINE_HTTP_PORT": str(free_port())}
     settings = Settings.from_env(env)

@@ -25,8 +25,8 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from gateway.keys import CODEC
 from streams.config import Settings
+from streams.testing.sse import read_sse
 from tests.gateway.conftest import AUTH_A, Stack, gateway_env, running_stack
-from tests.gateway.sse_client import read_sse
 
 pytestmark = pytest.mark.kafka
 
@@ -86,9 +86,9 @@ def _read_all(settings: Settings, topic: str) -> list[bytes]:
                 error = msg.error()
                 if error is not None:
                     assert error.code() == KafkaError._PARTITION_EOF, error
-                    at_end.add(msg.partition())
-                elif msg.value() is not None:
-                    values.append(msg.value())
+                    at_end.add(msg.partition() or 0)
+                elif (value := msg.value()) is not None:
+                    values.append(value)
         assert len(at_end) == len(partitions), f"{topic}: not read to its end"
         return values
     finally:

@@ -150,6 +150,7 @@ def _apache(parsed: Any) -> avro.schema.Schema:
 def _check_full(old: Path, new: Path) -> None:
     old_schema, new_schema = load_schema(str(old)), load_schema(str(new))
     _check_reads(old_schema, new_schema)  # new code reads old data
+    assert isinstance(old_schema, dict) and isinstance(new_schema, dict)  # a named record each
     old_names = frozenset(old_schema.get("__named_schemas", {}))
     new_names = frozenset(new_schema.get("__named_schemas", {}))
     added = new_names - old_names

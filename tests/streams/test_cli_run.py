@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from streams.broker import EmbeddedKafka, free_port
 from streams.cli import _BrokerChild, dev_keys_refusal, is_loopback_host
 from streams.config import Settings
+from streams.devbroker import EmbeddedKafka, free_port
 from streams.supervisor import Backoff, Supervisor
-from tests.kafka_helpers import wait_for
+from streams.testing.process import wait_for
 
 DEV = {"Authorization": "Bearer dev"}
 
@@ -91,6 +91,8 @@ def _children(pid: int) -> dict[str, int]:
             argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
             if b"streams.cli" in argv:
                 found[argv[argv.index(b"streams.cli") + 1].decode()] = int(child)
+            elif argv[1:3] == [b"-m", b"gateway"]:  # the gateway role runs by module name
+                found["gateway"] = int(child)
     return found
 
 
@@ -169,7 +171,7 @@ def test_the_embedded_broker_killed_under_run_is_started_again(tmp_path: Path) -
     runner = threading.Thread(target=supervisor.run)
     runner.start()
     try:
-        first = wait_for(lambda: broker.process and broker.process.pid)
+        first = wait_for(lambda: broker.process.pid if broker.process else 0)
         os.kill(first, signal.SIGKILL)
         wait_for(lambda: supervisor.restarts == 1, timeout=60)
         assert broker.process is not None and broker.process.pid != first

@@ -32,10 +32,10 @@ from streams.history import parse_message_key
 from streams.ids import run_id_for
 from streams.kafka.topics import ensure_topics
 from streams.records import MessageRecord
+from streams.testing.process import RoleProcess
 from streams.thread import OUTPUT_TOO_LARGE
 from streams.wire import Codec
 from tests.kafka_helpers import (
-    RoleProcess,
     command_producer,
     flush_all,
     keys_to_end,
@@ -113,8 +113,9 @@ def _read_keyed(settings: Settings, topic: str, until: object) -> list[tuple[byt
     try:
         while time.monotonic() < deadline:
             for msg in consumer.consume(1000, timeout=0.2):
-                if msg.error():
-                    assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
+                error = msg.error()
+                if error is not None:
+                    assert error.code() == KafkaError._PARTITION_EOF, error
                     continue
                 got.append((msg.key() or b"", msg.value()))
             if until(got):  # type: ignore[operator]
@@ -174,7 +175,7 @@ def test_two_thousand_turns_keep_the_state_bounded_and_the_history_whole(
                         timeout=120)
     rejected = [e for e in events if getattr(e, "message_id", None) == "m-3"
                 and type(e).__name__ == "RunRejected"]
-    assert [e.reason.value for e in rejected] == ["duplicate"]  # type: ignore[attr-defined]
+    assert [e.reason.value for e in rejected] == ["duplicate"]  # type: ignore[union-attr]
     # The newest dispatches carry a bounded context, however long the thread.
     dispatches = read_topic(settings, settings.topics.dispatch, CODEC.decode_dispatch,
                             until=lambda r: len(r) >= turns + 1, timeout=120)

@@ -34,9 +34,9 @@ from streams.ids import answer_message_id_for, run_id_for
 from streams.kafka.topics import ensure_topics
 from streams.migration import migrated
 from streams.records import MessageRecord
+from streams.testing.process import RoleProcess
 from streams.wire import SCHEMA_DIR, Codec, schema_fingerprint
 from tests.kafka_helpers import (
-    RoleProcess,
     command_producer,
     flush_all,
     keys_to_end,
@@ -61,7 +61,7 @@ def test_migrated_splits_the_history_and_bounds_the_state() -> None:
             "r2": RunRecord("r2", "m2", RunStatus.RUNNING, 2)}
     old = ThreadState("t", "acme", "title", 1,
                       active_run=ActiveRun("r2", "m2", 2, RunStatus.RUNNING, 5, 6, None),
-                      idempotency={"k": IdempotencyRecord("m1", "r1", "fp")})  # type: ignore[arg-type]
+                      idempotency={"k": IdempotencyRecord("m1", "r1", "fp")})
     state, records = migrated(old, messages, runs, now_ms=99)
     assert records == [MessageRecord(0, messages[0], RunStatus.COMPLETED, 1),
                        MessageRecord(1, messages[1]),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,10 +31,10 @@ from streams.domain import (
 )
 from streams.ids import run_id_for
 from streams.kafka.topics import ensure_topics
+from streams.testing.process import RoleProcess
 from streams.wire import Codec, new_meta
 from tests.conftest import SettingsFactory
 from tests.kafka_helpers import (
-    RoleProcess,
     command_producer,
     marked,
     read_topic,
@@ -61,7 +62,7 @@ def _count(kind: type, records: list[object]) -> int:
 
 
 @pytest.fixture
-def processor(test_env: dict[str, str], tmp_path: Path) -> RoleProcess:
+def processor(test_env: dict[str, str], tmp_path: Path) -> Iterator[RoleProcess]:
     """A processor role process on the test topics."""
     settings = Settings.from_env(test_env)
     ensure_topics(settings)

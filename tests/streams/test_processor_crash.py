@@ -34,8 +34,9 @@ from streams.domain import (
 )
 from streams.ids import run_id_for
 from streams.kafka.topics import ensure_topics
+from streams.testing.process import RoleProcess
 from streams.wire import Codec, EnvelopeMeta, new_meta
-from tests.kafka_helpers import RoleProcess, command_producer, flush_all, read_topic, send_command
+from tests.kafka_helpers import command_producer, flush_all, read_topic, send_command
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry
 

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streams.supervisor import Backoff, ProcessChild, Supervisor, describe_exit
-from tests.kafka_helpers import wait_for
+from streams.testing.process import wait_for
 
 
 def test_the_backoff_doubles_from_half_a_second_to_thirty() -> None:
@@ -140,7 +140,7 @@ def test_a_real_process_killed_with_sigkill_is_started_again(caplog: pytest.LogC
     runner = threading.Thread(target=supervisor.run)
     runner.start()
     try:
-        first = wait_for(lambda: child.process and child.process.pid)
+        first = wait_for(lambda: child.process.pid if child.process else 0)
         os.kill(first, signal.SIGKILL)
         wait_for(lambda: supervisor.restarts == 1)
         assert child.process is not None and child.process.pid != first

@@ -974,6 +974,7 @@ class ThreadMachine(RuleBasedStateMachine):
         if not self.healthy:
             return  # a step already failed; let its error be the one reported
         # Determinism: the command log replays to the same events and state.
+        replayed: list[Event]
         state, replayed = initial_state(), []
         for command in self.commands:
             events = self.decide_fn(state, command, self.policy, known_for(replayed, command))

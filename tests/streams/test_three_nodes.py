@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from streams.broker import EmbeddedCluster
 from streams.config import Settings
+from streams.devbroker import EmbeddedCluster
 from streams.kafka.topics import ensure_topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos]

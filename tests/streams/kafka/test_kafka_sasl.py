@@ -27,11 +27,11 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # exported, n
 )
 
 from gateway.app import create_app
-from streams.broker import EmbeddedKafka
 from streams.config import Settings
+from streams.devbroker import EmbeddedKafka
 from streams.kafka.clients import aiokafka_config, librdkafka_config
 from streams.kafka.topics import ensure_topics
-from tests.kafka_helpers import ROOT, RoleProcess, wait_for
+from streams.testing.process import ROOT, RoleProcess, wait_for
 
 pytestmark = pytest.mark.kafka
 

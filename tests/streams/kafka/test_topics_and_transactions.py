@@ -6,7 +6,11 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # exported, not in its __all__
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+)
 
 from streams.config import Settings
 from streams.kafka.topics import TopicMismatch, ensure_topics
@@ -29,7 +33,7 @@ def _read_all(bootstrap: str, topic: str, isolation: str, expect_at_least: int =
             idle += 1
             continue
         if not msg.error():
-            values.append(msg.value())
+            values.append(msg.value() or b"")
     consumer.close()
     return values
 

@@ -263,6 +263,9 @@ def _write_v1_state(record: dict[str, Any]) -> bytes:
 def test_records_written_with_earlier_schema_versions_still_read() -> None:
     """Commands and events on the topics from release 0.1 (before DeleteThread and
     ThreadDeleted joined the unions) decode with this build."""
+    encode: Callable[..., bytes]
+    decode: Callable[[bytes], tuple[EnvelopeMeta, Any]]
+    example: Any  # a command for the one, an event for the other
     for name, encode, decode, example in (
         ("CommandEnvelope", CODEC.encode_command, CODEC.decode_command, COMMANDS[1]),
         ("EventEnvelope", CODEC.encode_event, CODEC.decode_event, EVENTS[1]),
@@ -586,7 +589,7 @@ def test_apache_avro_reads_every_record_with_only_the_schema_files(
     for dead_letter in DEAD_LETTERS:
         got = _apache_read(apache, "threadline.DeadLetter", CODEC.encode_dead_letter(dead_letter))
         assert got == _plain(dead_letter)
-    legacy = {"messages": [], "runs": {}, "run_by_message": {}}
+    legacy: dict[str, Any] = {"messages": [], "runs": {}, "run_by_message": {}}
     for state in STATES:
         got = _apache_read(apache, "threadline.ThreadState", CODEC.encode_state(state))
         assert got == _plain(state) | legacy
@@ -751,7 +754,7 @@ def test_the_registry_serves_our_schema_under_the_records_id(
     data = Codec(ConfluentRegistry(schema_registry_url), topics).encode_event(EVENTS[0], META)
     registered = _registry_client(schema_registry_url).get_schema(int.from_bytes(data[1:5], "big"))
     assert registered.schema_type in (None, "AVRO")
-    writer = fastavro.parse_schema(json.loads(registered.schema_str))
+    writer = fastavro.parse_schema(json.loads(registered.schema_str or ""))
     record = fastavro.schemaless_reader(io.BytesIO(data[5:]), writer, None)
     assert isinstance(record, dict) and record["envelope_id"] == META.envelope_id
 

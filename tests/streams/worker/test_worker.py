@@ -51,16 +51,15 @@ from streams.records import (
     TextDelta,
     TextEnd,
 )
+from streams.testing.process import RoleProcess, wait_for
 from streams.wire import Codec, EnvelopeMeta, new_meta
 from streams.worker import SHUTDOWN_ERROR, Worker
 from tests.kafka_helpers import (
-    RoleProcess,
     command_producer,
     marked,
     read_topic,
     send_command,
     send_marker,
-    wait_for,
 )
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry
@@ -621,9 +620,9 @@ def test_a_run_streams_every_part_in_order_and_stores_the_streamed_text(stack: S
 
     read_topic(settings, settings.topics.threads, CODEC.decode_state, until=lambda s: any(
         x.thread_id == thread and x.active_run is None and x.message_count == 2 for x in s))
-    records = read_topic(settings, settings.topics.messages, CODEC.decode_message, until=lambda r: sum(
+    stored = read_topic(settings, settings.topics.messages, CODEC.decode_message, until=lambda r: sum(
         m.thread_id == thread for m, _ in r) >= 3)  # question, answer, question rewritten
-    history = {r.seq: r.message for m, r in records if m.thread_id == thread}
+    history = {r.seq: r.message for m, r in stored if m.thread_id == thread}
     assert [(history[i].role, history[i].text) for i in sorted(history)] == [
         ("user", "hello worker"), ("assistant", text)]
 

@@ -1,4 +1,6 @@
-"""The embedded broker: real Apache Kafka 3.9 (KRaft) fetched from Maven Central.
+"""The embedded broker, development and test infrastructure (not the runtime): real
+Apache Kafka 3.9 (KRaft) fetched from Maven Central, for `threadline run`/`broker`,
+the tests, the chaos program and the benchmarks.
 
 No Docker: `ensure_jars` runs Maven once to copy `kafka_2.13` and a logging
 binding into a cache outside git; `EmbeddedKafka` formats storage with

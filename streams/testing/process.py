@@ -1,0 +1,157 @@
+"""A Threadline role (or any Python module) as a child process, for tests, the chaos
+program, the benchmarks and users testing their own agents: start it, wait for a line
+in its log, kill it with SIGKILL as a crash would, restart it, stop it."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+from streams.devbroker import _die_with_parent
+
+__all__ = ["ROOT", "ChildProcess", "RoleProcess", "role_args", "wait_for"]
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+T = TypeVar("T")
+
+
+def role_args(role: str) -> list[str]:
+    """The interpreter arguments that run `role`: the gateway by its module name, the
+    others as `streams.cli <role>` (what `threadline <role>` runs)."""
+    return ["-m", "gateway"] if role == "gateway" else ["-m", "streams.cli", role]
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.1) -> T:
+    """Poll `predicate` until it returns something true, and return that; fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+class ChildProcess:
+    """`python <args>` as a child with its output in a log file, killable like a crash
+    would kill it and restartable with the same arguments and environment."""
+
+    def __init__(self, name: str, args: list[str], env: Mapping[str, str], log: Path, *,
+                 cwd: Path | str | None = None, nofile: int | None = None,
+                 die_with_parent: bool = False) -> None:
+        self.name, self.args, self.env, self.log = name, args, dict(env), log
+        self.cwd = cwd if cwd is not None else ROOT
+        self.nofile, self.die_with_parent = nofile, die_with_parent
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self._log_offset = 0  # where this start's output begins in the log
+
+    def _preexec(self) -> None:
+        if self.nofile:
+            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(self.nofile, hard), hard))
+        if self.die_with_parent:
+            _die_with_parent()  # a killed launcher leaves no orphans
+
+    def start(self) -> Self:
+        """Start the process (again); its output is appended to the log."""
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self._log_offset = self.log.stat().st_size if self.log.exists() else 0
+        with open(self.log, "ab") as out:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, *self.args], env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"},
+                cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=self._preexec if self.nofile or self.die_with_parent else None)
+        self.starts += 1
+        return self
+
+    @property
+    def pid(self) -> int:
+        """The process id of the current start."""
+        assert self.proc is not None, f"{self.name} was never started"
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        """True while the current start runs."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def exited(self) -> int | None:
+        """The exit status if the process ended, else None."""
+        return None if self.proc is None else self.proc.poll()
+
+    def kill9(self) -> None:
+        """SIGKILL, as a crash or an OOM kill would end it, and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def restart(self) -> Self:
+        """SIGKILL the process if it runs, then start it again."""
+        self.kill9()
+        return self.start()
+
+    def stop(self, timeout: float = 20) -> None:
+        """SIGTERM, then SIGKILL if it has not ended within `timeout` seconds."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def wait(self, timeout: float) -> int:
+        """The exit status once the process ends; killed and an error after `timeout`."""
+        assert self.proc is not None, f"{self.name} was never started"
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError(f"{self.name} did not finish in {timeout}s:\n{self.tail()}") from None
+
+    def output(self) -> str:
+        """What the current start has written to the log so far."""
+        try:
+            with open(self.log, "rb") as log:
+                log.seek(self._log_offset)
+                return log.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait_for_log(self, marker: str, timeout: float = 60.0) -> None:
+        """Wait until the current start writes `marker`; fail at once if it exits first."""
+        deadline = time.monotonic() + timeout
+        while marker not in self.output():
+            if self.exited() is not None:
+                if marker in self.output():  # written just before it ended
+                    return
+                raise AssertionError(f"{self.name} exited ({self.exited()}) before {marker!r}:\n"
+                                     f"{self.tail()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name}: no {marker!r} within {timeout}s:\n{self.tail()}")
+            time.sleep(0.05)
+
+    def tail(self, n: int = 40) -> str:
+        """The last `n` lines of the log."""
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except FileNotFoundError:
+            return ""
+
+
+class RoleProcess(ChildProcess):
+    """One Threadline role (`processor`, `worker`, `gateway`, `connector`, ...) as a process."""
+
+    def __init__(self, role: str, env: Mapping[str, str], log: Path, *, name: str | None = None,
+                 **options: Any) -> None:
+        super().__init__(name or role, role_args(role), env, log, **options)
+        self.role = role
+

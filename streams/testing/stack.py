@@ -1,0 +1,132 @@
+"""Starting a Threadline stack for a test, the chaos program or a benchmark: a Kafka
+broker, a fresh topic prefix, the topics, role processes, and a wait until the
+gateway says it is healthy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from streams.config import Settings
+from streams.devbroker import EmbeddedKafka
+from streams.kafka.topics import ensure_topics
+from streams.testing.process import RoleProcess
+
+__all__ = ["broker_bootstrap", "fresh_env", "running_roles", "start_roles", "unique_prefix",
+           "wait_healthy", "wait_healthy_async"]
+
+
+@contextmanager
+def broker_bootstrap(folder: Path, *, docker: bool = False, remove: bool = False) -> Iterator[str]:
+    """A broker's bootstrap address: `KAFKA_BOOTSTRAP_SERVERS` if set; else (with `docker`)
+    a testcontainers Kafka when a Docker engine answers; else the embedded broker with
+    its data in `folder` (removed afterwards with `remove`)."""
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+        return
+    if docker and _docker_answers():
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer("apache/kafka:3.9.1").with_kraft() as kafka:
+            yield kafka.get_bootstrap_server()
+        return
+    broker = EmbeddedKafka(folder, port=0)
+    broker.start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
+        if remove:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _docker_answers() -> bool:
+    if os.environ.get("THREADLINE_NO_DOCKER"):
+        return False
+    try:
+        import docker
+
+        docker.from_env(timeout=2).ping()
+        return True
+    except Exception:
+        return False
+
+
+def unique_prefix(letter: str, digits: int = 10) -> str:
+    """A topic prefix no other run uses: `letter`, random hex digits, a dot."""
+    return f"{letter}{uuid.uuid4().hex[:digits]}."
+
+
+def fresh_env(bootstrap: str, folder: Path, *, prefix: str | None = None, partitions: int = 4,
+              **extra: str) -> dict[str, str]:
+    """The environment of one stack: the broker, a fresh topic prefix, its data folder,
+    short timeouts; `extra` settings on top."""
+    return {
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "THREADLINE_TOPIC_PREFIX": prefix or unique_prefix("t"),
+        "THREADLINE_PARTITIONS": str(partitions),
+        "THREADLINE_DATA_DIR": str(folder / "data"),
+        "THREADLINE_SESSION_TIMEOUT_S": "6",
+        **extra,
+    }
+
+
+def start_roles(env: Mapping[str, str], folder: Path, roles: Iterable[str],
+                **options: Any) -> list[RoleProcess]:
+    """Create the topics of `env`, then start each role as a process logging to
+    `folder`/<role>.log."""
+    ensure_topics(Settings.from_env(env))
+    return [RoleProcess(role, env, folder / f"{role}.log", **options).start() for role in roles]
+
+
+@contextmanager
+def running_roles(env: Mapping[str, str], folder: Path, roles: Iterable[str],
+                  **options: Any) -> Iterator[list[RoleProcess]]:
+    """`start_roles`, and every role stopped (the last started first) on the way out."""
+    procs: list[RoleProcess] = []
+    try:
+        procs = start_roles(env, folder, roles, **options)
+        yield procs
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+def wait_healthy(url: str, timeout: float = 90) -> None:
+    """Wait until GET `url` (a gateway's /healthz) answers 200."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(urllib.error.URLError, OSError), \
+                urllib.request.urlopen(url, timeout=5) as response:
+            if response.status == 200:
+                return
+        time.sleep(0.3)
+    raise AssertionError(f"{url} not healthy in {timeout}s")
+
+
+async def wait_healthy_async(session: aiohttp.ClientSession, url: str, timeout: float = 90) -> None:
+    """Wait until GET `url` (a gateway's /healthz) answers 200, without blocking the loop."""
+    deadline = time.monotonic() + timeout
+    body: Any = None
+    while time.monotonic() < deadline:
+        try:
+            async with session.get(url) as response:
+                body = await response.json()
+                if response.status == 200:
+                    return
+        except aiohttp.ClientError as exc:
+            body = str(exc)
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"gateway not healthy in {timeout}s: {body}")

@@ -1,0 +1,50 @@
+"""The testing kit itself: the process wrapper's marker waits, SIGKILL and restart,
+and the SSE parser's reading of frames."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from streams.testing.process import ChildProcess, role_args
+from streams.testing.sse import SseEvent, SseParser
+
+SLEEPER = ["-c", "import os, time; print('ready', os.getpid(), flush=True); time.sleep(600)"]
+
+
+def test_a_child_is_waited_for_by_marker_killed_and_restarted(tmp_path: Path) -> None:
+    child = ChildProcess("sleeper", SLEEPER, {}, tmp_path / "sleeper.log").start()
+    try:
+        child.wait_for_log("ready")
+        first = child.pid
+        assert f"ready {first}" in child.output()
+        child.kill9()
+        assert child.exited() == -signal.SIGKILL
+        child.restart().wait_for_log(f"ready {child.pid}")  # this start's marker, not the last one's
+        assert child.pid != first and child.alive() and child.starts == 2
+        assert f"ready {first}" not in child.output()
+    finally:
+        child.stop()
+    assert not child.alive()
+
+
+def test_a_child_that_exits_before_its_marker_fails_the_wait_at_once(tmp_path: Path) -> None:
+    child = ChildProcess("quitter", ["-c", "print('bye')"], {}, tmp_path / "quitter.log").start()
+    with pytest.raises(AssertionError, match="exited"):
+        child.wait_for_log("ready", timeout=60)
+
+
+def test_roles_run_by_module_name() -> None:
+    assert role_args("gateway") == ["-m", "gateway"]
+    assert role_args("processor") == ["-m", "streams.cli", "processor"]
+
+
+def test_sse_frames_are_read_as_an_event_source_reads_them() -> None:
+    parser = SseParser()
+    lines = [b": keepalive\n", b"retry: 1000\n", b"\n", b"id: 7\n", b"event: delta\n",
+             b"data: {\"a\":\n", b"data: 1}\r\n", b"\n", b"data:plain\n", b"\n"]
+    events = [e for e in map(parser.feed, lines) if e is not None]
+    assert events == [SseEvent("7", "delta", "{\"a\":\n1}"), SseEvent(None, "message", "plain")]
+    assert events[0].json == {"a": 1}
