@@ -21,9 +21,11 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/threadline run
 
-# A private temp folder per run: pytest prunes old runs in the shared default
-# folder, which would delete a concurrent run's broker data.
-test: install
+# ruff (docstrings of public names included) and mypy --strict on the whole tree,
+# tests too, before a test runs: `make test` fails on either. A private temp folder
+# per run: pytest prunes old runs in the shared default folder, which would delete
+# a concurrent run's broker data.
+test: install lint
 	$(PY) -m pytest -q -p no:cacheprovider --basetemp="$$(mktemp -d /tmp/threadline-test-XXXXXX)" $(PYTEST_ARGS)
 
 # The chaos program at full size (docs/chaos.md): its own broker, every role killed

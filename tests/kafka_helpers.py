@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from streams.config import Settings
 from streams.domain import Command, Event, PostUserMessage, RunRejected
@@ -71,6 +71,15 @@ def read_topic(
     until: Callable[[list[T]], bool], timeout: float = 60.0, isolation: str = "read_committed",
 ) -> list[T]:
     """Read a whole topic from the start until `until(records)` holds, or time out."""
+    return read_messages(settings, topic, lambda msg: decode(msg.value() or b""), until=until,
+                         timeout=timeout, isolation=isolation)
+
+
+def read_messages(
+    settings: Settings, topic: str, decode: Callable[[Message], T], *,
+    until: Callable[[list[T]], bool], timeout: float = 60.0, isolation: str = "read_committed",
+) -> list[T]:
+    """`read_topic` with the whole consumed message (its partition and offset too) decoded."""
     consumer = Consumer({
         "bootstrap.servers": settings.bootstrap, "group.id": f"reader-{uuid.uuid4()}",
         "isolation.level": isolation, "enable.auto.commit": False,
@@ -88,7 +97,7 @@ def read_topic(
                     if error.code() != KafkaError._PARTITION_EOF:
                         raise RuntimeError(error)
                     continue
-                records.append(decode(msg.value() or b""))
+                records.append(decode(msg))
             if until(records):
                 return records
         return records

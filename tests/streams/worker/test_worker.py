@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from streams.agents import AgentCitations, AgentOutput, AgentStep, TextChunk
@@ -57,6 +57,7 @@ from streams.worker import SHUTDOWN_ERROR, Worker
 from tests.kafka_helpers import (
     command_producer,
     marked,
+    read_messages,
     read_topic,
     send_command,
     send_marker,
@@ -88,29 +89,12 @@ class Rec:
 
 def _read_stream(settings: Settings, until: Callable[[list[Rec]], bool],
                  timeout: float = 60) -> list[Rec]:
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"r-{uuid.uuid4()}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "log_level": 3})
-    topic = settings.topics.stream
-    md = consumer.list_topics(topic, timeout=10)
-    consumer.assign([TopicPartition(topic, p, 0) for p in md.topics[topic].partitions])
-    records: list[Rec] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            for msg in consumer.consume(500, timeout=0.2):
-                error = msg.error()
-                if error is not None:
-                    if error.code() != KafkaError._PARTITION_EOF:
-                        raise RuntimeError(error)
-                    continue
-                meta, out = CODEC.decode_stream(msg.value() or b"")
-                records.append(Rec(msg.partition() or 0, msg.offset() or 0, meta, out))
-            if until(records):
-                break
-        return records
-    finally:
-        consumer.close()
+    """The stream topic from the start, with positions, until `until(records)` holds."""
+    def rec(msg: Message) -> Rec:
+        meta, out = CODEC.decode_stream(msg.value() or b"")
+        return Rec(msg.partition() or 0, msg.offset() or 0, meta, out)
+
+    return read_messages(settings, settings.topics.stream, rec, until=until, timeout=timeout)
 
 
 def _output_of(records: Sequence[Rec], run_id: str) -> list[Rec]:
