@@ -124,6 +124,7 @@ class Settings:
     # TLS and SASL settings of every Kafka client, as librdkafka keys (streams/kafka/clients.py)
     kafka_security: Mapping[str, str] = field(default_factory=dict)
     worker_concurrency: int = 16  # attempts one worker process runs at once
+    migration_batch: int = 200  # legacy threads migrated per transaction, at most
 
     @property
     def topics(self) -> TopicNames:
@@ -196,4 +197,5 @@ class Settings:
             extra={k: v for k, v in env.items() if k.startswith("THREADLINE_AGENT_")},
             kafka_security=security_from_env(env),
             worker_concurrency=_int(env, "THREADLINE_WORKER_CONCURRENCY", 16),
+            migration_batch=max(1, _int(env, "THREADLINE_MIGRATION_BATCH", 200)),
         )

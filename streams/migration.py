@@ -5,7 +5,7 @@ Such a state (ThreadState as written by release 0.1) carries the whole history:
 partition's states right after restoring the partition and before it decides
 anything there: each stored message becomes its own messages-topic record
 (seq = its position), and the state is rewritten bounded. Both go out in Kafka
-transactions of at most `BATCH` threads, so a processor killed mid-migration leaves
+transactions of at most `Settings.migration_batch` threads, so a processor killed mid-migration leaves
 each thread either untouched or migrated whole; the next owner of the partition
 finds the rest still in the old form and carries on. Readers of the old form see
 it until then (the gateway keeps serving the thread from the old state's record).
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -33,12 +32,10 @@ from streams.wire import EnvelopeMeta
 if TYPE_CHECKING:
     from streams.processor import Processor
 
-__all__ = ["BATCH", "migrate_partition", "migrated"]
+__all__ = ["migrate_partition", "migrated"]
 
 log = logging.getLogger("threadline.migration")
 
-# Threads per transaction (THREADLINE_MIGRATION_BATCH): bounds a transaction's size.
-BATCH = int(os.environ.get("THREADLINE_MIGRATION_BATCH") or 200)
 
 
 def migrated(state: ThreadState, messages: tuple[StoredMessage, ...],
@@ -70,8 +67,10 @@ def migrate_partition(processor: Processor, partition: int, store: PartitionStor
         messages, runs = processor.codec.decode_legacy_history(raw)
         if messages or runs:
             legacy.append((key, raw, messages, runs))
-    for start in range(0, len(legacy), BATCH):
-        _migrate_batch(processor, partition, store, history, legacy[start:start + BATCH])
+    # THREADLINE_MIGRATION_BATCH threads a transaction: bounds a transaction's size.
+    batch = processor.settings.migration_batch
+    for start in range(0, len(legacy), batch):
+        _migrate_batch(processor, partition, store, history, legacy[start:start + batch])
     return len(legacy)
 
 
