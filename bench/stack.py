@@ -22,6 +22,7 @@ AUTH = {"Authorization": "Bearer bench"}
 
 @dataclass
 class Stack:
+    """A benchmark stack: its environment, settings, log folder and the role processes started."""
     env: dict[str, str]
     settings: Settings
     folder: Path
@@ -29,23 +30,28 @@ class Stack:
 
     @property
     def base(self) -> str:
+        """The gateway's base URL on 127.0.0.1."""
         return f"http://127.0.0.1:{self.settings.http_port}"
 
     def start(self, roles: Iterable[str], nofile: int | None = None) -> Stack:
+        """Start a process for each of `roles` (the gateway with `nofile` open files at most)."""
         for role in roles:
             self.children[role] = Child.role(role, self.env, self.folder,
                                              nofile if role == "gateway" else None)
         return self
 
     def mark(self) -> None:
+        """Start counting every process's CPU from now."""
         for child in self.children.values():
             child.mark()
 
     def cpu_us_per(self, events: int) -> dict[str, float]:
+        """Microseconds of CPU per event that each process used since `mark()`."""
         return {name: child.cpu_since_mark() / max(events, 1) * 1e6
                 for name, child in self.children.items()}
 
     def stop(self) -> None:
+        """Stop every process and remove the run's data folder."""
         for child in self.children.values():
             child.stop()
         cleanup(self.settings)
@@ -92,6 +98,7 @@ class Stack:
 
 
 def new_stack(bootstrap: str, partitions: int = 12, **extra: str) -> Stack:
+    """A stack (not yet started) on fresh topics of `bootstrap`, with a free HTTP port for its gateway."""
     env = bench_env(bootstrap, partitions, THREADLINE_HTTP_PORT=str(free_port()), **extra)
     settings = Settings.from_env(env)
     ensure_topics(settings)

@@ -49,12 +49,14 @@ class Api:
         self.server_errors: list[str] = []
 
     def base(self) -> str:
+        """A gateway's base URL, picked at random."""
         return self.rng.choice(self.bases)
 
     async def call(self, method: str, path: str, *, body: Any = None,
                    headers: dict[str, str] | None = None, deadline: float,
                    retry_statuses: frozenset[int] = frozenset({502, 503, 504})) -> \
             tuple[int, Any]:
+        """A request to any gateway: its status and JSON body, retried on `retry_statuses` till `deadline`."""
         pause = 0.1
         while True:
             try:

@@ -52,6 +52,7 @@ def chaos_env(bootstrap: str, folder: Path, replication: int) -> dict[str, str]:
 
 @dataclass
 class Stack:
+    """The chaos run's broker (or cluster) and its processors, workers and gateways, each a process."""
     folder: Path
     brokers: int = 1  # 1: EmbeddedKafka, 3: EmbeddedCluster
     bootstrap: str | None = None  # an outside cluster: no broker of ours
@@ -66,24 +67,30 @@ class Stack:
 
     @property
     def owns_broker(self) -> bool:
+        """Whether the broker or cluster is ours (started by this stack), so it may be restarted."""
         return self.broker is not None or self.cluster is not None
 
     @property
     def bases(self) -> list[str]:
+        """The gateways' base URLs on 127.0.0.1."""
         return [f"http://127.0.0.1:{p}" for p in self.ports]
 
     @property
     def settings(self) -> Settings:
+        """The run's settings, read from its environment."""
         return Settings.from_env(self.env)
 
     def procs(self, role: str) -> list[Proc]:
+        """The processes of one role."""
         return {"processor": self.processors, "worker": self.workers,
                 "gateway": self.gateways}[role]
 
     def all_procs(self) -> list[Proc]:
+        """Every process of the run: processors, workers, then gateways."""
         return [*self.processors, *self.workers, *self.gateways]
 
     def start(self, gateways: int = 2) -> None:
+        """Start our broker (if no outside one), the topics, two processors, two workers and the gateways."""
         bootstrap = self.bootstrap
         if bootstrap is None and self.brokers == 1:
             self.broker = EmbeddedKafka(self.folder / "broker", port=0).start()
@@ -125,10 +132,12 @@ class Stack:
         self.broker.start()
 
     def kill_cluster_node(self, node: int) -> None:
+        """SIGKILL one node of the cluster, as a crash would."""
         assert self.cluster is not None
         self.cluster.nodes[node].kill()
 
     def stop(self) -> None:
+        """Stop every process, then the broker or cluster of our own."""
         for proc in self.all_procs():
             proc.stop()
         if self.broker is not None:
@@ -137,5 +146,6 @@ class Stack:
             self.cluster.stop()
 
     def logs(self) -> Mapping[str, Path]:
+        """Each process's log file, by process name."""
         return {p.name: p.log for p in self.all_procs()}
 

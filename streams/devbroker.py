@@ -84,6 +84,7 @@ def ensure_jars() -> Path:
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -160,10 +161,12 @@ class EmbeddedKafka:
 
     @property
     def bootstrap(self) -> str:
+        """The client address, `127.0.0.1:<port>`."""
         return f"127.0.0.1:{self.port}"
 
     @property
     def sasl(self) -> bool:
+        """Whether clients must authenticate with SASL/SCRAM (some SCRAM users are given)."""
         return bool(self.scram_users)
 
     @property
@@ -176,9 +179,11 @@ class EmbeddedKafka:
 
     @property
     def log_file(self) -> Path:
+        """The broker's log file, in its data folder."""
         return self.data_dir / "server.log"
 
     def properties(self) -> str:
+        """The node's server.properties text: listeners, quorum, replication and, with SASL, auth settings."""
         rf, isr = self.replication_factor, self.min_insync_replicas
         listener = "SASL_PLAINTEXT" if self.sasl else "PLAINTEXT"
         props: dict[str, object] = {
@@ -263,6 +268,7 @@ class EmbeddedKafka:
         return libs, config, log4j
 
     def start(self, wait_s: float = 90.0) -> EmbeddedKafka:
+        """Format the storage if new, start the broker process and wait up to `wait_s` until it is ready."""
         libs, config, log4j = self._prepare()
         out = open(self.data_dir / "stdout.log", "ab")  # noqa: SIM115 - owned by the child
         self.process = subprocess.Popen(
@@ -276,6 +282,7 @@ class EmbeddedKafka:
         return self
 
     def wait_ready(self, wait_s: float = 90.0) -> None:
+        """Wait until the broker answers with a controller, or raise BrokerError if it exits or times out."""
         from confluent_kafka.admin import AdminClient
 
         deadline = time.monotonic() + wait_s
@@ -295,6 +302,7 @@ class EmbeddedKafka:
             f"broker on {self.bootstrap} not ready after {wait_s}s ({last}); see {self.log_file}")
 
     def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop the broker with SIGTERM, or SIGKILL after `timeout_s`; nothing if it is not running."""
         proc, self.process = self.process, None
         if proc is None or proc.poll() is not None:
             return
@@ -343,9 +351,11 @@ class EmbeddedCluster:
 
     @property
     def bootstrap(self) -> str:
+        """The client addresses of every node, comma-separated."""
         return ",".join(n.bootstrap for n in self.nodes)
 
     def start(self, wait_s: float = 120.0) -> EmbeddedCluster:
+        """Start every node, then wait until each one is ready."""
         for node in self.nodes:
             node.start(wait_s=0)
         for node in self.nodes:
@@ -353,6 +363,7 @@ class EmbeddedCluster:
         return self
 
     def stop(self) -> None:
+        """Stop every node."""
         for node in self.nodes:
             node.stop()
 

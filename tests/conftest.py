@@ -23,6 +23,7 @@ from streams.testing.stack import broker_bootstrap, fresh_env
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The session's Kafka bootstrap address (given, Docker or embedded broker), shared by all tests."""
     with broker_bootstrap(tmp_path_factory.mktemp("broker"), docker=True) as bootstrap:
         yield bootstrap
 
@@ -52,6 +53,7 @@ def test_env(kafka_bootstrap: str, tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 def make_settings(test_env: dict[str, str]) -> SettingsFactory:
+    """A factory of Settings from this test's environment, updated with the variables given to it."""
     def make(**env: str) -> Settings:
         test_env.update(env)
         return Settings.from_env(test_env)
@@ -61,10 +63,12 @@ def make_settings(test_env: dict[str, str]) -> SettingsFactory:
 
 @pytest.fixture
 def settings(make_settings: SettingsFactory) -> Settings:
+    """Settings of this test's environment, unchanged."""
     return make_settings()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the pure tests first, then those marked `kafka` or `chaos`."""
     # Fast, pure tests first: a broken core fails the run before any broker work.
     items.sort(key=lambda i: 1 if i.get_closest_marker("kafka") or i.get_closest_marker("chaos") else 0)
 
@@ -106,10 +110,12 @@ def _seed_line() -> str:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
+    """Print the hypothesis seed at the start of the run."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(_seed_line())
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print the hypothesis seed again in the summary at the end of the run."""
     terminalreporter.write_line(_seed_line())

@@ -20,6 +20,7 @@ T = TypeVar("T")
 
 
 def command_producer(settings: Settings) -> Producer:
+    """An idempotent producer for the commands topic, partitioning keys as the Java client does."""
     return Producer({"bootstrap.servers": settings.bootstrap, "partitioner": "murmur2_random",
                      "enable.idempotence": True, "linger.ms": 2})
 
@@ -61,6 +62,7 @@ def marked(*markers: str) -> Callable[[list[Event]], bool]:
 
 
 def flush_all(producer: Producer, timeout: float = 60) -> None:
+    """Flush the producer; fail the test if a command is undelivered or a delivery failed."""
     left = producer.flush(timeout)
     assert left == 0, f"{left} commands still undelivered after {timeout}s"
     assert not DELIVERY_ERRORS, DELIVERY_ERRORS[:5]

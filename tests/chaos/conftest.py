@@ -20,17 +20,20 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 @dataclass(frozen=True)
 class Live:
+    """The live stack: the gateway's base URL, the settings and environment, and the role processes."""
     base: str
     settings: Settings
     env: dict[str, str]
     procs: tuple[RoleProcess, ...]
 
     def logs(self) -> str:
+        """The tail of every process's log, for a failure message."""
         return "\n".join(f"--- {p.role}\n{p.tail()}" for p in self.procs)
 
 
 @pytest.fixture(scope="module")
 def live(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    """Processor, worker and gateway processes on fresh topics, gateway healthy, shared by the module."""
     folder: Path = tmp_path_factory.mktemp("live")
     port = free_port()
     env = fresh_env(

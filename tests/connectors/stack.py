@@ -39,6 +39,7 @@ BOT_TOKEN = "xoxb-test"
 
 @dataclass
 class Stack:
+    """A connector test stack: environment, chat double, processor, worker and connectors by name."""
     env: dict[str, str]
     tmp: Path
     double: ChatDouble
@@ -49,15 +50,18 @@ class Stack:
 
     @property
     def settings(self) -> Settings:
+        """The stack's settings, read from its environment."""
         return Settings.from_env(self.env)
 
     def connector_env(self, name: str, **extra: str) -> dict[str, str]:
+        """Environment of connector `name`: its own data folder, instance id and HTTP port."""
         port = self.ports.setdefault(name, free_port())
         return {**self.env, "THREADLINE_DATA_DIR": str(self.tmp / name),
                 "THREADLINE_INSTANCE_ID": name, "THREADLINE_CONNECTOR_HTTP_PORT": str(port),
                 **extra}
 
     def start_connector(self, name: str, **extra: str) -> RoleProcess:
+        """Start connector `name` as a process and wait until its /stats answers."""
         proc = RoleProcess("connector", self.connector_env(name, **extra),
                            self.tmp / f"{name}.log").start()
         self.connectors[name] = proc
@@ -65,9 +69,11 @@ class Stack:
         return proc
 
     def url(self, name: str) -> str:
+        """The Slack events URL of connector `name`."""
         return f"http://127.0.0.1:{self.ports[name]}/slack/events"
 
     def stats(self, name: str) -> dict[str, int] | None:
+        """Counters from connector `name`'s /stats, or None if it does not answer."""
         try:
             with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
                     f"http://127.0.0.1:{self.ports[name]}/stats", timeout=2) as response:
@@ -96,6 +102,7 @@ class Stack:
         return run
 
     def wait_for_group(self, members: int, timeout: float = 40) -> None:
+        """Wait until the connector consumer group is stable with `members` members."""
         admin = AdminClient({"bootstrap.servers": self.settings.bootstrap, "log_level": 0})
         group = f"{self.settings.topic_prefix}connector"
 
@@ -109,6 +116,7 @@ class Stack:
         wait_for(ready, timeout, interval=0.3)
 
     def events(self, until: Callable[[list[Event]], bool], timeout: float = 60) -> list[Event]:
+        """Decoded records of the events topic, read from the start until `until` holds."""
         return read_topic(self.settings, self.settings.topics.events,
                           lambda b: CODEC.decode_event(b)[1], until=until, timeout=timeout)
 
@@ -137,10 +145,12 @@ class Stack:
         return found
 
     def logs(self) -> str:
+        """The tail of every process's log, for a failure message."""
         procs = {"processor": self.processor, "worker": self.worker, **self.connectors}
         return "\n".join(f"--- {n}\n{p.tail(25)}" for n, p in procs.items() if p is not None)
 
     def stop(self) -> None:
+        """Stop the connectors, the worker, then the processor."""
         for proc in [*self.connectors.values(), self.worker, self.processor]:
             if proc is not None:
                 proc.stop()
@@ -153,15 +163,18 @@ def run_of(payload: dict[str, Any], thread_id: str) -> str:
 
 
 def thread_of(payload: dict[str, Any]) -> str:
+    """The thread id of a Slack message event: its channel and thread ts (or its own ts)."""
     event = payload["event"]
     return f"slack:{TEAM}:{event['channel']}:{event.get('thread_ts') or event['ts']}"
 
 
 def completed(runs: set[str]) -> Callable[[list[Event]], bool]:
+    """An `until` for the events topic: every run in `runs` has completed."""
     return lambda events: {e.run_id for e in events if isinstance(e, RunCompleted)} >= runs
 
 
 def accepted_runs(events: list[Event]) -> list[str]:
+    """Ids of the accepted runs among `events`, in order."""
     return [e.run_id for e in events if isinstance(e, RunAccepted)]
 
 
@@ -188,10 +201,12 @@ def running_stack(kafka_bootstrap: str, tmp: Path, *, double: ChatDouble | None 
 
 
 def unique_channel() -> str:
+    """A fresh random Slack channel id."""
     return "C" + uuid.uuid4().hex[:9].upper()
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, stack: Stack) -> Any:
+    """Poll `predicate` until it is truthy and return it; past `timeout` fail with the stack's logs."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

@@ -26,6 +26,7 @@ AUTH_B = {"Authorization": "Bearer key-b"}
 
 
 def gateway_env(bootstrap: str, folder: Path) -> dict[str, str]:
+    """Environment of a gateway test stack: a fresh prefix, the tenants of KEYS and quick agent runs."""
     return fresh_env(bootstrap, folder, prefix=unique_prefix("g"),
                      THREADLINE_API_KEYS=",".join(f"{k}={t}" for k, t in KEYS.items()),
                      THREADLINE_AGENT_TOKENS_PER_S="150", THREADLINE_AGENT_SLOW_TOKENS_PER_S="25",
@@ -34,6 +35,7 @@ def gateway_env(bootstrap: str, folder: Path) -> dict[str, str]:
 
 @dataclass
 class Stack:
+    """The gateway test stack: processor and worker processes, the in-process gateway and a client."""
     env: dict[str, str]
     settings: Settings
     folder: Path
@@ -43,9 +45,11 @@ class Stack:
     worker: RoleProcess
 
     def url(self, path: str) -> str:
+        """The gateway's URL of `path`."""
         return str(self.server.make_url(path))
 
     async def create_thread(self, auth: dict[str, str] = AUTH_A, title: str = "t") -> str:
+        """Create a thread as `auth`'s tenant and return its id (fails unless 201)."""
         async with self.session.post(self.url("/v1/threads"), json={"title": title},
                                      headers=auth) as response:
             body = await response.json()
@@ -54,6 +58,7 @@ class Stack:
 
     async def post(self, thread_id: str, text: str, auth: dict[str, str] = AUTH_A,
                    key: str | None = None) -> tuple[int, dict[str, Any]]:
+        """Post a user message to a thread (with an Idempotency-Key if given); its status and JSON body."""
         headers = dict(auth)
         if key is not None:
             headers["Idempotency-Key"] = key
@@ -62,10 +67,12 @@ class Stack:
             return response.status, await response.json(content_type=None)
 
     async def get(self, path: str, auth: dict[str, str] = AUTH_A) -> tuple[int, Any]:
+        """GET `path` as `auth`'s tenant; its status and JSON body."""
         async with self.session.get(self.url(path), headers=auth) as response:
             return response.status, await response.json(content_type=None)
 
     def logs(self) -> str:
+        """The tail of the processor's and the worker's logs, for a failure message."""
         return f"--- processor\n{self.processor.tail()}\n--- worker\n{self.worker.tail()}"
 
 
@@ -91,6 +98,7 @@ async def running_stack(env: dict[str, str], folder: Path) -> AsyncIterator[Stac
 @pytest_asyncio.fixture(scope="session")
 async def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> \
         AsyncIterator[Stack]:
+    """One running gateway test stack for the whole session, on fresh topics."""
     folder = tmp_path_factory.mktemp("gateway")
     async with running_stack(gateway_env(kafka_bootstrap, folder), folder) as running:
         yield running

@@ -25,11 +25,13 @@ def _load(name: str) -> History:
 
 
 def test_every_kind_of_run_is_recorded() -> None:
+    """Every kind of run in KINDS has a recorded history, and nothing else does."""
     assert {f.stem for f in FILES} == KINDS
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
 def test_recorded_history_replays_to_the_recorded_states(path: Path) -> None:
+    """A recorded history replays through today's `evolve` to its recorded states."""
     replay(load_history(path))
 
 

@@ -15,6 +15,7 @@ SLEEPER = ["-c", "import os, time; print('ready', os.getpid(), flush=True); time
 
 
 def test_a_child_is_waited_for_by_marker_killed_and_restarted(tmp_path: Path) -> None:
+    """A child is waited for by its log marker, killed with SIGKILL and restarted with a new pid."""
     child = ChildProcess("sleeper", SLEEPER, {}, tmp_path / "sleeper.log").start()
     try:
         child.wait_for_log("ready")
@@ -31,17 +32,20 @@ def test_a_child_is_waited_for_by_marker_killed_and_restarted(tmp_path: Path) ->
 
 
 def test_a_child_that_exits_before_its_marker_fails_the_wait_at_once(tmp_path: Path) -> None:
+    """Waiting for a marker fails at once when the child exits without writing it."""
     child = ChildProcess("quitter", ["-c", "print('bye')"], {}, tmp_path / "quitter.log").start()
     with pytest.raises(AssertionError, match="exited"):
         child.wait_for_log("ready", timeout=60)
 
 
 def test_roles_run_by_module_name() -> None:
+    """A role runs by module: the gateway as its own, the others through streams.cli."""
     assert role_args("gateway") == ["-m", "gateway"]
     assert role_args("processor") == ["-m", "streams.cli", "processor"]
 
 
 def test_sse_frames_are_read_as_an_event_source_reads_them() -> None:
+    """SSE frames are parsed as an EventSource does: comments skipped, id, event, multi-line data."""
     parser = SseParser()
     lines = [b": keepalive\n", b"retry: 1000\n", b"\n", b"id: 7\n", b"event: delta\n",
              b"data: {\"a\":\n", b"data: 1}\r\n", b"\n", b"data:plain\n", b"\n"]
