@@ -92,7 +92,9 @@ class Framing(Protocol):
     """How a stream's events become bytes, when not as our own SSE frames (one
     instance per connection: it may keep state, e.g. `gateway.ui_stream`)."""
 
-    headers: Mapping[str, str]
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Response headers beyond the SSE ones."""
 
     def encode(self, events: list[SseEvent]) -> bytes:
         """The bytes of these events, each new to the client, in order."""
