@@ -1,0 +1,134 @@
+"""The official AI SDK (`ai`, pinned in tests/node) in Node against the real stack:
+its Chat logic over its own HTTP chat transport and strict stream parser streams
+answers, stops a run (the cancel endpoint, then `stop()`), and resumes a run after
+the gateway process is killed mid-answer, ending with the stored message's text.
+
+The script is tests/node/ai_chat.mjs; it prints `MARK` lines where the driver acts
+(kill -9 the gateway, restart it) and waits for `GO` lines, then one `RESULT`."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import threading
+from typing import Any
+
+import pytest
+
+from tests.frontends.stack import KEY, ProcessStack
+from tests.npm_kit import NODE_DIR, node_modules, require_tool
+
+pytestmark = pytest.mark.kafka
+
+LINE_TIMEOUT_S = 120.0
+
+
+class NodeScript:
+    """tests/node/ai_chat.mjs running one scenario, read line by line."""
+
+    def __init__(self, stack: ProcessStack, scenario: str) -> None:
+        node_modules()
+        self.proc = subprocess.Popen(
+            [require_tool("node"), "ai_chat.mjs", scenario], cwd=NODE_DIR, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env={"PATH": "/usr/bin:/bin:/usr/local/bin", "THREADLINE_BASE_URL": stack.base,
+                 "THREADLINE_KEY": KEY})
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.output: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def until(self, word: str) -> tuple[str, Any]:
+        """The next `MARK name {json}` or `RESULT {json}` line (anything else is log)."""
+        while True:
+            try:
+                line = self.lines.get(timeout=LINE_TIMEOUT_S)
+            except queue.Empty:
+                raise AssertionError(f"no {word} line:\n{''.join(self.output)}") from None
+            if line is None:
+                raise AssertionError(f"node ended before {word}:\n{''.join(self.output)}")
+            if line.startswith(word + " "):
+                rest = line[len(word) + 1:]
+                name, _, data = rest.partition(" ") if word == "MARK" else ("", "", rest)
+                return name, json.loads(data)
+
+    def go(self, name: str) -> None:
+        """Let the script past its `go(name)`."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"GO {name}\n")
+        self.proc.stdin.flush()
+
+    def result(self) -> dict[str, Any]:
+        """The script's RESULT, once it exits; a failure inside it fails the test."""
+        _, result = self.until("RESULT")
+        self.proc.wait(timeout=30)
+        assert "failure" not in result, result["failure"]
+        return dict(result)
+
+
+def _answers(stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [m for m in stored if m["role"] == "assistant"]
+
+
+def _text(ui_message: dict[str, Any]) -> str:
+    return "".join(p["text"] for p in ui_message["parts"] if p["type"] == "text")
+
+
+def test_the_sdk_streams_two_answers_equal_to_the_stored_messages(
+        processes: ProcessStack) -> None:
+    """Two `sendMessage`s on a new chat id: the thread is created, both answers stream
+    through the SDK's validation, each with a step, a tool part and a source."""
+    result = NodeScript(processes, "stream").result()
+    assert result["errors"] == []
+    answers = _answers(result["stored"])
+    assert len(answers) == 2
+    for streamed, stored in zip(result["results"], answers, strict=True):
+        assert streamed["status"] == "ready"
+        assert streamed["text"] == _text(stored)
+        assert streamed["id"] == stored["id"]  # the `start` chunk names the stored message
+        assert {"step-start", "text", "dynamic-tool", "source-url", "data-run"} <= \
+            set(streamed["parts"])
+        assert streamed["metadata"]["status"] == "completed"
+    assert {"run_accepted", "attempt_dispatched", "run_completed"} <= set(result["data"])
+
+
+def test_cancel_then_stop_really_stops_the_run(processes: ProcessStack) -> None:
+    """The cancel endpoint ends the run (not only the fetch); nothing is left to resume."""
+    result = NodeScript(processes, "stop").result()
+    assert result["cancelStatus"] == 202, result["cancel"]
+    assert result["status"] == "ready"
+    assert result["resumeStatus"] == 204
+    thread_id = result["metadata"]["thread_id"]
+    status, listing = processes.call("GET", f"/v1/threads/{thread_id}/messages")
+    assert status == 200
+    users = [m for m in listing["messages"] if m["role"] == "user"]
+    assert [u["run_status"] for u in users] == ["cancelled"]
+    assert _answers(listing["messages"]) == []
+
+
+def test_resume_after_the_gateway_is_killed_ends_with_the_stored_text(
+        processes: ProcessStack) -> None:
+    """kill -9 of the gateway mid-answer: the fetch fails; `resumeStream()` replays the
+    run from the durable log and the answer ends equal to the stored message."""
+    script = NodeScript(processes, "resume")
+    _, streaming = script.until("MARK")
+    assert streaming["chars"] > 0
+    processes.gateway.kill9()
+    script.go("killed")
+    processes.restart(processes.gateway)  # already dead: starts it and waits for health
+    script.go("restarted")
+    result = script.result()
+    assert result["statusAfterKill"] == "error", "the kill should have broken the fetch"
+    assert result["status"] == "ready", result["errors"]
+    answers = _answers(result["stored"])
+    assert len(answers) == 1, processes.logs()
+    assert result["text"] == _text(answers[0])
+    assert result["id"] == answers[0]["id"]
+    assert result["text"].startswith(result["seenBefore"])
