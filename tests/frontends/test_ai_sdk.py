@@ -12,11 +12,16 @@ import json
 import queue
 import subprocess
 import threading
+import urllib.error
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
 from tests.frontends.stack import KEY, ProcessStack
+from tests.kafka_helpers import wait_for
 from tests.npm_kit import NODE_DIR, node_modules, require_tool
 
 pytestmark = pytest.mark.kafka
@@ -132,3 +137,59 @@ def test_resume_after_the_gateway_is_killed_ends_with_the_stored_text(
     assert result["text"] == _text(answers[0])
     assert result["id"] == answers[0]["id"]
     assert result["text"].startswith(result["seenBefore"])
+
+
+def _chat(stack: ProcessStack, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(
+        stack.base + "/v1/ai/chat", method="POST", data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+def _chunks(raw: bytes) -> list[Any]:
+    return [line[len("data: "):] if line == "data: [DONE]" else json.loads(line[len("data: "):])
+            for line in raw.decode().split("\n") if line.startswith("data: ")]
+
+
+def _user(message_id: str, text: str) -> dict[str, Any]:
+    return {"id": message_id, "role": "user", "parts": [{"type": "text", "text": text}]}
+
+
+def test_the_chat_endpoint_keeps_the_native_rules(processes: ProcessStack) -> None:
+    """The header; a resend of the same message replays its run; another message while a
+    run is active is 409; a regenerate is 422; an idle or unknown chat resumes with 204."""
+    chat_id = f"rules-{uuid.uuid4().hex[:8]}"
+    first = {"id": chat_id, "trigger": "submit-message", "messageId": None,
+             "messages": [_user("m1", "first question")]}
+    status, headers, raw = _chat(processes, first)
+    assert status == 200 and headers["x-vercel-ai-ui-message-stream"] == "v1"
+    chunks = _chunks(raw)
+    assert chunks[0]["type"] == "start" and chunks[-1] == "[DONE]"
+    status, _, again = _chat(processes, first)  # the same UI message id: the same run
+    assert status == 200 and _chunks(again) == chunks
+    slow = {**first, "messages": [_user("m1", "first question"), _user("m2", "[slow] long")]}
+    with ThreadPoolExecutor(1) as pool:
+        streaming = pool.submit(_chat, processes, slow)
+        thread_id = chunks[0]["messageMetadata"]["thread_id"]
+        wait_for(lambda: processes.call("GET", f"/v1/threads/{thread_id}")[1]["active_run"],
+                 timeout=60)
+        status, _, problem = _chat(processes, {**first, "messages": [_user("m3", "more")]})
+        assert status == 409, problem
+        assert json.loads(problem)["active_run_id"]
+        assert _chat(processes, {**slow, "trigger": "regenerate-message"})[0] == 422
+        cancel = urllib.request.Request(
+            f"{processes.base}/v1/ai/chat/{chat_id}/cancel", method="POST",
+            headers={"Authorization": f"Bearer {KEY}"})
+        with urllib.request.urlopen(cancel, timeout=60) as response:
+            assert response.status == 202
+        status, _, raw = streaming.result(timeout=120)
+    assert [c if c == "[DONE]" else c["type"] for c in _chunks(raw)][-2:] == ["abort", "[DONE]"]
+    for chat in (chat_id, "never-used"):
+        resume = urllib.request.Request(f"{processes.base}/v1/ai/chat/{chat}/stream",
+                                        headers={"Authorization": f"Bearer {KEY}"})
+        with urllib.request.urlopen(resume, timeout=60) as response:
+            assert response.status == 204
