@@ -297,7 +297,12 @@ function stopPolling() { clearInterval(pollTimer); pollTimer = null; }
 
 async function poll() {
   if (!threadId || document.hidden) return;
-  const { status, data } = await api("GET", `/v1/console/threads/${encodeURIComponent(threadId)}/run`);
+  let status, data;
+  try {
+    ({ status, data } = await api("GET", `/v1/console/threads/${encodeURIComponent(threadId)}/run`));
+  } catch {
+    return; // the gateway is away: the connection status already says so
+  }
   const run = status === 200 ? data.active_run : null;
   if (!run) return;
   if (run.status === "running" && run.last_heartbeat_ms > lastBeat && lastBeat !== 0) {
