@@ -139,6 +139,23 @@ def test_resume_after_the_gateway_is_killed_ends_with_the_stored_text(
     assert result["text"].startswith(result["seenBefore"])
 
 
+def test_after_a_worker_kill_the_answering_attempt_equals_the_stored_message(
+        processes: ProcessStack) -> None:
+    """kill -9 of the worker mid-answer: the stream goes on with the next attempt in a new
+    step; the text of the attempt that `finish` names equals the stored message."""
+    script = NodeScript(processes, "worker")
+    script.until("MARK")
+    processes.restart(processes.worker)
+    result = script.result()
+    assert result["status"] == "ready", result["errors"]
+    assert result["parts"].count("step-start") >= 2
+    answers = _answers(result["stored"])
+    assert len(answers) == 1
+    assert result["metadata"]["attempt"] >= 2 and result["attempts"][-1] == \
+        result["metadata"]["attempt"]
+    assert result["text"] == _text(answers[0]) and result["id"] == answers[0]["id"]
+
+
 def _chat(stack: ProcessStack, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
     request = urllib.request.Request(
         stack.base + "/v1/ai/chat", method="POST", data=json.dumps(body).encode(),

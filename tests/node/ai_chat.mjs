@@ -131,6 +131,22 @@ const scenarios = {
              id: message && message.id, metadata: message && message.metadata, errors: chat.errors,
              stored: await stored(chat.id) };
   },
+
+  // The worker killed mid-answer: the next attempt starts over. The SDK cannot take
+  // text back, so the superseded attempt's text part stays, tagged with its attempt;
+  // the answer is the text of the attempt `finish` names.
+  async worker() {
+    const chat = newChat(`node-worker-${Date.now()}`);
+    const sending = chat.sendMessage({ text: "[slow] survive a worker kill" });
+    await until(() => streamingText(chat), "the first text");
+    mark("streaming");
+    await sending;
+    const message = lastAssistant(chat);
+    return { chatId: chat.id, status: chat.status, text: answerText(message), id: message.id,
+             metadata: message.metadata, errors: chat.errors, parts: message.parts.map((p) => p.type),
+             attempts: message.parts.filter((p) => p.type === "text").map((p) => p.providerMetadata.threadline.attempt),
+             stored: await stored(chat.id) };
+  },
 };
 
 try {

@@ -30,6 +30,8 @@ let reopenTimer = null;
 let activeRun = null;
 let pollTimer = null;
 let lastBeat = 0;
+let beats = null; // the timeline entry counting the current attempt's heartbeats
+let dropped = false;
 let cursor = null;
 const answers = new Map(); // run_id -> the answer's elements and text
 
@@ -128,7 +130,9 @@ async function openThread(id) {
 function short(id) { return (id || "").slice(0, 8); }
 
 function mark(text, when) {
-  $("timeline").append(el("li", {}, el("time", { textContent: clock(when) }), ` ${text}`));
+  const item = el("li", {}, el("time", { textContent: clock(when) }), ` ${text}`);
+  $("timeline").append(item);
+  return item;
 }
 
 async function loadHistory() {
@@ -194,6 +198,8 @@ function showMessage(answer, message) {
 // --- the stream -------------------------------------------------------------------
 
 function closeStream() {
+  beats = null;
+  dropped = false;
   if (source) source.close();
   source = null;
   clearTimeout(reopenTimer);
@@ -211,11 +217,15 @@ function openStream(first) {
   es.onopen = () => {
     seen.opens++;
     setConnection("live", "Live");
+    if (dropped) mark("reconnected: the stream goes on after the last event received");
+    dropped = false;
     if (!loaded) { loaded = true; loadHistory(); }
   };
   es.onerror = () => {
     seen.errors++;
     setConnection("reconnecting", "Reconnecting…");
+    if (!dropped) mark("connection lost; reconnecting");
+    dropped = true;
     if (es.readyState === EventSource.CLOSED && source === es) {
       // The browser gave up (an error status): reopen after the last event ourselves.
       reopenTimer = setTimeout(() => { if (source === es) openStream(false); }, 1000);
@@ -306,7 +316,13 @@ async function poll() {
   const run = status === 200 ? data.active_run : null;
   if (!run) return;
   if (run.status === "running" && run.last_heartbeat_ms > lastBeat && lastBeat !== 0) {
-    mark(`heartbeat from attempt ${run.attempt}`, run.last_heartbeat_ms);
+    // One entry an attempt, counting its heartbeats, rather than a line each.
+    if (!beats || beats.attempt !== run.attempt) {
+      beats = { attempt: run.attempt, count: 0, item: mark("") };
+    }
+    beats.count++;
+    beats.item.replaceChildren(el("time", { textContent: clock(run.last_heartbeat_ms) }),
+      ` heartbeat from attempt ${run.attempt} (${beats.count} so far)`);
   }
   lastBeat = Math.max(lastBeat, run.last_heartbeat_ms || 1);
 }
