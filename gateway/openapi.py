@@ -245,6 +245,10 @@ SPEC: dict[str, Any] = {
         "/console": {"get": {"security": [], "summary": "The web console (the key is asked "
                                                         "for in the page)",
                              "responses": {"200": {"description": "HTML"}}}},
+        "/console/console.js": {"get": {"security": [], "summary": "The console's script",
+                                        "responses": {"200": {"description": "JavaScript"}}}},
+        "/console/console.css": {"get": {"security": [], "summary": "The console's styles",
+                                         "responses": {"200": {"description": "CSS"}}}},
         "/v1/console/threads/{thread_id}/run": {"get": {
             "summary": "The active run's attempt, status and liveness (last_heartbeat_ms)",
             "parameters": [_THREAD_ID],
