@@ -142,7 +142,7 @@ def _drive(page: Any, processes: ProcessStack, axe_js: Path) -> None:
     _wait_streaming_text(page)
     processes.gateway.kill9()
     page.wait_for_selector("#connection[data-state=reconnecting]", timeout=WAIT_MS)
-    page.screenshot(path=str(SHOTS / "03-reconnecting.png"))
+    page.screenshot(path=str(SHOTS / "03-reconnecting.png"), full_page=True)
     processes.restart(processes.gateway)
     page.wait_for_selector("#connection[data-state=live]", timeout=WAIT_MS)
     _wait_answers(page, "completed", 2)

@@ -9,6 +9,7 @@ The script is tests/node/ai_chat.mjs; it prints `MARK` lines where the driver ac
 from __future__ import annotations
 
 import json
+import os
 import queue
 import subprocess
 import threading
@@ -37,8 +38,7 @@ class NodeScript:
         self.proc = subprocess.Popen(
             [require_tool("node"), "ai_chat.mjs", scenario], cwd=NODE_DIR, text=True,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env={"PATH": "/usr/bin:/bin:/usr/local/bin", "THREADLINE_BASE_URL": stack.base,
-                 "THREADLINE_KEY": KEY})
+            env={**os.environ, "THREADLINE_BASE_URL": stack.base, "THREADLINE_KEY": KEY})
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.output: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
