@@ -67,6 +67,12 @@ def _send(page: Any, text: str) -> str:
         "[...document.querySelectorAll('li.msg.assistant')].pop().dataset.runId"))
 
 
+def _shot(page: Any, name: str) -> None:
+    """A full-page screenshot from the top (the sticky header where it belongs)."""
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=str(SHOTS / name), full_page=True)
+
+
 def _axe(page: Any, axe_js: Path) -> list[dict[str, Any]]:
     """axe-core's serious and critical violations on the page as it is."""
     if not page.evaluate("typeof window.axe !== 'undefined'"):
@@ -103,7 +109,7 @@ def test_the_console_streams_resumes_and_stops_in_a_real_browser(
         try:
             _drive(page, processes, axe_js)
         except Exception:
-            page.screenshot(path=str(SHOTS / "failure.png"), full_page=True)
+            _shot(page, "failure.png")
             print(processes.logs())
             raise
         finally:
@@ -115,7 +121,7 @@ def _drive(page: Any, processes: ProcessStack, axe_js: Path) -> None:
     page.goto(f"{processes.base}/console")
     page.wait_for_selector("#key-form", state="visible")
     assert _axe(page, axe_js) == []
-    page.screenshot(path=str(SHOTS / "01-sign-in.png"))
+    _shot(page, "01-sign-in.png")
     page.fill("#key", KEY)
     page.click("#key-form button[type=submit]")
     page.wait_for_selector("#workspace", state="visible")
@@ -136,17 +142,17 @@ def _drive(page: Any, processes: ProcessStack, axe_js: Path) -> None:
     # gateway kill -9 and restart.
     first = _send(page, "hello console")
     _wait_streaming_text(page)
-    page.screenshot(path=str(SHOTS / "02-streaming.png"))
+    _shot(page, "02-streaming.png")
     _wait_answers(page, "completed", 1)
     second = _send(page, "[slow] a second question")
     _wait_streaming_text(page)
     processes.gateway.kill9()
     page.wait_for_selector("#connection[data-state=reconnecting]", timeout=WAIT_MS)
-    page.screenshot(path=str(SHOTS / "03-reconnecting.png"), full_page=True)
+    _shot(page, "03-reconnecting.png")
     processes.restart(processes.gateway)
     page.wait_for_selector("#connection[data-state=live]", timeout=WAIT_MS)
     _wait_answers(page, "completed", 2)
-    page.screenshot(path=str(SHOTS / "04-resumed.png"), full_page=True)
+    _shot(page, "04-resumed.png")
 
     # The worker killed mid-answer: its attempt is rescheduled, the answer starts
     # over and ends equal to the stored one.
@@ -156,20 +162,20 @@ def _drive(page: Any, processes: ProcessStack, axe_js: Path) -> None:
     _wait_answers(page, "completed", 3)
     page.wait_for_function("document.querySelector('#timeline').textContent.includes('heartbeat')",
                            timeout=WAIT_MS)
-    page.screenshot(path=str(SHOTS / "05-worker-retry.png"), full_page=True)
+    _shot(page, "05-worker-retry.png")
 
     # Stop.
     fourth = _send(page, "[slow] a fourth question, to stop")
     _wait_streaming_text(page)
     page.click("#stop")
     _wait_answers(page, "cancelled", 1)
-    page.screenshot(path=str(SHOTS / "06-stopped.png"), full_page=True)
+    _shot(page, "06-stopped.png")
     assert _axe(page, axe_js) == []
 
     page.set_viewport_size({"width": 375, "height": 800})
     assert page.evaluate("document.documentElement.scrollWidth") <= 375
     assert _axe(page, axe_js) == []
-    page.screenshot(path=str(SHOTS / "07-narrow.png"), full_page=True)
+    _shot(page, "07-narrow.png")
 
     seen = page.evaluate("window.threadlineConsole")
     ids = [e["id"] for e in seen["events"]]

@@ -88,12 +88,24 @@ async function loadThreads(fresh) {
   $("more-threads").hidden = !cursor;
 }
 
+const threadDetails = (thread) => `${thread.message_count} messages · updated ${clock(thread.updated_at_ms)}`;
+
 function threadItem(thread) {
   const button = el("button", { type: "button", className: "link", textContent: thread.title || "Untitled thread" });
   button.dataset.threadId = thread.thread_id;
   button.addEventListener("click", () => openThread(thread.thread_id));
-  const details = el("small", { textContent: `${thread.message_count} messages · updated ${clock(thread.updated_at_ms)}` });
-  return el("li", {}, button, details);
+  return el("li", {}, button, el("small", { textContent: threadDetails(thread) }));
+}
+
+// A run ended: the thread's entry shows its new message count.
+async function refreshThreadItem(id) {
+  try {
+    const { status, data } = await api("GET", `/v1/threads/${encodeURIComponent(id)}`);
+    const button = document.querySelector(`#thread-list button[data-thread-id="${id}"]`);
+    if (status === 200 && button) button.nextElementSibling.textContent = threadDetails(data);
+  } catch {
+    // the gateway is away; the entry catches up after the next run
+  }
 }
 
 async function createThread(title) {
@@ -239,7 +251,13 @@ function onEvent(name, e) {
   const data = e.data === "[DONE]" ? {} : JSON.parse(e.data);
   seen.events.push({ type: name, id: e.lastEventId, run_id: data.run_id || activeRun, data: e.data });
   if (name === "message_not_streaming") { loadHistory(); return; }
-  if (name === "done") { activeRun = null; $("stop").disabled = true; stopPolling(); return; }
+  if (name === "done") {
+    activeRun = null;
+    $("stop").disabled = true;
+    stopPolling();
+    refreshThreadItem(threadId);
+    return;
+  }
   const runId = data.run_id;
   let answer = answers.get(runId);
   if (!answer) {
