@@ -122,7 +122,7 @@ class _Writer:
             self.done = self.run_stream and event.terminal
         if self.framing is not None:
             return self.framing.encode(new) if new else b""
-        return b"".join(event.frame for event in new)
+        return b"".join([event.frame for event in new])
 
     def gone(self, thread_id: str, run_id: str | None) -> bytes:
         if self.framing is not None:
@@ -207,7 +207,8 @@ async def _fresh_plan(request: web.Request, state: ThreadState, run: RunView | N
 
 
 async def serve_run(request: web.Request, run: RunView, framing: Framing) -> web.StreamResponse:
-    """One run's events from its start (or after `Last-Event-ID`), framed by `framing`."""
+    """One run's events from its start, framed by `framing` (its frames carry no
+    event ids, so a client of it resumes by reading the run from its start again)."""
     return await _serve(request, run.state, run, framing)
 
 
