@@ -138,3 +138,12 @@ def test_a_stored_answer_is_a_ui_message_with_its_tool_parts_and_sources() -> No
     assert tool["state"] == "output-available" and tool["input"] == {"q": 1}
     assert tool["output"] == [1]
     json.dumps(ui)
+
+
+def test_chat_ids_are_namespaced_per_tenant() -> None:
+    """The same chat id of two tenants names two threads; one tenant's, always the same."""
+    from gateway.ai_chat import chat_thread_id
+
+    assert chat_thread_id("a", "chat-1") == chat_thread_id("a", "chat-1")
+    assert chat_thread_id("a", "chat-1") != chat_thread_id("b", "chat-1")
+    assert chat_thread_id("a", "b:c") != chat_thread_id("a:b", "c")
