@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test chaos bench lint clean
+.PHONY: install run test frontends chaos bench lint clean
 
 $(STAMP): pyproject.toml infra/kafka/pom.xml infra/registry/pom.xml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ run: install
 # a concurrent run's broker data.
 test: install lint
 	$(PY) -m pytest -q -p no:cacheprovider --basetemp="$$(mktemp -d /tmp/threadline-test-XXXXXX)" $(PYTEST_ARGS)
+
+# The front-end tests alone: the AI SDK in Node (tests/node, installed with npm ci by
+# the tests) and the console in headless Chromium.
+frontends: install
+	$(PY) -m pytest -q -p no:cacheprovider --basetemp="$$(mktemp -d /tmp/threadline-test-XXXXXX)" tests/frontends tests/browser $(PYTEST_ARGS)
 
 # The chaos program at full size (docs/chaos.md): its own broker, every role killed
 # with SIGKILL at seeded random moments, the broker restarted, then an audit.

@@ -18,6 +18,9 @@ Modules, one concern each:
     health       /healthz (liveness); ready: /readyz (the processor decides on every
                  partition); openapi: /openapi.json; keys: AppKeys and Options
     kafka        aiokafka helpers: partitioning, group-less consumers, offsets queries
+    ui_stream    pure: our events as the Vercel AI SDK's UI message stream chunks
+    ai_chat      the AI SDK's chat endpoints (useChat's transport: chat, resume, cancel)
+    console      /console, the web console (gateway/static/console), run liveness
 
 Decisions. A write publishes a command (acks=all) carrying a fresh W3C traceparent;
 the processor copies it onto the events it decides, and the events consumer resolves

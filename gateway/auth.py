@@ -21,7 +21,8 @@ __all__ = ["COOKIE", "TENANT", "RedactingAccessLogger", "auth_middleware", "reda
 
 TENANT = web.RequestKey("tenant", str)
 COOKIE = "threadline_token"
-PUBLIC_PATHS = frozenset({"/livez", "/healthz", "/readyz", "/openapi.json", "/demo"})
+PUBLIC_PATHS = frozenset({"/livez", "/healthz", "/readyz", "/openapi.json", "/demo",
+                          "/console", "/console/console.js", "/console/console.css"})
 _SSE_PATH = re.compile(r"^/v1/(threads/[^/]+/stream|runs/[^/]+/events)$")
 _SECRET_PARAMS = re.compile(r"((?:^|[?&])access_token=)[^&]*", re.IGNORECASE)
 

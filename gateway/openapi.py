@@ -22,6 +22,8 @@ def _json(description: str, ref: str) -> dict[str, Any]:
 _THREAD_ID = {"name": "thread_id", "in": "path", "required": True, "schema": {"type": "string"}}
 _RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
 _UNAUTHORIZED = _problem("Missing or unknown API key")
+_CHAT_ID = {"name": "chat_id", "in": "path", "required": True, "schema": {"type": "string"},
+            "description": "The client's chat id (useChat's id), namespaced per tenant"}
 _NOT_FOUND = _problem("No such thread or run for this tenant")
 _POSTS = _problem("Too many posts a second for this tenant (Retry-After)")
 _STREAMS = _problem("Too many open streams or replays for this tenant (Retry-After)")
@@ -205,6 +207,53 @@ SPEC: dict[str, Any] = {
             "parameters": [_RUN_ID, *_SSE_PARAMS],
             "responses": {"200": _SSE, "400": _problem("Unusable Last-Event-ID"),
                           "401": _UNAUTHORIZED, "404": _NOT_FOUND, "429": _STREAMS}}},
+        # The Vercel AI SDK's UI message stream protocol (docs/clients.md).
+        "/v1/ai/chat": {"post": {
+            "summary": "useChat's HTTP transport: post the newest user message of chat `id` "
+                       "(a new id creates the chat's thread) and stream its run as the UI "
+                       "message stream (x-vercel-ai-ui-message-stream: v1)",
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "required": ["id", "messages"], "properties": {
+                    "id": {"type": "string"}, "messages": {"type": "array"},
+                    "trigger": {"type": "string", "enum": ["submit-message"]},
+                    "messageId": {"type": ["string", "null"]}}}}}},
+            "responses": {"200": {"description": "text/event-stream of UI message chunks, "
+                                                 "then data: [DONE]"},
+                          "401": _UNAUTHORIZED, "409": _problem("A run is active"),
+                          "422": _problem("Bad body, empty input, a reused message id with "
+                                          "other text, or a trigger other than "
+                                          "submit-message"),
+                          "429": _POSTS}}},
+        "/v1/ai/chat/{chat_id}/stream": {"get": {
+            "summary": "The transport's reconnect: the chat's active run from its start",
+            "parameters": [_CHAT_ID],
+            "responses": {"200": {"description": "text/event-stream of UI message chunks"},
+                          "204": {"description": "No run is active"},
+                          "401": _UNAUTHORIZED, "429": _STREAMS}}},
+        "/v1/ai/chat/{chat_id}/cancel": {"post": {
+            "summary": "Cancel the chat's active run (call it, then the SDK's stop())",
+            "parameters": [_CHAT_ID],
+            "responses": {"202": _json("Cancelled or pending", "Cancel"), "401": _UNAUTHORIZED,
+                          "404": _NOT_FOUND, "409": _problem("No run is active")}}},
+        "/v1/ai/chat/{chat_id}/messages": {"get": {
+            "summary": "The chat's newest stored messages as UIMessages (useChat's initial "
+                       "messages)",
+            "parameters": [_CHAT_ID, {"name": "limit", "in": "query", "schema": {
+                "type": "integer", "minimum": 1, "maximum": 1000, "default": 100}}],
+            "responses": {"200": {"description": "{thread_id, messages}"},
+                          "401": _UNAUTHORIZED}}},
+        "/console": {"get": {"security": [], "summary": "The web console (the key is asked "
+                                                        "for in the page)",
+                             "responses": {"200": {"description": "HTML"}}}},
+        "/console/console.js": {"get": {"security": [], "summary": "The console's script",
+                                        "responses": {"200": {"description": "JavaScript"}}}},
+        "/console/console.css": {"get": {"security": [], "summary": "The console's styles",
+                                         "responses": {"200": {"description": "CSS"}}}},
+        "/v1/console/threads/{thread_id}/run": {"get": {
+            "summary": "The active run's attempt, status and liveness (last_heartbeat_ms)",
+            "parameters": [_THREAD_ID],
+            "responses": {"200": {"description": "{thread_id, active_run, last_run}"},
+                          "401": _UNAUTHORIZED, "404": _NOT_FOUND}}},
     },
 }
 

@@ -51,8 +51,9 @@ from streams.ids import idempotent_message_id_for, run_id_for, workflow_id_for
 from streams.records import MessageRecord
 
 __all__ = ["MAX_MESSAGES_PAGE", "MAX_THREADS_PAGE", "MESSAGES_PAGE", "THREADS_PAGE",
-           "cancel_run", "create_thread", "delete_thread", "get_thread", "list_messages",
-           "list_threads", "post_user_message"]
+           "cancel", "cancel_run", "create_thread", "decided_run", "delete_thread", "get_thread",
+           "list_messages", "list_threads", "post_user_message",
+           "submit_user_message"]
 
 MESSAGES_PAGE, MAX_MESSAGES_PAGE = 100, 1000  # GET /v1/threads/{id}/messages: default, max
 THREADS_PAGE, MAX_THREADS_PAGE = 50, 200  # GET /v1/threads
@@ -267,26 +268,33 @@ def _idempotency_key(request: web.Request) -> str | None:
 
 async def post_user_message(request: web.Request) -> web.Response:
     """POST /v1/threads/{thread_id}/user_message"""
-    settings = request.app[SETTINGS]
     state = await _own_thread(request)
     body = await _body(request, required=True)
     text = _string(body, "input_text")
-    limit = settings.policy.max_input_chars
+    event, message_id = await submit_user_message(request, state, text,
+                                                  _idempotency_key(request))
+    return _post_answer(event, state.thread_id, message_id)
+
+
+async def submit_user_message(request: web.Request, state: ThreadState, text: str,
+                              key: str | None) -> tuple[Event | None, str]:
+    """Check `text`, the tenant's run limit, and post it to the thread: the decision
+    (None while pending) and the user message's id (the key's, if one is given)."""
+    limit = request.app[SETTINGS].policy.max_input_chars
     if not text.strip():
         raise Problem(422, "invalid-input", "'input_text' is empty", field="input_text")
     if len(text) > limit:
         raise Problem(422, "invalid-input", f"'input_text' has {len(text)} characters, the "
                       f"limit is {limit}", field="input_text")
-    key = _idempotency_key(request)
     tenant, thread_id = request[TENANT], state.thread_id
     read_model = request.app[READ_MODEL]
     request.app[LIMITER].admit_run(tenant, tenant_active_runs(read_model, tenant))
     message_id = idempotent_message_id_for(tenant, thread_id, key) if key else str(uuid.uuid4())
     command = PostUserMessage(thread_id, tenant, message_id, text, key, now_ms())
-    request.app[READ_MODEL].note_write(thread_id)
+    read_model.note_write(thread_id)
     event = await request.app[BUS].decide(command, tenant, new_traceparent(
         request.headers.get("traceparent")))
-    return _post_answer(event, thread_id, message_id)
+    return event, message_id
 
 
 def _post_answer(event: Event | None, thread_id: str, message_id: str) -> web.Response:
@@ -294,15 +302,22 @@ def _post_answer(event: Event | None, thread_id: str, message_id: str) -> web.Re
                 "run_id": run_id_for(thread_id, message_id)}
     if event is None:
         return _json(202, {**accepted, "status": "pending"})
-    if isinstance(event, MessageAccepted | RunAccepted):
+    run_id, replayed = decided_run(event, thread_id, message_id)
+    if not replayed:
         return _json(202, {**accepted, "status": "accepted"})
+    return _json(202, {**accepted, "run_id": run_id, "status": "accepted", "replayed": True})
+
+
+def decided_run(event: Event, thread_id: str, message_id: str) -> tuple[str, bool]:
+    """The run a post's decision started (or, for a duplicate, the original's, with
+    True); a rejection raises its problem (409 while a run is active, 422, 404)."""
+    if isinstance(event, MessageAccepted | RunAccepted):
+        return run_id_for(thread_id, message_id), False
     if not isinstance(event, RunRejected):
         raise Problem(500, "internal", f"unexpected decision {type(event).__name__}")
     match event.reason:
         case RejectReason.DUPLICATE:
-            run_id = event.existing_run_id or accepted["run_id"]
-            return _json(202, {**accepted, "run_id": run_id, "status": "accepted",
-                               "replayed": True})
+            return event.existing_run_id or run_id_for(thread_id, message_id), True
         case RejectReason.CONFLICT:
             raise Problem(409, "run-active", "another run is active on the thread; "
                           "wait for it to end or cancel it", active_run_id=event.existing_run_id)
@@ -327,6 +342,12 @@ async def cancel_run(request: web.Request) -> web.Response:
     if run.status is not None and run.status.is_terminal:
         raise Problem(409, "run-finished", f"the run already ended ({run.status.value})",
                       run_status=run.status.value)
+    return await cancel(request, state, run_id, reason)
+
+
+async def cancel(request: web.Request, state: ThreadState, run_id: str,
+                 reason: str) -> web.Response:
+    """Cancel a run of the thread: 202 cancelled (or pending), 409 if it ended first."""
     tenant = request[TENANT]
     command = CancelRun(state.thread_id, tenant, run_id, reason, now_ms())
     request.app[READ_MODEL].note_write(state.thread_id)

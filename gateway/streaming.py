@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from aiohttp import web
 from aiohttp.http_writer import StreamWriter
@@ -41,7 +42,7 @@ from gateway.sse import (
 from gateway.tokens import BadEventId
 from streams.domain import ThreadState
 
-__all__ = ["run_events", "thread_stream"]
+__all__ = ["Framing", "run_events", "serve_run", "thread_stream"]
 
 log = logging.getLogger("threadline.gateway")
 
@@ -87,23 +88,46 @@ async def _resume(request: web.Request, partition: int, state: ThreadState,
     return _Plan(event_id.position, scan_from, event_id.run_id)
 
 
+class Framing(Protocol):
+    """How a stream's events become bytes, when not as our own SSE frames (one
+    instance per connection: it may keep state, e.g. `gateway.ui_stream`)."""
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Response headers beyond the SSE ones."""
+
+    def encode(self, events: list[SseEvent]) -> bytes:
+        """The bytes of these events, each new to the client, in order."""
+
+    def gone(self, thread_id: str, run_id: str | None) -> bytes:
+        """The bytes that say the replay position left the topic."""
+
+
 class _Writer:
     def __init__(self, response: web.StreamResponse, run_stream: bool,
-                 max_buffered: int = 1 << 20) -> None:
+                 max_buffered: int = 1 << 20, framing: Framing | None = None) -> None:
         self.response, self.run_stream = response, run_stream
         self.max_buffered = max_buffered
+        self.framing = framing
         self.last: Position = (-1, -1)
         self.done = False
 
     def _frames(self, events: list[SseEvent]) -> bytes:
-        frames = []
+        new = []
         for event in events:
             if event.position <= self.last or self.done:
                 continue
-            frames.append(event.frame)
+            new.append(event)
             self.last = event.position
             self.done = self.run_stream and event.terminal
-        return b"".join(frames)
+        if self.framing is not None:
+            return self.framing.encode(new) if new else b""
+        return b"".join([event.frame for event in new])
+
+    def gone(self, thread_id: str, run_id: str | None) -> bytes:
+        if self.framing is not None:
+            return self.framing.gone(thread_id, run_id)
+        return not_streaming_frame(thread_id, run_id)
 
     async def send(self, events: list[SseEvent]) -> None:
         data = self._frames(events)
@@ -182,8 +206,14 @@ async def _fresh_plan(request: web.Request, state: ThreadState, run: RunView | N
     return _Plan((-1, -1), 0, run_id, run.accepted_at_ms - FIND_RUN_MARGIN_MS)
 
 
-async def _serve(request: web.Request, state: ThreadState, run: RunView | None) -> \
-        web.StreamResponse:
+async def serve_run(request: web.Request, run: RunView, framing: Framing) -> web.StreamResponse:
+    """One run's events from its start, framed by `framing` (its frames carry no
+    event ids, so a client of it resumes by reading the run from its start again)."""
+    return await _serve(request, run.state, run, framing)
+
+
+async def _serve(request: web.Request, state: ThreadState, run: RunView | None,
+                 framing: Framing | None = None) -> web.StreamResponse:
     run_id = None if run is None else run.run_id
     app = request.app
     feed, limiter, tenant = app[FEED], app[LIMITER], request[TENANT]
@@ -198,10 +228,11 @@ async def _serve(request: web.Request, state: ThreadState, run: RunView | None) 
         try:
             if _needs_replay(plan, covered):
                 replaying.enter_context(limiter.replay(tenant))
-            response = web.StreamResponse(headers=SSE_HEADERS)
+            headers = SSE_HEADERS if framing is None else {**SSE_HEADERS, **framing.headers}
+            response = web.StreamResponse(headers=headers)
             await response.prepare(request)
             return await _stream(request, response, state, run, plan, sub, snapshot,
-                                 covered, here, replaying)
+                                 covered, here, replaying, framing)
         finally:
             feed.unsubscribe(sub)
 
@@ -212,13 +243,13 @@ def _needs_replay(plan: _Plan, covered: Position) -> bool:
 
 async def _stream(request: web.Request, response: web.StreamResponse, state: ThreadState,
                   run: RunView | None, plan: _Plan, sub: Subscriber, snapshot: list[SseEvent],
-                  covered: Position, here: int,
-                  replaying: contextlib.ExitStack) -> web.StreamResponse:
+                  covered: Position, here: int, replaying: contextlib.ExitStack,
+                  framing: Framing | None = None) -> web.StreamResponse:
     """Catch up (releasing the replay slot after), then live, on a prepared response."""
     feed, options = request.app[FEED], request.app[OPTIONS]
     partition = feed.partition_of(state.thread_id)
     run_id = None if run is None else run.run_id
-    out = _Writer(response, run_id is not None)
+    out = _Writer(response, run_id is not None, framing=framing)
     # Nothing at or before the resume position, whatever path it comes by: this
     # gateway's feed may be behind the one the client read before, and then the
     # live queue still brings events the client has (found by the chaos run).
@@ -234,7 +265,7 @@ async def _stream(request: web.Request, response: web.StreamResponse, state: Thr
                     await _catch_up(request, out, plan, partition, state.thread_id, run_id,
                                     covered)
                 except ReplayGone:
-                    await response.write(not_streaming_frame(state.thread_id, plan.run_id))
+                    await response.write(out.gone(state.thread_id, plan.run_id))
                     if run_id is not None:
                         return response
                     plan = await _fresh_plan(request, state, None, here) if fallback == 0 \

@@ -1,0 +1,212 @@
+"""The official AI SDK (`ai`, pinned in tests/node) in Node against the real stack:
+its Chat logic over its own HTTP chat transport and strict stream parser streams
+answers, stops a run (the cancel endpoint, then `stop()`), and resumes a run after
+the gateway process is killed mid-answer, ending with the stored message's text.
+
+The script is tests/node/ai_chat.mjs; it prints `MARK` lines where the driver acts
+(kill -9 the gateway, restart it) and waits for `GO` lines, then one `RESULT`."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from streams.testing.process import wait_for
+from tests.frontends.stack import KEY, ProcessStack
+from tests.npm_kit import NODE_DIR, node_modules, require_tool
+
+pytestmark = pytest.mark.kafka
+
+LINE_TIMEOUT_S = 120.0
+
+
+class NodeScript:
+    """tests/node/ai_chat.mjs running one scenario, read line by line."""
+
+    def __init__(self, stack: ProcessStack, scenario: str) -> None:
+        node_modules()
+        self.proc = subprocess.Popen(
+            [require_tool("node"), "ai_chat.mjs", scenario], cwd=NODE_DIR, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env={**os.environ, "THREADLINE_BASE_URL": stack.base, "THREADLINE_KEY": KEY})
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.output: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def until(self, word: str) -> tuple[str, Any]:
+        """The next `MARK name {json}` or `RESULT {json}` line (anything else is log)."""
+        while True:
+            try:
+                line = self.lines.get(timeout=LINE_TIMEOUT_S)
+            except queue.Empty:
+                raise AssertionError(f"no {word} line:\n{''.join(self.output)}") from None
+            if line is None:
+                raise AssertionError(f"node ended before {word}:\n{''.join(self.output)}")
+            if line.startswith(word + " "):
+                rest = line[len(word) + 1:]
+                name, _, data = rest.partition(" ") if word == "MARK" else ("", "", rest)
+                return name, json.loads(data)
+
+    def go(self, name: str) -> None:
+        """Let the script past its `go(name)`."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"GO {name}\n")
+        self.proc.stdin.flush()
+
+    def result(self) -> dict[str, Any]:
+        """The script's RESULT, once it exits; a failure inside it fails the test."""
+        _, result = self.until("RESULT")
+        self.proc.wait(timeout=30)
+        assert "failure" not in result, result["failure"]
+        return dict(result)
+
+
+def _answers(stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [m for m in stored if m["role"] == "assistant"]
+
+
+def _text(ui_message: dict[str, Any]) -> str:
+    return "".join(p["text"] for p in ui_message["parts"] if p["type"] == "text")
+
+
+def test_the_sdk_streams_two_answers_equal_to_the_stored_messages(
+        processes: ProcessStack) -> None:
+    """Two `sendMessage`s on a new chat id: the thread is created, both answers stream
+    through the SDK's validation, each with a step, a tool part and a source."""
+    result = NodeScript(processes, "stream").result()
+    assert result["errors"] == []
+    answers = _answers(result["stored"])
+    assert len(answers) == 2
+    for streamed, stored in zip(result["results"], answers, strict=True):
+        assert streamed["status"] == "ready"
+        assert streamed["text"] == _text(stored)
+        assert streamed["id"] == stored["id"]  # the `start` chunk names the stored message
+        assert {"step-start", "text", "dynamic-tool", "source-url", "data-run"} <= \
+            set(streamed["parts"])
+        assert streamed["metadata"]["status"] == "completed"
+    assert {"run_accepted", "attempt_dispatched", "run_completed"} <= set(result["data"])
+
+
+def test_cancel_then_stop_really_stops_the_run(processes: ProcessStack) -> None:
+    """The cancel endpoint ends the run (not only the fetch); nothing is left to resume."""
+    result = NodeScript(processes, "stop").result()
+    assert result["cancelStatus"] == 202, result["cancel"]
+    assert result["status"] == "ready"
+    assert result["resumeStatus"] == 204
+    thread_id = result["metadata"]["thread_id"]
+    status, listing = processes.call("GET", f"/v1/threads/{thread_id}/messages")
+    assert status == 200
+    users = [m for m in listing["messages"] if m["role"] == "user"]
+    assert [u["run_status"] for u in users] == ["cancelled"]
+    assert _answers(listing["messages"]) == []
+
+
+def test_resume_after_the_gateway_is_killed_ends_with_the_stored_text(
+        processes: ProcessStack) -> None:
+    """kill -9 of the gateway mid-answer: the fetch fails; `resumeStream()` replays the
+    run from the durable log and the answer ends equal to the stored message."""
+    script = NodeScript(processes, "resume")
+    _, streaming = script.until("MARK")
+    assert streaming["chars"] > 0
+    processes.gateway.kill9()
+    script.go("killed")
+    processes.restart(processes.gateway)  # already dead: starts it and waits for health
+    script.go("restarted")
+    result = script.result()
+    assert result["statusAfterKill"] == "error", "the kill should have broken the fetch"
+    assert result["status"] == "ready", result["errors"]
+    answers = _answers(result["stored"])
+    assert len(answers) == 1, processes.logs()
+    assert result["text"] == _text(answers[0])
+    assert result["id"] == answers[0]["id"]
+    assert result["text"].startswith(result["seenBefore"])
+
+
+def test_after_a_worker_kill_the_answering_attempt_equals_the_stored_message(
+        processes: ProcessStack) -> None:
+    """kill -9 of the worker mid-answer: the stream goes on with the next attempt in a new
+    step; the text of the attempt that `finish` names equals the stored message."""
+    script = NodeScript(processes, "worker")
+    script.until("MARK")
+    processes.restart(processes.worker)
+    result = script.result()
+    assert result["status"] == "ready", result["errors"]
+    assert result["parts"].count("step-start") >= 2
+    answers = _answers(result["stored"])
+    assert len(answers) == 1
+    assert result["metadata"]["attempt"] >= 2 and result["attempts"][-1] == \
+        result["metadata"]["attempt"]
+    assert result["text"] == _text(answers[0]) and result["id"] == answers[0]["id"]
+
+
+def _chat(stack: ProcessStack, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(
+        stack.base + "/v1/ai/chat", method="POST", data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+def _chunks(raw: bytes) -> list[Any]:
+    return [line[len("data: "):] if line == "data: [DONE]" else json.loads(line[len("data: "):])
+            for line in raw.decode().split("\n") if line.startswith("data: ")]
+
+
+def _user(message_id: str, text: str) -> dict[str, Any]:
+    return {"id": message_id, "role": "user", "parts": [{"type": "text", "text": text}]}
+
+
+def test_the_chat_endpoint_keeps_the_native_rules(processes: ProcessStack) -> None:
+    """The header; a resend of the same message replays its run; another message while a
+    run is active is 409; a regenerate is 422; an idle or unknown chat resumes with 204."""
+    chat_id = f"rules-{uuid.uuid4().hex[:8]}"
+    first = {"id": chat_id, "trigger": "submit-message", "messageId": None,
+             "messages": [_user("m1", "first question")]}
+    status, headers, raw = _chat(processes, first)
+    assert status == 200 and headers["x-vercel-ai-ui-message-stream"] == "v1"
+    chunks = _chunks(raw)
+    assert chunks[0]["type"] == "start" and chunks[-1] == "[DONE]"
+    status, _, again = _chat(processes, first)  # the same UI message id: the same run
+    assert status == 200 and _chunks(again) == chunks
+    slow = {**first, "messages": [_user("m1", "first question"), _user("m2", "[slow] long")]}
+    with ThreadPoolExecutor(1) as pool:
+        streaming = pool.submit(_chat, processes, slow)
+        thread_id = chunks[0]["messageMetadata"]["thread_id"]
+        wait_for(lambda: processes.call("GET", f"/v1/threads/{thread_id}")[1]["active_run"],
+                 timeout=60)
+        status, _, problem = _chat(processes, {**first, "messages": [_user("m3", "more")]})
+        assert status == 409, problem
+        assert json.loads(problem)["active_run_id"]
+        assert _chat(processes, {**slow, "trigger": "regenerate-message"})[0] == 422
+        cancel = urllib.request.Request(
+            f"{processes.base}/v1/ai/chat/{chat_id}/cancel", method="POST",
+            headers={"Authorization": f"Bearer {KEY}"})
+        with urllib.request.urlopen(cancel, timeout=60) as response:
+            assert response.status == 202
+        status, _, raw = streaming.result(timeout=120)
+    assert [c if c == "[DONE]" else c["type"] for c in _chunks(raw)][-2:] == ["abort", "[DONE]"]
+    for chat in (chat_id, "never-used"):
+        resume = urllib.request.Request(f"{processes.base}/v1/ai/chat/{chat}/stream",
+                                        headers={"Authorization": f"Bearer {KEY}"})
+        with urllib.request.urlopen(resume, timeout=60) as response:
+            assert response.status == 204

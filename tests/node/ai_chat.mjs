@@ -1,0 +1,159 @@
+// The official AI SDK (`ai`, pinned in package.json) against a running Threadline
+// gateway: its Chat logic (AbstractChat) over its own DefaultChatTransport, whose
+// stream parser validates every chunk against the SDK's strict schema.
+//
+// Driven by tests/frontends/test_ai_sdk.py. Scenario from argv[2]; the gateway's
+// base URL and key from THREADLINE_BASE_URL and THREADLINE_KEY. It prints
+// "MARK <name> <json>" lines and, where the driver must act (kill the gateway),
+// waits for "GO <name>" on stdin. The last line is "RESULT <json>".
+import { AbstractChat, DefaultChatTransport } from "ai";
+import { createInterface } from "node:readline";
+
+const base = process.env.THREADLINE_BASE_URL;
+const auth = { Authorization: `Bearer ${process.env.THREADLINE_KEY}` };
+const api = `${base}/v1/ai/chat`;
+
+const lines = createInterface({ input: process.stdin });
+const waiting = new Map();
+lines.on("line", (line) => {
+  const [word, name] = line.trim().split(" ");
+  if (word === "GO" && waiting.has(name)) { waiting.get(name)(); waiting.delete(name); }
+});
+const go = (name) => new Promise((resolve) => waiting.set(name, resolve));
+const mark = (name, data = {}) => console.log(`MARK ${name} ${JSON.stringify(data)}`);
+
+class State {
+  constructor() { this.messages = []; this.status = "ready"; this.error = undefined; }
+  pushMessage(m) { this.messages = this.messages.concat(m); }
+  popMessage() { this.messages = this.messages.slice(0, -1); }
+  replaceMessage(i, m) { this.messages = [...this.messages.slice(0, i), m, ...this.messages.slice(i + 1)]; }
+  snapshot(thing) { return structuredClone(thing); }
+}
+
+class Chat extends AbstractChat {
+  constructor(init) {
+    const state = new State();
+    super({ ...init, state });
+    this.errors = [];
+    this.data = [];
+  }
+}
+
+function newChat(id) {
+  const chat = new Chat({
+    id,
+    transport: new DefaultChatTransport({ api, headers: auth }),
+    onError: (error) => chat.errors.push(String(error && error.message)),
+    onData: (part) => chat.data.push(structuredClone(part)), // the SDK later updates a part in place
+  });
+  return chat;
+}
+
+const lastAssistant = (chat) => [...chat.messages].reverse().find((m) => m.role === "assistant");
+// The text of the attempt that answered: a superseded attempt's text parts stay in
+// the message, tagged with their attempt (docs/clients.md).
+function answerText(message) {
+  if (!message) return null;
+  const attempt = message.metadata && message.metadata.attempt;
+  return message.parts
+    .filter((p) => p.type === "text")
+    .filter((p) => attempt == null || !p.providerMetadata || p.providerMetadata.threadline.attempt === attempt)
+    .map((p) => p.text).join("");
+}
+
+async function stored(chatId) {
+  const response = await fetch(`${api}/${encodeURIComponent(chatId)}/messages`, { headers: auth });
+  return (await response.json()).messages;
+}
+
+async function until(check, what, timeoutMs = 60_000) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = check();
+    if (value) return value;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+const streamingText = (chat) => {
+  const m = lastAssistant(chat);
+  return m && m.parts.some((p) => p.type === "text" && p.text.length > 0);
+};
+
+const scenarios = {
+  // Two answers streamed through the SDK, each equal to the stored message.
+  async stream() {
+    const chat = newChat(`node-stream-${Date.now()}`);
+    const results = [];
+    for (const text of ["hello from the AI SDK", "and a second question"]) {
+      await chat.sendMessage({ text });
+      const message = lastAssistant(chat);
+      results.push({ status: chat.status, text: answerText(message), id: message && message.id,
+                     parts: message ? message.parts.map((p) => p.type) : [], metadata: message && message.metadata });
+    }
+    return { chatId: chat.id, results, errors: chat.errors, data: chat.data.map((d) => d.data.event),
+             stored: await stored(chat.id) };
+  },
+
+  // The app's stop: the cancel endpoint, then the SDK's stop().
+  async stop() {
+    const chat = newChat(`node-stop-${Date.now()}`);
+    const sending = chat.sendMessage({ text: "[slow] stop me" });
+    await until(() => streamingText(chat), "the first text");
+    const cancel = await fetch(`${api}/${encodeURIComponent(chat.id)}/cancel`, { method: "POST", headers: auth });
+    await chat.stop();
+    await sending;
+    const after = await fetch(`${api}/${encodeURIComponent(chat.id)}/stream`, { headers: auth });
+    return { chatId: chat.id, cancelStatus: cancel.status, cancel: await cancel.json(), status: chat.status,
+             resumeStatus: after.status, metadata: lastAssistant(chat).metadata, errors: chat.errors,
+             stored: await stored(chat.id) };
+  },
+
+  // A reload resumes: the gateway is killed mid-answer, the fetch fails, and
+  // resumeStream() (GET .../{id}/stream) replays the active run from its start.
+  async resume() {
+    const chat = newChat(`node-resume-${Date.now()}`);
+    const sending = chat.sendMessage({ text: "[slow] survive a gateway kill" });
+    await until(() => streamingText(chat), "the first text");
+    const seenBefore = answerText(lastAssistant(chat));
+    mark("streaming", { chars: seenBefore.length });
+    await go("killed");
+    await sending;
+    const statusAfterKill = chat.status;
+    await go("restarted");
+    // As after a reload: the partial answer is not a stored message, so drop it
+    // and let the replay rebuild it whole.
+    if (chat.lastMessage && chat.lastMessage.role === "assistant") chat.messages = chat.messages.slice(0, -1);
+    await chat.resumeStream();
+    const message = lastAssistant(chat);
+    return { chatId: chat.id, statusAfterKill, seenBefore, status: chat.status, text: answerText(message),
+             id: message && message.id, metadata: message && message.metadata, errors: chat.errors,
+             stored: await stored(chat.id) };
+  },
+
+  // The worker killed mid-answer: the next attempt starts over. The SDK cannot take
+  // text back, so the superseded attempt's text part stays, tagged with its attempt;
+  // the answer is the text of the attempt `finish` names.
+  async worker() {
+    const chat = newChat(`node-worker-${Date.now()}`);
+    const sending = chat.sendMessage({ text: "[slow] survive a worker kill" });
+    await until(() => streamingText(chat), "the first text");
+    mark("streaming");
+    await sending;
+    const message = lastAssistant(chat);
+    return { chatId: chat.id, status: chat.status, text: answerText(message), id: message.id,
+             metadata: message.metadata, errors: chat.errors, parts: message.parts.map((p) => p.type),
+             attempts: message.parts.filter((p) => p.type === "text").map((p) => p.providerMetadata.threadline.attempt),
+             stored: await stored(chat.id) };
+  },
+};
+
+try {
+  const result = await scenarios[process.argv[2]]();
+  console.log(`RESULT ${JSON.stringify(result)}`);
+  process.exit(0);
+} catch (error) {
+  console.log(`RESULT ${JSON.stringify({ failure: String(error && error.stack) })}`);
+  process.exit(1);
+}
