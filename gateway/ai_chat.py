@@ -34,7 +34,8 @@ from gateway.read_model import RunView
 from gateway.sse import SseEvent
 from gateway.streaming import serve_run
 from gateway.ui_stream import DONE, UI_STREAM_HEADERS, UiMessageStream, chunk_frame, ui_message
-from streams.domain import CreateThread, ThreadState
+from streams.clock import now_ms
+from streams.domain import CreateThread, ThreadCreated, ThreadState
 from streams.ids import run_id_for
 
 __all__ = ["UiFraming", "cancel_chat", "chat", "chat_messages", "chat_thread_id", "resume_chat",
@@ -113,11 +114,14 @@ async def _create(request: web.Request, chat_id: str, title: str) -> ThreadState
     thread_id = chat_thread_id(tenant, chat_id)
     read_model = request.app[READ_MODEL]
     read_model.note_write(thread_id)
+    event = await request.app[BUS].decide(CreateThread(thread_id, tenant, title[:TITLE_CHARS],
+                                                       now_ms()),
+                                          tenant, new_traceparent(request.headers.get("traceparent")))
+    if isinstance(event, ThreadCreated):  # decided: no need to wait for the read model
+        return ThreadState(thread_id=thread_id, tenant=tenant, title=event.title,
+                           created_at_ms=event.at_ms)
     # A thread created meanwhile (two first posts) decides nothing: the wait times
     # out and the read below finds it.
-    await request.app[BUS].decide(CreateThread(thread_id, tenant, title[:TITLE_CHARS],
-                                               int(time.time() * 1000)),
-                                  tenant, new_traceparent(request.headers.get("traceparent")))
     state = await read_model.thread(tenant, thread_id, fresh=True)
     if state is None:
         raise Problem(503, "pending", "the chat's thread is being created; retry shortly",
