@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway import rest, streaming
+from gateway import langgraph, rest, streaming
 from gateway.auth import RedactingAccessLogger, auth_middleware
 from gateway.decisions import CommandBus
 from gateway.demo import demo_page
@@ -113,6 +113,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     app.router.add_post("/v1/threads/{thread_id}/runs/{run_id}/cancel", rest.cancel_run)
     app.router.add_get("/v1/threads/{thread_id}/stream", streaming.thread_stream)
     app.router.add_get("/v1/runs/{run_id}/events", streaming.run_events)
+    langgraph.setup(app)  # the LangGraph Platform runs API, under /langgraph
     return app
 
 
