@@ -139,7 +139,20 @@ def _int(value: object, name: str, default: int, maximum: int) -> int:
     return number
 
 
+def _is_text(value: object) -> bool:
+    """A string every layer can carry (JSON and URLs let unpaired surrogates through)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 async def _find(request: web.Request, lg_id: str) -> ThreadState | None:
+    if not _is_text(lg_id) or not lg_id or len(lg_id) > MAX_THREAD_ID_CHARS:
+        return None
     tenant, read_model = request[TENANT], request.app[READ_MODEL]
     state = await read_model.thread(tenant, internal_thread_id(tenant, lg_id))
     if state is None and _is_uuid(lg_id):  # a thread made over /v1, by its own id
@@ -179,7 +192,7 @@ async def create_thread(request: web.Request) -> web.Response:
     await _ready(request)
     body = await _body(request)
     lg_id = body.get("thread_id") or str(uuid.uuid4())
-    if not isinstance(lg_id, str) or len(lg_id) > MAX_THREAD_ID_CHARS or \
+    if not _is_text(lg_id) or len(lg_id) > MAX_THREAD_ID_CHARS or \
             not lg_id.isprintable() or "/" in lg_id:
         raise Problem(422, "invalid-body", f"'thread_id' must be 1 to {MAX_THREAD_ID_CHARS} "
                       "printable characters without '/'", field="thread_id")
@@ -243,7 +256,8 @@ async def get_state(request: web.Request) -> web.Response:
     """GET /threads/{thread_id}/state[?before=seq]: the newest messages, bounded."""
     state = await _thread(request)
     before = request.query.get("before")
-    if before is not None and not before.isdigit():
+    if before is not None and not (before.isascii() and before.isdigit() and
+                                   int(before) < (1 << 63) - 1):
         raise Problem(400, "bad-cursor", "'before' is the messages_before of a state")
     return web.json_response(await _state(request, state, None if before is None else
                                           int(before)))
@@ -298,7 +312,8 @@ def _input_text(body: dict[str, Any]) -> str:
             raise Problem(422, "unsupported", f"'{name}' is not supported by this server",
                           field=name)
     assistant_id = body.get("assistant_id")
-    if assistant_id is not None and assistant_id not in ASSISTANT_NAMES:
+    if assistant_id is not None and (not isinstance(assistant_id, str) or
+                                     assistant_id not in ASSISTANT_NAMES):
         raise Problem(404, "not-found", "no such assistant")
     raw = body.get("input")
     messages = raw.get("messages") if isinstance(raw, dict) else None
@@ -306,6 +321,9 @@ def _input_text(body: dict[str, Any]) -> str:
         messages = [messages]
     texts = [_text(m) for m in messages or [] if isinstance(m, dict) and
              (m.get("role") in ("user", "human") or m.get("type") == "human")]
+    if texts and not _is_text(texts[-1]):
+        raise Problem(422, "invalid-input", "the user message holds an unpaired surrogate: "
+                      "not Unicode text", field="input")
     if not texts or not texts[-1].strip():
         raise Problem(422, "invalid-input", "the input needs a user message: "
                       '{"messages": [{"role": "user", "content": "..."}]}', field="input")
@@ -411,7 +429,8 @@ def _resume_point(request: web.Request, state: ThreadState, run_id: str,
         event_id = request.app[FEED].tokens.verify(token, state.thread_id)
     except BadEventId as exc:
         raise Problem(400, "bad-last-event-id", str(exc)) from exc
-    if event_id.run_id != run_id or (index and not index.isdigit()):
+    if event_id.run_id != run_id or (index and not (index.isascii() and index.isdigit() and
+                                                    len(index) <= 6)):
         raise Problem(400, "bad-last-event-id", "the event id is not from this run's stream")
     return token, int(index) + 1 if index else -1  # -1: every part of it was sent
 
@@ -490,6 +509,8 @@ async def _stream(request: web.Request, state: ThreadState, run_id: str,
             else:
                 parts = _parts(translator, name, data)
                 start = 0
+                if name == "message_not_streaming":
+                    skipping = False  # the run's events are gone: say how it ended
                 if skipping and resume is not None:
                     if sse_id != resume[0]:
                         parts = []
