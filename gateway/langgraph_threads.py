@@ -113,11 +113,13 @@ def _is_uuid(text: str) -> bool:
         return False
 
 
-async def values_view(request: web.Request, state: ThreadState, cap: int = VALUES_CAP,
-                  before: int | None = None) -> tuple[dict[str, Any], int | None]:
-    """The newest `cap` messages (before seq `before`), and the seq to page on from."""
+async def values_view(request: web.Request, state: ThreadState, cap: int | None = None,
+                      before: int | None = None) -> tuple[dict[str, Any], int | None]:
+    """The newest `cap` (VALUES_CAP) messages before seq `before`, and the seq to page on
+    from (None at the first message)."""
     page = request.app[READ_MODEL].messages(
-        state.thread_id, before=END_SEQ if before is None else before, limit=cap)
+        state.thread_id, before=END_SEQ if before is None else before,
+        limit=VALUES_CAP if cap is None else cap)
     older = page.records[0].seq if page.more and page.records else None
     return {"messages": [lg_message(r) for r in page.records]}, older
 
@@ -201,7 +203,7 @@ async def get_state(request: web.Request) -> web.Response:
 
 async def _state(request: web.Request, state: ThreadState,
                  before: int | None = None) -> dict[str, Any]:
-    values, older = await values_view(request, state, VALUES_CAP, before)
+    values, older = await values_view(request, state, None, before)
     view = thread_json(state, values)
     return {"values": values, "next": [] if state.active_run is None else ["agent"],
             "tasks": [], "interrupts": [],

@@ -14,6 +14,7 @@ from langgraph_sdk import get_client
 from langgraph_sdk.errors import ConflictError, NotFoundError, UnprocessableEntityError
 from langgraph_sdk.schema import StreamPart
 
+from gateway import langgraph_threads
 from streams.broker import free_port
 from tests.gateway.conftest import Stack, wait_healthy
 from tests.kafka_helpers import RoleProcess
@@ -93,6 +94,29 @@ async def test_stream_in_messages_modes_gets_the_stored_answer(stack: Stack) -> 
         thread["thread_id"], "agent", input=_input("and once more"), stream_mode="messages")]
     stored = await _stored(client, thread["thread_id"])
     assert _screen(parts) == {stored["id"]: stored["content"]}
+
+
+async def test_values_and_state_are_bounded_and_page_back(stack: Stack,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`values` parts and /state hold the newest VALUES_CAP messages; `before` pages back."""
+    monkeypatch.setattr(langgraph_threads, "VALUES_CAP", 1)
+    client = _client(stack.url("/"))
+    thread_id = (await client.threads.create())["thread_id"]
+    await client.runs.wait(thread_id, "agent", input=_input("first"))
+    parts = [p async for p in client.runs.stream(thread_id, "agent", input=_input("second"),
+                                                 stream_mode="values")]
+    assert all(len(p.data["messages"]) == 1 for p in parts if p.event == "values")
+    pages, before = [], None
+    while True:
+        state = await client.threads.get_state(
+            thread_id, params=None if before is None else {"before": before})
+        pages.append(state["values"]["messages"])
+        before = state["metadata"]["messages_before"]
+        if before is None:
+            break
+    texts = [m["content"] for page in reversed(pages) for m in page]
+    assert [m["type"] for page in reversed(pages) for m in page] == ["human", "ai"] * 2
+    assert texts[0] == "first" and texts[2] == "second"
 
 
 async def test_wait_cancel_and_the_multitask_strategy(stack: Stack) -> None:
