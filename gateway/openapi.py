@@ -34,7 +34,9 @@ _SSE_PARAMS = [
      "description": "Reference-API name of last_event_id."},
     {"name": "last_message_id", "in": "query", "schema": {"type": "string"},
      "description": "Reference API: a message the client holds; alone, the stream starts "
-                    "as a fresh one (the run in progress, else live)."},
+                    "as a fresh one (the run in progress, else live). With last_entry_id "
+                    "(both from the last event's data: id and seq): right after that event "
+                    "while the message streams, message_not_streaming once it ended."},
     {"name": "access_token", "in": "query", "schema": {"type": "string"},
      "description": "The API key, for EventSource clients (also the threadline_token cookie)."},
 ]
