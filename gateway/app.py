@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway import ai_chat, console, rest, streaming
+from gateway import ai_chat, console, langgraph, rest, streaming
 from gateway.auth import RedactingAccessLogger, auth_middleware
 from gateway.decisions import CommandBus
 from gateway.demo import demo_page
@@ -115,6 +115,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     app.router.add_get("/v1/runs/{run_id}/events", streaming.run_events)
     ai_chat.routes(app)
     console.routes(app)
+    langgraph.setup(app)  # the LangGraph Platform runs API, under /langgraph
     return app
 
 

@@ -1,6 +1,7 @@
 """API keys to tenants, and an access log that never writes a key.
 
-`Authorization: Bearer <key>` everywhere. The SSE routes also accept
+`Authorization: Bearer <key>` everywhere, or `x-api-key: <key>` (what the LangGraph
+SDKs send, `gateway.langgraph`). The SSE routes also accept
 `?access_token=<key>` and the `threadline_token` cookie, because browsers'
 EventSource cannot set headers. Keys map to tenants through `settings.api_keys`.
 """
@@ -62,6 +63,8 @@ def auth_middleware(keys: Mapping[str, str]) -> Middleware:
             if scheme.lower() != "bearer" or not value.strip():
                 raise _unauthorized("Authorization must be 'Bearer <api key>'")
             presented = value.strip()
+        elif request.headers.get("x-api-key"):
+            presented = request.headers["x-api-key"].strip()
         elif _SSE_PATH.match(request.path):
             presented = request.query.get("access_token") or request.cookies.get(COOKIE)
         if not presented:

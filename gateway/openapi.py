@@ -36,7 +36,9 @@ _SSE_PARAMS = [
      "description": "Reference-API name of last_event_id."},
     {"name": "last_message_id", "in": "query", "schema": {"type": "string"},
      "description": "Reference API: a message the client holds; alone, the stream starts "
-                    "as a fresh one (the run in progress, else live)."},
+                    "as a fresh one (the run in progress, else live). With last_entry_id "
+                    "(both from the last event's data: id and seq): right after that event "
+                    "while the message streams, message_not_streaming once it ended."},
     {"name": "access_token", "in": "query", "schema": {"type": "string"},
      "description": "The API key, for EventSource clients (also the threadline_token cookie)."},
 ]
@@ -57,11 +59,82 @@ _SSE = {"description": "text/event-stream. Events: message_start, text_start, te
                        "run_cancelled, done (data [DONE]) and message_not_streaming.",
         "content": {"text/event-stream": {"schema": {"type": "string"}}}}
 
+# The LangGraph Platform runs API (gateway/langgraph.py); its objects are LangGraph's own.
+_LG = "/langgraph"
+_LG_SECURITY: list[dict[str, list[str]]] = [{"bearer": []}, {"apiKey": []}]
+_LG_OBJECT = {"description": "A LangGraph object (see langgraph-sdk's schema)",
+              "content": {"application/json": {"schema": {"type": ["object", "array", "null"]}}}}
+_LG_BODY = {"required": False, "content": {"application/json": {"schema": {"type": "object"}}}}
+_LG_RUN_BODY = {"required": True, "content": {"application/json": {"schema": {
+    "type": "object", "required": ["input"], "properties": {
+        "assistant_id": {"type": "string", "description": "`agent` or the assistant's id"},
+        "input": {"type": "object", "description": '{"messages": [{"role": "user", '
+                                                   '"content": "..."}]}'},
+        "stream_mode": {"type": ["string", "array"],
+                        "description": "values, messages, messages-tuple, updates, custom"},
+        "multitask_strategy": {"type": "string", "enum": ["reject"],
+                               "description": "only reject (409 while a run is active)"},
+        "if_not_exists": {"type": "string", "enum": ["create", "reject"]}}}}}}
+_LG_SSE = {"description": "text/event-stream: metadata, then the parts of the stream modes, "
+                          "then end; each id: resumes with Last-Event-ID",
+           "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+_LG_ERRORS = {"401": _UNAUTHORIZED, "404": _NOT_FOUND,
+              "409": _problem("A run is active, the thread exists, or the run ended"),
+              "422": _problem("Unsupported or invalid field (e.g. multitask_strategy)")}
+
+
+def _lg(summary: str, ok: dict[str, Any], params: list[dict[str, Any]] | None = None,
+        body: dict[str, Any] | None = None) -> dict[str, Any]:
+    operation: dict[str, Any] = {"summary": summary, "security": _LG_SECURITY,
+                                 "parameters": params or [],
+                                 "responses": {"200": ok, **_LG_ERRORS}}
+    if body is not None:
+        operation["requestBody"] = body
+    return operation
+
+
+_LG_PATHS: dict[str, Any] = {
+    f"{_LG}/threads": {"post": _lg("Create a thread (thread_id: the client's, per tenant)",
+                                   _LG_OBJECT, body=_LG_BODY)},
+    f"{_LG}/threads/search": {"post": _lg("The tenant's threads, newest first", _LG_OBJECT,
+                                          body=_LG_BODY)},
+    f"{_LG}/threads/{{thread_id}}": {"get": _lg("A thread", _LG_OBJECT, [_THREAD_ID])},
+    f"{_LG}/threads/{{thread_id}}/state": {"get": _lg(
+        "The thread's state: the newest 50 messages; metadata.messages_before pages on",
+        _LG_OBJECT, [_THREAD_ID, {"name": "before", "in": "query", "schema": {
+            "type": "string"}, "description": "messages_before of a state"}])},
+    f"{_LG}/threads/{{thread_id}}/history": {"post": _lg(
+        "The current state only", _LG_OBJECT, [_THREAD_ID], _LG_BODY)},
+    f"{_LG}/assistants/search": {"post": _lg("The one assistant", _LG_OBJECT, body=_LG_BODY)},
+    f"{_LG}/assistants/{{assistant_id}}": {"get": _lg("The assistant (`agent`)", _LG_OBJECT, [
+        {"name": "assistant_id", "in": "path", "required": True, "schema": {"type": "string"}}])},
+    f"{_LG}/threads/{{thread_id}}/runs": {
+        "post": _lg("A background run", _LG_OBJECT, [_THREAD_ID], _LG_RUN_BODY),
+        "get": _lg("The thread's runs, newest first", _LG_OBJECT, [_THREAD_ID])},
+    f"{_LG}/threads/{{thread_id}}/runs/stream": {"post": _lg(
+        "A run, streamed", _LG_SSE, [_THREAD_ID], _LG_RUN_BODY)},
+    f"{_LG}/threads/{{thread_id}}/runs/wait": {"post": _lg(
+        "A run; answers the thread's values once it ended", _LG_OBJECT, [_THREAD_ID],
+        _LG_RUN_BODY)},
+    f"{_LG}/threads/{{thread_id}}/runs/{{run_id}}": {"get": _lg(
+        "A run", _LG_OBJECT, [_THREAD_ID, _RUN_ID])},
+    f"{_LG}/threads/{{thread_id}}/runs/{{run_id}}/join": {"get": _lg(
+        "The thread's values once the run ended", _LG_OBJECT, [_THREAD_ID, _RUN_ID])},
+    f"{_LG}/threads/{{thread_id}}/runs/{{run_id}}/stream": {"get": _lg(
+        "Join a run's stream from its start, or after Last-Event-ID", _LG_SSE,
+        [_THREAD_ID, _RUN_ID, {"name": "Last-Event-ID", "in": "header",
+                               "schema": {"type": "string"}}])},
+    f"{_LG}/threads/{{thread_id}}/runs/{{run_id}}/cancel": {"post": {
+        **_lg("Cancel a run (action=interrupt only)", _LG_OBJECT, [_THREAD_ID, _RUN_ID]),
+        "responses": {"202": {"description": "Cancelled"}, **_LG_ERRORS}}},
+}
+
 SPEC: dict[str, Any] = {
     "openapi": "3.1.0",
     "info": {"title": "Threadline gateway", "version": "1"},
     "components": {
-        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                            "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}},
         "schemas": {
             "Problem": {"type": "object", "required": ["type", "title", "status"], "properties": {
                 "type": {"type": "string"}, "title": {"type": "string"},
@@ -254,6 +327,7 @@ SPEC: dict[str, Any] = {
             "parameters": [_THREAD_ID],
             "responses": {"200": {"description": "{thread_id, active_run, last_run}"},
                           "401": _UNAUTHORIZED, "404": _NOT_FOUND}}},
+        **_LG_PATHS,
     },
 }
 

@@ -192,7 +192,7 @@ async def create_thread(request: web.Request) -> web.Response:
         request.headers.get("traceparent")))
     location = {"Location": f"/v1/threads/{thread_id}"}
     if not isinstance(event, ThreadCreated):
-        return _json(202, {"thread_id": thread_id, "title": title,
+        return _json(202, {"id": thread_id, "thread_id": thread_id, "title": title,
                            "workflow_id": workflow_id_for(thread_id), "status": "pending"},
                      location)
     state = ThreadState(thread_id=thread_id, tenant=tenant, title=title,

@@ -14,8 +14,10 @@ Kafka starts reading so that its filter state equals the feed's.
 from __future__ import annotations
 
 import json
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 from gateway.tokens import ResumeTokens
@@ -41,6 +43,7 @@ __all__ = [
     "SseEvent",
     "comment_frame",
     "execution_of",
+    "iso_ms",
     "make_events",
     "not_streaming_frame",
     "retry_frame",
@@ -93,15 +96,32 @@ def comment_frame(text: str) -> bytes:
     return f": {text}\n\n".encode()
 
 
-def not_streaming_frame(thread_id: str, run_id: str | None) -> bytes:
-    """The replay position is gone from the topic: fetch the message over REST.
+@lru_cache(maxsize=4096)
+def _iso_seconds(seconds: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
 
-    No id line, so a reconnect resumes from the last real event id.
+
+def iso_ms(ms: int) -> str:
+    """Milliseconds since the epoch as ISO 8601 UTC: `2026-12-01T16:56:10.123Z`."""
+    seconds, milli = divmod(ms, 1000)
+    return f"{_iso_seconds(seconds)}.{milli:03d}Z"
+
+
+def not_streaming_frame(thread_id: str, run_id: str | None, *, seq: str | None = None,
+                        at_ms: int | None = None) -> bytes:
+    """The replay position is gone from the topic, or the message ended: fetch it over REST.
+
+    No id line, so a reconnect resumes from the last real event id; `seq` repeats
+    that id (the one the client resumed from) and `at_ms` is the time of the answer.
     """
+    message_id = answer_message_id_for(run_id) if run_id else None
     data = {
         "thread_id": thread_id,
         "run_id": run_id,
-        "message_id": answer_message_id_for(run_id) if run_id else None,
+        "message_id": message_id,
+        "id": message_id,
+        "seq": seq,
+        "ts": None if at_ms is None else iso_ms(at_ms),
         "detail": "the stream of this message is no longer retained; "
                   "GET /v1/threads/{thread_id}/messages has it",
     }
@@ -147,17 +167,22 @@ def make_events(tokens: ResumeTokens, partition: int, offset: int, run_start: in
     signed by `tokens`. Text deltas, most records, skip `_payload_fields`' match."""
     payload = output.payload
     run_id = output.run_id
+    # The reference contract's fields ride along: `id` (the assistant message), `seq`
+    # (this event's id, the value `last_entry_id` takes) and `ts` (the record's time).
+    event_id = tokens.sign(meta.thread_id, partition, offset, 0, run_start, run_id)
+    ts = iso_ms(meta.produced_at_ms)
     if type(payload) is TextDelta:
         name = "text_delta"
         text = _COMPACT_JSON.encode({
             "thread_id": meta.thread_id, "run_id": run_id, "attempt": output.attempt,
-            "message_id": output.message_id, "delta": payload.delta})
+            "message_id": output.message_id, "delta": payload.delta, "id": output.message_id,
+            "part_id": output.part_id, "seq": event_id, "ts": ts})
     else:
         name, fields = _payload_fields(output)
         text = _COMPACT_JSON.encode({
             "thread_id": meta.thread_id, "run_id": run_id, "attempt": output.attempt,
-            "message_id": output.message_id, **fields})
-    event_id = tokens.sign(meta.thread_id, partition, offset, 0, run_start, run_id)
+            "message_id": output.message_id, **fields, "id": output.message_id,
+            "part_id": output.part_id, "seq": event_id, "ts": ts})
     first = SseEvent(partition, offset, 0, run_start, run_id, name, _frame(event_id, name, text))
     if name not in TERMINAL:
         return [first]

@@ -6,6 +6,10 @@ Where a stream starts:
   parameter (the reference API's entry id is our event id): right after that event.
 * `last_message_id` alone (reference API): the client holds that message, so the
   stream starts as a fresh one would; the id must be a message of the thread.
+* `last_message_id` with `last_entry_id` (reference API: both from the data of the
+  last event received): while that message streams, right after the entry; once it
+  ended, `message_not_streaming` (the client fetches it over REST), then the stream
+  goes on as a fresh one would (a run stream closes).
 * otherwise, a thread stream starts at the `run_accepted` of the run in progress,
   or live if none; a run stream starts at the run's `run_accepted`.
 
@@ -40,7 +44,9 @@ from gateway.sse import (
     retry_frame,
 )
 from gateway.tokens import BadEventId
+from streams.clock import now_ms
 from streams.domain import ThreadState
+from streams.ids import answer_message_id_for
 
 __all__ = ["Framing", "run_events", "serve_run", "thread_stream"]
 
@@ -58,6 +64,9 @@ class _Plan:
     scan_from: int  # where a Kafka replay starts reading (the run's start)
     run_id: str | None  # the run the position is in, for message_not_streaming
     from_time_ms: int | None = None  # find the run by time (its start is unknown)
+    # last_message_id named a message that ended: say message_not_streaming first.
+    ended: bool = False
+    token: str | None = None  # the resume token the client sent
 
 
 def _not_found(what: str) -> Problem:
@@ -69,23 +78,40 @@ async def _resume(request: web.Request, partition: int, state: ThreadState,
     token = (request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
              or request.query.get("last_entry_id"))
     message_id = request.query.get("last_message_id")
-    if message_id is not None and not request.app[READ_MODEL].has_message(
-            state.thread_id, message_id):
-        raise Problem(400, "bad-last-event-id", "last_message_id is not a message of this thread")
-    if not token:
-        return None
     feed = request.app[FEED]
-    try:  # the one place a client's resume token is read
-        event_id = feed.tokens.verify(token.strip(), state.thread_id)
-    except BadEventId as exc:
-        raise Problem(400, "bad-last-event-id", str(exc)) from exc
+    event_id = None
+    if token:
+        try:  # the one place a client's resume token is read
+            event_id = feed.tokens.verify(token.strip(), state.thread_id)
+        except BadEventId as exc:
+            raise Problem(400, "bad-last-event-id", str(exc)) from exc
+    # The message being streamed is stored only once it ends: while it streams, its
+    # id is the answer id of the token's run.
+    streaming_answer = event_id is not None and message_id == answer_message_id_for(
+        event_id.run_id)
+    if message_id is not None and not streaming_answer and \
+            not request.app[READ_MODEL].has_message(state.thread_id, message_id):
+        raise Problem(400, "bad-last-event-id", "last_message_id is not a message of this thread")
+    if event_id is None:
+        return None
     if event_id.partition != partition or (run_id is not None and event_id.run_id != run_id):
         raise Problem(400, "bad-last-event-id", "the event id is not from this stream")
     if event_id.offset > feed.last_offsets.get(partition, -1) and \
             event_id.offset >= await feed.end_offset(partition):
         raise Problem(400, "bad-last-event-id", "the event id is ahead of the stream")
     scan_from = event_id.run_start if event_id.run_start >= 0 else event_id.offset
-    return _Plan(event_id.position, scan_from, event_id.run_id)
+    ended = message_id is not None and await _run_ended(request, state, event_id.run_id)
+    return _Plan(event_id.position, scan_from, event_id.run_id, ended=ended,
+                 token=(token or "").strip())
+
+
+async def _run_ended(request: web.Request, state: ThreadState, run_id: str) -> bool:
+    """Whether the run is over (the reference contract's "the message ended")."""
+    known = request.app[FEED].tracker.runs.get(run_id)
+    if known is not None:
+        return known.terminal
+    run = await request.app[READ_MODEL].run(state.tenant, run_id)
+    return run is None or run.terminal
 
 
 class Framing(Protocol):
@@ -124,10 +150,12 @@ class _Writer:
             return self.framing.encode(new) if new else b""
         return b"".join([event.frame for event in new])
 
-    def gone(self, thread_id: str, run_id: str | None) -> bytes:
+    def gone(self, thread_id: str, run_id: str | None, token: str | None) -> bytes:
+        """The frame that says the client's message no longer streams (its `seq` the
+        position the client gave)."""
         if self.framing is not None:
             return self.framing.gone(thread_id, run_id)
-        return not_streaming_frame(thread_id, run_id)
+        return not_streaming_frame(thread_id, run_id, seq=token, at_ms=now_ms())
 
     async def send(self, events: list[SseEvent]) -> None:
         data = self._frames(events)
@@ -256,6 +284,12 @@ async def _stream(request: web.Request, response: web.StreamResponse, state: Thr
     out.last = plan.after
     try:
         await response.write(retry_frame(options.retry_ms))
+        if plan.ended:
+            await response.write(out.gone(state.thread_id, plan.run_id, plan.token))
+            if run_id is not None:
+                return response
+            plan = await _fresh_plan(request, state, None, here)
+            out.last = plan.after
         # A position retention removed: say so, then start as a fresh stream would,
         # and if even that is gone, live. (Only a replay raises ReplayGone, so a
         # fallback runs while the replay slot is held.)
@@ -265,7 +299,7 @@ async def _stream(request: web.Request, response: web.StreamResponse, state: Thr
                     await _catch_up(request, out, plan, partition, state.thread_id, run_id,
                                     covered)
                 except ReplayGone:
-                    await response.write(out.gone(state.thread_id, plan.run_id))
+                    await response.write(out.gone(state.thread_id, plan.run_id, plan.token))
                     if run_id is not None:
                         return response
                     plan = await _fresh_plan(request, state, None, here) if fallback == 0 \

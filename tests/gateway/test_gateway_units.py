@@ -10,7 +10,7 @@ import pytest
 from gateway.auth import redact
 from gateway.feed import Subscriber
 from gateway.kafka import partition_for
-from gateway.sse import RunTracker, SseEvent, make_events
+from gateway.sse import RunTracker, SseEvent, iso_ms, make_events
 from gateway.tokens import BadEventId, EventId, ResumeTokens, derived_key
 from streams.config import Settings
 from streams.domain import AssistantMessage
@@ -94,6 +94,15 @@ def test_a_terminal_record_makes_two_events_with_consecutive_ids() -> None:
     assert TOKENS.verify(first[0].removeprefix("id: "), "th") == EventId(2, 40, 0, 30, RUN)
     data = json.loads(first[2].removeprefix("data: "))
     assert data["message"]["text"] == "hi" and data["run_id"] == RUN and data["thread_id"] == "th"
+    # The reference contract's fields: the message id, the event's own id, the record's time.
+    assert data["id"] == data["message_id"] and data["seq"] == first[0].removeprefix("id: ")
+    assert data["ts"] == iso_ms(meta.produced_at_ms) and data["ts"].endswith("Z")
+
+
+def test_iso_ms_is_utc_with_milliseconds() -> None:
+    """Record times are ISO 8601 UTC with milliseconds."""
+    assert iso_ms(0) == "1970-01-01T00:00:00.000Z"
+    assert iso_ms(1_764_608_170_123) == "2025-12-01T16:56:10.123Z"
 
 
 def test_the_filter_drops_superseded_executions_attempts_and_late_output() -> None:

@@ -1,0 +1,231 @@
+"""The LangGraph API's runs (`gateway.langgraph`): create, stream, wait, list, get,
+join, join_stream, cancel. A run is a user message posted as `POST
+/v1/threads/{id}/user_message` posts it; only `multitask_strategy` `reject` is served."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from gateway.auth import TENANT
+from gateway.decisions import new_traceparent
+from gateway.keys import BUS, LIMITER, READ_MODEL, SETTINGS
+from gateway.langgraph_events import modes_from
+from gateway.langgraph_stream import links, stream_run_events, wait_for_run
+from gateway.langgraph_threads import (
+    ASSISTANT_NAMES,
+    MAX_OFFSET,
+    MAX_PAGE,
+    create_lg_thread,
+    find_thread,
+    int_param,
+    is_text,
+    own_thread,
+    read_body,
+    ready,
+)
+from gateway.langgraph_views import run_json
+from gateway.limits import tenant_active_runs
+from gateway.problems import Problem
+from gateway.read_model import RunView
+from streams.clock import now_ms
+from streams.domain import (
+    CancelRun,
+    Event,
+    MessageAccepted,
+    PostUserMessage,
+    RejectReason,
+    RunAccepted,
+    RunCancelled,
+    RunRejected,
+    ThreadState,
+)
+from streams.ids import run_id_for
+
+__all__ = ["cancel_run", "create_run", "get_run", "join_run", "join_stream", "list_runs",
+           "stream_run", "wait_run"]
+
+
+def _input_text(body: dict[str, Any]) -> str:
+    strategy = body.get("multitask_strategy")
+    if strategy not in (None, "reject"):
+        raise Problem(422, "multitask-strategy-unsupported", f"multitask_strategy {strategy!r:.60} "
+                      "is not supported yet; only 'reject' is", field="multitask_strategy")
+    for name in ("command", "interrupt_before", "interrupt_after", "checkpoint",
+                 "checkpoint_id"):
+        if body.get(name):
+            raise Problem(422, "unsupported", f"'{name}' is not supported by this server",
+                          field=name)
+    assistant_id = body.get("assistant_id")
+    if assistant_id is not None and (not isinstance(assistant_id, str) or
+                                     assistant_id not in ASSISTANT_NAMES):
+        raise Problem(404, "not-found", "no such assistant")
+    raw = body.get("input")
+    messages = raw.get("messages") if isinstance(raw, dict) else None
+    if isinstance(messages, dict):
+        messages = [messages]
+    texts = [_text(m) for m in messages or [] if isinstance(m, dict) and
+             (m.get("role") in ("user", "human") or m.get("type") == "human")]
+    if texts and not is_text(texts[-1]):
+        raise Problem(422, "invalid-input", "the user message holds an unpaired surrogate: "
+                      "not Unicode text", field="input")
+    if not texts or not texts[-1].strip():
+        raise Problem(422, "invalid-input", "the input needs a user message: "
+                      '{"messages": [{"role": "user", "content": "..."}]}', field="input")
+    return texts[-1]
+
+
+def _text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content
+                       if isinstance(p, dict) and p.get("type") == "text")
+    return content if isinstance(content, str) else ""
+
+
+async def _start(request: web.Request, body: dict[str, Any]) -> tuple[ThreadState, str]:
+    """Post the run's user message (as POST /v1/.../user_message does): the thread, run id."""
+    await ready(request)
+    text = _input_text(body)
+    lg_id = request.match_info["thread_id"]
+    state = await find_thread(request, lg_id)
+    if state is None:
+        if body.get("if_not_exists") != "create":
+            raise Problem(404, "not-found", "no such thread")
+        state = await create_lg_thread(request, lg_id)
+    limit = request.app[SETTINGS].policy.max_input_chars
+    if len(text) > limit:
+        raise Problem(422, "invalid-input", f"the user message has {len(text)} characters, "
+                      f"the limit is {limit}", field="input")
+    tenant, read_model = request[TENANT], request.app[READ_MODEL]
+    request.app[LIMITER].admit_run(tenant, tenant_active_runs(read_model, tenant))
+    message_id = str(uuid.uuid4())
+    read_model.note_write(state.thread_id)
+    event = await request.app[BUS].decide(
+        PostUserMessage(state.thread_id, tenant, message_id, text, None, now_ms()), tenant,
+        new_traceparent(request.headers.get("traceparent")))
+    _check_accepted(event)
+    return state, run_id_for(state.thread_id, message_id)
+
+
+def _check_accepted(event: Event | None) -> None:
+    if event is None or isinstance(event, MessageAccepted | RunAccepted):
+        return  # None: the decision is slow; the command is queued and will run
+    if isinstance(event, RunRejected):
+        if event.reason == RejectReason.CONFLICT:
+            raise Problem(409, "run-active", "another run is active on the thread (the "
+                          "multitask_strategy is 'reject')", active_run_id=event.existing_run_id)
+        raise Problem(422, "invalid-input", event.detail)
+    raise Problem(500, "internal", f"unexpected decision {type(event).__name__}")
+
+
+async def create_run(request: web.Request) -> web.Response:
+    """POST /threads/{thread_id}/runs: a background run."""
+    body = await read_body(request)
+    state, run_id = await _start(request, body)
+    lg_id = request.match_info["thread_id"]
+    headers = links(run_id, lg_id)
+    return web.json_response(run_json(state, run_id, None, now_ms()), headers=headers)
+
+
+async def stream_run(request: web.Request) -> web.StreamResponse:
+    """POST /threads/{thread_id}/runs/stream"""
+    body = await read_body(request)
+    try:
+        modes = modes_from(body.get("stream_mode"))
+    except ValueError as exc:
+        raise Problem(422, "invalid-body", str(exc), field="stream_mode") from exc
+    state, run_id = await _start(request, body)
+    return await stream_run_events(request, state, run_id, modes, None)
+
+
+async def join_stream(request: web.Request) -> web.StreamResponse:
+    """GET /threads/{thread_id}/runs/{run_id}/stream (Last-Event-ID resumes)."""
+    state = await own_thread(request)
+    run_id = request.match_info["run_id"]
+    await own_run(request, state, run_id)
+    raw = request.query.getall("stream_mode", [])
+    try:
+        modes = modes_from(raw or None)
+    except ValueError as exc:
+        raise Problem(422, "invalid-body", str(exc), field="stream_mode") from exc
+    return await stream_run_events(request, state, run_id, modes, request.headers.get("Last-Event-ID"))
+
+
+async def own_run(request: web.Request, state: ThreadState, run_id: str) -> RunView:
+    run = await request.app[READ_MODEL].run(request[TENANT], run_id)
+    if run is None or run.state.thread_id != state.thread_id:
+        raise Problem(404, "not-found", "no such run on this thread")
+    return run
+
+
+async def wait_run(request: web.Request) -> web.Response:
+    """POST /threads/{thread_id}/runs/wait: the thread's values once the run ended."""
+    body = await read_body(request)
+    state, run_id = await _start(request, body)
+    headers = links(run_id, request.match_info["thread_id"])
+    headers["Location"] = headers["Content-Location"] + "/join"
+    return web.json_response(await wait_for_run(request, state, run_id), headers=headers)
+
+
+async def join_run(request: web.Request) -> web.Response:
+    """GET /threads/{thread_id}/runs/{run_id}/join"""
+    state = await own_thread(request)
+    run_id = request.match_info["run_id"]
+    await own_run(request, state, run_id)
+    return web.json_response(await wait_for_run(request, state, run_id))
+
+
+async def get_run(request: web.Request) -> web.Response:
+    """GET /threads/{thread_id}/runs/{run_id}"""
+    state = await own_thread(request)
+    run = await own_run(request, state, request.match_info["run_id"])
+    return web.json_response(run_json(run.state, run.run_id, run.status, run.accepted_at_ms))
+
+
+async def list_runs(request: web.Request) -> web.Response:
+    """GET /threads/{thread_id}/runs?limit&offset: newest first, from the user messages."""
+    state = await own_thread(request)
+    limit = int_param(request.query.get("limit"), "limit", 10, MAX_PAGE)
+    offset = int_param(request.query.get("offset"), "offset", 0, MAX_OFFSET)
+    read_model = request.app[READ_MODEL]
+    runs: list[dict[str, Any]] = []
+    before = (1 << 63) - 1
+    while len(runs) < offset + limit:
+        page = read_model.messages(state.thread_id, before=before, limit=MAX_PAGE)
+        for record in reversed(page.records):
+            m = record.message
+            if m.role == "user":
+                run = await read_model.run(request[TENANT], m.run_id)
+                runs.append(run_json(state, m.run_id, None if run is None else run.status,
+                                     m.created_at_ms))
+        if not page.more or not page.records:
+            break
+        before = page.records[0].seq
+    return web.json_response(runs[offset:offset + limit])
+
+
+async def cancel_run(request: web.Request) -> web.Response:
+    """POST /threads/{thread_id}/runs/{run_id}/cancel?wait=&action=interrupt"""
+    state = await own_thread(request)
+    run_id = request.match_info["run_id"]
+    action = request.query.get("action", "interrupt")
+    if action != "interrupt":
+        raise Problem(422, "unsupported", f"cancel action '{action}' is not supported yet; "
+                      "only 'interrupt' is", field="action")
+    run = await own_run(request, state, run_id)
+    if run.terminal:
+        raise Problem(409, "run-finished", "the run already ended",
+                      run_status=run.status.value if run.status else None)
+    tenant = request[TENANT]
+    request.app[READ_MODEL].note_write(state.thread_id)
+    event = await request.app[BUS].decide(
+        CancelRun(state.thread_id, tenant, run_id, "cancelled by the client", now_ms()), tenant,
+        new_traceparent(request.headers.get("traceparent")), watch_run=run_id)
+    if event is not None and not isinstance(event, RunCancelled):
+        raise Problem(409, "run-finished", "the run ended before it could be cancelled")
+    if request.query.get("wait") in ("1", "true"):
+        await wait_for_run(request, state, run_id)
+    return web.Response(status=202)
