@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from streams.broker import free_port
-from tests.gateway.conftest import Stack, wait_healthy
+from streams.devbroker import free_port
+from streams.testing.process import RoleProcess
+from streams.testing.stack import wait_healthy_async as wait_healthy
+from tests.gateway.conftest import Stack
 from tests.gateway.reference_client import Event, ReferenceClient, Screen
-from tests.kafka_helpers import RoleProcess
 
 pytestmark = pytest.mark.kafka
 
@@ -23,7 +25,8 @@ ISO_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|\+00:00)")
 LONG = " ".join(f"word{n}" for n in range(50))
 
 
-def _deltas(n: int) -> object:
+def _deltas(n: int) -> Callable[[list[Event]], bool]:
+    """A stop condition: at least `n` text deltas received."""
     return lambda events: sum(e.name == "text_delta" for e in events) >= n
 
 
@@ -56,7 +59,7 @@ def _check_order(events: list[Event]) -> None:
 
 async def _stored_answer(client: ReferenceClient, thread_id: str, message_id: str) -> str:
     messages = await client.messages(thread_id)
-    return next(m["text"] for m in messages if m["message_id"] == message_id)
+    return str(next(m["text"] for m in messages if m["message_id"] == message_id))
 
 
 async def test_the_reference_contract_point_by_point(stack: Stack) -> None:
