@@ -168,9 +168,10 @@ async def test_join_stream_resumes_across_a_gateway_kill(stack: Stack, tmp_path:
         reference = await reference_task
         assert sum(p.event == "messages" for p in parts) > 2
         assert parts == reference, gateway.tail()
-        # The SDK reconnected to the restarted gateway itself, with the last id it had.
-        log = (tmp_path / "gateway2.log").read_text()
-        assert f"GET /langgraph/threads/{thread_id}/runs/{run['run_id']}/stream" in log, log
+        # The SDK reconnected to the restarted gateway itself, with the last id it had
+        # (aiohttp writes the access line once the response is finished: wait for it).
+        await asyncio.to_thread(gateway.wait_for_log,
+                                f"GET /langgraph/threads/{thread_id}/runs/{run['run_id']}/stream", 30)
         stored = await _stored(watcher, thread_id)
         assert "".join(p.data[0]["content"] for p in parts if p.event == "messages") == \
             stored["content"]
