@@ -12,6 +12,7 @@ import shlex
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -19,6 +20,7 @@ from aiohttp.test_utils import TestServer
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import (  # type: ignore[attr-defined]  # exported, not in its __all__
     AclBinding,
+    AclBindingFilter,
     AclOperation,
     AclPermissionType,
     AdminClient,
@@ -190,8 +192,22 @@ def _docs_acls(prefix: str) -> list[AclBinding]:
 
 def _apply_docs_acls(broker: EmbeddedKafka, prefix: str) -> None:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap, "log_level": 0, **broker.client_security})
-    for binding, done in admin.create_acls(_docs_acls(prefix), request_timeout=30).items():
+    wanted = _docs_acls(prefix)
+    for binding, done in admin.create_acls(wanted, request_timeout=30).items():
         assert done.result(30) is None, binding
+    # The controller has them; the broker's authorizer applies them when it replays the
+    # metadata log, a moment later. DescribeAcls answers from that authorizer: wait
+    # until it shows them all (a produce at once was refused once, under load).
+    # None matches any name, principal or host (the stubs type them as str only).
+    any_name: Any = None
+    every = AclBindingFilter(ResourceType.ANY, any_name, ResourcePatternType.ANY, any_name,
+                             any_name, AclOperation.ANY, AclPermissionType.ANY)
+
+    def applied() -> bool:
+        shown = set(admin.describe_acls(every, request_timeout=10).result(10))
+        return all(binding in shown for binding in wanted)
+
+    wait_for(applied, timeout=30)
 
 
 def _produce_error(settings: Settings, user: str, topic: str) -> KafkaError | None:
