@@ -4,14 +4,14 @@ join, join_stream, cancel. A run is a user message posted as `POST
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from aiohttp import web
 
+from gateway import rest
 from gateway.auth import TENANT
 from gateway.decisions import new_traceparent
-from gateway.keys import BUS, LIMITER, READ_MODEL, SETTINGS
+from gateway.keys import BUS, READ_MODEL
 from gateway.langgraph_events import modes_from
 from gateway.langgraph_stream import links, stream_run_events, wait_for_run
 from gateway.langgraph_threads import (
@@ -27,7 +27,6 @@ from gateway.langgraph_threads import (
     ready,
 )
 from gateway.langgraph_views import run_json
-from gateway.limits import tenant_active_runs
 from gateway.problems import Problem
 from gateway.read_model import RunView
 from streams.clock import now_ms
@@ -35,7 +34,6 @@ from streams.domain import (
     CancelRun,
     Event,
     MessageAccepted,
-    PostUserMessage,
     RejectReason,
     RunAccepted,
     RunCancelled,
@@ -95,17 +93,7 @@ async def _start(request: web.Request, body: dict[str, Any]) -> tuple[ThreadStat
         if body.get("if_not_exists") != "create":
             raise Problem(404, "not-found", "no such thread")
         state = await create_lg_thread(request, lg_id)
-    limit = request.app[SETTINGS].policy.max_input_chars
-    if len(text) > limit:
-        raise Problem(422, "invalid-input", f"the user message has {len(text)} characters, "
-                      f"the limit is {limit}", field="input")
-    tenant, read_model = request[TENANT], request.app[READ_MODEL]
-    request.app[LIMITER].admit_run(tenant, tenant_active_runs(read_model, tenant))
-    message_id = str(uuid.uuid4())
-    read_model.note_write(state.thread_id)
-    event = await request.app[BUS].decide(
-        PostUserMessage(state.thread_id, tenant, message_id, text, None, now_ms()), tenant,
-        new_traceparent(request.headers.get("traceparent")))
+    event, message_id = await rest.submit_user_message(request, state, text, None, field="input")
     _check_accepted(event)
     return state, run_id_for(state.thread_id, message_id)
 

@@ -277,15 +277,17 @@ async def post_user_message(request: web.Request) -> web.Response:
 
 
 async def submit_user_message(request: web.Request, state: ThreadState, text: str,
-                              key: str | None) -> tuple[Event | None, str]:
-    """Check `text`, the tenant's run limit, and post it to the thread: the decision
-    (None while pending) and the user message's id (the key's, if one is given)."""
+                              key: str | None, field: str = "input_text") -> \
+        tuple[Event | None, str]:
+    """Check `text` (named `field` in errors), the tenant's run limit, and post it to
+    the thread: the decision (None while pending) and the user message's id (the
+    key's, if one is given). Every API that posts a user message goes through here."""
     limit = request.app[SETTINGS].policy.max_input_chars
     if not text.strip():
-        raise Problem(422, "invalid-input", "'input_text' is empty", field="input_text")
+        raise Problem(422, "invalid-input", f"'{field}' is empty", field=field)
     if len(text) > limit:
-        raise Problem(422, "invalid-input", f"'input_text' has {len(text)} characters, the "
-                      f"limit is {limit}", field="input_text")
+        raise Problem(422, "invalid-input", f"'{field}' has {len(text)} characters, the "
+                      f"limit is {limit}", field=field)
     tenant, thread_id = request[TENANT], state.thread_id
     read_model = request.app[READ_MODEL]
     request.app[LIMITER].admit_run(tenant, tenant_active_runs(read_model, tenant))
