@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streams.config import Settings
+from streams.observability.settings import DEFAULT_RUN_METRICS_PORT
 from streams.supervisor import ProcessChild, Supervisor
 
 if TYPE_CHECKING:
@@ -72,13 +73,21 @@ def _topics(settings: Settings) -> int:
 
 
 def _processor(settings: Settings) -> int:
+    from streams.observability.metrics import processor_metrics
+    from streams.observability.role import observe_role
     from streams.processor import run_processor
+
+    observe_role(settings, "processor", processor_metrics)
 
     return run_processor(settings)
 
 
 def _worker(settings: Settings) -> int:
+    from streams.observability.metrics import worker_metrics
+    from streams.observability.role import observe_role
     from streams.worker import run_worker
+
+    observe_role(settings, "worker", worker_metrics)
 
     return run_worker(settings)
 
@@ -93,6 +102,10 @@ def _gateway(settings: Settings) -> int:
 
 def _connector(settings: Settings) -> int:
     from streams.connectors.role import run_connector
+    from streams.observability.metrics import connector_metrics
+    from streams.observability.role import observe_role
+
+    observe_role(settings, "connector", connector_metrics)
 
     return run_connector(settings)
 
@@ -179,8 +192,12 @@ def _run_all(settings: Settings) -> int:
             print("threadline: THREADLINE_API_KEYS is unset; accepting the development key "
                   "'dev' (Authorization: Bearer dev) for tenant 'dev' on this machine only", flush=True)
         ensure_topics(settings)
-        roles = [ProcessChild(role, [sys.executable, "-m", "streams.cli", role], env)
-                 for role in ("processor", "worker")]
+        # One metrics port each (docs/operations.md): processor, then worker; the gateway
+        # serves GET /metrics on its HTTP port.
+        metrics_base = settings.observability.metrics_port or DEFAULT_RUN_METRICS_PORT
+        roles = [ProcessChild(role, [sys.executable, "-m", "streams.cli", role],
+                              {**env, "THREADLINE_METRICS_PORT": str(metrics_base + index)})
+                 for index, role in enumerate(("processor", "worker"))]
         roles.append(ProcessChild("gateway", [sys.executable, *GATEWAY_COMMAND], env))
         supervisor = Supervisor(roles, base=None if broker is None else _BrokerChild(broker))
         print(f"threadline: gateway on http://{settings.http_host}:{settings.http_port} "
@@ -213,7 +230,12 @@ def start_role(log_level: str) -> Settings:
     logging.basicConfig(level=log_level,
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s")
     Path("var").mkdir(exist_ok=True)
-    return Settings.from_env()
+    settings = Settings.from_env()
+    if settings.observability.log_format == "json":
+        from streams.observability.logs import install_json_logs
+
+        install_json_logs(log_level)
+    return settings
 
 
 def log_level_option(parser: argparse.ArgumentParser) -> None:

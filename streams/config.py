@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from streams.domain import Policy
+from streams.observability.settings import ObservabilitySettings
 
 __all__ = ["GatewayLimits", "Settings", "TopicNames"]
 
@@ -125,6 +126,7 @@ class Settings:
     kafka_security: Mapping[str, str] = field(default_factory=dict)
     worker_concurrency: int = 16  # attempts one worker process runs at once
     migration_batch: int = 200  # legacy threads migrated per transaction, at most
+    observability: ObservabilitySettings = field(default_factory=ObservabilitySettings)
 
     @property
     def topics(self) -> TopicNames:
@@ -198,4 +200,5 @@ class Settings:
             kafka_security=security_from_env(env),
             worker_concurrency=_int(env, "THREADLINE_WORKER_CONCURRENCY", 16),
             migration_batch=max(1, _int(env, "THREADLINE_MIGRATION_BATCH", 200)),
+            observability=ObservabilitySettings.from_env(env),
         )

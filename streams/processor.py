@@ -36,6 +36,7 @@ from streams.domain import (
     AttemptDispatched,
     CheckDeadlines,
     Command,
+    Event,
     Known,
     MessageAccepted,
     PostUserMessage,
@@ -64,6 +65,8 @@ from streams.kafka.topics import ensure_topics, record_limit
 from streams.lifecycle import dispatch_record, lifecycle_record
 from streams.message_store import ContextWindows, MessageStore
 from streams.migration import migrate_partition
+from streams.observability.processor import ProcessorObserver
+from streams.observability.tracing import header_of, record_traceparent
 from streams.records import DeadLetter, MessageRecord
 from streams.thread import (
     OUTPUT_TOO_LARGE,
@@ -129,6 +132,7 @@ class _Decision:
     history: list[tuple[MessageRecord | None, int, bytes | None]]  # (record, seq, raw)
     deleted: bool
     too_large_output: bool = False  # the run ended output_too_large
+    events: tuple[Event, ...] = ()
 
 
 @dataclass
@@ -171,6 +175,8 @@ class Processor:
             self.topics.commands, transactional=self.exactly_once)
         self._step = _Step()
         self._next_tick = 0.0
+        self.observer = ProcessorObserver(self.topics.commands)
+        self.loop.on_commit = self.observer.commit_took
         # Clock ticks go to the commands topic outside any transaction.
         self.ticker = Producer(librdkafka_config(settings, **{
             "log_level": 3, "partitioner": "murmur2_random", "linger.ms": 5,
@@ -207,12 +213,14 @@ class Processor:
 
     def assigned(self, partitions: list[int]) -> None:
         """Restore the partitions' tables and their deadlines."""
+        self.observer.rebalanced("assigned", len(partitions))
         with ChangelogReader(self.settings, f"{self.group_id}-restore") as reader:
             for partition in partitions:
                 self._restore(reader, partition)
 
     def revoked(self, partitions: list[int]) -> None:
         """Close the partitions' tables."""
+        self.observer.rebalanced("revoked", len(partitions))
         for partition in partitions:
             self.stores.close(partition)
             self.history_stores.close(partition)
@@ -223,6 +231,7 @@ class Processor:
     def process(self, records: list[Message]) -> list[Output]:
         """Decide each command; the records to write, each thread's state last."""
         self._step = _Step(commands=len(records))
+        self.observer.begin()
         outputs: list[Output] = []
         for msg in records:
             self._process(msg, outputs)
@@ -240,10 +249,12 @@ class Processor:
         self.stats.last_batch_at = now
         self.stats.batches += 1
         self.stats.commands += self._step.commands
+        self.observer.committed(self._step.commands)
 
     def aborted(self, error: KafkaError) -> float:
         """Drop the staged table writes and the caches; no pause."""
         self.stats.aborts += 1
+        self.observer.aborted()
         self.stores.rollback_all()
         self.history_stores.rollback_all()
         self.cache.clear()
@@ -255,6 +266,7 @@ class Processor:
         if time.monotonic() >= self._next_tick:
             self._tick()
             self._next_tick = time.monotonic() + TICK_INTERVAL_S
+            self.observer.lag(self.loop.consumer, self.loop._positions)
 
     def _restore(self, reader: ChangelogReader, partition: int) -> None:
         """Bring the partition's tables up to the end of their changelogs, then
@@ -273,6 +285,7 @@ class Processor:
             if due is not None:
                 state.deadlines[key] = due
         self.partitions[partition] = state
+        self.observer.restored(time.monotonic() - started)
         log.info("partition %d restored in %.2f s (%d legacy threads migrated)", partition,
                  time.monotonic() - started, migrated)
 
@@ -287,7 +300,9 @@ class Processor:
                 raise DecodeError(f"record key {key!r} is not the command's thread_id {meta.thread_id!r}")
         except DecodeError as exc:
             outputs.append(self._dead_letter(msg, str(exc), type(exc).__name__))
+            self.observer.command(None, "dead_lettered")
             return
+        span = self.observer.start_decision(msg, meta.traceparent, command, meta.thread_id)
         # A thread touched earlier in the batch: its newest state is not in the store yet.
         touched, deleted = self._step.touched, self._step.deleted
         state = touched[(partition, key)] if (partition, key) in touched else \
@@ -295,6 +310,8 @@ class Processor:
         history = MessageStore(self.history_stores.get(partition), self.codec, self.windows, partition)
         decision = self._decide(state, command, meta, partition, key, history)
         if decision is None:
+            self.observer.command(command, "unchanged")
+            self.observer.end_decision(span, "unchanged", partition, key)
             return
         if isinstance(command, ReportAttemptCompleted) and decision.too_large_output:
             # Kept for the operator: the answer that could not be stored.
@@ -312,11 +329,15 @@ class Processor:
                 f"record, the limit is {self.max_record_bytes}", "RecordTooLarge"))
             decision = self._fail_reported_run(state, command, meta, partition, key, history)
             if decision is None:
+                self.observer.command(command, "dead_lettered")
+                self.observer.end_decision(span, "dead_lettered", partition, key)
                 return
+        self.observer.command(command, "decided")
+        headers = self.observer.end_decision(span, "decided", partition, key, decision.events)
         for out in decision.outputs:
             outputs.append(Output(out.topic, out.key, out.value, partition,
                                   self.history_stores.get(partition).changelog_delivered
-                                  if out.topic == self.topics.messages else None))
+                                  if out.topic == self.topics.messages else None, headers))
         for record, seq, raw in decision.history:
             if record is None:
                 history.erase(meta.thread_id, seq)
@@ -379,9 +400,10 @@ class Processor:
             for write in history_writes(before, event):
                 self._history_outputs(write, meta.thread_id, event_meta, history, outputs, writes)
             before = after
+        self.observer.events(events)
         return _Decision(before, outputs, writes, deleted=state is not None and before is None,
                          too_large_output=any(isinstance(e, RunFailed) and e.error == OUTPUT_TOO_LARGE
-                                              for e in events))
+                                              for e in events), events=tuple(events))
 
     def _history_outputs(self, write: HistoryWrite, thread_id: str, meta: EnvelopeMeta,
                          history: MessageStore, outputs: list[_Output],
@@ -417,12 +439,13 @@ class Processor:
                 if (partition, key) in self._step.deleted:
                     store.delete(key)
                     outputs.append(Output(self.topics.threads, key, None, partition,
-                                          store.changelog_delivered))
+                                          store.changelog_delivered,
+                                          self.observer.state_headers(partition, key)))
                 continue
             encoded = self.codec.encode_state(state)
             store.put(key, encoded)
             outputs.append(Output(self.topics.threads, key, encoded, partition,
-                                  store.changelog_delivered))
+                                  store.changelog_delivered, self.observer.state_headers(partition, key)))
 
     def _load(self, store: PartitionStore, key: bytes) -> ThreadState | None:
         if key in self.cache:
@@ -457,6 +480,7 @@ class Processor:
     def _dead_letter(self, msg: Message, reason: str, error_type: str) -> Output:
         topic, partition, offset = record_position(msg)
         log.warning("dead-lettering %s[%d]@%d: %s", topic, partition, offset, reason)
+        self.observer.dead_letter(error_type)
         # A record near the broker's size limit would not fit in a dead letter that also
         # carries it: the produce would fail, the processor crash, and the restarted one
         # meet the same record again. Keep a prefix of anything that large.
@@ -470,7 +494,8 @@ class Processor:
                             error_type=error_type, failed_at_ms=now_ms())
         # Compacted topics refuse null keys; a keyless record is keyed by its position.
         key = key or f"{topic}/{partition}/{offset}".encode()
-        return Output(self.topics.dead_letter, key, self.codec.encode_dead_letter(record), partition)
+        return Output(self.topics.dead_letter, key, self.codec.encode_dead_letter(record), partition,
+                      headers=header_of(record_traceparent(msg.headers(), None)))
 
     # --- the clock ----------------------------------------------------------------
 
@@ -487,10 +512,14 @@ class Processor:
 
     def _tick(self) -> None:
         now = now_ms()
+        tracked = due_now = ticks = 0
         for part in self.partitions.values():
+            tracked += len(part.deadlines)
             for key, due in part.deadlines.items():
+                due_now += due <= now
                 if due > now or now - part.ticks_sent.get(key, -TICK_RESEND_MS) < TICK_RESEND_MS:
                     continue
+                ticks += 1
                 state = self.cache.get(key)
                 tenant = state.tenant if state is not None else ""
                 thread_id = key.decode()
@@ -501,6 +530,7 @@ class Processor:
                                     self.codec.encode_command(CheckDeadlines(thread_id, now), meta), key)
                 part.ticks_sent[key] = now
         self.ticker.poll(0)
+        self.observer.deadlines(tracked, due_now, ticks)
 
 
 _ENVELOPE_ROOM = 16 * 1024  # of a record, for the envelope and ids around an answer

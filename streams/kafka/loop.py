@@ -72,6 +72,7 @@ class Output:
     value: bytes | None  # None: a tombstone
     partition: int
     on_delivery: Delivered | None = None
+    headers: list[tuple[str, str | bytes | None]] | None = None  # e.g. its decision's `traceparent`
 
 
 class TableRole(Protocol):
@@ -119,6 +120,7 @@ class TableLoop:
         self.watchdog = Watchdog(TXN_HANG_EXIT_S)
         self._positions: dict[int, int] = {}  # owned partition -> committed input offset (<0: none)
         self._paused_until = 0.0
+        self.on_commit: Callable[[float], None] | None = None  # seconds a transaction took
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -199,11 +201,14 @@ class TableLoop:
         written = {o.partition for o in outputs if o.partition in self._positions}
         positions = {**{p: self._position(p) for p in written}, **read}
         offsets = [TopicPartition(self.topic, p, o) for p, o in sorted(positions.items())]
+        started = time.perf_counter()
         try:
             self.commit(outputs, offsets)
         except KafkaException as exc:
             self._recover(exc, _starts(records))
             return
+        if self.on_commit is not None:
+            self.on_commit(time.perf_counter() - started)
         self._positions.update(read)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("committed %d records up to %s", len(records), sorted(read.items()))
@@ -230,8 +235,12 @@ class TableLoop:
 
     def _produce(self, outputs: list[Output]) -> None:
         for out in outputs:
-            self.producer.produce(out.topic, out.value, out.key, partition=out.partition,
-                                  on_delivery=out.on_delivery)
+            if out.headers is None:
+                self.producer.produce(out.topic, out.value, out.key, partition=out.partition,
+                                      on_delivery=out.on_delivery)
+            else:
+                self.producer.produce(out.topic, out.value, out.key, partition=out.partition,
+                                      on_delivery=out.on_delivery, headers=out.headers)
 
     def _commit_transaction(self) -> None:
         for attempt in range(COMMIT_ATTEMPTS):

@@ -30,6 +30,14 @@ from streams.config import Settings
 from streams.kafka.clients import aiokafka_config
 from streams.kafka.topics import ensure_topics
 from streams.lifecycle import RunFate
+from streams.observability.metrics import worker_metrics
+from streams.observability.worker import (
+    ObservedAgent,
+    ObservedOutlet,
+    attempt_span,
+    bind_attempt,
+    with_record_parent,
+)
 from streams.records import DeadLetter
 from streams.wire import Codec, DecodeError
 from streams.worker.execution import Execution, Outlet, Stop
@@ -67,7 +75,7 @@ class Worker:
         self.settings = settings
         # THREADLINE_SCHEMA_REGISTRY_URL: the Confluent format; else single-object.
         self.codec = codec or Codec.from_settings(settings)
-        self.agent = agent
+        self.agent = ObservedAgent(agent)  # measured (and traced) calls
         self.concurrency = max(1, settings.worker_concurrency if concurrency is None else concurrency)
         self.worker_id = (worker_id or settings.instance_id
                           or f"{socket.gethostname()}-{os.getpid()}")
@@ -88,7 +96,9 @@ class Worker:
         )
         self.watch = LifecycleWatch(settings, f"worker-{self.worker_id}", self._on_fate,
                                     self.codec)
-        self.outlet = Outlet(self.producer, self.codec, settings, agent, self.worker_id)
+        self.outlet: Outlet = ObservedOutlet(self.producer, self.codec, settings, self.agent,
+                                             self.worker_id)
+        worker_metrics().in_flight.set_function(lambda: len(self.executions))
         self._background: set[asyncio.Task[None]] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -133,6 +143,7 @@ class Worker:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
             return
+        meta = with_record_parent(meta, record.headers)  # the processor's decision, if traced
         if now_ms() - dispatch.dispatched_at_ms > self.settings.policy.attempt_timeout_ms:
             # The processor has timed this attempt out already.
             offsets.finish(record.offset)
@@ -168,6 +179,7 @@ class Worker:
 
     async def _execute(self, execution: Execution) -> None:
         run_id, attempt = execution.dispatch.run_id, execution.attempt
+        bind_attempt(execution)  # this task's log lines name the attempt (JSON logs)
         try:
             try:
                 async with asyncio.timeout(PREPARE_TIMEOUT_S):
@@ -178,16 +190,20 @@ class Worker:
             fate = self.watch.fate(run_id)
             if fate is not None and fate.kills(attempt):
                 execution.stop_reason = Stop.SUPERSEDED
+                worker_metrics().attempts.inc("stopped", Stop.SUPERSEDED.value)
                 log.info("run %s attempt %d: not started (over already)", run_id, attempt)
                 return
             log.info("run %s attempt %d: execution %s started", run_id, attempt,
                      execution.execution_id)
-            await execution.run()
+            with attempt_span(execution):
+                await execution.run()
             log.info("run %s attempt %d: execution %s reported", run_id, attempt,
                      execution.execution_id)
         except asyncio.CancelledError:
             if execution.stop_reason is None:
                 raise
+            if execution.stop_reason is not Stop.SHUTDOWN or not execution.started:
+                worker_metrics().attempts.inc("stopped", execution.stop_reason.value)
             if execution.started:
                 log.info("run %s attempt %d: execution %s stopped (%s)", run_id, attempt,
                          execution.execution_id, execution.stop_reason.value)
@@ -195,6 +211,7 @@ class Worker:
                 log.info("run %s attempt %d: not started (%s)", run_id, attempt,
                          execution.stop_reason.value)
         except Exception:
+            worker_metrics().attempts.inc("broke", "exception")
             log.exception("run %s attempt %d: execution %s broke", run_id, attempt,
                           execution.execution_id)
         finally:
