@@ -36,6 +36,7 @@ from gateway.keys import (
     Options,
 )
 from gateway.limits import TenantLimiter, post_rate_middleware
+from gateway.observability import observe_app, observe_middleware
 from gateway.openapi import openapi
 from gateway.problems import Handler, Problem, problem_middleware
 from gateway.read_model import ReadModel
@@ -44,6 +45,7 @@ from streams.config import Settings
 from streams.domain import Event, ThreadDeleted
 from streams.kafka.clients import aiokafka_config
 from streams.kafka.topics import ensure_topics
+from streams.observability.tracing import setup_tracing
 from streams.wire import Codec
 
 __all__ = ["Options", "create_app", "max_body_bytes", "run_gateway"]
@@ -70,7 +72,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     max_body = max_body_bytes(settings.policy.max_input_chars)
     limiter = TenantLimiter(settings.limits)
     app = web.Application(client_max_size=max_body, middlewares=[
-        problem_middleware, auth_middleware(settings.api_keys), starting_middleware,
+        observe_middleware, problem_middleware, auth_middleware(settings.api_keys), starting_middleware,
         post_rate_middleware(limiter)])
     app[LIMITER] = limiter
     options = options or Options()
@@ -116,6 +118,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     ai_chat.routes(app)
     console.routes(app)
     langgraph.setup(app)  # the LangGraph Platform runs API, under /langgraph
+    observe_app(app)  # GET /metrics, gauges (docs/operations.md)
     return app
 
 
@@ -198,6 +201,7 @@ def run_gateway(settings: Settings) -> int:
               f"(Kafka {settings.bootstrap}, topics {settings.topic_prefix}*)", flush=True)
 
     logging.getLogger("aiohttp.access").setLevel(logging.INFO)
+    setup_tracing(settings.observability, "gateway")
     if not settings.api_keys:
         log.warning("THREADLINE_API_KEYS is empty: every /v1 request will get 401")
     app = create_app(settings, Options(serve_while_loading=True))

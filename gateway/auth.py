@@ -17,12 +17,13 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.typedefs import Middleware
 
 from gateway.problems import Handler, Problem
+from streams.observability import logs
 
 __all__ = ["COOKIE", "TENANT", "RedactingAccessLogger", "auth_middleware", "redact"]
 
 TENANT = web.RequestKey("tenant", str)
 COOKIE = "threadline_token"
-PUBLIC_PATHS = frozenset({"/livez", "/healthz", "/readyz", "/openapi.json", "/demo",
+PUBLIC_PATHS = frozenset({"/livez", "/healthz", "/readyz", "/openapi.json", "/demo", "/metrics",
                           "/console", "/console/console.js", "/console/console.css"})
 _SSE_PATH = re.compile(r"^/v1/(threads/[^/]+/stream|runs/[^/]+/events)$")
 _SECRET_PARAMS = re.compile(r"((?:^|[?&])access_token=)[^&]*", re.IGNORECASE)
@@ -73,6 +74,7 @@ def auth_middleware(keys: Mapping[str, str]) -> Middleware:
         if tenant is None:
             raise _unauthorized("unknown API key")
         request[TENANT] = tenant
+        logs.bind(tenant=tenant)  # JSON log lines of this request name the tenant
         return await handler(request)
 
     return middleware

@@ -29,6 +29,8 @@ from streams.clock import now_ms
 from streams.config import Settings
 from streams.domain import TERMINAL_EVENTS, Command, Event
 from streams.kafka.clients import aiokafka_config
+from streams.observability.metrics import gateway_metrics
+from streams.observability.tracing import fresh_traceparent_in_current, publish_span, tracer
 from streams.wire import Codec, DecodeError, new_meta
 
 __all__ = ["CommandBus", "new_traceparent"]
@@ -39,7 +41,11 @@ _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-[0-9a-f]{16}-([0-9a-f]{2})")
 
 
 def new_traceparent(incoming: str | None = None) -> str:
-    """A traceparent with a fresh span id, in the caller's trace if it sent a valid one."""
+    """A traceparent with a fresh span id, in the caller's trace if it sent a valid one
+    (with tracing on: in the request's server span's trace, sampled or not as it is)."""
+    traced = fresh_traceparent_in_current() if tracer() is not None else None
+    if traced is not None:
+        return traced
     match = _TRACEPARENT.fullmatch(incoming.strip().lower()) if incoming else None
     trace_id = match.group(1) if match and match.group(1) != "0" * 32 else secrets.token_hex(16)
     flags = match.group(2) if match else "01"
@@ -87,10 +93,13 @@ class CommandBus:
         Kafka does not take it."""
         assert self._producer is not None, "CommandBus.start() first"
         meta = new_meta(command.thread_id, tenant, now_ms(), traceparent)
+        name = type(command).__name__
         try:
-            sent = await self._producer.send_and_wait(
-                self.settings.topics.commands, self.codec.encode_command(command, meta),
-                key=command.thread_id.encode())
+            with publish_span(self.settings.topics.commands, name, command.thread_id) as headers:
+                sent = await self._producer.send_and_wait(
+                    self.settings.topics.commands, self.codec.encode_command(command, meta),
+                    key=command.thread_id.encode(), headers=headers)
+            gateway_metrics().commands.inc(name)
         except KafkaError as exc:
             log.warning("publishing %s failed: %s", type(command).__name__, exc)
             raise Problem(503, "unavailable",
@@ -116,6 +125,7 @@ class CommandBus:
             return await asyncio.wait_for(asyncio.shield(future),
                                           self.settings.decision_timeout_ms / 1000)
         except TimeoutError:
+            gateway_metrics().pending.inc(type(command).__name__)  # answered 202 pending
             return None
         finally:
             self._waiters.pop(traceparent, None)

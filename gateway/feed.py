@@ -40,6 +40,7 @@ from gateway.sse import Position, RunTracker, SseEvent, make_events
 from gateway.tokens import ResumeTokens
 from streams.config import Settings
 from streams.lifecycle import Lifecycle
+from streams.observability.metrics import gateway_metrics
 from streams.records import RunLifecycle
 from streams.wire import Codec, DecodeError
 
@@ -347,8 +348,11 @@ class StreamFeed:
             self.flush()
         # Written to every caught-up client by now: how long after its producer did.
         now_ms = time.time() * 1000
+        write_lag = gateway_metrics().write_lag
         for records in batch.values():
             self._lag_ms.extend(now_ms - r.timestamp for r in records)
+            for record in records:
+                write_lag.observe(max(0.0, now_ms - record.timestamp) / 1000)
 
     def flush(self) -> None:
         """Write what the ingested records brought to every attached subscriber."""

@@ -47,6 +47,7 @@ from gateway.tokens import BadEventId
 from streams.clock import now_ms
 from streams.domain import ThreadState
 from streams.ids import answer_message_id_for
+from streams.observability.metrics import gateway_metrics
 
 __all__ = ["Framing", "run_events", "serve_run", "thread_stream"]
 
@@ -146,6 +147,8 @@ class _Writer:
             new.append(event)
             self.last = event.position
             self.done = self.run_stream and event.terminal
+        if new:
+            gateway_metrics().sse_events.inc(len(new))
         if self.framing is not None:
             return self.framing.encode(new) if new else b""
         return b"".join([event.frame for event in new])
@@ -326,6 +329,7 @@ async def _catch_up(request: web.Request, out: _Writer, plan: _Plan, partition: 
     if plan.after >= covered and plan.from_time_ms is None:
         return
     settings = request.app[SETTINGS]
+    gateway_metrics().replays.inc()
     events = replay(settings, request.app[FEED].tokens, partition, thread_id,
                     scan_from=plan.scan_from, after=plan.after, until=covered, run_id=run_id,
                     from_time_ms=plan.from_time_ms,
@@ -334,9 +338,11 @@ async def _catch_up(request: web.Request, out: _Writer, plan: _Plan, partition: 
     # One write per REPLAY_BATCH events, not per event: a write costs as much as
     # making the event, and the records are all there to read.
     batch: list[SseEvent] = []
+    count = 0
     async with contextlib.aclosing(events) as replayed:
         try:
             async for event in replayed:
+                count += 1
                 batch.append(event)
                 if len(batch) >= REPLAY_BATCH:
                     await out.send(batch)
@@ -347,6 +353,7 @@ async def _catch_up(request: web.Request, out: _Writer, plan: _Plan, partition: 
             raise
     if batch:
         await out.send(batch)
+    gateway_metrics().replay_events.observe(count)
     if plan.from_time_ms is not None and out.last == sent:
         raise ReplayGone(f"run {run_id} is no longer in the stream topic")
 

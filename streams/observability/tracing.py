@@ -22,8 +22,10 @@ processor's path that is one string check a record.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import secrets
+from collections.abc import Iterator
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -31,12 +33,13 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags, Tracer
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags, Tracer
 
 from streams.observability.settings import ObservabilitySettings
 
 __all__ = ["HEADER", "context_of", "current_traceparent", "fresh_traceparent_in_current", "header_of",
-           "record_traceparent", "sampled", "setup_tracing", "trace_id_of", "traceparent_of", "tracer"]
+           "publish_span", "record_traceparent", "sampled", "setup_tracing", "trace_id_of",
+           "traceparent_of", "tracer"]
 
 log = logging.getLogger("threadline.tracing")
 
@@ -133,3 +136,17 @@ def record_traceparent(headers: object, envelope: str | None) -> str | None:
             if name == HEADER and value:
                 return value.decode() if isinstance(value, bytes) else str(value)
     return envelope
+
+
+@contextlib.contextmanager
+def publish_span(topic: str, what: str, thread_id: str) -> Iterator[list[tuple[str, bytes]] | None]:
+    """With tracing on and the current trace sampled: a producer span for sending one
+    record to `topic`, and the record headers naming it; else no span and None."""
+    if _tracer is None or not trace.get_current_span().is_recording():
+        yield None
+        return
+    with _tracer.start_as_current_span(f"send {what}", kind=SpanKind.PRODUCER, attributes={
+            "messaging.system": "kafka", "messaging.destination.name": topic,
+            "messaging.operation.type": "send", "threadline.thread_id": thread_id}) as span:
+        traceparent = traceparent_of(span)
+        yield None if traceparent is None else [(HEADER, traceparent.encode())]
