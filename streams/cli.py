@@ -102,10 +102,9 @@ def _gateway(settings: Settings) -> int:
 
 def _connector(settings: Settings) -> int:
     from streams.connectors.role import run_connector
-    from streams.observability.metrics import connector_metrics
     from streams.observability.role import observe_role
 
-    observe_role(settings, "connector", connector_metrics)
+    observe_role(settings, "connector")  # its families: streams/observability/connector.py
 
     return run_connector(settings)
 

@@ -26,6 +26,7 @@ from streams.connectors.slack_api import SlackApi
 from streams.connectors.stats import ConnectorStats
 from streams.connectors.topics import ensure_connector_topics
 from streams.connectors.webhook import WebhookSink
+from streams.observability.connector import observe_connector
 from streams.wire import Codec
 
 __all__ = ["run_connector"]
@@ -45,6 +46,7 @@ def run_connector(settings: Settings) -> int:
                           HttpClient(config.concurrency)) if config.webhook_enabled else None
     codec = Codec.from_settings(settings)  # one for the relay and the inbound endpoint
     relay = Relay(settings, config, stats, instance_id, Calls(config, stats, chat, webhook), codec)
+    observe_connector(stats, relay)  # Prometheus families (docs/operations.md)
     if not config.signing_secret:
         log.warning("THREADLINE_SLACK_SIGNING_SECRET is unset: every chat event is refused")
     stop = threading.Event()

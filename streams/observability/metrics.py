@@ -22,8 +22,8 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from streams.observability.settings import ObservabilitySettings
 
-__all__ = ["ConnectorMetrics", "GatewayMetrics", "LabelCache", "ProcessorMetrics", "WorkerMetrics",
-           "connector_metrics", "gateway_metrics", "processor_metrics", "serve_metrics",
+__all__ = ["GatewayMetrics", "LabelCache", "ProcessorMetrics", "WorkerMetrics",
+           "gateway_metrics", "processor_metrics", "serve_metrics",
            "worker_metrics"]
 
 log = logging.getLogger("threadline.metrics")
@@ -160,21 +160,6 @@ class GatewayMetrics:
             ["command"]))
 
 
-class ConnectorMetrics:
-    """The connector's metrics (streams/connectors/)."""
-
-    def __init__(self) -> None:
-        self.outbox = LabelCache(Gauge(
-            "threadline_connector_outbox_entries", "Outbox entries held, by status", ["status"]))
-        self.posts = LabelCache(Counter(
-            "threadline_connector_posts_total", "Chat posts and webhook calls made, by kind and result",
-            ["kind", "result"]))
-        self.reconciliations = Counter("threadline_connector_reconciliations_total",
-                                       "Outbox entries reconciled against the chat after a restart")
-        self.fenced = Counter("threadline_connector_fenced_writes_total",
-                              "Writes refused because a newer connector instance owns the partition")
-
-
 @cache
 def processor_metrics() -> ProcessorMetrics:
     """This process's processor metrics (registered on first use)."""
@@ -191,12 +176,6 @@ def worker_metrics() -> WorkerMetrics:
 def gateway_metrics() -> GatewayMetrics:
     """This process's gateway metrics (registered on first use)."""
     return GatewayMetrics()
-
-
-@cache
-def connector_metrics() -> ConnectorMetrics:
-    """This process's connector metrics (registered on first use)."""
-    return ConnectorMetrics()
 
 
 def serve_metrics(settings: ObservabilitySettings, role: str,

@@ -76,8 +76,10 @@ class ObservedStack:
 
 
 @contextlib.contextmanager
-def observed_stack(bootstrap: str, folder: Path, **extra: str) -> Iterator[ObservedStack]:
-    """Processor, worker and gateway as processes, each with its metrics port, healthy;
+def observed_stack(bootstrap: str, folder: Path, *, webhook_url: str | None = None,
+                   **extra: str) -> Iterator[ObservedStack]:
+    """Processor, worker and gateway as processes (and a connector posting completed
+    runs to `webhook_url`, if given), each with its metrics port, the gateway healthy;
     stopped (SIGTERM, so their last spans are exported) on the way out."""
     port = free_port()
     env = fresh_env(bootstrap, folder, prefix=unique_prefix("o"), THREADLINE_API_KEYS=f"{KEY}=tenant-o",
@@ -89,8 +91,14 @@ def observed_stack(bootstrap: str, folder: Path, **extra: str) -> Iterator[Obser
     metrics = {"gateway": f"127.0.0.1:{port}"}
     roles: dict[str, RoleProcess] = {}
     try:
-        for name in ("processor", "worker", "gateway"):
+        names = ("processor", "worker", "gateway") + (("connector",) if webhook_url else ())
+        for name in names:
             role_env = dict(env)
+            if name == "connector":
+                assert webhook_url is not None
+                role_env.update(THREADLINE_WEBHOOK_URL=webhook_url, THREADLINE_WEBHOOK_SECRET="obs",
+                                THREADLINE_CONNECTOR_HTTP_PORT=str(free_port()),
+                                THREADLINE_DATA_DIR=str(folder / "connector"))
             if name != "gateway":
                 metrics_port = free_port()
                 role_env["THREADLINE_METRICS_PORT"] = str(metrics_port)

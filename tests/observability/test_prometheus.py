@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 
 from streams.testing.sse import read_sse
+from tests.connectors.webhook_receiver import WebhookReceiver
 from tests.observability.kit import AUTH, ObservedStack, Prometheus, observed_stack, prometheus_binary
 
 pytestmark = pytest.mark.kafka
@@ -27,13 +28,25 @@ RUNS_COMPLETED = 'sum(threadline_processor_events_total{event="RunCompleted"})'
 ATTEMPTS = "sum(threadline_worker_attempts_started_total)"
 ATTEMPTS_DONE = 'sum(threadline_worker_attempts_total{outcome="completed"})'
 SSE_EVENTS = "sum(threadline_gateway_sse_events_total)"
-QUERIES = (POSTS, DECIDED_POSTS, COMPLETED, RUNS_COMPLETED, ATTEMPTS, ATTEMPTS_DONE, SSE_EVENTS)
+WEBHOOK_POSTS = 'sum(threadline_connector_posts_total{result="delivered"})'
+QUERIES = (POSTS, DECIDED_POSTS, COMPLETED, RUNS_COMPLETED, ATTEMPTS, ATTEMPTS_DONE, SSE_EVENTS,
+           WEBHOOK_POSTS)
 
 
 @pytest.fixture(scope="module")
-def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObservedStack]:
-    """The roles as processes, each serving its metrics."""
-    with observed_stack(kafka_bootstrap, tmp_path_factory.mktemp("metrics")) as running:
+def webhook() -> Iterator[WebhookReceiver]:
+    """Where the connector posts each completed run."""
+    receiver = WebhookReceiver().start()
+    yield receiver
+    receiver.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory,
+          webhook: WebhookReceiver) -> Iterator[ObservedStack]:
+    """The roles as processes, each serving its metrics; the connector posts to `webhook`."""
+    with observed_stack(kafka_bootstrap, tmp_path_factory.mktemp("metrics"),
+                        webhook_url=webhook.url) as running:
         yield running
 
 
@@ -63,14 +76,15 @@ async def _one_run(session: aiohttp.ClientSession, base: str, index: int) -> int
 
 
 async def test_prometheus_sees_every_role_move_by_the_messages_posted(
-        stack: ObservedStack, prometheus: Prometheus) -> None:
+        stack: ObservedStack, prometheus: Prometheus, webhook: WebhookReceiver) -> None:
     """N posts: +N 202 posts, +N decided posts, +N attempts started and completed, +N
-    completed runs; SSE events +exactly what the clients read; every role's families exist."""
+    completed runs, +N webhook posts; SSE events +exactly what the clients read; every
+    role's families exist."""
     before = {q: prometheus.value(q) for q in QUERIES}
     async with aiohttp.ClientSession() as session:
         received = sum(await asyncio.gather(*(_one_run(session, stack.base, i) for i in range(N))))
     expected = {POSTS: N, DECIDED_POSTS: N, COMPLETED: N, RUNS_COMPLETED: N, ATTEMPTS: N,
-                ATTEMPTS_DONE: N, SSE_EVENTS: received}
+                ATTEMPTS_DONE: N, SSE_EVENTS: received, WEBHOOK_POSTS: N}
     for query, delta in expected.items():
         target = before[query] + delta
         prometheus.wait_value(query, lambda v, t=target: v >= t)
@@ -80,6 +94,8 @@ async def test_prometheus_sees_every_role_move_by_the_messages_posted(
         prometheus.wait_value(f'timestamp(up{{job="{job}"}})', lambda v: v > reached + 0.5)
     after = {q: prometheus.value(q) for q in QUERIES}
     assert {q: after[q] - before[q] for q in expected} == expected, stack.logs()
+    assert len({r.idempotency_key for r in webhook.requests}) == N
+    assert prometheus.value('sum(threadline_connector_outbox_entries{status="pending"})') == 0
     # Each role's own families are there, with units and histograms where latency matters.
     for family in ("threadline_processor_transaction_commit_seconds_count",
                    "threadline_processor_batch_records_count",
