@@ -26,6 +26,7 @@ BENCHMARKS = {
     "replay": "bench.replay",
     "fanout": "bench.fanout",
     "growth": "bench.growth",
+    "observability": "bench.observability_cost",
 }
 
 

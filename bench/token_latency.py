@@ -103,9 +103,11 @@ async def _healthy(stack: Stack) -> None:
 
 
 def run(bootstrap: str, threads: int = THREADS, rate: float = RATE,
-        seconds: float = SECONDS) -> list[Figure]:
-    """Token latency through the gateway against a direct Kafka consumer, in the same run."""
+        seconds: float = SECONDS, extra: dict[str, str] | None = None) -> list[Figure]:
+    """Token latency through the gateway against a direct Kafka consumer, in the same run
+    (`extra`: settings of the stack, e.g. bench/observability_cost.py's)."""
     stack = new_stack(bootstrap)
+    stack.env.update(extra or {})  # read by the role processes it starts
     thread_ids = seed_threads(stack.settings, threads)
     stack.start(["gateway"])
     children: list[Child] = []

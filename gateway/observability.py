@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from gateway.keys import FEED
 from gateway.problems import Handler
 from streams.observability import logs, tracing
-from streams.observability.metrics import gateway_metrics
+from streams.observability.metrics import gateway_metrics, set_metrics_enabled
 
 __all__ = ["metrics_endpoint", "observe_app", "observe_middleware", "route_of"]
 
@@ -91,6 +91,7 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 def observe_app(app: web.Application) -> None:
     """Add /metrics (unless turned off) and the gauges read from the app's objects."""
     settings = app[FEED].settings
+    set_metrics_enabled(settings.observability.metrics)
     metrics = gateway_metrics()
     feed = app[FEED]
     metrics.sse_streams.set_function(lambda: len(feed.subscribers))

@@ -17,13 +17,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import cache
+from typing import Any, cast
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from streams.observability.settings import ObservabilitySettings
 
 __all__ = ["GatewayMetrics", "LabelCache", "ProcessorMetrics", "WorkerMetrics",
-           "gateway_metrics", "processor_metrics", "serve_metrics",
+           "gateway_metrics", "processor_metrics", "serve_metrics", "set_metrics_enabled",
            "worker_metrics"]
 
 log = logging.getLogger("threadline.metrics")
@@ -32,6 +33,50 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 SLOW_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500)
 RATE_BUCKETS = (1, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
+
+
+_enabled = True
+
+
+def set_metrics_enabled(enabled: bool) -> None:
+    """THREADLINE_METRICS=off (benchmarks' baseline): metrics made after this record
+    nothing. Call it before a role's first metric."""
+    global _enabled
+    _enabled = enabled
+
+
+class _Null:
+    """A metric that records nothing (THREADLINE_METRICS=off)."""
+
+    def labels(self, *_: Any, **__: Any) -> _Null:
+        return self
+
+    def inc(self, *_: Any) -> None:
+        pass
+
+    def observe(self, *_: Any) -> None:
+        pass
+
+    def set(self, *_: Any) -> None:
+        pass
+
+    def set_function(self, *_: Any) -> None:
+        pass
+
+
+_NULL = _Null()
+
+
+def _counter(*args: Any, **kwargs: Any) -> Counter:
+    return Counter(*args, **kwargs) if _enabled else cast(Counter, _NULL)
+
+
+def _gauge(*args: Any, **kwargs: Any) -> Gauge:
+    return Gauge(*args, **kwargs) if _enabled else cast(Gauge, _NULL)
+
+
+def _histogram(*args: Any, **kwargs: Any) -> Histogram:
+    return Histogram(*args, **kwargs) if _enabled else cast(Histogram, _NULL)
 
 
 class LabelCache:
@@ -50,51 +95,49 @@ class LabelCache:
 
     def inc(self, *values: str, amount: float = 1.0) -> None:
         """Add `amount` to the counter child of these label values."""
-        child = self(*values)
-        assert isinstance(child, Counter)
-        child.inc(amount)
+        self(*values).inc(amount)  # type: ignore[union-attr]
 
 
 class ProcessorMetrics:
     """The thread processor's metrics (streams/processor.py, streams/kafka/loop.py)."""
 
     def __init__(self) -> None:
-        self.commands = LabelCache(Counter(
+        self.commands = LabelCache(_counter(
             "threadline_processor_commands_total",
             "Commands processed, by command type and outcome (decided: events written; "
             "unchanged: decided nothing, e.g. a repeat or a stale report; dead_lettered)",
             ["command", "outcome"]))
-        self.events = LabelCache(Counter(
+        self.events = LabelCache(_counter(
             "threadline_processor_events_total", "Events decided, by event type", ["event"]))
-        self.batch_records = Histogram(
+        self.batch_records = _histogram(
             "threadline_processor_batch_records", "Records consumed per transactional step",
             buckets=BATCH_BUCKETS)
-        self.commit_seconds = Histogram(
+        self.commit_seconds = _histogram(
             "threadline_processor_transaction_commit_seconds",
             "From begin_transaction to a committed transaction (produce, send offsets, commit)",
             buckets=LATENCY_BUCKETS)
-        self.aborts = Counter("threadline_processor_transaction_aborts_total",
+        self.aborts = _counter("threadline_processor_transaction_aborts_total",
                               "Transactions aborted and their batch rewound")
-        self.rebalances = LabelCache(Counter(
+        self.rebalances = LabelCache(_counter(
             "threadline_processor_rebalances_total",
             "Partition assignment changes of the processor group", ["change"]))
-        self.restore_seconds = Histogram(
+        self.restore_seconds = _histogram(
             "threadline_processor_restore_seconds",
             "Time to restore one partition's tables from their changelogs", buckets=SLOW_BUCKETS)
-        self.dead_letters = LabelCache(Counter(
+        self.dead_letters = LabelCache(_counter(
             "threadline_processor_dead_letters_total", "Records sent to the dead-letter topic",
             ["error_type"]))
-        self.consumer_lag = LabelCache(Gauge(
+        self.consumer_lag = LabelCache(_gauge(
             "threadline_processor_consumer_lag_records",
             "Commands not yet processed: the partition's end offset less the next offset to read",
             ["partition"]))
-        self.partitions = Gauge("threadline_processor_partitions",
+        self.partitions = _gauge("threadline_processor_partitions",
                                 "Command partitions owned by this instance")
-        self.deadlines = Gauge("threadline_processor_deadlines",
+        self.deadlines = _gauge("threadline_processor_deadlines",
                                "Threads with a pending deadline (heartbeat, attempt, retry)")
-        self.due_deadlines = Gauge("threadline_processor_due_deadlines",
+        self.due_deadlines = _gauge("threadline_processor_due_deadlines",
                                    "Deadlines past due at the last tick")
-        self.deadline_ticks = Counter("threadline_processor_deadline_ticks_total",
+        self.deadline_ticks = _counter("threadline_processor_deadline_ticks_total",
                                       "CheckDeadlines commands sent for due deadlines")
 
 
@@ -102,60 +145,60 @@ class WorkerMetrics:
     """The agent worker's metrics (streams/worker/, streams/observability/agent.py)."""
 
     def __init__(self) -> None:
-        self.in_flight = Gauge("threadline_worker_attempts_in_flight",
+        self.in_flight = _gauge("threadline_worker_attempts_in_flight",
                                "Attempts this worker runs now")
-        self.attempts = LabelCache(Counter(
+        self.attempts = LabelCache(_counter(
             "threadline_worker_attempts_total",
             "Attempts ended, by outcome (completed, failed, stopped) and reason",
             ["outcome", "reason"]))
-        self.started = Counter("threadline_worker_attempts_started_total",
+        self.started = _counter("threadline_worker_attempts_started_total",
                                "Attempts started (ReportAttemptStarted sent)")
-        self.heartbeats = Counter("threadline_worker_heartbeats_total", "Heartbeats sent")
-        self.stream_records = Counter("threadline_worker_stream_records_total",
+        self.heartbeats = _counter("threadline_worker_heartbeats_total", "Heartbeats sent")
+        self.stream_records = _counter("threadline_worker_stream_records_total",
                                       "Stream records (answer parts) sent")
-        self.first_token = Histogram(
+        self.first_token = _histogram(
             "threadline_worker_time_to_first_token_seconds",
             "From the agent's call to its first text", buckets=(*LATENCY_BUCKETS, 60.0))
-        self.tokens_per_second = Histogram(
+        self.tokens_per_second = _histogram(
             "threadline_worker_tokens_per_second",
             "Text chunks a second of one model call, after its first", buckets=RATE_BUCKETS)
-        self.agent_seconds = LabelCache(Histogram(
+        self.agent_seconds = LabelCache(_histogram(
             "threadline_worker_agent_seconds", "Duration of one agent (model) call, by outcome",
             ["outcome"], buckets=SLOW_BUCKETS))
-        self.tool_calls = Counter("threadline_worker_tool_calls_total", "Tool calls the agents made")
+        self.tool_calls = _counter("threadline_worker_tool_calls_total", "Tool calls the agents made")
 
 
 class GatewayMetrics:
     """The gateway's metrics (gateway/observability.py)."""
 
     def __init__(self) -> None:
-        self.requests = LabelCache(Counter(
+        self.requests = LabelCache(_counter(
             "threadline_gateway_http_requests_total",
             "HTTP requests answered, by method, route template and status", ["method", "route", "status"]))
-        self.request_seconds = LabelCache(Histogram(
+        self.request_seconds = LabelCache(_histogram(
             "threadline_gateway_http_request_duration_seconds",
             "Time to answer an HTTP request (SSE streams: until the stream ends)",
             ["method", "route"], buckets=LATENCY_BUCKETS))
-        self.sse_streams = Gauge("threadline_gateway_sse_streams_open", "Open SSE streams")
-        self.sse_events = Counter("threadline_gateway_sse_events_total",
+        self.sse_streams = _gauge("threadline_gateway_sse_streams_open", "Open SSE streams")
+        self.sse_events = _counter("threadline_gateway_sse_events_total",
                                   "SSE events written to clients (live and replayed)")
-        self.replays = Counter("threadline_gateway_replays_total",
+        self.replays = _counter("threadline_gateway_replays_total",
                                "Streams that replayed older events from Kafka")
-        self.replay_events = Histogram("threadline_gateway_replay_events",
+        self.replay_events = _histogram("threadline_gateway_replay_events",
                                        "Events one Kafka replay sent",
                                        buckets=(0, 1, 10, 100, 1_000, 10_000, 100_000))
-        self.write_lag = Histogram(
+        self.write_lag = _histogram(
             "threadline_gateway_write_lag_seconds",
             "From a stream record's CreateTime until its events were written to the clients",
             buckets=LATENCY_BUCKETS)
-        self.feed_lag = LabelCache(Gauge(
+        self.feed_lag = LabelCache(_gauge(
             "threadline_gateway_feed_lag_records",
             "Stream records the feed has not read yet, by partition", ["partition"]))
-        self.pending = LabelCache(Counter(
+        self.pending = LabelCache(_counter(
             "threadline_gateway_pending_total",
             "Commands answered 202 pending: no decision within THREADLINE_DECISION_TIMEOUT_S",
             ["command"]))
-        self.commands = LabelCache(Counter(
+        self.commands = LabelCache(_counter(
             "threadline_gateway_commands_published_total", "Commands queued to Kafka, by type",
             ["command"]))
 

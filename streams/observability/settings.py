@@ -3,6 +3,7 @@
     THREADLINE_METRICS_PORT         a role's Prometheus port (processor, worker, connector);
                                     unset or 0: none. `threadline run` gives each role its own,
                                     from this port up (default 9464: processor 9464, worker 9465)
+    THREADLINE_METRICS              "off": record no metrics at all (the benchmarks' baseline)
     THREADLINE_METRICS_HOST         the address those ports bind (default 127.0.0.1)
     THREADLINE_GATEWAY_METRICS      "0" turns off the gateway's GET /metrics (on by default)
     THREADLINE_OTLP_ENDPOINT        OTLP/HTTP traces endpoint, e.g. http://collector:4318/v1/traces;
@@ -26,6 +27,7 @@ DEFAULT_RUN_METRICS_PORT = 9464  # `threadline run`: the processor's; the worker
 class ObservabilitySettings:
     """How a role shows itself: metrics, traces and the log format."""
 
+    metrics: bool = True
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     gateway_metrics: bool = True
@@ -49,6 +51,7 @@ class ObservabilitySettings:
         if not 0.0 <= ratio <= 1.0:
             raise ValueError(f"THREADLINE_TRACE_SAMPLE_RATIO={ratio}: between 0 and 1")
         return cls(
+            metrics=(env.get("THREADLINE_METRICS") or "on").strip().lower() not in ("off", "0", "false"),
             metrics_port=port or None,
             metrics_host=env.get("THREADLINE_METRICS_HOST") or "127.0.0.1",
             gateway_metrics=(env.get("THREADLINE_GATEWAY_METRICS") or "1").strip().lower()
