@@ -30,7 +30,8 @@ _context: ContextVar[dict[str, Any] | None] = ContextVar("threadline_log_context
 _SECRETS = re.compile(
     r"(?i)(bearer\s+)[^\s\"',;]+"  # Authorization: Bearer <token>
     r"|\b(sk-|xox[abprs]-)[A-Za-z0-9_\-]{6,}"  # OpenAI and Slack style keys
-    r"|((?:api[_-]?key|token|password|secret|authorization)[\"']?\s*[=:]\s*[\"']?)[^\s\"',;&]+")
+    r"|((?:api[_-]?key|token|password|secret|authorization)[\"']?\s*[=:]\s*[\"']?)"
+    r"(?:bearer\s+)?[^\s\"',;&]+")
 
 
 def redact(text: str) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
+import streams.observability.worker as observed  # a module: it imports streams.worker too
 from streams.agents import Agent
 from streams.aio import stop_client
 from streams.clock import now_ms
@@ -31,13 +32,6 @@ from streams.kafka.clients import aiokafka_config
 from streams.kafka.topics import ensure_topics
 from streams.lifecycle import RunFate
 from streams.observability.metrics import worker_metrics
-from streams.observability.worker import (
-    ObservedAgent,
-    ObservedOutlet,
-    attempt_span,
-    bind_attempt,
-    with_record_parent,
-)
 from streams.records import DeadLetter
 from streams.wire import Codec, DecodeError
 from streams.worker.execution import Execution, Outlet, Stop
@@ -75,7 +69,7 @@ class Worker:
         self.settings = settings
         # THREADLINE_SCHEMA_REGISTRY_URL: the Confluent format; else single-object.
         self.codec = codec or Codec.from_settings(settings)
-        self.agent = ObservedAgent(agent)  # measured (and traced) calls
+        self.agent = observed.ObservedAgent(agent)  # measured (and traced) calls
         self.concurrency = max(1, settings.worker_concurrency if concurrency is None else concurrency)
         self.worker_id = (worker_id or settings.instance_id
                           or f"{socket.gethostname()}-{os.getpid()}")
@@ -96,7 +90,7 @@ class Worker:
         )
         self.watch = LifecycleWatch(settings, f"worker-{self.worker_id}", self._on_fate,
                                     self.codec)
-        self.outlet: Outlet = ObservedOutlet(self.producer, self.codec, settings, self.agent,
+        self.outlet: Outlet = observed.ObservedOutlet(self.producer, self.codec, settings, self.agent,
                                              self.worker_id)
         worker_metrics().in_flight.set_function(lambda: len(self.executions))
         self._background: set[asyncio.Task[None]] = set()
@@ -143,7 +137,7 @@ class Worker:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
             return
-        meta = with_record_parent(meta, record.headers)  # the processor's decision, if traced
+        meta = observed.with_record_parent(meta, record.headers)  # the processor's decision, if traced
         if now_ms() - dispatch.dispatched_at_ms > self.settings.policy.attempt_timeout_ms:
             # The processor has timed this attempt out already.
             offsets.finish(record.offset)
@@ -179,7 +173,7 @@ class Worker:
 
     async def _execute(self, execution: Execution) -> None:
         run_id, attempt = execution.dispatch.run_id, execution.attempt
-        bind_attempt(execution)  # this task's log lines name the attempt (JSON logs)
+        observed.bind_attempt(execution)  # this task's log lines name the attempt (JSON logs)
         try:
             try:
                 async with asyncio.timeout(PREPARE_TIMEOUT_S):
@@ -195,7 +189,7 @@ class Worker:
                 return
             log.info("run %s attempt %d: execution %s started", run_id, attempt,
                      execution.execution_id)
-            with attempt_span(execution):
+            with observed.attempt_span(execution):
                 await execution.run()
             log.info("run %s attempt %d: execution %s reported", run_id, attempt,
                      execution.execution_id)
