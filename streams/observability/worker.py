@@ -1,7 +1,8 @@
 """What the worker shows: attempt metrics, the attempt's span, and the agent's.
 
 * `ObservedOutlet` counts what an execution reports (attempts started, heartbeats,
-  outcomes by reason, once the broker acked them) and the stream records it sends.
+  outcomes by reason, once the broker acked them) and the stream records it sends;
+  each answer part but the text deltas is an event on the attempt's span.
 * `ObservedAgent` wraps any agent: the model call's latency, time to first token,
   tokens (text chunks) a second, tool calls, and with tracing a span for the call
   and one for each tool call (from its `tool_call` step to its `tool_result`).
@@ -32,7 +33,7 @@ from streams.domain import (
 )
 from streams.observability import logs, tracing
 from streams.observability.metrics import worker_metrics
-from streams.records import HistoryMessage, StreamOutput
+from streams.records import HistoryMessage, StreamOutput, TextDelta
 from streams.thread import OUTPUT_TOO_LARGE
 from streams.wire import EnvelopeMeta
 from streams.worker.execution import SHUTDOWN_ERROR, Execution, Outlet
@@ -59,6 +60,11 @@ class ObservedOutlet(Outlet):
         """Send a stream record (see `Outlet.stream`), counted."""
         await super().stream(output, meta, partition)
         worker_metrics().stream_records.inc()
+        if not isinstance(output.payload, TextDelta):  # the answer's parts, on the attempt's span
+            span = trace.get_current_span()
+            if span.is_recording():
+                span.add_event(f"stream {type(output.payload).__name__}",
+                               {"threadline.seq": output.seq, "messaging.kafka.partition": partition})
 
     async def command(self, command: Command, meta: EnvelopeMeta) -> asyncio.Future[Any]:
         """Send a report (see `Outlet.command`); counted once the broker acks it."""

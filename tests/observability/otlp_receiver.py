@@ -32,6 +32,7 @@ class ReceivedSpan:
     span_id: str
     parent_span_id: str
     attributes: dict[str, object]
+    events: tuple[str, ...] = ()
 
 
 class OtlpReceiver:
@@ -90,7 +91,7 @@ class OtlpReceiver:
                         attributes[a.key] = getattr(a.value, kind) if kind else None
                     spans.append(ReceivedSpan(service, span.name, span.kind, span.trace_id.hex(),
                                               span.span_id.hex(), span.parent_span_id.hex(),
-                                              attributes))
+                                              attributes, tuple(e.name for e in span.events)))
         with self._lock:
             self.spans.extend(spans)
             self.requests += 1

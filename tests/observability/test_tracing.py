@@ -81,6 +81,10 @@ def test_one_trace_follows_a_message_across_the_kafka_hops(stack: ObservedStack,
     assert decide.parent_span_id == publish.span_id  # Kafka: the command's header
     assert attempt.parent_span_id == decide.span_id  # Kafka: the dispatch's header
     assert model.parent_span_id == attempt.span_id
+    # The stream records: the answer's parts sent within the attempt, in order.
+    parts = [e for e in attempt.events if e.startswith("stream ")]
+    assert parts[0] == "stream MessageStart" and parts[-1] == "stream MessageEnd", parts
+    assert "stream StepOutput" in parts
     assert tool.parent_span_id == model.span_id
     assert started.parent_span_id == attempt.span_id  # Kafka: the report's envelope
     assert completed.parent_span_id == attempt.span_id
