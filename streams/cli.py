@@ -7,7 +7,9 @@
     threadline gateway     the HTTP/SSE gateway
     threadline connector   the chat (Slack Events API) and webhook connector
     threadline run         broker, processor, worker and gateway, each restarted if it
-                           exits, until Ctrl-C or SIGTERM
+                           exits, until Ctrl-C or SIGTERM; metrics on ports 9464 (processor)
+                           and 9465 (worker), from THREADLINE_METRICS_PORT if set, and on the
+                           gateway's GET /metrics (docs/operations.md)
 """
 
 from __future__ import annotations
