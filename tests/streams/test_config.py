@@ -25,7 +25,8 @@ def test_every_setting_is_read_by_the_code(name: str) -> None:
 
 def test_every_variable_read_is_documented() -> None:
     """Every THREADLINE_* or KAFKA_* variable the settings read is in the README."""
-    source = (REPO / "streams" / "config.py").read_text()
+    source = "".join((REPO / "streams" / path).read_text()
+                     for path in ("config.py", "observability/settings.py"))
     readme = (REPO / "README.md").read_text()
     variables = set(re.findall(r'"((?:THREADLINE|KAFKA)_[A-Z_]+)"', source))
     assert variables
