@@ -205,6 +205,11 @@ SPEC: dict[str, Any] = {
             "partition is processed); a success is reused for 5 s"),
             "responses": {"200": {"description": "decisions are being made"},
                           "503": {"description": "not yet (partitions_waiting)"}}}},
+        "/metrics": {"get": {"security": [], "summary": (
+            "Prometheus metrics of this gateway process, in the text exposition format "
+            "(THREADLINE_GATEWAY_METRICS=0 removes it; docs/operations.md)"),
+            "responses": {"200": {"description": "metrics",
+                                  "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
         "/openapi.json": {"get": {"security": [], "summary": "This document",
                                   "responses": {"200": {"description": "OpenAPI 3.1"}}}},
         "/demo": {"get": {"security": [], "summary": "A browser page watching a thread's stream "

@@ -228,6 +228,11 @@ def serve_metrics(settings: ObservabilitySettings, role: str,
         register()  # the role's metrics exist (at zero) from the first scrape
     if settings.metrics_port is None:
         return False
-    start_http_server(settings.metrics_port, settings.metrics_host)
+    try:
+        start_http_server(settings.metrics_port, settings.metrics_host)
+    except OSError as exc:  # a taken port must not stop the role (a supervisor would crash-loop it)
+        log.error("%s metrics: cannot serve on %s:%d (%s); running without a metrics port", role,
+                  settings.metrics_host, settings.metrics_port, exc)
+        return False
     log.info("%s metrics on http://%s:%d/metrics", role, settings.metrics_host, settings.metrics_port)
     return True

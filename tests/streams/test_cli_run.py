@@ -102,7 +102,9 @@ def stack(test_env: dict[str, str], tmp_path: Path) -> Iterator[tuple[subprocess
     port = free_port()
     env = {**test_env, "THREADLINE_HTTP_HOST": "127.0.0.1", "THREADLINE_HTTP_PORT": str(port),
            "THREADLINE_API_KEYS": "", "THREADLINE_AGENT_TOKENS_PER_S": "0",
-           "THREADLINE_DECISION_TIMEOUT_S": "20"}
+           "THREADLINE_DECISION_TIMEOUT_S": "20",
+           # metrics: the processor on this port, the worker on the next (docs/operations.md)
+           "THREADLINE_METRICS_PORT": str(free_port())}
     log = tmp_path / "run.log"
     proc = _threadline_run(env, log, tmp_path)
     try:
@@ -114,6 +116,17 @@ def stack(test_env: dict[str, str], tmp_path: Path) -> Iterator[tuple[subprocess
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _metrics_port(log: Path) -> str:
+    """The processor's metrics port, as its log announces it."""
+    def announced() -> str | None:
+        for line in log.read_text().splitlines():
+            if "processor metrics on http://" in line:
+                return line.rsplit(":", 1)[1].split("/")[0]
+        return None
+
+    return str(wait_for(announced, timeout=60))
 
 
 def _healthy(base: str) -> None:
@@ -145,6 +158,13 @@ def test_run_restarts_a_killed_processor_and_gateway_and_keeps_serving(
     _healthy(base)
     _answered(base, "before the kills")
     assert "accepting the development key 'dev'" in log.read_text()
+    # One metrics port a role: the processor's, the worker's next to it, the gateway's /metrics.
+    first = int(_metrics_port(log))
+    for url, family in ((f"http://127.0.0.1:{first}/metrics", "threadline_processor_commands_total"),
+                        (f"http://127.0.0.1:{first + 1}/metrics", "threadline_worker_attempts_started_total"),
+                        (f"{base}/metrics", "threadline_gateway_http_requests_total")):
+        with urllib.request.urlopen(url, timeout=10) as response:
+            assert family in response.read().decode(), url
     for role in ("processor", "gateway"):
         victim = _children(proc.pid)[role]
         os.kill(victim, signal.SIGKILL)
