@@ -19,6 +19,7 @@ TITLES = {
     "replay": "5. Replay: 10,000 events of one thread from an early Last-Event-ID",
     "growth": "6. Growth: a thread at turn 10 against one at turn 1,000 (processor and gateway)",
     "growth-gateway": "7. Growth: a gateway with 1k against 100k threads (cold start, warm restart)",
+    "observability": "8. Observability cost: metrics and tracing off and on, side by side",
 }
 NOTES = ROOT / "bench" / "NOTES.md"
 PNG = DOCS / "benchmarks.png"
@@ -75,6 +76,8 @@ TARGETS = [
            _at_most(LONG, "x CPU µs/cmd", 1.2)),
     Target("growth", "POST -> 202 p50 at turn 1,000 <= 1.2x turn 10",
            _at_most(LONG, "x POST p50", 1.2)),
+    Target("observability", "processor with metrics + tracing at 1% >= 0.95x observability off",
+           _at_least("processor, metrics + tracing 1%", "x off", 0.95)),
     Target("growth-gateway", "gateway RSS after a cold start, 100k threads <= 1.5x 1k",
            _at_most(LARGE, "x cold: RSS MiB", 1.5)),
     Target("growth-gateway", "gateway RSS after a warm restart, 100k threads <= 1.5x 1k",
