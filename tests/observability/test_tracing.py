@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.observability.kit import AUTH, ObservedStack, observed_stack
+from tests.observability.kit import AUTH, KEY, ObservedStack, observed_stack
 from tests.observability.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 pytestmark = pytest.mark.kafka
@@ -34,7 +34,7 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory,
     """The roles as processes, exporting every trace to the receiver."""
     with observed_stack(kafka_bootstrap, tmp_path_factory.mktemp("tracing"),
                         THREADLINE_OTLP_ENDPOINT=receiver.endpoint,
-                        THREADLINE_TRACE_SAMPLE_RATIO="1") as running:
+                        THREADLINE_TRACE_SAMPLE_RATIO="1", THREADLINE_LOG_FORMAT="json") as running:
         yield running
 
 
@@ -95,3 +95,12 @@ def test_one_trace_follows_a_message_across_the_kafka_hops(stack: ObservedStack,
     assert not orphans, orphans
     assert {s.service for s in spans} == {"threadline-gateway", "threadline-processor",
                                           "threadline-worker"}
+    # JSON logs: the worker's lines of this attempt name the run, the tenant and the trace;
+    # no role logs the message's text or the API key.
+    lines = [json.loads(line) for line in stack.roles["worker"].output().splitlines()
+             if line.startswith("{")]
+    mine = [line for line in lines if line.get("run_id") == run_id]
+    assert mine and all(line["trace_id"] == trace_id and line["tenant"] == "tenant-o"
+                        and line["attempt"] == 1 for line in mine), mine
+    for role in stack.roles.values():
+        assert "trace me" not in role.output() and KEY not in role.output(), role.role

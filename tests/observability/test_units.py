@@ -8,11 +8,15 @@ import io
 import json
 import logging
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
 
+from gateway.app import create_app
+from gateway.auth import PUBLIC_PATHS
 from streams.agents import AgentOutput, AgentStep, TextChunk
+from streams.config import Settings
 from streams.domain import ReportAttemptCompleted, ReportAttemptFailed, Step
 from streams.observability import logs, tracing
 from streams.observability.logs import JsonFormatter, redact
@@ -127,3 +131,14 @@ async def test_the_agent_wrapper_passes_outputs_through_and_measures_them() -> N
              _sample("threadline_worker_time_to_first_token_seconds_count"),
              _sample("threadline_worker_tokens_per_second_count"))
     assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 1, 1]
+
+
+def test_the_gateway_metrics_endpoint_can_be_turned_off(tmp_path: Path) -> None:
+    """GET /metrics is routed (and public) by default, and not with THREADLINE_GATEWAY_METRICS=0."""
+    def routes(**env: str) -> set[str]:
+        settings = Settings.from_env({"THREADLINE_DATA_DIR": str(tmp_path), **env})
+        app = create_app(settings)
+        return {r.resource.canonical for r in app.router.routes() if r.resource is not None}
+
+    assert "/metrics" in routes() and "/metrics" in PUBLIC_PATHS
+    assert "/metrics" not in routes(THREADLINE_GATEWAY_METRICS="0")
