@@ -48,6 +48,7 @@ from streams.connectors.topics import audit_topic, outbox_topic
 from streams.kafka.clients import librdkafka_config, table_consumer_config, table_producer_config
 from streams.kafka.loop import Output, TableLoop, record_position
 from streams.kafka.restore import ChangelogReader
+from streams.observability.tracing import header_of
 from streams.wire import Codec, DecodeError
 from streams.wire.connector import decode_outbox, encode_audit, encode_outbox
 
@@ -80,6 +81,7 @@ class Relay:
         self.draining = False
         self._staged: dict[Key, ChatOutbox] = {}  # the step in progress: its outboxes
         self._fenced: list[Job] = []  # and the calls it fences
+        self._traces: dict[Key, str] = {}  # the step's threads: their newest event's traceparent
         client_id = f"connector-{instance_id}"
         self.loop = TableLoop(
             self, Consumer(table_consumer_config(settings, self.group_id, client_id,
@@ -149,8 +151,11 @@ class Relay:
     def process(self, records: list[Message]) -> list[Output]:
         """Plan the events' entries, record finished calls, fence the next calls: the
         outboxes that changed, to write."""
+        self._traces = {}
         staged = self._step(records)
-        return [Output(self.outbox, key, encode_outbox(outbox), partition)
+        # Each outbox record carries its event's trace context as a `traceparent` header.
+        return [Output(self.outbox, key, encode_outbox(outbox), partition,
+                       headers=header_of(self._traces.get((partition, key))))
                 for (partition, key), outbox in staged.items()]
 
     def committed(self) -> None:
@@ -244,6 +249,8 @@ class Relay:
         current = self._outbox(staged, (partition, key))
         updated = plan(current, event, meta.tenant, self.sinks, now_ms)
         if updated is not None:
+            if meta.traceparent:
+                self._traces[(partition, key)] = meta.traceparent
             self.stats.add("entries_planned",
                            len(updated.entries) - (len(current.entries) if current else 0))
             staged[(partition, key)] = updated

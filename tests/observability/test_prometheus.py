@@ -13,8 +13,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from streams.config import Settings
+from streams.connectors.topics import outbox_topic
+from streams.observability import tracing
 from streams.testing.sse import read_sse
 from tests.connectors.webhook_receiver import WebhookReceiver
+from tests.kafka_helpers import read_messages
 from tests.observability.kit import AUTH, ObservedStack, Prometheus, observed_stack, prometheus_binary
 
 pytestmark = pytest.mark.kafka
@@ -95,6 +99,14 @@ async def test_prometheus_sees_every_role_move_by_the_messages_posted(
     after = {q: prometheus.value(q) for q in QUERIES}
     assert {q: after[q] - before[q] for q in expected} == expected, stack.logs()
     assert len({r.idempotency_key for r in webhook.requests}) == N
+    # The outbox record an event plans carries the event's trace context as a header (later
+    # ones, recording a call's result, are not caused by an event and carry none).
+    settings = Settings.from_env(stack.env)
+    records = read_messages(settings, outbox_topic(settings),
+                            lambda m: (m.key(), tracing.record_traceparent(m.headers(), None)),
+                            until=lambda found: len({k for k, _ in found}) >= N)
+    traced = {key for key, parent in records if tracing.sampled(parent)}
+    assert traced == {key for key, _ in records} and len(traced) == N, records
     assert prometheus.value('sum(threadline_connector_outbox_entries{status="pending"})') == 0
     # Each role's own families are there, with units and histograms where latency matters.
     for family in ("threadline_processor_transaction_commit_seconds_count",

@@ -12,6 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from streams.config import Settings
+from streams.observability import tracing
+from tests.kafka_helpers import read_messages
 from tests.observability.kit import AUTH, KEY, ObservedStack, observed_stack
 from tests.observability.otlp_receiver import OtlpReceiver, ReceivedSpan
 
@@ -95,6 +98,15 @@ def test_one_trace_follows_a_message_across_the_kafka_hops(stack: ObservedStack,
     assert not orphans, orphans
     assert {s.service for s in spans} == {"threadline-gateway", "threadline-processor",
                                           "threadline-worker"}
+    # Records without a trace field carry it as a header: the thread's states, its stored
+    # messages and its dispatch, each naming a processor decision of this trace.
+    settings = Settings.from_env(stack.env)
+    decisions = {s.span_id for s in spans if s.service == "threadline-processor"}
+    for topic in (settings.topics.threads, settings.topics.messages, settings.topics.dispatch):
+        parents = read_messages(settings, topic, lambda m: tracing.record_traceparent(m.headers(), None),
+                                until=lambda found: any(p and trace_id in p for p in found))
+        traced = [p for p in parents if p is not None and trace_id in p]
+        assert traced and all(p.split("-")[2] in decisions for p in traced), (topic, parents)
     # JSON logs: the worker's lines of this attempt name the run, the tenant and the trace;
     # no role logs the message's text or the API key.
     lines = [json.loads(line) for line in stack.roles["worker"].output().splitlines()
