@@ -507,3 +507,6 @@ class ThreadState:
     last_run: RunRecord | None = None  # the most recent run that ended
     updated_at_ms: int = 0
     queued: tuple[QueuedMessage, ...] = ()  # oldest first; each runs when the runs before end
+    # Message ids of the newest rolled-back runs: their history records are tombstoned,
+    # so `Known` no longer finds them. Capped by Policy.max_idempotency_keys.
+    rolled_back: tuple[str, ...] = ()

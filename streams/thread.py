@@ -185,7 +185,7 @@ def evolve(state: ThreadState | None, event: Event, policy: Policy = _DEFAULT_PO
         return _run_accepted(state, event)
     if isinstance(event, MessageQueued):
         return _message_queued(state, event)
-    return _run_event(state, event)
+    return _run_event(state, event, policy)
 
 
 def apply(state: ThreadState | None, events: Iterable[Event],
@@ -286,6 +286,8 @@ def _post_user_message(
                 record.run_id,
             )
     existing_run_id = known.message_run_id
+    if existing_run_id is None and command.message_id in state.rolled_back:
+        existing_run_id = run_id_for(state.thread_id, command.message_id)
     if existing_run_id is not None:
         return reject(RejectReason.DUPLICATE, "message id already has a run", existing_run_id)
     accepted = MessageAccepted(
@@ -601,7 +603,7 @@ def _run_accepted(state: ThreadState, event: RunAccepted) -> ThreadState:
                    updated_at_ms=event.at_ms)
 
 
-def _run_event(state: ThreadState, event: _RunEvent) -> ThreadState:
+def _run_event(state: ThreadState, event: _RunEvent, policy: Policy) -> ThreadState:
     run = state.active_run
     if run is None or run.run_id != event.run_id:
         return state
@@ -647,7 +649,11 @@ def _run_event(state: ThreadState, event: _RunEvent) -> ThreadState:
         case RunFailed():
             return _end_run(state, run, RunStatus.FAILED, event.at_ms)
         case RunCancelled():
-            return _end_run(state, run, RunStatus.CANCELLED, event.at_ms)
+            ended = _end_run(state, run, RunStatus.CANCELLED, event.at_ms)
+            if event.reason != ROLLED_BACK:
+                return ended
+            keep = max(policy.max_idempotency_keys, 1)
+            return replace(ended, rolled_back=(*state.rolled_back, run.message_id)[-keep:])
         case _:
             assert_never(event)
 

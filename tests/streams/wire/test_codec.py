@@ -170,6 +170,7 @@ STATES = [
         idempotency=MappingProxyType({"idem-1": IdempotencyRecord("m1", "r1", "sha256:ab", 2)}),
         message_count=3, run_count=2, last_run=RunRecord("r1", "m1", RunStatus.COMPLETED, 1),
         updated_at_ms=5, queued=(QueuedMessage("m3", 3, 5), QueuedMessage("m4", 4, 6)),
+        rolled_back=("m0",),
     ),
     *(
         ThreadState(T, "acme", "", 1, active_run=ActiveRun("r", "m", 1, status, 1, 2, None))
