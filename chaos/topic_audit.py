@@ -47,10 +47,10 @@ same committed state); every committed record must be in the uncommitted read.
 holds the user message and the answer, each under one key, at consecutive seqs
 (but for messages queued in between) in the order the client posted, and the
 user record's newest version has run status `completed`; a thread's seqs have no
-gap (a rolled-back message's tombstone keeps its seq). A message queued behind a run (multitask_strategy enqueue) is stored
-when posted and answered when its turn comes, so its answer follows it, not
-necessarily at the next seq, and it may stand between an earlier message and
-that message's answer.
+gap (a rolled-back message's tombstone keeps its seq). A message queued behind a
+run (multitask_strategy enqueue) is stored when posted and answered when its turn
+comes, so its answer follows it, not necessarily at the next seq, and it may
+stand between an earlier message and that message's answer.
 """
 
 from __future__ import annotations
