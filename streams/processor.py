@@ -25,6 +25,7 @@ import logging
 import signal
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer
@@ -449,7 +450,7 @@ class Processor:
 
     def _dispatch(self, event: AttemptDispatched, state: ThreadState, meta: EnvelopeMeta,
                   key: bytes, history: MessageStore, input_text: str | None,
-                  staged: list[tuple[MessageRecord | None, int, bytes | None]] = [],  # noqa: B006
+                  staged: Sequence[tuple[MessageRecord | None, int, bytes | None]] = (),
                   removed: set[str] | frozenset[str] = frozenset()) -> _Output:
         """The dispatch record: the user message and as much recent history as the
         context budget (THREADLINE_CONTEXT_CHARS) and the record limit allow."""
