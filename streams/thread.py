@@ -367,7 +367,10 @@ def _cancel_run(state: ThreadState | None, command: CancelRun) -> list[Event]:
         RunCancelled(
             thread_id=state.thread_id,
             run_id=run.run_id,
-            reason=command.reason,
+            # The two reasons a double text gives mean something (a rollback
+            # tombstones the run's message); a cancel's own reason never does.
+            reason=command.reason if command.reason not in (INTERRUPTED, ROLLED_BACK)
+            else f"cancel: {command.reason}",
             at_ms=command.now_ms,
         )
     ]
