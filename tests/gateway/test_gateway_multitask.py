@@ -54,9 +54,11 @@ async def test_enqueue_runs_the_second_message_after_the_first(stack: Stack) -> 
     assert status == 202 and second["status"] in ("accepted", "pending"), second
     status, again = await _post(stack, thread_id, "second", "enqueue", key="k2")
     assert status == 202 and again.get("replayed") is True, again  # queued once only
-    queued = await _messages(stack, thread_id)
-    assert ("user", second["run_id"], "queued") in queued or \
-        ("user", second["run_id"], "completed") in queued, queued
+    listed = {run: status for role, run, status in await _messages(stack, thread_id)
+              if role == "user"}
+    # queued while the first run lasts (under load it may have ended already)
+    assert listed.get(second["run_id"]) in ("queued", "dispatched", "running", "completed"), \
+        listed
     assert await _run_end(stack, first["run_id"]) == ("run_completed", "")
     assert (await _run_end(stack, second["run_id"]))[0] == "run_completed", stack.logs()
     assert await _messages(stack, thread_id) == [
