@@ -34,6 +34,7 @@ __all__ = [
     "Known",
     "MessageAccepted",
     "MessageQueued",
+    "PartialAnswerStored",
     "MultitaskStrategy",
     "Policy",
     "PostUserMessage",
@@ -400,6 +401,17 @@ class RunCancelled:
 
 
 @dataclass(frozen=True, slots=True)
+class PartialAnswerStored:
+    """Event: the answer an interrupted run had streamed (multitask_strategy interrupt),
+    reported by its worker once it stopped; stored after the run ended, marked."""
+    thread_id: str
+    run_id: str
+    attempt: int
+    message: AssistantMessage
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class ThreadDeleted:
     """Event: a thread and its messages were deleted."""
     thread_id: str
@@ -422,6 +434,7 @@ Event = (
     | RunCancelled
     | ThreadDeleted
     | MessageQueued
+    | PartialAnswerStored
 )
 
 TERMINAL_EVENTS = (RunCompleted, RunFailed, RunCancelled)
@@ -510,3 +523,6 @@ class ThreadState:
     # Message ids of the newest rolled-back runs: their history records are tombstoned,
     # so `Known` no longer finds them. Capped by Policy.max_idempotency_keys.
     rolled_back: tuple[str, ...] = ()
+    # The newest run a double text interrupted, until its worker's report of the
+    # partial answer is stored (at most one is waited for: a newer one replaces it).
+    interrupted: RunRecord | None = None
