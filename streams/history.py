@@ -10,6 +10,12 @@ tombstone seq 0 .. message_count - 1 without reading anything.
 
 A user message's record carries the status of the run it started; it is rewritten
 when the run ends, so the history alone answers "what happened to this message".
+A run rolled back by a later post (multitask_strategy rollback) has its user
+message tombstoned instead (`MessageRemoved`); its events stay on the events topic.
+A run interrupted by a later post (multitask_strategy interrupt) keeps its user
+message (run status cancelled) and, once its worker reports what it had streamed,
+gets that partial answer as an assistant record marked with run status cancelled
+(`PartialAnswerStored`), at the next seq: after the interrupting question.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Protocol
 from streams.domain import (
     Event,
     MessageAccepted,
+    PartialAnswerStored,
     RunCancelled,
     RunCompleted,
     RunFailed,
@@ -31,12 +38,14 @@ from streams.domain import (
 )
 from streams.ids import run_id_for
 from streams.records import HistoryMessage
+from streams.thread import ROLLED_BACK
 
 __all__ = [
     "SEQ_DIGITS",
     "HistoryErased",
     "HistoryWrite",
     "MessagePut",
+    "MessageRemoved",
     "RunStatusChanged",
     "context_window",
     "history_writes",
@@ -53,7 +62,9 @@ class MessagePut:
 
     seq: int
     message: StoredMessage
-    run_status: RunStatus | None  # user messages: their run's status; None for answers
+    # user messages: their run's status; None for answers, CANCELLED for the partial
+    # answer of an interrupted run (PartialAnswerStored)
+    run_status: RunStatus | None
     run_attempts: int = 0
 
 
@@ -73,7 +84,14 @@ class HistoryErased:
     message_count: int
 
 
-HistoryWrite = MessagePut | RunStatusChanged | HistoryErased
+@dataclass(frozen=True, slots=True)
+class MessageRemoved:
+    """A rolled-back run's message `seq` leaves the history: a tombstone of its key."""
+
+    seq: int
+
+
+HistoryWrite = MessagePut | RunStatusChanged | HistoryErased | MessageRemoved
 
 
 def message_key(thread_id: str, seq: int) -> bytes:
@@ -112,8 +130,20 @@ def history_writes(before: ThreadState | None, event: Event) -> list[HistoryWrit
                     *_run_ended(before, event.run_id, RunStatus.COMPLETED)]
         case RunFailed():
             return _run_ended(before, event.run_id, RunStatus.FAILED)
+        case RunCancelled() if event.reason == ROLLED_BACK:
+            run = before.active_run
+            if run is None or run.run_id != event.run_id or run.message_seq < 0:
+                return []
+            return [MessageRemoved(run.message_seq)]
         case RunCancelled():
             return _run_ended(before, event.run_id, RunStatus.CANCELLED)
+        case PartialAnswerStored():  # marked: an answer record whose run was cancelled
+            answer = StoredMessage(message_id=event.message.message_id, role="assistant",
+                                   text=event.message.text, run_id=event.run_id,
+                                   created_at_ms=event.at_ms, steps=event.message.steps,
+                                   citations=event.message.citations)
+            return [MessagePut(before.message_count, answer, RunStatus.CANCELLED,
+                               event.attempt)]
         case ThreadDeleted():
             return [HistoryErased(before.message_count)]
         case _:

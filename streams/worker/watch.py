@@ -161,7 +161,7 @@ class LifecycleWatch:
         if not isinstance(output.payload, RunLifecycle):
             return
         fate = self.fates.pop(output.run_id, None) or RunFate()
-        fate.learn(output.payload.event, output.attempt)
+        fate.learn(output.payload.event, output.attempt, output.payload.detail)
         self.fates[output.run_id] = fate
         while len(self.fates) > FATES_KEPT:
             self.fates.popitem(last=False)

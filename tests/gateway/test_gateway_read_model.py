@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
+from aiokafka import TopicPartition
 from confluent_kafka import Producer
 
 from gateway.app import Options, create_app
@@ -341,3 +342,61 @@ def _latest_values(settings: Settings, topic: str, thread_id: str) -> dict[int, 
     finally:
         consumer.close()
     return latest
+
+
+async def test_a_thread_the_model_has_not_read_yet_is_503_not_404(own_settings: Settings) -> None:
+    """While the model cannot reach the end of a thread's partition, a thread it does
+    not know yet gets 503 with Retry-After (it may have been created a moment ago),
+    never a 404; once the model reads on, the thread is there."""
+    writer = Writer(own_settings)
+    async with _gateway(own_settings, Options(keepalive_s=1, catch_up_timeout_s=0.5)) as (
+            url, model):
+        thread_id = f"unread-{uuid.uuid4().hex[:8]}"
+        tp = TopicPartition(own_settings.topics.threads,
+                            partition_for(thread_id, own_settings.partitions))
+        model._consumer.pause(tp)  # a consumer that makes no progress on that partition
+        writer.state(thread_id, messages=0)
+        writer.flush()
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{url}/v1/threads/{thread_id}", headers=AUTH_A) as response:
+                problem = await response.json(content_type=None)
+                assert response.status == 503, problem
+                assert problem["type"].endswith("/read-model-behind")
+                assert response.headers["Retry-After"] == "1"
+            model._consumer.resume(tp)
+            status, thread = await _get(session, f"{url}/v1/threads/{thread_id}")
+            assert status == 200 and thread["thread_id"] == thread_id, thread
+
+
+async def test_a_thread_decided_created_is_waited_for_until_its_state_is_readable(
+        own_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The processor's transaction commits the decision and the state together, but
+    each partition gets its commit marker in turn: the gateway can see ThreadCreated
+    while the state is still hidden (read_committed). A thread it saw created is
+    waited for, not answered unknown."""
+    thread_id = f"created-{uuid.uuid4().hex[:8]}"
+    producer = Producer({"bootstrap.servers": own_settings.bootstrap,
+                         "transactional.id": f"test-{thread_id}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(own_settings.topics.threads,
+                     CODEC.encode_state(ThreadState(thread_id, TENANT, "t", 1_000)),
+                     thread_id.encode())
+    assert producer.flush(30) == 0  # written, its commit marker not yet
+    async with _gateway(own_settings) as (_, model):
+        model.note_created(thread_id)
+        read_to_the_end = asyncio.Event()
+        catch_up = model.catch_up
+
+        async def marked_catch_up(partitions: list[int] | None = None) -> bool:
+            caught_up = await catch_up(partitions)
+            read_to_the_end.set()
+            return caught_up
+
+        monkeypatch.setattr(model, "catch_up", marked_catch_up)
+        read = asyncio.create_task(model.thread(TENANT, thread_id))
+        await read_to_the_end.wait()  # the model is at the partition's end: state hidden
+        assert not read.done(), "answered before the state was readable"
+        producer.commit_transaction(30)
+        state = await read
+        assert state is not None and state.thread_id == thread_id

@@ -32,13 +32,18 @@ from streams.domain import (
     Citation,
     Command,
     CreateThread,
+    DeleteThread,
     Event,
     HeartbeatRecorded,
     IdempotencyRecord,
     Known,
     MessageAccepted,
+    MessageQueued,
+    MultitaskStrategy,
+    PartialAnswerStored,
     Policy,
     PostUserMessage,
+    QueuedMessage,
     RejectReason,
     ReportAttemptCompleted,
     ReportAttemptFailed,
@@ -59,6 +64,8 @@ from streams.domain import (
 )
 from streams.ids import answer_message_id_for, run_id_for
 from streams.thread import (
+    INTERRUPTED,
+    ROLLED_BACK,
     apply,
     decide,
     evolve,
@@ -101,9 +108,16 @@ def known_for(history: Iterable[Event], command: Command) -> Known:
     """What the processor's history lookup answers for `command` after `history`."""
     if not isinstance(command, PostUserMessage):
         return Known()
-    stored = {e.message_id for e in history if isinstance(e, MessageAccepted)}
-    for event in history:  # a deleted thread's history is gone with it
-        if isinstance(event, ThreadDeleted):
+    stored: set[str] = set()
+    message_of_run: dict[str, str] = {}
+    for event in history:
+        if isinstance(event, MessageAccepted):
+            stored.add(event.message_id)
+        elif isinstance(event, RunAccepted):
+            message_of_run[event.run_id] = event.message_id
+        elif isinstance(event, RunCancelled) and event.reason == ROLLED_BACK:
+            stored.discard(message_of_run.get(event.run_id, ""))  # tombstoned
+        elif isinstance(event, ThreadDeleted):  # a deleted thread's history is gone with it
             stored.clear()
     return Known(run_id_for(command.thread_id, command.message_id)
                  if command.message_id in stored else None)
@@ -208,6 +222,7 @@ def post(
     key: str | None = None,
     now: int = 2_000,
     tenant: str = TENANT,
+    strategy: MultitaskStrategy = MultitaskStrategy.REJECT,
 ) -> PostUserMessage:
     """The command that posts a user message to thread T."""
     return PostUserMessage(
@@ -217,6 +232,7 @@ def post(
         text=text,
         idempotency_key=key,
         now_ms=now,
+        multitask_strategy=strategy,
     )
 
 
@@ -717,6 +733,170 @@ def test_late_reports_for_an_ended_run_change_nothing(ending: Event, report: Com
     given([*RUNNING, ending, *accepted(message_id="m-2", at=6_000)]).when(report).then([])
 
 
+# --- 5b. double-texting: multitask_strategy -----------------------------------------
+
+ENQUEUE, INTERRUPT, ROLLBACK = (MultitaskStrategy.ENQUEUE, MultitaskStrategy.INTERRUPT,
+                                MultitaskStrategy.ROLLBACK)
+
+
+def queued_event(message_id: str = "m-2", ahead: int = 0, at: int = 2_000) -> list[Event]:
+    """The events of a message stored and queued behind the active run."""
+    return [MessageAccepted(thread_id=T, message_id=message_id, text="hello", idempotency_key=None,
+                            at_ms=at),
+            MessageQueued(thread_id=T, message_id=message_id, ahead=ahead, at_ms=at)]
+
+
+def started_run(message_id: str, at: int) -> list[Event]:
+    """RunAccepted and its first dispatch, for a message stored earlier."""
+    return accepted(message_id, at=at)[1:]
+
+
+def test_reject_is_the_default_and_a_conflict() -> None:
+    """Without a strategy a post while a run is active is a conflict, as before."""
+    given(RUNNING).when(post("m-2", strategy=MultitaskStrategy.REJECT)).then(
+        [rejected(RejectReason.CONFLICT, RUN1, "m-2")])
+
+
+def test_enqueue_stores_the_message_and_queues_it_behind_the_active_run() -> None:
+    """enqueue: MessageAccepted and MessageQueued; no run starts, the state keeps its place."""
+    state = given(RUNNING).when(post("m-2", strategy=ENQUEUE)).then(queued_event("m-2"))
+    assert state is not None and state.active_run is not None
+    assert state.active_run.run_id == RUN1
+    assert state.queued == (QueuedMessage("m-2", 1, 2_000),)
+    state = given([*RUNNING, *queued_event("m-2")]).when(post("m-3", strategy=ENQUEUE, now=2_500)) \
+        .then(queued_event("m-3", ahead=1, at=2_500))
+    assert state is not None and [q.message_id for q in state.queued] == ["m-2", "m-3"]
+
+
+def test_enqueue_on_an_idle_thread_runs_at_once() -> None:
+    """With no active run, every strategy just runs the message."""
+    for strategy in MultitaskStrategy:
+        given([created()]).when(post("m-1", strategy=strategy, now=1_000)).then(accepted())
+
+
+@pytest.mark.parametrize("ending", [complete(), fail(retryable=False), cancel(), tick(10**9)],
+                         ids=["completed", "failed", "cancelled", "timed-out"])
+def test_the_oldest_queued_message_runs_when_the_active_run_ends(ending: Command) -> None:
+    """Whatever ends the run, the same decision starts the head of the queue."""
+    policy = replace(POLICY, max_attempts=1)  # so a timeout ends the run
+    history = [*RUNNING, *queued_event("m-2"), *queued_event("m-3", ahead=1)]
+    state = apply(initial_state(), history, policy)
+    events = decide(state, ending, policy)
+    assert len(events) == 3 and isinstance(events[0], RunCompleted | RunFailed | RunCancelled)
+    assert events[1:] == started_run("m-2", ending.now_ms)
+    after = apply(state, events, policy)
+    assert after is not None and after.active_run is not None
+    assert after.active_run.message_seq == 1  # where m-2 was stored, not the newest seq
+    assert [q.message_id for q in after.queued] == ["m-3"]
+
+
+def test_a_full_queue_rejects_as_a_conflict() -> None:
+    """The queue is capped by Policy.max_queued_messages: past it, enqueue is a conflict."""
+    policy = replace(POLICY, max_queued_messages=1)
+    given([*RUNNING, *queued_event("m-2")], policy).when(post("m-3", strategy=ENQUEUE)).then(
+        [rejected(RejectReason.CONFLICT, RUN1, "m-3")])
+
+
+@pytest.mark.parametrize(("strategy", "reason"), [(INTERRUPT, INTERRUPTED), (ROLLBACK, ROLLED_BACK)])
+def test_interrupt_and_rollback_cancel_the_active_run_before_the_new_one_starts(
+        strategy: MultitaskStrategy, reason: str) -> None:
+    """The active run ends run_cancelled (marked with why), then the new message runs."""
+    message, *run = accepted("m-2", at=2_000)
+    state = given(RUNNING).when(post("m-2", strategy=strategy)).then(
+        [message, RunCancelled(thread_id=T, run_id=RUN1, reason=reason, at_ms=2_000), *run])
+    assert state is not None and state.active_run is not None
+    assert state.active_run.run_id == RUN2 and state.active_run.message_seq == 1
+    assert state.last_run == RunRecord(RUN1, "m-1", RunStatus.CANCELLED, 1)
+
+
+INTERRUPTED_RUN1 = [*RUNNING, *accepted("m-2", at=2_000)[:1],
+                   RunCancelled(thread_id=T, run_id=RUN1, reason=INTERRUPTED, at_ms=2_000),
+                   *accepted("m-2", at=2_000)[1:]]
+
+
+def partial_stored(attempt: int = 1, at: int = 5_000) -> PartialAnswerStored:
+    """The event storing run 1's partial answer (what `complete` reports)."""
+    return PartialAnswerStored(thread_id=T, run_id=RUN1, attempt=attempt, message=AssistantMessage(
+        message_id=answer_message_id_for(RUN1), text="answer", steps=STEPS, citations=CITATIONS),
+        at_ms=at)
+
+
+def test_the_interrupted_attempts_report_stores_its_partial_answer_once() -> None:
+    """After an interrupt, the stopped attempt's completion report is its partial
+    answer: stored (a message, marked), once; the new run goes on untouched."""
+    state = given(INTERRUPTED_RUN1).when(complete()).then([partial_stored()])
+    assert state is not None and state.interrupted is None and state.message_count == 3
+    assert state.active_run is not None and state.active_run.run_id == RUN2
+    given([*INTERRUPTED_RUN1, partial_stored()]).when(complete()).then([])
+
+
+@pytest.mark.parametrize("report", [complete(attempt=2), complete(run_id=RUN2, attempt=2),
+                                    replace(complete(), final_text="", steps=(), citations=())],
+                         ids=["another-attempt", "another-run", "empty"])
+def test_no_partial_answer_from_another_attempt_or_an_empty_one(report: Command) -> None:
+    """Only the attempt that was running, with something to show, is stored."""
+    given(INTERRUPTED_RUN1).when(report).then([])
+
+
+@pytest.mark.parametrize("ending", [cancel(), post("m-2", strategy=ROLLBACK)],
+                         ids=["cancelled", "rolled-back"])
+def test_a_cancelled_or_rolled_back_run_stores_no_partial_answer(ending: Command) -> None:
+    """A cancel and a rollback keep nothing of the run's answer."""
+    state = apply(initial_state(), RUNNING)
+    after = apply(state, decide(state, ending, POLICY))
+    assert after is not None and after.interrupted is None
+    assert not [e for e in decide(after, complete(), POLICY) if isinstance(e, PartialAnswerStored)]
+
+
+def test_an_interrupt_jumps_the_queue_and_the_queue_keeps_its_order() -> None:
+    """Queued messages stay queued behind the interrupting one."""
+    history = [*RUNNING, *queued_event("m-2")]
+    state = apply(initial_state(), history)
+    events = decide(state, post("m-3", strategy=INTERRUPT, now=3_000), POLICY)
+    after = apply(state, events)
+    assert after is not None and after.active_run is not None
+    assert after.active_run.message_id == "m-3"
+    assert [q.message_id for q in after.queued] == ["m-2"]
+    ended = decide(after, complete(run_id=run_id_for(T, "m-3"), now=4_000), POLICY)
+    assert ended[-2:] == started_run("m-2", 4_000)
+
+
+@pytest.mark.parametrize("strategy", list(MultitaskStrategy))
+def test_an_idempotent_repeat_decides_only_a_duplicate_whatever_the_strategy(
+        strategy: MultitaskStrategy) -> None:
+    """A repeated key or message id never cancels, queues or runs anything."""
+    history = [created(), *accepted(key="k")]
+    given(history).when(post("m-1", key="k", strategy=strategy)).then(
+        [rejected(RejectReason.DUPLICATE, RUN1)])
+    given(history).when(post("m-1", strategy=strategy)).then(
+        [rejected(RejectReason.DUPLICATE, RUN1)])
+    queued = [*RUNNING, *queued_event("m-2")]
+    given(queued).when(post("m-2", strategy=strategy)).then(
+        [rejected(RejectReason.DUPLICATE, RUN2, "m-2")])
+
+
+def test_a_rolled_back_message_id_posted_again_is_a_duplicate() -> None:
+    """Its record is tombstoned, so the history no longer knows it; the state does."""
+    message, *run = accepted("m-2", at=2_000)
+    cancelled = RunCancelled(thread_id=T, run_id=RUN1, reason=ROLLED_BACK, at_ms=2_000)
+    history = [*RUNNING, message, cancelled, *run, completed_event(run_id=RUN2)]
+    given(history).when(post("m-1", now=6_000)).then(
+        [rejected(RejectReason.DUPLICATE, RUN1, "m-1", at=6_000)])
+
+
+def test_a_cancel_cannot_pass_for_a_rollback() -> None:
+    """A CancelRun whose reason reads like a double text's is only a cancel."""
+    given(RUNNING).when(CancelRun(T, TENANT, RUN1, ROLLED_BACK, 4_000)).then(
+        [RunCancelled(thread_id=T, run_id=RUN1, reason=f"cancel: {ROLLED_BACK}", at_ms=4_000)])
+
+
+def test_deleting_a_thread_drops_its_queue() -> None:
+    """A deleted thread starts nothing from its queue."""
+    given([*RUNNING, *queued_event("m-2")]).when(DeleteThread(T, TENANT, 3_000)).then([
+        RunCancelled(thread_id=T, run_id=RUN1, reason="thread deleted", at_ms=3_000),
+        ThreadDeleted(thread_id=T, tenant=TENANT, message_count=2, at_ms=3_000)])
+
+
 # --- 6. ids and immutability --------------------------------------------------------
 
 
@@ -776,6 +956,7 @@ small_policies = st.builds(
     heartbeat_timeout_ms=st.integers(1, 2_000),
     attempt_timeout_ms=st.integers(1, 5_000),
     max_input_chars=st.just(8),
+    max_queued_messages=st.sampled_from([0, 2, 3, 3]),  # 0: every enqueue is a conflict
 )
 clock_steps = st.integers(0, 200) | st.integers(0, 5_000)
 report_kinds = st.sampled_from(["started", "heartbeat", "completed", "failed"])
@@ -800,6 +981,11 @@ class ThreadMachine(RuleBasedStateMachine):
         self.accepted_runs: list[str] = []
         self.terminals: dict[str, int] = {}
         self.attempts: dict[str, int] = {}
+        self.enqueued: list[str] = []  # message ids in MessageQueued order
+        self.started_from_queue: list[str] = []  # the queued ones, in RunAccepted order
+        self.message_of_run: dict[str, str] = {}
+        self.interrupted_at: dict[str, int] = {}  # interrupted run -> its attempt then
+        self.partials: set[str] = set()  # runs whose partial answer was stored
         self.healthy = True  # False while a step is half done: teardown then checks nothing
 
     @initialize(policy=small_policies)
@@ -828,8 +1014,18 @@ class ThreadMachine(RuleBasedStateMachine):
 
     def record(self, event: Event) -> None:
         """Track run lifecycles from one event, asserting at most one open run and one ending each."""
-        if isinstance(event, RunAccepted):
+        if isinstance(event, MessageQueued):
+            assert event.message_id not in self.enqueued, "a message was queued twice"
+            assert self.open_runs, "a message was queued with no run active"
+            self.enqueued.append(event.message_id)
+        elif isinstance(event, RunAccepted):
             assert event.run_id not in self.terminals, "a run was accepted twice"
+            if event.message_id in self.enqueued:
+                assert event.message_id not in self.started_from_queue, "a queued message ran twice"
+                self.started_from_queue.append(event.message_id)
+                assert self.started_from_queue == self.enqueued[:len(self.started_from_queue)], \
+                    "queued messages ran out of order"
+            self.message_of_run[event.run_id] = event.message_id
             self.open_runs.add(event.run_id)
             self.accepted_runs.append(event.run_id)
             self.terminals[event.run_id] = 0
@@ -846,6 +1042,15 @@ class ThreadMachine(RuleBasedStateMachine):
             assert event.run_id in self.open_runs, "terminal event for a run that is not open"
             self.open_runs.remove(event.run_id)
             self.terminals[event.run_id] += 1
+            if isinstance(event, RunCancelled) and event.reason == INTERRUPTED:
+                self.interrupted_at[event.run_id] = self.attempts[event.run_id]
+        elif isinstance(event, PartialAnswerStored):
+            assert event.run_id in self.interrupted_at, "a partial answer of a run not interrupted"
+            assert event.attempt == self.interrupted_at[event.run_id], "of another attempt"
+            assert event.run_id not in self.partials, "a partial answer stored twice"
+            assert event.message.text, "an empty partial answer"
+            self.partials.add(event.run_id)
+            hypothesis.event("a partial answer stored")
         assert len(self.open_runs) <= 1, "two active runs"
 
     # --- the gateway and the clock
@@ -855,14 +1060,22 @@ class ThreadMachine(RuleBasedStateMachine):
         key=st.sampled_from(KEYS),
         text=st.sampled_from(TEXTS),
         tenant=st.sampled_from([TENANT, TENANT, TENANT, TENANT, "evil"]),
+        # enqueue twice as often: a queue two deep is what the order properties need
+        strategy=st.sampled_from([*MultitaskStrategy, MultitaskStrategy.ENQUEUE]),
         dt=clock_steps,
     )
-    def post_message(
-        self, message_id: str, key: str | None, text: str, tenant: str, dt: int
-    ) -> None:
-        """Rule: post a message (sometimes as another tenant, with reused ids and keys)."""
+    def post_message(self, message_id: str, key: str | None, text: str, tenant: str,
+                     strategy: MultitaskStrategy, dt: int) -> None:
+        """Rule: post a message with a multitask strategy (sometimes as another tenant,
+        with reused ids and keys)."""
         self.now += dt
-        self.execute(PostUserMessage(T, tenant, message_id, text, key, self.now))
+        events = self.execute(PostUserMessage(T, tenant, message_id, text, key, self.now, strategy))
+        # An interrupted or rolled-back run ends run_cancelled before the next starts.
+        cancelled = [i for i, e in enumerate(events) if isinstance(e, RunCancelled)]
+        runs = [i for i, e in enumerate(events) if isinstance(e, RunAccepted)]
+        if cancelled:
+            assert strategy in (MultitaskStrategy.INTERRUPT, MultitaskStrategy.ROLLBACK)
+            assert runs and cancelled[0] < runs[0], "the next run started before the cancel"
 
     @rule(dt=clock_steps)
     def clock_tick(self, dt: int) -> None:
@@ -892,7 +1105,7 @@ class ThreadMachine(RuleBasedStateMachine):
 
     @rule(
         kind=report_kinds,
-        which=st.sampled_from(["active", "known", "unknown"]),
+        which=st.sampled_from(["active", "known", "interrupted", "unknown"]),
         attempt_offset=st.sampled_from([-1, 0, 1]),
         retryable=st.booleans(),
         dt=clock_steps,
@@ -932,7 +1145,9 @@ class ThreadMachine(RuleBasedStateMachine):
         active = self.state.active_run if self.state is not None else None
         if which == "active" and active is not None:
             return active.run_id
-        if which in ("active", "known") and self.accepted_runs:
+        if which == "interrupted" and self.interrupted_at:
+            return list(self.interrupted_at)[-1]
+        if which in ("active", "known", "interrupted") and self.accepted_runs:
             return self.accepted_runs[-1]
         return run_id_for(T, "never-posted")
 
@@ -949,9 +1164,14 @@ class ThreadMachine(RuleBasedStateMachine):
             assert 1 <= active.attempt <= self.policy.max_attempts, "attempt beyond max_attempts"
         if self.state is not None:
             # Bounded: only counters grow; the keys kept never exceed their cap.
-            stored = sum(isinstance(e, MessageAccepted | RunCompleted) for e in self.events)
+            stored = sum(isinstance(e, MessageAccepted | RunCompleted | PartialAnswerStored)
+                         for e in self.events)
             assert self.state.message_count == stored
             assert len(self.state.idempotency) <= max(self.policy.max_idempotency_keys, 1)
+            assert len(self.state.queued) <= self.policy.max_queued_messages, "queue over its cap"
+            waiting = [m for m in self.enqueued if m not in self.started_from_queue]
+            assert [q.message_id for q in self.state.queued] == waiting
+            assert not self.state.queued or active is not None, "a queue with no run active"
         assert all(count <= 1 for count in self.terminals.values())
         self.healthy = True
 
@@ -982,8 +1202,8 @@ class ThreadMachine(RuleBasedStateMachine):
             state = apply(state, events, self.policy)
         assert replayed == self.events, "replay decided other events"
         assert state == self.state, "replay reached another state"
-        # Liveness: with every worker gone, the clock alone ends every run.
-        for _ in range(2 * self.policy.max_attempts + 1):
+        # Liveness: with every worker gone, the clock alone ends every run, queued ones too.
+        for _ in range((2 * self.policy.max_attempts + 1) * (len(self.enqueued) + 1)):
             deadline = self.deadline_fn(self.state, self.policy)
             if deadline is None:
                 break
@@ -992,6 +1212,8 @@ class ThreadMachine(RuleBasedStateMachine):
         assert self.deadline_fn(self.state, self.policy) is None
         assert self.open_runs == set(), "runs left open"
         assert all(self.terminals[run] == 1 for run in self.accepted_runs)
+        # Every enqueued message ran exactly once, in the order it was queued.
+        assert self.started_from_queue == self.enqueued, "a queued message never ran"
 
 
 ThreadMachine.TestCase.settings = settings(
@@ -1110,6 +1332,20 @@ def _no_deadline(state: ThreadState | None, policy: Policy) -> None:
     return None
 
 
+def _drops_the_queue(state: ThreadState | None, command: Command, policy: Policy,
+                     known: Known) -> list[Event]:
+    events = decide(state, command, policy, known)
+    return events if isinstance(command, PostUserMessage) else \
+        decide(replace(state, queued=()) if state is not None else None, command, policy, known)
+
+
+def _runs_the_queue_newest_first(state: ThreadState | None, command: Command, policy: Policy,
+                                 known: Known) -> list[Event]:
+    if state is not None and not isinstance(command, PostUserMessage):
+        state = replace(state, queued=state.queued[::-1])
+    return decide(state, command, policy, known)
+
+
 _calls = itertools.count()
 
 
@@ -1133,6 +1369,10 @@ MUTANTS = {
         "runs left open",
     ),
     "nondeterministic": ({"decide_fn": staticmethod(_counts_calls)}, "replay decided other events"),
+    "queue-dropped": ({"decide_fn": staticmethod(_drops_the_queue)},
+                      "a queue with no run active|a queued message never ran"),
+    "queue-reversed": ({"decide_fn": staticmethod(_runs_the_queue_newest_first)},
+                       "queued messages ran out of order"),
 }
 
 
