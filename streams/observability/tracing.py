@@ -26,16 +26,16 @@ import contextlib
 import logging
 import secrets
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from opentelemetry import trace
-from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags, Tracer
 
 from streams.observability.settings import ObservabilitySettings
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace import TracerProvider
 
 __all__ = ["HEADER", "context_of", "current_traceparent", "fresh_traceparent_in_current", "header_of",
            "publish_span", "record_traceparent", "sampled", "setup_tracing", "trace_id_of",
@@ -53,7 +53,13 @@ def setup_tracing(settings: ObservabilitySettings, role: str) -> bool:
     global _tracer, _provider
     if not settings.tracing or _tracer is not None:
         return _tracer is not None
+    # The SDK and the exporter are imported only here: a role without tracing does not
+    # pay for them at start (a processor's start is on the clock of the first heartbeats).
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     endpoint = settings.otlp_endpoint
     assert endpoint is not None

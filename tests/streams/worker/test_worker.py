@@ -360,6 +360,9 @@ def _stack(env: dict[str, str], tmp: Path, workers: Sequence[str]) -> Iterator[S
         for name in workers:
             stack.start_worker(name)
         _wait_for_workers(settings, len(workers))
+        # The processor owns its partitions too: a command's deadlines (3 s heartbeats)
+        # run from its post, so a post before then could time out an attempt unstarted.
+        stack.processor.wait_for_log("assigned [", 120)
         yield stack
     finally:
         for proc in [*stack.workers.values(), stack.processor]:
