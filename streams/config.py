@@ -13,10 +13,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from streams.domain import Policy
+from streams.journal import JournalLimits
 
 __all__ = ["GatewayLimits", "Settings", "TopicNames"]
 
 DAY_MS = 24 * 60 * 60 * 1000
+_LIMITS = JournalLimits()
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +127,7 @@ class Settings:
     kafka_security: Mapping[str, str] = field(default_factory=dict)
     worker_concurrency: int = 16  # attempts one worker process runs at once
     migration_batch: int = 200  # legacy threads migrated per transaction, at most
+    journal: JournalLimits = field(default_factory=JournalLimits)  # per-run step caps
 
     @property
     def topics(self) -> TopicNames:
@@ -198,4 +201,11 @@ class Settings:
             kafka_security=security_from_env(env),
             worker_concurrency=_int(env, "THREADLINE_WORKER_CONCURRENCY", 16),
             migration_batch=max(1, _int(env, "THREADLINE_MIGRATION_BATCH", 200)),
+            journal=JournalLimits(
+                max_steps=_int(env, "THREADLINE_MAX_STEPS", _LIMITS.max_steps),
+                max_tool_calls=_int(env, "THREADLINE_MAX_TOOL_CALLS", _LIMITS.max_tool_calls),
+                max_entry_bytes=_int(env, "THREADLINE_MAX_STEP_BYTES", _LIMITS.max_entry_bytes),
+                max_journal_bytes=_int(env, "THREADLINE_MAX_JOURNAL_BYTES",
+                                       _LIMITS.max_journal_bytes),
+            ),
         )

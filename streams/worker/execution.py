@@ -21,6 +21,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from streams.agents import Agent, AgentCitations, AgentError, AgentOutput, AgentStep, TextChunk
+from streams.agents.runtime import RunContext, drive
 from streams.clock import now_ms
 from streams.config import Settings
 from streams.domain import (
@@ -161,8 +162,10 @@ class Execution:
 
     async def _pump(self, queue: asyncio.Queue[object]) -> None:
         try:
-            async for output in self.outlet.agent.run(self.dispatch.history,
-                                                      self.dispatch.input_text):
+            context = RunContext(self.dispatch.run_id, self.attempt, self.execution_id,
+                                 limits=self.outlet.settings.journal)
+            async for output in drive(self.outlet.agent, self.dispatch.history,
+                                      self.dispatch.input_text, context):
                 self.last_progress = time.monotonic()
                 queue.put_nowait(output)
             queue.put_nowait(_END)
