@@ -34,7 +34,8 @@ PRESETS = {
     "cluster": Preset(4, 50.0, {"processor": 1, "worker": 1, "gateway": 1, "broker": 1}, 3),
 }
 
-HEADER = ("| seed | threads | messages | accepted | 409s | answered | lost | duplicated | gaps "
+HEADER = ("| seed | threads | messages | accepted | 409s | enqueued | interrupted | answered "
+          "| lost | duplicated | gaps "
           "| stuck | kills p/w/g/b | self-exits | watched runs (unwatched) | reconnects "
           "| streams cut short | aborted records | aimed kills | guarantee "
           "| max recovery s p/w/g/b | longest run s | wall s |")
@@ -48,7 +49,8 @@ def table_row(outcome: Outcome) -> str:
                         for k in KINDS)
     exits = sum(outcome.self_exits.values())
     return (f"| {outcome.config.seed} | {r.threads} | {r.messages} | {r.accepted} | "
-            f"{r.conflicts} | {r.answered} | {r.lost} | {r.duplicated} | {r.gaps} | {r.stuck} | "
+            f"{r.conflicts} | {r.enqueued} | {r.interrupted} | {r.answered} | {r.lost} | "
+            f"{r.duplicated} | {r.gaps} | {r.stuck} | "
             f"{kills} | {exits} | {r.watched_runs} ({r.unwatched}) | {outcome.reconnects} | "
             f"{r.cut_short} | {r.aborted} | {outcome.aimed} | "
             f"{outcome.config.processing_guarantee} | {recovery} | "

@@ -21,6 +21,15 @@ The checks, for every message a client saw accepted (202, `pending` too):
 * what only exactly-once promises, on the topics (`chaos.topic_audit`): every
   record of `events`, `dispatch`, `messages` and `dead-letter` once, no aborted
   record visible, and each answered message's history whole and in order;
+* double-texting (docs/multitask.md): on each thread the runs start in the order
+  their messages were posted, and never while another run of the thread is open
+  (at most one active run); an interrupted run (`RunCancelled`, reason
+  `interrupted`) is one a later post of the client asked to interrupt, it ends
+  before that post's run starts, and its message is stored without an answer
+  (`interrupted`, not lost); a rolled-back run's message is counted as
+  answered-then-removed (`rolled_back`): it must be gone from the stored history,
+  not lost; an enqueued message is answered once like any other, in order
+  (`enqueued` counts them);
 * and overall: no two equal decisions in the events topic (decisions are pure
   functions of their commands, so any duplicate shows as an equal pair), nothing
   dead-lettered, no 500 answered, nothing waiting past its deadline.
@@ -43,6 +52,7 @@ from streams.domain import (
     RunFailed,
 )
 from streams.lifecycle import TERMINAL
+from streams.thread import INTERRUPTED, ROLLED_BACK
 
 __all__ = ["Observations", "Post", "Report", "Seen", "WatchLog", "audit"]
 
@@ -77,6 +87,8 @@ class Post:
     statuses: list[int] = field(default_factory=list)  # every answer, in order
     accepted_at: float | None = None  # monotonic
     ended_at: float | None = None  # when the client learned the run ended
+    strategy: str = "reject"  # its multitask_strategy
+    interrupts: str | None = None  # interrupt: the run it was posted to cancel
 
 
 @dataclass(slots=True)
@@ -124,6 +136,9 @@ class Report:
     watched_runs: int = 0
     unwatched: int = 0  # runs a thread watcher could not follow (not a violation)
     cut_short: int = 0  # runs whose last streamed execution lost the race to report
+    enqueued: int = 0  # messages posted with multitask_strategy enqueue
+    interrupted: int = 0  # runs cancelled by a later post's interrupt (not a violation)
+    rolled_back: int = 0  # runs rolled back: answered-then-removed (not a violation)
     aborted: int = 0  # records of aborted transactions (hidden from read_committed readers)
     violations: list[str] = field(default_factory=list)
 
@@ -149,14 +164,19 @@ def audit(obs: Observations) -> Report:
     report.conflicts = sum(s == 409 for p in obs.posts for s in p.statuses)
     accepted = {p.message_id: p for p in obs.posts if p.accepted}
     report.accepted = len(accepted)
-    _audit_decisions(obs, accepted, report)
-    answers = _audit_stored(obs, accepted, report)
+    report.enqueued = sum(p.strategy == "enqueue" for p in accepted.values())
+    superseded = _audit_double_texts(obs, accepted, report)
+    _audit_decisions(obs, accepted, report, superseded)
+    answers = _audit_stored(obs, accepted, report, superseded)
     for post in accepted.values():
         _audit_reference(obs.references.get(post.run_id), post, answers.get(post.run_id), report)
     for log in obs.watchers:
         _audit_watcher(log, obs, accepted, answers, report)
     if obs.topics is not None:
-        findings = audit_topics(obs.topics, list(accepted.values()))
+        findings = audit_topics(obs.topics, [p for p in accepted.values()
+                                             if p.run_id not in superseded],
+                                queued={p.message_id for p in accepted.values()
+                                        if p.strategy == "enqueue"})
         report.aborted = findings.aborted
         for counter, text in findings.violations:
             report._fail(counter, text)
@@ -169,7 +189,54 @@ def audit(obs: Observations) -> Report:
     return report
 
 
-def _audit_decisions(obs: Observations, accepted: dict[str, Post], report: Report) -> None:
+def _audit_double_texts(obs: Observations, accepted: dict[str, Post],
+                        report: Report) -> dict[str, str]:
+    """Check the order of runs on each thread and the runs other posts cancelled;
+    return run id -> reason for the runs rightly left unanswered (interrupted or
+    rolled back)."""
+    by_thread: defaultdict[str, list[Event]] = defaultdict(list)
+    for event in obs.events:
+        by_thread[event.thread_id].append(event)
+    interrupters = {p.interrupts: p for p in accepted.values() if p.interrupts is not None}
+    superseded: dict[str, str] = {}
+    for thread_id, events in by_thread.items():
+        open_runs: set[str] = set()
+        started: list[str] = []
+        for index, event in enumerate(events):
+            if isinstance(event, RunAccepted):
+                if open_runs:
+                    report._fail("duplicated", f"thread {thread_id}: run {event.run_id} started "
+                                 f"while {sorted(open_runs)} was active")
+                open_runs.add(event.run_id)
+                started.append(event.run_id)
+            elif isinstance(event, RunCompleted | RunFailed | RunCancelled):
+                open_runs.discard(event.run_id)
+            if not isinstance(event, RunCancelled) or event.reason not in (INTERRUPTED,
+                                                                            ROLLED_BACK):
+                continue
+            superseded[event.run_id] = event.reason
+            if event.reason == ROLLED_BACK:
+                report.rolled_back += 1
+                continue
+            report.interrupted += 1
+            by = interrupters.get(event.run_id)
+            if by is None:
+                report._fail(None, f"run {event.run_id} interrupted, but no client asked to")
+                continue
+            later = [e for e in events[index + 1:]
+                     if isinstance(e, RunAccepted) and e.run_id == by.run_id]
+            if not later:
+                report._fail("gaps", f"run {event.run_id} interrupted; the run of "
+                             f"{by.message_id} did not start after it ended")
+        posted = [p.run_id for p in accepted.values() if p.thread_id == thread_id]
+        ran = [r for r in started if r in set(posted)]
+        if ran != [r for r in posted if r in set(ran)]:
+            report._fail("gaps", f"thread {thread_id}: runs started out of posting order")
+    return superseded
+
+
+def _audit_decisions(obs: Observations, accepted: dict[str, Post], report: Report,
+                     superseded: dict[str, str]) -> None:
     messages = _count(e.message_id for e in obs.events if isinstance(e, MessageAccepted))
     runs = _count(e.run_id for e in obs.events if isinstance(e, RunAccepted))
     ends: defaultdict[str, list[Event]] = defaultdict(list)
@@ -186,6 +253,8 @@ def _audit_decisions(obs: Observations, accepted: dict[str, Post], report: Repor
         finals = ends.get(post.run_id, [])
         if len(finals) > 1:
             report._fail("duplicated", f"run {post.run_id} ended {len(finals)} times")
+        elif post.run_id in superseded:
+            continue  # cancelled by a later post's interrupt or rollback, checked above
         elif not finals or not isinstance(finals[0], RunCompleted):
             what = type(finals[0]).__name__ if finals else "no terminal event"
             report._fail("lost", f"run {post.run_id} of an accepted message: {what}")
@@ -198,7 +267,8 @@ def _audit_decisions(obs: Observations, accepted: dict[str, Post], report: Repor
             report._fail(None, f"run {run_id} accepted for a message no client posted")
 
 
-def _audit_stored(obs: Observations, accepted: dict[str, Post], report: Report) -> dict[str, str]:
+def _audit_stored(obs: Observations, accepted: dict[str, Post], report: Report,
+                  superseded: dict[str, str]) -> dict[str, str]:
     """Check the stored messages; return run id -> stored answer text."""
     completed = {e.run_id: e.message.text for e in obs.events if isinstance(e, RunCompleted)}
     answers: dict[str, str] = {}
@@ -207,9 +277,18 @@ def _audit_stored(obs: Observations, accepted: dict[str, Post], report: Report) 
         users = [m for m in messages if m.get("message_id") == post.message_id]
         replies = [m for m in messages if m.get("role") == "assistant"
                    and m.get("run_id") == post.run_id]
+        if superseded.get(post.run_id) == ROLLED_BACK:
+            if users or replies:  # answered-then-removed: the history no longer has it
+                report._fail(None, f"message {post.message_id} was rolled back but is stored")
+            continue
         if len(users) != 1:
             report._fail("lost" if not users else "duplicated",
                          f"message {post.message_id} stored {len(users)} times")
+        if post.run_id in superseded:  # interrupted: the question stays, unanswered
+            if replies:
+                report._fail("duplicated", f"run {post.run_id} was interrupted but has "
+                             f"{len(replies)} stored answers")
+            continue
         if not replies:
             report._fail("lost", f"run {post.run_id}: no stored answer")
             continue

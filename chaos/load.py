@@ -6,8 +6,11 @@ the watcher's terminal event, or by polling the thread over REST) and posts the
 next. Every post carries an `Idempotency-Key`, so a post whose answer was lost
 with a killed gateway is simply sent again. Sometimes a client posts the next
 message while the run is still going: that earns a 409 (counted, expected) and
-the message is posted again once the run ended. Half the accepted runs also get
-a run watcher (`GET /v1/runs/{id}/events`).
+the message is posted again once the run ended. Some early posts double-text
+instead (docs/multitask.md): `enqueue` (accepted at once, queued behind the run:
+the next message waits for it) or `interrupt` (accepted at once, the run is
+cancelled; only when nothing is queued, so the interrupted run is the previous
+post's). Half the accepted runs also get a run watcher (`GET /v1/runs/{id}/events`).
 
 Watchers reconnect with `Last-Event-ID` whenever their connection ends, whether a
 gateway died or the watcher cut it on purpose after a random number of events.
@@ -39,6 +42,8 @@ class LoadConfig:
     seed: int
     slow_share: float = 0.15  # messages marked [slow]
     impatient_share: float = 0.2  # posts sent while the previous run is still going
+    enqueue_share: float = 0.15  # of those: with multitask_strategy enqueue
+    interrupt_share: float = 0.1  # of those: with multitask_strategy interrupt
     run_watcher_share: float = 0.5
     mean_events_before_cut: float = 25.0  # deliberate cuts
     run_deadline_s: float = 150.0  # a run not ended this long after its post is stuck
@@ -106,8 +111,20 @@ class Load:
                 text = f"message {number} of thread {index}" + (
                     " [slow]" if rng.random() < self.config.slow_share else "")
                 key = f"m-{number}"
-                if previous is not None and rng.random() < self.config.impatient_share \
-                        and not self.ended[previous.run_id].is_set():
+                early = previous is not None and not self.ended[previous.run_id].is_set()
+                draw = rng.random()
+                if early and draw < self.config.enqueue_share:
+                    post.strategy = "enqueue"
+                elif early and previous is not None and previous.strategy != "enqueue" and \
+                        draw < self.config.enqueue_share + self.config.interrupt_share:
+                    post.strategy, post.interrupts = "interrupt", previous.run_id
+                if post.strategy != "reject":
+                    # Double-texting is never a conflict: resent (same key) until decided.
+                    while not post.accepted:
+                        await self._post(api, post, text, key, drain_until, pending_ok=True)
+                        if not post.accepted:
+                            await asyncio.sleep(0.5)
+                elif early and rng.random() < self.config.impatient_share:
                     # Early: a 409, or accepted if the run just ended; `pending` may still
                     # turn out a conflict, so then the message is sent again below.
                     await self._post(api, post, text, key, drain_until, pending_ok=False)
@@ -154,7 +171,8 @@ class Load:
     async def _post(self, api: Api, post: Post, text: str, key: str, deadline: float, *,
                     pending_ok: bool) -> None:
         status, body = await api.call(
-            "POST", f"/v1/threads/{post.thread_id}/user_message", body={"input_text": text},
+            "POST", f"/v1/threads/{post.thread_id}/user_message",
+            body={"input_text": text, "multitask_strategy": post.strategy},
             headers={"Idempotency-Key": key}, deadline=deadline)
         post.statuses.append(status)
         if status == 202:

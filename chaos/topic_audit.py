@@ -44,9 +44,13 @@ twin with the same derived identity (an aborted batch is decided again, on the
 same committed state); every committed record must be in the uncommitted read.
 
 **The history.** For every answered message the `messages` topic (committed)
-holds the user message and the answer, each under one key, at consecutive seqs in
-the order the client posted, and the user record's newest version has run status
-`completed`; a thread's seqs have no gap.
+holds the user message and the answer, each under one key, at consecutive seqs
+(but for messages queued in between) in the order the client posted, and the
+user record's newest version has run status `completed`; a thread's seqs have no
+gap (a rolled-back message's tombstone keeps its seq). A message queued behind a
+run (multitask_strategy enqueue) is stored when posted and answered when its turn
+comes, so its answer follows it, not necessarily at the next seq, and it may
+stand between an earlier message and that message's answer.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from streams.domain import (
     Event,
     HeartbeatRecorded,
     MessageAccepted,
+    MessageQueued,
     RetryScheduled,
     RunAccepted,
     RunCancelled,
@@ -162,7 +167,7 @@ def event_identities(envelope_id: str, event: Event) -> tuple[Identity, ...]:
     match event:
         case ThreadCreated() | ThreadDeleted():
             ids.append((thread, kind))
-        case MessageAccepted():
+        case MessageAccepted() | MessageQueued():
             ids.append((thread, kind, event.message_id))
         case RunAccepted():
             ids.append((thread, kind, event.run_id))
@@ -197,13 +202,15 @@ def dead_letter_identities(dead: DeadLetter) -> tuple[Identity, ...]:
 # --- the checks ---------------------------------------------------------------------
 
 
-def audit_topics(reads: TopicReads, posts: list[_Post]) -> Findings:
-    """Check `reads`; `posts` are the accepted posts, in the order each thread's
-    client posted them."""
+def audit_topics(reads: TopicReads, posts: list[_Post],
+                 queued: set[str] | frozenset[str] = frozenset()) -> Findings:
+    """Check `reads`; `posts` are the accepted posts that must be answered, in the
+    order each thread's client posted them; `queued` the message ids posted with
+    multitask_strategy enqueue."""
     findings = Findings()
     _once(reads.committed, findings)
     _aborted(reads, findings)
-    _history(reads.history, posts, findings)
+    _history(reads.history, posts, findings, queued)
     _states(reads, findings)
     return findings
 
@@ -250,7 +257,8 @@ def _aborted(reads: TopicReads, report: Findings) -> None:
                          f"{record.offset} ({record.what[:100]}) has no committed twin")
 
 
-def _history(history: list[HistoryRecord], posts: list[_Post], report: Findings) -> None:
+def _history(history: list[HistoryRecord], posts: list[_Post], report: Findings,
+             queued: set[str] | frozenset[str] = frozenset()) -> None:
     by_thread: dict[str, list[HistoryRecord]] = defaultdict(list)
     for rec in sorted(history, key=lambda r: (r.partition, r.offset)):
         by_thread[rec.thread_id].append(rec)
@@ -281,7 +289,12 @@ def _history(history: list[HistoryRecord], posts: list[_Post], report: Findings)
             continue
         (seq,), (answer_seq,) = user_seqs, answer_seqs
         user, answer = newest[(post.thread_id, seq)], newest[(post.thread_id, answer_seq)]
-        if answer_seq != seq + 1:
+        # Between a message and its answer only messages queued meanwhile may stand
+        # (enqueue); a queued message's own answer follows the runs before it.
+        between = [newest.get((post.thread_id, s)) for s in range(seq + 1, answer_seq)]
+        if answer_seq <= seq or (post.message_id not in queued and not all(
+                r is not None and r.message.role == "user" and r.message.message_id in queued
+                for r in between)):
             report._fail("gaps", f"history of {post.thread_id}: message {post.message_id} at "
                          f"seq {seq}, its answer at {answer_seq}")
         if user is None or user.message.role != "user" or user.run_status is None \

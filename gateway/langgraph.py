@@ -13,7 +13,8 @@ stream, relative to the API root, as LangGraph servers send it) and
 `Content-Location` (the run), which the SDK follows to reconnect. docs/clients.md
 has the mapping tables.
 
-Not served (a 422 names them): `multitask_strategy` other than `reject`, `command`
+`multitask_strategy` is served: `reject` (the default), `enqueue`, `interrupt`,
+`rollback` (docs/multitask.md). Not served (a 422 names them): `command`
 (human in the loop), `interrupt_before`/`after`, checkpoints, cancel `action=rollback`.
 """
 

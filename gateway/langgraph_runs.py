@@ -1,6 +1,7 @@
 """The LangGraph API's runs (`gateway.langgraph`): create, stream, wait, list, get,
 join, join_stream, cancel. A run is a user message posted as `POST
-/v1/threads/{id}/user_message` posts it; only `multitask_strategy` `reject` is served."""
+/v1/threads/{id}/user_message` posts it, with the body's `multitask_strategy` (`reject`,
+the default, `enqueue`, `interrupt` or `rollback`; docs/multitask.md)."""
 
 from __future__ import annotations
 
@@ -47,10 +48,6 @@ __all__ = ["cancel_run", "create_run", "get_run", "join_run", "join_stream", "li
 
 
 def _input_text(body: dict[str, Any]) -> str:
-    strategy = body.get("multitask_strategy")
-    if strategy not in (None, "reject"):
-        raise Problem(422, "multitask-strategy-unsupported", f"multitask_strategy {strategy!r:.60} "
-                      "is not supported yet; only 'reject' is", field="multitask_strategy")
     for name in ("command", "interrupt_before", "interrupt_after", "checkpoint",
                  "checkpoint_id"):
         if body.get(name):
@@ -87,13 +84,15 @@ async def _start(request: web.Request, body: dict[str, Any]) -> tuple[ThreadStat
     """Post the run's user message (as POST /v1/.../user_message does): the thread, run id."""
     await ready(request)
     text = _input_text(body)
+    strategy = rest.multitask_strategy(body.get("multitask_strategy") or "reject")
     lg_id = request.match_info["thread_id"]
     state = await find_thread(request, lg_id)
     if state is None:
         if body.get("if_not_exists") != "create":
             raise Problem(404, "not-found", "no such thread")
         state = await create_lg_thread(request, lg_id)
-    event, message_id = await rest.submit_user_message(request, state, text, None, field="input")
+    event, message_id = await rest.submit_user_message(request, state, text, None, field="input",
+                                                      strategy=strategy)
     _check_accepted(event)
     return state, run_id_for(state.thread_id, message_id)
 
@@ -103,8 +102,9 @@ def _check_accepted(event: Event | None) -> None:
         return  # None: the decision is slow; the command is queued and will run
     if isinstance(event, RunRejected):
         if event.reason == RejectReason.CONFLICT:
-            raise Problem(409, "run-active", "another run is active on the thread (the "
-                          "multitask_strategy is 'reject')", active_run_id=event.existing_run_id)
+            raise Problem(409, "run-active", "another run is active on the thread (and the "
+                          "multitask_strategy is 'reject', or the queue is full)",
+                          active_run_id=event.existing_run_id)
         raise Problem(422, "invalid-input", event.detail)
     raise Problem(500, "internal", f"unexpected decision {type(event).__name__}")
 
@@ -115,7 +115,9 @@ async def create_run(request: web.Request) -> web.Response:
     state, run_id = await _start(request, body)
     lg_id = request.match_info["thread_id"]
     headers = links(run_id, lg_id)
-    return web.json_response(run_json(state, run_id, None, now_ms()), headers=headers)
+    run = run_json(state, run_id, None, now_ms())
+    run["multitask_strategy"] = body.get("multitask_strategy") or "reject"
+    return web.json_response(run, headers=headers)
 
 
 async def stream_run(request: web.Request) -> web.StreamResponse:

@@ -17,6 +17,7 @@ from gateway.langgraph_views import (
     ASSISTANT_ID,
     MAX_THREAD_ID_CHARS,
     assistant,
+    conversation,
     internal_thread_id,
     lg_message,
     thread_json,
@@ -121,7 +122,8 @@ async def values_view(request: web.Request, state: ThreadState, cap: int | None 
         state.thread_id, before=END_SEQ if before is None else before,
         limit=VALUES_CAP if cap is None else cap)
     older = page.records[0].seq if page.more and page.records else None
-    return {"messages": [lg_message(r) for r in page.records]}, older
+    queued = {q.message_id for q in state.queued}
+    return {"messages": [lg_message(r) for r in conversation(page.records, queued)]}, older
 
 
 async def create_thread(request: web.Request) -> web.Response:

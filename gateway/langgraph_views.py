@@ -11,6 +11,7 @@ get two threads, and nothing tells either that the other exists. A thread made o
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection, Sequence
 from typing import Any, Final
 
 from gateway.langgraph_events import GRAPH_ID, ai_message, human_message
@@ -18,8 +19,8 @@ from gateway.sse import iso_ms
 from streams.domain import RunStatus, ThreadState
 from streams.records import MessageRecord
 
-__all__ = ["ASSISTANT_ID", "MAX_THREAD_ID_CHARS", "assistant", "internal_thread_id",
-           "lg_message", "lg_thread_id", "run_json", "run_status", "thread_json",
+__all__ = ["ASSISTANT_ID", "MAX_THREAD_ID_CHARS", "assistant", "conversation",
+           "internal_thread_id", "lg_message", "lg_thread_id", "run_json", "run_status", "thread_json",
            "thread_status"]
 
 ASSISTANT_ID: Final = str(uuid.uuid5(uuid.NAMESPACE_URL, "https://threadline.dev/assistants/agent"))
@@ -83,6 +84,19 @@ def lg_message(record: MessageRecord) -> dict[str, Any]:
                       citations=[{"url": c.url, "title": c.title} for c in m.citations] or None)
 
 
+def conversation(records: Sequence[MessageRecord],
+                 queued: Collection[str]) -> list[MessageRecord]:
+    """The records as a LangGraph thread shows them: a question still queued (enqueue)
+    is left out, as LangGraph adds a run's input when the run starts; each answer
+    follows its own question, where the history stores a question queued meanwhile
+    (by seq) before the answer of the run it waited for."""
+    asked = {r.message.run_id: r.seq for r in records if r.message.role == "user"}
+    shown = [r for r in records if not (r.message.role == "user" and r.message.message_id
+                                        in queued)]
+    return sorted(shown, key=lambda r: (asked.get(r.message.run_id, r.seq),
+                                        0 if r.message.role == "user" else 1, r.seq))
+
+
 def thread_json(state: ThreadState, values: dict[str, Any] | None) -> dict[str, Any]:
     """A LangGraph Thread."""
     return {"thread_id": lg_thread_id(state), "created_at": iso_ms(state.created_at_ms),
@@ -97,4 +111,4 @@ def run_json(state: ThreadState, run_id: str, status: RunStatus | None,
     at = iso_ms(created_ms or state.updated_at_ms or state.created_at_ms)
     return {"run_id": run_id, "thread_id": lg_thread_id(state), "assistant_id": ASSISTANT_ID,
             "created_at": at, "updated_at": at, "status": run_status(status),
-            "metadata": {}, "multitask_strategy": "reject", "kwargs": {}}
+            "metadata": {}, "multitask_strategy": None, "kwargs": {}}  # not stored per run

@@ -254,9 +254,15 @@ SPEC: dict[str, Any] = {
                                         "schema": {"type": "string", "maxLength": 255}}],
             "requestBody": {"required": True, "content": {"application/json": {"schema": {
                 "type": "object", "required": ["input_text"],
-                "properties": {"input_text": {"type": "string", "minLength": 1}}}}}},
-            "responses": {"202": _json("Accepted (or pending, or the original run of a "
-                                       "repeated Idempotency-Key)", "RunStarted"),
+                "properties": {"input_text": {"type": "string", "minLength": 1},
+                               "multitask_strategy": {
+                                   "type": "string", "default": "reject",
+                                   "enum": ["reject", "enqueue", "interrupt", "rollback"],
+                                   "description": "What to do if a run is active: 409, "
+                                   "queue behind it, cancel it and run, or cancel it and "
+                                   "remove its messages (docs/multitask.md)"}}}}}},
+            "responses": {"202": _json("Accepted, queued (enqueue), pending, or the original "
+                                       "run of a repeated Idempotency-Key", "RunStarted"),
                           "400": _problem("Malformed JSON or Idempotency-Key"),
                           "401": _UNAUTHORIZED, "404": _NOT_FOUND,
                           "409": _problem("A run is active (active_run_id)"),

@@ -54,6 +54,7 @@ from gateway.kafka import (
     stop_task,
     topic_partitions,
 )
+from gateway.problems import Problem
 from gateway.read_store import (
     MESSAGES,
     THREADS,
@@ -280,20 +281,34 @@ class ReadModel:
         return any(deadline > now for deadline in self._recent.values())
 
     async def catch_up(self, partitions: list[int] | None = None) -> bool:
-        """Wait until the model has read each partition of both topics up to its end now."""
+        """Wait until the model has read each partition of both topics up to its end now.
+
+        False if it could not: Kafka unreachable, or no progress for the catch-up
+        timeout (or six timeouts in all). A slow but moving consumer (a loaded
+        machine, a big backlog) is waited for: giving up on it would answer a thread
+        created a moment ago as unknown."""
         parts = range(self.settings.partitions) if partitions is None else partitions
         tps = [TopicPartition(topic, p) for topic in self._topics for p in parts]
-        deadline = time.monotonic() + self.catch_up_timeout_s
+        started = time.monotonic()
         try:
             ends = await asyncio.wait_for(self.offsets.end(tps), self.catch_up_timeout_s)
         except Exception as exc:  # Kafka unreachable: answer from what we have
             log.warning("read model catch-up: end offsets unavailable: %s", exc)
             return False
+        stalled_at = time.monotonic() + self.catch_up_timeout_s
+        give_up = started + 6 * self.catch_up_timeout_s
         for tp in tps:
-            while await self._consumer.position(tp) < ends[tp]:
-                if time.monotonic() > deadline:
+            position = await self._consumer.position(tp)
+            while position < ends[tp]:
+                now = time.monotonic()
+                if now > stalled_at or now > give_up:
+                    log.warning("read model catch-up: %s at %d of %d after %.1f s", tp,
+                                position, ends[tp], now - started)
                     return False
                 await asyncio.sleep(_POLL_S)
+                moved = await self._consumer.position(tp)
+                if moved > position:
+                    position, stalled_at = moved, time.monotonic() + self.catch_up_timeout_s
         return True
 
     # --- reads ---------------------------------------------------------------------
@@ -303,16 +318,20 @@ class ReadModel:
         """The tenant's thread, or None (unknown, deleted, or another tenant's)."""
         state = self.store.state(thread_id)
         if fresh or state is None or not self.loaded or self._recently_written(thread_id):
-            await self.catch_up([partition_for(thread_id, self.settings.partitions)])
+            caught_up = await self.catch_up([partition_for(thread_id, self.settings.partitions)])
             state = self.store.state(thread_id)
+            if state is None and not caught_up:
+                raise _behind()
         return state if state is not None and state.tenant == tenant else None
 
     async def run(self, tenant: str, run_id: str) -> RunView | None:
         """The tenant's run (by the id of the run its user message started), or None."""
         ref = self.store.run(run_id)
         if ref is None:
-            await self.catch_up()
+            caught_up = await self.catch_up()
             ref = self.store.run(run_id)
+            if ref is None and not caught_up:
+                raise _behind()
         if ref is None:
             return None
         state = await self.thread(tenant, ref.thread_id)
@@ -411,3 +430,10 @@ class ReadModel:
                  "message records; %d active runs", self.mode, self.restore_s,
                  self.read_records[THREADS], self.read_records[MESSAGES],
                  len(store.active))
+
+
+def _behind() -> Problem:
+    # Not caught up, the model cannot tell "unknown" from "not read yet": a 404 here
+    # would deny a thread or run created a moment ago.
+    return Problem(503, "read-model-behind", "this gateway has not yet read the "
+                   "thread's latest records; retry shortly", headers={"Retry-After": "1"})

@@ -36,6 +36,7 @@ from streams.domain import (
     DeleteThread,
     Event,
     MessageAccepted,
+    MultitaskStrategy,
     PostUserMessage,
     RejectReason,
     RunAccepted,
@@ -52,7 +53,7 @@ from streams.records import MessageRecord
 
 __all__ = ["MAX_MESSAGES_PAGE", "MAX_THREADS_PAGE", "MESSAGES_PAGE", "THREADS_PAGE",
            "cancel", "cancel_run", "create_thread", "decided_run", "delete_thread", "get_thread",
-           "list_messages", "list_threads", "post_user_message",
+           "list_messages", "list_threads", "multitask_strategy", "post_user_message",
            "submit_user_message"]
 
 MESSAGES_PAGE, MAX_MESSAGES_PAGE = 100, 1000  # GET /v1/threads/{id}/messages: default, max
@@ -109,7 +110,8 @@ def _message(record: MessageRecord, state: ThreadState) -> dict[str, Any]:
     if m.role == "user":
         run = state.active_run
         status = run.status if run is not None and run.run_id == m.run_id else record.run_status
-        body["run_status"] = None if status is None else status.value
+        queued = any(q.message_id == m.message_id for q in state.queued)
+        body["run_status"] = "queued" if queued else None if status is None else status.value
     return body
 
 
@@ -271,17 +273,30 @@ async def post_user_message(request: web.Request) -> web.Response:
     state = await _own_thread(request)
     body = await _body(request, required=True)
     text = _string(body, "input_text")
+    strategy = multitask_strategy(body.get("multitask_strategy", MultitaskStrategy.REJECT.value))
     event, message_id = await submit_user_message(request, state, text,
-                                                  _idempotency_key(request))
+                                                  _idempotency_key(request), strategy=strategy)
     return _post_answer(event, state.thread_id, message_id)
 
 
+def multitask_strategy(value: object) -> MultitaskStrategy:
+    """The body's `multitask_strategy` (docs/multitask.md); 422 unless one of the four."""
+    try:
+        return MultitaskStrategy(value if isinstance(value, str) else "")
+    except ValueError:
+        raise Problem(422, "invalid-body", "'multitask_strategy' must be one of "
+                      + ", ".join(s.value for s in MultitaskStrategy),
+                      field="multitask_strategy") from None
+
+
 async def submit_user_message(request: web.Request, state: ThreadState, text: str,
-                              key: str | None, field: str = "input_text") -> \
+                              key: str | None, field: str = "input_text",
+                              strategy: MultitaskStrategy = MultitaskStrategy.REJECT) -> \
         tuple[Event | None, str]:
     """Check `text` (named `field` in errors), the tenant's run limit, and post it to
-    the thread: the decision (None while pending) and the user message's id (the
-    key's, if one is given). Every API that posts a user message goes through here."""
+    the thread with `strategy` for a run already active: the decision (None while
+    pending) and the user message's id (the key's, if one is given). Every API that
+    posts a user message goes through here."""
     limit = request.app[SETTINGS].policy.max_input_chars
     if not text.strip():
         raise Problem(422, "invalid-input", f"'{field}' is empty", field=field)
@@ -292,7 +307,7 @@ async def submit_user_message(request: web.Request, state: ThreadState, text: st
     read_model = request.app[READ_MODEL]
     request.app[LIMITER].admit_run(tenant, tenant_active_runs(read_model, tenant))
     message_id = idempotent_message_id_for(tenant, thread_id, key) if key else str(uuid.uuid4())
-    command = PostUserMessage(thread_id, tenant, message_id, text, key, now_ms())
+    command = PostUserMessage(thread_id, tenant, message_id, text, key, now_ms(), strategy)
     read_model.note_write(thread_id)
     event = await request.app[BUS].decide(command, tenant, new_traceparent(
         request.headers.get("traceparent")))

@@ -33,6 +33,8 @@ __all__ = [
     "IdempotencyRecord",
     "Known",
     "MessageAccepted",
+    "MessageQueued",
+    "MultitaskStrategy",
     "Policy",
     "PostUserMessage",
     "RejectReason",
@@ -50,6 +52,7 @@ __all__ = [
     "RunStatus",
     "Step",
     "StoredMessage",
+    "QueuedMessage",
     "ThreadCreated",
     "ThreadDeleted",
     "ThreadState",
@@ -80,6 +83,8 @@ class Policy:
     # already ran never runs again, whatever its age: that check reads the history.
     idempotency_window_ms: int = 24 * 60 * 60 * 1000
     max_idempotency_keys: int = 256
+    # User messages a thread may hold queued behind its active run (enqueue).
+    max_queued_messages: int = 16
 
     def backoff_ms(self, failed_attempt: int) -> int:
         """Delay before the attempt after `failed_attempt` (1-based)."""
@@ -141,6 +146,15 @@ class CreateThread:
     now_ms: int
 
 
+class MultitaskStrategy(StrEnum):
+    """What a user message posted while a run is active does (double-texting)."""
+
+    REJECT = "reject"  # refused: RunRejected(conflict), the gateway's 409
+    ENQUEUE = "enqueue"  # stored and queued; it runs once every run before it has ended
+    INTERRUPT = "interrupt"  # the active run is cancelled (its messages kept), this one runs
+    ROLLBACK = "rollback"  # the active run is cancelled and its messages tombstoned
+
+
 @dataclass(frozen=True, slots=True)
 class PostUserMessage:
     """Command: add a user's message to a thread, which starts a run."""
@@ -150,6 +164,7 @@ class PostUserMessage:
     text: str
     idempotency_key: str | None
     now_ms: int
+    multitask_strategy: MultitaskStrategy = MultitaskStrategy.REJECT
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +298,15 @@ class MessageAccepted:
 
 
 @dataclass(frozen=True, slots=True)
+class MessageQueued:
+    """Event: the message accepted just before waits behind the active run (enqueue)."""
+    thread_id: str
+    message_id: str
+    ahead: int  # messages queued before it
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class RunAccepted:
     """Event: a run was started for a user message."""
     thread_id: str
@@ -397,6 +421,7 @@ Event = (
     | RunFailed
     | RunCancelled
     | ThreadDeleted
+    | MessageQueued
 )
 
 TERMINAL_EVENTS = (RunCompleted, RunFailed, RunCancelled)
@@ -454,12 +479,22 @@ class IdempotencyRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class QueuedMessage:
+    """A stored user message waiting for the active run to end; its text is at `seq`."""
+
+    message_id: str
+    seq: int
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class ThreadState:
     """One thread's decision state; `None` in the table means the thread does not exist.
 
     Bounded: its size does not depend on how many messages or runs the thread has
     had (the history is stored per message, see `streams.history`), only on the
-    idempotency keys, which `Policy` caps by age and count."""
+    idempotency keys, which `Policy` caps by age and count, and on the queue of
+    enqueued messages (ids and seqs, no text), capped by `Policy.max_queued_messages`."""
 
     thread_id: str
     tenant: str
@@ -471,3 +506,7 @@ class ThreadState:
     run_count: int = 0
     last_run: RunRecord | None = None  # the most recent run that ended
     updated_at_ms: int = 0
+    queued: tuple[QueuedMessage, ...] = ()  # oldest first; each runs when the runs before end
+    # Message ids of the newest rolled-back runs: their history records are tombstoned,
+    # so `Known` no longer finds them. Capped by Policy.max_idempotency_keys.
+    rolled_back: tuple[str, ...] = ()

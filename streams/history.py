@@ -10,6 +10,8 @@ tombstone seq 0 .. message_count - 1 without reading anything.
 
 A user message's record carries the status of the run it started; it is rewritten
 when the run ends, so the history alone answers "what happened to this message".
+A run rolled back by a later post (multitask_strategy rollback) has its user
+message tombstoned instead (`MessageRemoved`); its events stay on the events topic.
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ from streams.domain import (
 )
 from streams.ids import run_id_for
 from streams.records import HistoryMessage
+from streams.thread import ROLLED_BACK
 
 __all__ = [
     "SEQ_DIGITS",
     "HistoryErased",
     "HistoryWrite",
     "MessagePut",
+    "MessageRemoved",
     "RunStatusChanged",
     "context_window",
     "history_writes",
@@ -73,7 +77,14 @@ class HistoryErased:
     message_count: int
 
 
-HistoryWrite = MessagePut | RunStatusChanged | HistoryErased
+@dataclass(frozen=True, slots=True)
+class MessageRemoved:
+    """A rolled-back run's message `seq` leaves the history: a tombstone of its key."""
+
+    seq: int
+
+
+HistoryWrite = MessagePut | RunStatusChanged | HistoryErased | MessageRemoved
 
 
 def message_key(thread_id: str, seq: int) -> bytes:
@@ -112,6 +123,11 @@ def history_writes(before: ThreadState | None, event: Event) -> list[HistoryWrit
                     *_run_ended(before, event.run_id, RunStatus.COMPLETED)]
         case RunFailed():
             return _run_ended(before, event.run_id, RunStatus.FAILED)
+        case RunCancelled() if event.reason == ROLLED_BACK:
+            run = before.active_run
+            if run is None or run.run_id != event.run_id or run.message_seq < 0:
+                return []
+            return [MessageRemoved(run.message_seq)]
         case RunCancelled():
             return _run_ended(before, event.run_id, RunStatus.CANCELLED)
         case ThreadDeleted():

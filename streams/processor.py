@@ -25,6 +25,7 @@ import logging
 import signal
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer
@@ -43,6 +44,7 @@ from streams.domain import (
     ReportAttemptFailed,
     ReportAttemptStarted,
     ReportHeartbeat,
+    RunCancelled,
     RunFailed,
     ThreadState,
 )
@@ -50,6 +52,7 @@ from streams.history import (
     HistoryErased,
     HistoryWrite,
     MessagePut,
+    MessageRemoved,
     RunStatusChanged,
     context_window,
     history_writes,
@@ -64,9 +67,10 @@ from streams.kafka.topics import ensure_topics, record_limit
 from streams.lifecycle import dispatch_record, lifecycle_record
 from streams.message_store import ContextWindows, MessageStore
 from streams.migration import migrate_partition
-from streams.records import DeadLetter, MessageRecord
+from streams.records import DeadLetter, HistoryMessage, MessageRecord
 from streams.thread import (
     OUTPUT_TOO_LARGE,
+    ROLLED_BACK,
     decide,
     evolve,
     next_deadline_ms,
@@ -357,7 +361,8 @@ class Processor:
         outputs: list[_Output] = []
         writes: list[tuple[MessageRecord | None, int, bytes | None]] = []
         before = state
-        input_text: str | None = None  # a user message accepted by this very command
+        accepted: dict[str, str] = {}  # user messages accepted by this very command: their texts
+        removed: set[str] = set()  # user messages this command rolled back
         for index, event in enumerate(events):
             after = evolve(before, event, self.policy)
             owner = after or before
@@ -369,9 +374,13 @@ class Processor:
             )
             outputs.append(_Output(self.topics.events, key, self.codec.encode_event(event, event_meta)))
             if isinstance(event, MessageAccepted):
-                input_text = event.text
+                accepted[event.message_id] = event.text
+            if isinstance(event, RunCancelled) and event.reason == ROLLED_BACK and \
+                    before is not None and before.active_run is not None:
+                removed.add(before.active_run.message_id)
             if isinstance(event, AttemptDispatched) and after is not None:
-                outputs.append(self._dispatch(event, after, event_meta, key, history, input_text))
+                outputs.append(self._dispatch(event, after, event_meta, key, history,
+                                              accepted.get(event.message_id), writes, removed))
             lifecycle = lifecycle_record(event, before)
             if lifecycle is not None:
                 outputs.append(_Output(self.topics.stream, key,
@@ -396,6 +405,11 @@ class Processor:
                     return
                 record = replace(stored, run_status=write.run_status,
                                  run_attempts=write.run_attempts)
+            case MessageRemoved():
+                outputs.append(_Output(self.topics.messages, message_key(thread_id, write.seq),
+                                       None))
+                writes.append((None, write.seq, None))
+                return
             case HistoryErased():
                 for seq in range(write.message_count):
                     outputs.append(_Output(self.topics.messages, message_key(thread_id, seq), None))
@@ -435,18 +449,35 @@ class Processor:
         return state
 
     def _dispatch(self, event: AttemptDispatched, state: ThreadState, meta: EnvelopeMeta,
-                  key: bytes, history: MessageStore, input_text: str | None) -> _Output:
+                  key: bytes, history: MessageStore, input_text: str | None,
+                  staged: Sequence[tuple[MessageRecord | None, int, bytes | None]] = (),
+                  removed: set[str] | frozenset[str] = frozenset()) -> _Output:
         """The dispatch record: the user message and as much recent history as the
         context budget (THREADLINE_CONTEXT_CHARS) and the record limit allow."""
         run = state.active_run
         seq = run.message_seq if run is not None else -1
-        if input_text is None:  # a retry: the message was stored with the first attempt
+        if input_text is None:  # a retry or a queued message: stored before this decision
             stored = history.record(state.thread_id, seq) if seq >= 0 else None
             input_text = stored.message.text if stored is not None else ""
+        # Messages still queued are not context yet. A message that waited in the queue
+        # sees what was stored after it while it waited (the answers before it).
+        waiting = {q.message_id for q in state.queued}
+        before = seq
+        if run is not None and seq < state.message_count - 1:
+            waiting.add(run.message_id)
+            before = state.message_count
+        newest = history.context(state.thread_id, before, HISTORY_LIMIT + len(waiting)) \
+            if waiting else history.context(state.thread_id, seq, HISTORY_LIMIT)
+        # What this decision stored before the dispatch (the answer of the run that
+        # ended) is not in the store yet; what it rolled back still is.
+        fresh = [HistoryMessage(r.message.message_id, r.message.role, r.message.text)
+                 for r, s, _ in sorted(staged, key=lambda w: -w[1]) if r is not None and s < before]
+        skip = waiting | set(removed) | {m.message_id for m in fresh}
+        newest = [m for m in fresh if m.message_id not in waiting | set(removed)] + \
+            [m for m in newest if m.message_id not in skip]
         budget = self.settings.context_chars
         while True:
-            context = context_window(history.context(state.thread_id, seq, HISTORY_LIMIT), budget,
-                                     HISTORY_LIMIT)
+            context = context_window(newest, budget, HISTORY_LIMIT)
             dispatch = dispatch_record(event, state.thread_id, input_text, context)
             value = self.codec.encode_dispatch(dispatch, meta)
             # Characters are not bytes: halve the budget until the record fits.

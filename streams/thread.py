@@ -10,6 +10,15 @@ idempotent repeat, a stale or redelivered worker report) decides no events.
 Worker reports are fenced by the attempt number: only reports naming the active run
 and its current, still live attempt are acted on.
 
+Double-texting (`PostUserMessage.multitask_strategy`, docs/multitask.md): a post
+while a run is active is rejected (`reject`, the default), queued behind it
+(`enqueue`: `MessageAccepted`, `MessageQueued`), or cancels it and runs
+(`interrupt` and `rollback`: `MessageAccepted`, `RunCancelled` with reason
+`INTERRUPTED` or `ROLLED_BACK`, `RunAccepted`, `AttemptDispatched`). Whatever ends
+a run, the same decision starts the oldest queued message's run, so at most one
+run is active and queued messages run once each, in order: the queue is part of
+the state, committed with the decision that changes it.
+
 `evolve` is total: an event that does not apply to the state (which `decide` never
 produces) leaves the state unchanged. States are never mutated in place; mappings
 are rebuilt and wrapped read-only.
@@ -39,8 +48,11 @@ from streams.domain import (
     IdempotencyRecord,
     Known,
     MessageAccepted,
+    MessageQueued,
+    MultitaskStrategy,
     Policy,
     PostUserMessage,
+    QueuedMessage,
     RejectReason,
     ReportAttemptCompleted,
     ReportAttemptFailed,
@@ -63,7 +75,9 @@ from streams.ids import answer_message_id_for, run_id_for, workflow_id_for
 __all__ = [
     "ATTEMPT_TIMEOUT",
     "HEARTBEAT_TIMEOUT",
+    "INTERRUPTED",
     "OUTPUT_TOO_LARGE",
+    "ROLLED_BACK",
     "THREAD_DELETED",
     "apply",
     "decide",
@@ -98,6 +112,9 @@ ATTEMPT_TIMEOUT = "attempt_timeout"
 OUTPUT_TOO_LARGE = "output_too_large"
 # RunCancelled.reason when the thread is deleted under a live run.
 THREAD_DELETED = "thread deleted"
+# RunCancelled.reason when a post with multitask_strategy interrupt or rollback ends it.
+INTERRUPTED = "interrupted"
+ROLLED_BACK = "rolled_back"
 
 
 # --- fingerprints ----------------------------------------------------------------
@@ -121,21 +138,25 @@ def decide(state: ThreadState | None, command: Command, policy: Policy,
     """The events `command` causes on `state`; never raises, never mutates.
 
     `known` carries what the shell looked up in the thread's stored history for this
-    command (see `Known`); the default knows nothing."""
+    command (see `Known`); the default knows nothing.
+
+    Whenever the events leave the thread with no active run and messages queued,
+    they end with the oldest queued message's `RunAccepted` and `AttemptDispatched`."""
     match command:
         case CreateThread():
             return _create_thread(state, command, policy)
         case PostUserMessage():
-            return _post_user_message(state, command, policy, known)
+            events = _post_user_message(state, command, policy, known)
         case CancelRun():
-            return _cancel_run(state, command)
+            events = _cancel_run(state, command)
         case DeleteThread():
             return _delete_thread(state, command)
         case CheckDeadlines():
-            return _check_deadlines(state, command, policy)
+            events = _check_deadlines(state, command, policy)
         case _:
             # mypy narrows what is left to the four worker reports.
-            return _worker_report(state, command, policy)
+            events = _worker_report(state, command, policy)
+    return _start_queued(state, events, policy) if events else events
 
 
 def evolve(state: ThreadState | None, event: Event, policy: Policy = _DEFAULT_POLICY) -> \
@@ -162,7 +183,9 @@ def evolve(state: ThreadState | None, event: Event, policy: Policy = _DEFAULT_PO
         return _message_accepted(state, event, policy)
     if isinstance(event, RunAccepted):
         return _run_accepted(state, event)
-    return _run_event(state, event)
+    if isinstance(event, MessageQueued):
+        return _message_queued(state, event)
+    return _run_event(state, event, policy)
 
 
 def apply(state: ThreadState | None, events: Iterable[Event],
@@ -263,22 +286,43 @@ def _post_user_message(
                 record.run_id,
             )
     existing_run_id = known.message_run_id
+    if existing_run_id is None and command.message_id in state.rolled_back:
+        existing_run_id = run_id_for(state.thread_id, command.message_id)
     if existing_run_id is not None:
         return reject(RejectReason.DUPLICATE, "message id already has a run", existing_run_id)
-    if state.active_run is not None:
-        return reject(
-            RejectReason.CONFLICT, "another run is active on the thread", state.active_run.run_id
-        )
+    accepted = MessageAccepted(
+        thread_id=state.thread_id,
+        message_id=command.message_id,
+        text=command.text,
+        idempotency_key=command.idempotency_key,
+        at_ms=command.now_ms,
+    )
+    active = state.active_run
+    cancelled: list[Event] = []
+    if active is not None:
+        match command.multitask_strategy:
+            case MultitaskStrategy.REJECT:
+                return reject(RejectReason.CONFLICT, "another run is active on the thread",
+                              active.run_id)
+            case MultitaskStrategy.ENQUEUE:
+                if len(state.queued) >= policy.max_queued_messages:
+                    return reject(RejectReason.CONFLICT, f"the thread already has "
+                                  f"{len(state.queued)} messages queued, the limit", active.run_id)
+                return [accepted, MessageQueued(thread_id=state.thread_id,
+                                                message_id=command.message_id,
+                                                ahead=len(state.queued), at_ms=command.now_ms)]
+            case MultitaskStrategy.INTERRUPT | MultitaskStrategy.ROLLBACK:
+                reason = INTERRUPTED if command.multitask_strategy is MultitaskStrategy.INTERRUPT \
+                    else ROLLED_BACK
+                cancelled = [RunCancelled(thread_id=state.thread_id, run_id=active.run_id,
+                                          reason=reason, at_ms=command.now_ms)]
+            case _:
+                assert_never(command.multitask_strategy)
 
     run_id = run_id_for(state.thread_id, command.message_id)
     return [
-        MessageAccepted(
-            thread_id=state.thread_id,
-            message_id=command.message_id,
-            text=command.text,
-            idempotency_key=command.idempotency_key,
-            at_ms=command.now_ms,
-        ),
+        accepted,
+        *cancelled,
         RunAccepted(
             thread_id=state.thread_id,
             run_id=run_id,
@@ -296,6 +340,23 @@ def _post_user_message(
     ]
 
 
+def _start_queued(state: ThreadState | None, events: list[Event], policy: Policy) -> list[Event]:
+    """`events`, then the oldest queued message's run if they leave no run active."""
+    after = apply(state, events, policy)
+    if after is None or after.active_run is not None or not after.queued:
+        return events
+    head, at_ms = after.queued[0], events[-1].at_ms
+    run_id = run_id_for(after.thread_id, head.message_id)
+    return [
+        *events,
+        RunAccepted(thread_id=after.thread_id, run_id=run_id,
+                    workflow_id=workflow_id_for(after.thread_id), message_id=head.message_id,
+                    at_ms=at_ms),
+        AttemptDispatched(thread_id=after.thread_id, run_id=run_id, message_id=head.message_id,
+                          attempt=1, at_ms=at_ms),
+    ]
+
+
 def _cancel_run(state: ThreadState | None, command: CancelRun) -> list[Event]:
     if state is None or state.tenant != command.tenant:
         return []
@@ -306,7 +367,10 @@ def _cancel_run(state: ThreadState | None, command: CancelRun) -> list[Event]:
         RunCancelled(
             thread_id=state.thread_id,
             run_id=run.run_id,
-            reason=command.reason,
+            # The two reasons a double text gives mean something (a rollback
+            # tombstones the run's message); a cancel's own reason never does.
+            reason=command.reason if command.reason not in (INTERRUPTED, ROLLED_BACK)
+            else f"cancel: {command.reason}",
             at_ms=command.now_ms,
         )
     ]
@@ -510,9 +574,23 @@ def _bounded_keys(keys: Mapping[str, IdempotencyRecord], key: str, record: Idemp
     return MappingProxyType(kept)
 
 
+def _message_queued(state: ThreadState, event: MessageQueued) -> ThreadState:
+    # decide emits MessageAccepted right before MessageQueued: the message is the newest.
+    queued = QueuedMessage(message_id=event.message_id, seq=state.message_count - 1,
+                           at_ms=event.at_ms)
+    return replace(state, queued=(*state.queued, queued), updated_at_ms=event.at_ms)
+
+
 def _run_accepted(state: ThreadState, event: RunAccepted) -> ThreadState:
     if state.active_run is not None:
         return state
+    # A queued message's run: its seq is where it was stored, and it leaves the queue.
+    # Otherwise decide emitted MessageAccepted right before: the message is the newest.
+    seq, queued = state.message_count - 1, state.queued
+    for index, waiting in enumerate(queued):
+        if waiting.message_id == event.message_id:
+            seq, queued = waiting.seq, (*queued[:index], *queued[index + 1:])
+            break
     run = ActiveRun(
         run_id=event.run_id,
         message_id=event.message_id,
@@ -521,14 +599,14 @@ def _run_accepted(state: ThreadState, event: RunAccepted) -> ThreadState:
         attempt_started_ms=event.at_ms,
         last_heartbeat_ms=event.at_ms,
         retry_due_ms=None,
-        # decide emits MessageAccepted right before RunAccepted: the message is the newest.
-        message_seq=state.message_count - 1,
+        message_seq=seq,
         accepted_at_ms=event.at_ms,
     )
-    return replace(state, active_run=run, run_count=state.run_count + 1, updated_at_ms=event.at_ms)
+    return replace(state, active_run=run, run_count=state.run_count + 1, queued=queued,
+                   updated_at_ms=event.at_ms)
 
 
-def _run_event(state: ThreadState, event: _RunEvent) -> ThreadState:
+def _run_event(state: ThreadState, event: _RunEvent, policy: Policy) -> ThreadState:
     run = state.active_run
     if run is None or run.run_id != event.run_id:
         return state
@@ -574,7 +652,11 @@ def _run_event(state: ThreadState, event: _RunEvent) -> ThreadState:
         case RunFailed():
             return _end_run(state, run, RunStatus.FAILED, event.at_ms)
         case RunCancelled():
-            return _end_run(state, run, RunStatus.CANCELLED, event.at_ms)
+            ended = _end_run(state, run, RunStatus.CANCELLED, event.at_ms)
+            if event.reason != ROLLED_BACK:
+                return ended
+            keep = max(policy.max_idempotency_keys, 1)
+            return replace(ended, rolled_back=(*state.rolled_back, run.message_id)[-keep:])
         case _:
             assert_never(event)
 

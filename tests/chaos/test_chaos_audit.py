@@ -27,8 +27,10 @@ from streams.domain import (
     AttemptDispatched,
     Event,
     MessageAccepted,
+    MessageQueued,
     RejectReason,
     RunAccepted,
+    RunCancelled,
     RunCompleted,
     RunFailed,
     RunRejected,
@@ -38,6 +40,7 @@ from streams.domain import (
 )
 from streams.history import message_key
 from streams.records import Dispatch, MessageRecord
+from streams.thread import INTERRUPTED, ROLLED_BACK
 
 THREAD, MESSAGE, RUN = "th-1", "msg-1", "run-1"
 ANSWER = "You said: hi. amber river."
@@ -391,3 +394,98 @@ def test_a_resent_post_rejected_again_under_its_own_envelope_id_is_not_a_duplica
     _reads(obs).committed.append(_event_record(60, "resend/0", rejected))
     _reads(obs).committed.append(_event_record(61, "resend-again/0", rejected))
     assert not [v for v in audit(obs).violations if "identity" in v]
+
+
+# --- double-texting (multitask_strategy) ------------------------------------------------
+
+RUN2, MESSAGE2, ANSWER2 = "run-2", "msg-2", "second answer"
+
+
+def _plain(run: str, *events: str, text: str | None = None) -> list[Seen]:
+    """A reference replay of `run`: the lifecycle events named, then done."""
+    seen = []
+    for offset, event in enumerate(events):
+        fields: dict[str, object] = {"thread_id": THREAD, "run_id": run}
+        if event == "run_completed":
+            fields["message"] = {"message_id": f"{run}-answer", "text": text}
+        seen.append(Seen(f"{run}-{offset}", event, json.dumps(fields)))
+    return [*seen, Seen(f"{run}-done", "done", "[DONE]")]
+
+
+def _double_text(strategy: str, reason: str | None = None) -> Observations:
+    """msg-1's run, then msg-2 posted with `strategy` while it runs."""
+    first = Post(THREAD, MESSAGE, RUN, accepted=True, statuses=[202])
+    second = Post(THREAD, MESSAGE2, RUN2, accepted=True, statuses=[202], strategy=strategy,
+                  interrupts=RUN if strategy == "interrupt" else None)
+    ends_first: Event = RunCancelled(THREAD, RUN, reason, 3) if reason else \
+        RunCompleted(THREAD, RUN, 1, AssistantMessage("a1", ANSWER), 3)
+    events: list[Event] = [
+        MessageAccepted(THREAD, MESSAGE, "hi", "m-0", 1), RunAccepted(THREAD, RUN, "wf", MESSAGE, 1),
+        AttemptDispatched(THREAD, RUN, MESSAGE, 1, 1),
+        MessageAccepted(THREAD, MESSAGE2, "again", "m-1", 2)]
+    if strategy == "enqueue":
+        events.append(MessageQueued(THREAD, MESSAGE2, 0, 2))
+    events += [ends_first, RunAccepted(THREAD, RUN2, "wf", MESSAGE2, 3),
+               AttemptDispatched(THREAD, RUN2, MESSAGE2, 1, 3),
+               RunCompleted(THREAD, RUN2, 1, AssistantMessage("a2", ANSWER2), 4)]
+    user1: dict[str, object] = {"message_id": MESSAGE, "role": "user", "text": "hi", "run_id": RUN}
+    answer1: dict[str, object] = {"message_id": "a1", "role": "assistant", "text": ANSWER, "run_id": RUN}
+    user2: dict[str, object] = {"message_id": MESSAGE2, "role": "user", "text": "again", "run_id": RUN2}
+    answer2: dict[str, object] = {"message_id": "a2", "role": "assistant", "text": ANSWER2, "run_id": RUN2}
+    stored: list[dict[str, object]] = {
+        "enqueue": [user1, user2, answer1, answer2], "interrupt": [user1, user2, answer2],
+        "rollback": [user2, answer2]}[strategy]
+    first_ref = _plain(RUN, "run_accepted", "run_cancelled") if reason else \
+        _plain(RUN, "run_accepted", "run_completed", text=ANSWER)
+    return Observations(posts=[first, second], events=events, stored={THREAD: stored},
+                        references={RUN: first_ref,
+                                    RUN2: _plain(RUN2, "run_accepted", "run_completed",
+                                                 text=ANSWER2)},
+                        watchers=[])
+
+
+@pytest.mark.parametrize(("strategy", "reason", "counter"), [
+    ("enqueue", None, "enqueued"), ("interrupt", INTERRUPTED, "interrupted"),
+    ("rollback", ROLLED_BACK, "rolled_back")])
+def test_double_texts_pass_and_are_counted(strategy: str, reason: str | None,
+                                           counter: str) -> None:
+    """An enqueued message answered after the run before it, an interrupted run (its
+    question kept, unanswered) and a rolled-back one (answered-then-removed) pass."""
+    report = audit(_double_text(strategy, reason))
+    assert report.ok, report.violations
+    assert getattr(report, counter) == 1 and report.lost == 0
+
+
+def _swap_runs(o: Observations) -> None:
+    o.events[4:6] = [o.events[5], o.events[4]]  # msg-2's run starts before msg-1's ends
+
+
+DOUBLE_TEXT_BREAKAGES: dict[str, tuple[str, str | None, Breakage, str]] = {
+    "a run started while another was active": ("interrupt", INTERRUPTED, _swap_runs,
+                                               "duplicated"),
+    "an interrupt nobody asked for": (
+        "interrupt", INTERRUPTED, lambda o: setattr(o.posts[1], "interrupts", None), "violations"),
+    "an interrupted run with a stored answer": (
+        "interrupt", INTERRUPTED, lambda o: o.stored[THREAD].append(
+            {"message_id": "a1", "role": "assistant", "text": "x", "run_id": RUN}), "duplicated"),
+    "a rolled-back message still stored": (
+        "rollback", ROLLED_BACK, lambda o: o.stored[THREAD].insert(
+            0, {"message_id": MESSAGE, "role": "user", "text": "hi", "run_id": RUN}),
+        "violations"),
+    "queued messages answered out of order": (
+        "enqueue", None, lambda o: o.posts.reverse(), "gaps"),
+    "an enqueued message never answered": (
+        "enqueue", None, lambda o: o.events.pop(), "lost"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DOUBLE_TEXT_BREAKAGES))
+def test_the_audit_catches_double_text_breakage(name: str) -> None:
+    """Each broken double-text is flagged (under its counter, where it has one)."""
+    strategy, reason, breakage, counter = DOUBLE_TEXT_BREAKAGES[name]
+    obs = _double_text(strategy, reason)
+    breakage(obs)
+    report = audit(obs)
+    assert not report.ok, name
+    value = getattr(report, counter)
+    assert (len(value) if isinstance(value, list) else value) >= 1, (name, report.violations)

@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
+from aiokafka import TopicPartition
 from confluent_kafka import Producer
 
 from gateway.app import Options, create_app
@@ -341,3 +342,27 @@ def _latest_values(settings: Settings, topic: str, thread_id: str) -> dict[int, 
     finally:
         consumer.close()
     return latest
+
+
+async def test_a_thread_the_model_has_not_read_yet_is_503_not_404(own_settings: Settings) -> None:
+    """While the model cannot reach the end of a thread's partition, a thread it does
+    not know yet gets 503 with Retry-After (it may have been created a moment ago),
+    never a 404; once the model reads on, the thread is there."""
+    writer = Writer(own_settings)
+    async with _gateway(own_settings, Options(keepalive_s=1, catch_up_timeout_s=0.5)) as (
+            url, model):
+        thread_id = f"unread-{uuid.uuid4().hex[:8]}"
+        tp = TopicPartition(own_settings.topics.threads,
+                            partition_for(thread_id, own_settings.partitions))
+        model._consumer.pause(tp)  # a consumer that makes no progress on that partition
+        writer.state(thread_id, messages=0)
+        writer.flush()
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{url}/v1/threads/{thread_id}", headers=AUTH_A) as response:
+                problem = await response.json(content_type=None)
+                assert response.status == 503, problem
+                assert problem["type"].endswith("/read-model-behind")
+                assert response.headers["Retry-After"] == "1"
+            model._consumer.resume(tp)
+            status, thread = await _get(session, f"{url}/v1/threads/{thread_id}")
+            assert status == 200 and thread["thread_id"] == thread_id, thread

@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from gateway.langgraph_events import VALUES, Part, Translator, modes_from
-from gateway.langgraph_views import internal_thread_id, lg_thread_id
-from streams.domain import ThreadState
+from gateway.langgraph_views import conversation, internal_thread_id, lg_thread_id
+from streams.domain import StoredMessage, ThreadState
+from streams.records import MessageRecord
 
 RUN, MSG = "run-1", "answer-1"
 
@@ -85,3 +86,20 @@ def test_thread_ids_are_per_tenant() -> None:
     assert lg_thread_id(state) == "x"
     other = ThreadState("11111111-1111-4111-8111-111111111111", "a", "x", 0)
     assert lg_thread_id(other) == other.thread_id  # a title is not an id by itself
+
+
+def _record(seq: int, role: str, run: str, message_id: str = "") -> MessageRecord:
+    return MessageRecord(seq, StoredMessage(message_id or f"m{seq}", role, f"text {seq}", run,
+                                            1_000 + seq))
+
+
+def test_the_conversation_puts_each_answer_after_its_question() -> None:
+    """A question queued during a run is stored before that run's answer; the thread
+    shows question, answer, question, answer, and leaves a still-queued one out."""
+    history = [_record(0, "user", "r1"), _record(1, "user", "r2"), _record(2, "assistant", "r1"),
+               _record(3, "user", "r3", "q3"), _record(4, "assistant", "r2")]
+    shown = conversation(history, queued={"q3"})
+    assert [r.seq for r in shown] == [0, 2, 1, 4]
+    assert [r.seq for r in conversation(history, queued=())] == [0, 2, 1, 4, 3]
+    # an answer whose question is on an older page keeps its place
+    assert [r.seq for r in conversation(history[2:], queued=())] == [2, 3, 4]

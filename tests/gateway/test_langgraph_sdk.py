@@ -121,7 +121,7 @@ async def test_values_and_state_are_bounded_and_page_back(stack: Stack,
 
 
 async def test_wait_cancel_and_the_multitask_strategy(stack: Stack) -> None:
-    """runs.wait answers the final values; a running run is cancelled; only 'reject' is served."""
+    """runs.wait answers the final values; a running run is cancelled; 'reject' is the default."""
     client = _client(stack.url("/"))
     thread_id = (await client.threads.create())["thread_id"]
     values = await client.runs.wait(thread_id, "agent", input=_input("wait for me"))
@@ -135,9 +135,9 @@ async def test_wait_cancel_and_the_multitask_strategy(stack: Stack) -> None:
                 break  # a marker: the run is answering
     with pytest.raises(ConflictError):  # reject: a run is active
         await client.runs.create(thread_id, "agent", input=_input("me too"))
-    with pytest.raises(UnprocessableEntityError, match="enqueue"):
+    with pytest.raises(UnprocessableEntityError, match="multitask_strategy"):
         await client.runs.create(thread_id, "agent", input=_input("me too"),
-                                 multitask_strategy="enqueue")
+                                 multitask_strategy="shove")
     await client.runs.cancel(thread_id, run["run_id"], wait=True)
     assert (await client.runs.get(thread_id, run["run_id"]))["status"] == "interrupted"
     listed = await client.runs.list(thread_id)
@@ -200,3 +200,78 @@ async def test_a_worker_killed_mid_answer_ends_with_the_stored_answer(stack: Sta
     stored = await _stored(client, thread_id)
     assert sum(p.event == "messages/metadata" for p in parts) >= 2  # two executions
     assert _screen(parts) == {stored["id"]: stored["content"]}
+
+
+async def _answering(client: Any, thread_id: str, run_id: str) -> None:
+    """Return once the run streams its answer (a marker that it is the active run)."""
+    async with contextlib.aclosing(client.runs.join_stream(
+            thread_id, run_id, stream_mode="messages-tuple")) as joined:
+        async for part in joined:
+            if part.event == "messages":
+                return
+    raise AssertionError(f"run {run_id} ended before it streamed")
+
+
+def _transcript(state: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(m["type"], m["content"]) for m in state["values"]["messages"]]
+
+
+@pytest.mark.parametrize("strategy", ["reject", "enqueue", "interrupt", "rollback"])
+async def test_each_multitask_strategy_under_a_double_text(stack: Stack, strategy: str) -> None:
+    """A second runs.create while the first run streams, with each strategy, as the SDK
+    sends it: reject is 409; enqueue runs it after the first, whose answer stays;
+    interrupt ends the first 'interrupted' and answers the second; rollback removes
+    the first run and its question from the thread."""
+    client = _client(stack.url("/"))
+    thread_id = (await client.threads.create())["thread_id"]
+    first = await client.runs.create(thread_id, "agent", input=_input(f"[slow] first {LONG}"))
+    await _answering(client, thread_id, first["run_id"])
+    if strategy == "reject":
+        with pytest.raises(ConflictError):
+            await client.runs.create(thread_id, "agent", input=_input("second"),
+                                     multitask_strategy="reject")
+        await client.runs.cancel(thread_id, first["run_id"], wait=True)
+        return
+    second = await client.runs.create(thread_id, "agent", input=_input("second"),
+                                      multitask_strategy=strategy)
+    assert second["multitask_strategy"] == strategy and second["run_id"] != first["run_id"]
+    # join_stream of the second run, even while it waits in the queue, ends on its answer
+    parts = [p async for p in client.runs.join_stream(thread_id, second["run_id"],
+                                                      stream_mode="messages-tuple")]
+    answer = await _stored(client, thread_id)
+    assert "".join(p.data[0]["content"] for p in parts if p.event == "messages") == \
+        answer["content"]
+    assert (await client.runs.get(thread_id, second["run_id"]))["status"] == "success"
+    transcript = _transcript(await client.threads.get_state(thread_id))
+    asked = [text for kind, text in transcript if kind == "human"]
+    if strategy == "enqueue":
+        assert (await client.runs.get(thread_id, first["run_id"]))["status"] == "success"
+        assert asked == [f"[slow] first {LONG}", "second"]
+        assert [kind for kind, _ in transcript] == ["human", "ai", "human", "ai"]
+    elif strategy == "interrupt":
+        assert (await client.runs.get(thread_id, first["run_id"]))["status"] == "interrupted"
+        assert asked == [f"[slow] first {LONG}", "second"]
+        assert transcript[-1] == ("ai", answer["content"])
+    else:
+        with pytest.raises(NotFoundError):
+            await client.runs.get(thread_id, first["run_id"])
+        assert transcript == [("human", "second"), ("ai", answer["content"])]
+
+
+async def test_two_enqueued_double_texts_sent_at_once_run_once_each(stack: Stack) -> None:
+    """Two runs.create with enqueue sent together while a run streams: both accepted,
+    each answered once, the thread holds three questions and three answers."""
+    client = _client(stack.url("/"))
+    thread_id = (await client.threads.create())["thread_id"]
+    first = await client.runs.create(thread_id, "agent", input=_input(f"[slow] {LONG}"))
+    await _answering(client, thread_id, first["run_id"])
+    runs = await asyncio.gather(*(client.runs.create(
+        thread_id, "agent", input=_input(f"queued {n}"), multitask_strategy="enqueue")
+        for n in range(2)))
+    for run in runs:
+        await client.runs.join(thread_id, run["run_id"])
+        assert (await client.runs.get(thread_id, run["run_id"]))["status"] == "success"
+    transcript = _transcript(await client.threads.get_state(thread_id))
+    assert [kind for kind, _ in transcript] == ["human", "ai"] * 3
+    assert sorted(text for kind, text in transcript[2:] if kind == "human") == \
+        ["queued 0", "queued 1"]

@@ -25,6 +25,7 @@ from streams.domain import (
     CreateThread,
     DeleteThread,
     IdempotencyRecord,
+    MultitaskStrategy,
     Policy,
     PostUserMessage,
     ReportAttemptCompleted,
@@ -69,9 +70,10 @@ def record(name: str, description: str, commands: Iterable[Command | Deadline],
     return History(name, description, POLICY, tuple(steps), start)
 
 
-def post(message_id: str, at: int, text: str = "hello", key: str | None = None) -> PostUserMessage:
-    """A user's message at T0 + `at`."""
-    return PostUserMessage(THREAD, TENANT, message_id, text, key, T0 + at)
+def post(message_id: str, at: int, text: str = "hello", key: str | None = None,
+         strategy: MultitaskStrategy = MultitaskStrategy.REJECT) -> PostUserMessage:
+    """A user's message at T0 + `at`, with a multitask strategy for an active run."""
+    return PostUserMessage(THREAD, TENANT, message_id, text, key, T0 + at, strategy)
 
 
 def run(message_id: str) -> str:
@@ -150,13 +152,46 @@ def histories() -> list[History]:
                [CreateThread(THREAD, TENANT, "t" * (POLICY.max_title_chars + 1), T0), CREATE,
                 post("m1", 10), started("m1", 1, 20), completed("m1", 1, 30, text="y" * 100)]),
         old_form_state(),
+        *double_texts(),
+    ]
+
+
+# Recorded after the multitask strategies: the histories above were recorded before
+# and are kept as they were (`main` writes only missing files unless asked for all).
+ENQUEUE, INTERRUPT, ROLLBACK = (MultitaskStrategy.ENQUEUE, MultitaskStrategy.INTERRUPT,
+                                MultitaskStrategy.ROLLBACK)
+
+
+def double_texts() -> list[History]:
+    """One history per multitask strategy: a second message while a run is active."""
+    return [
+        record("double_text_reject", "multitask_strategy reject: the second post is a 409 conflict",
+               [CREATE, post("m1", 10), started("m1", 1, 20),
+                post("m2", 30, strategy=MultitaskStrategy.REJECT), completed("m1", 1, 40)]),
+        record("double_text_enqueue", "enqueue: two messages queued behind a run run once each, "
+               "in order, as each run before them ends (a failure and a repeat included)",
+               [CREATE, post("m1", 10), started("m1", 1, 20), post("m2", 30, strategy=ENQUEUE),
+                post("m3", 40, key="k3", strategy=ENQUEUE), post("m3", 45, key="k3", strategy=ENQUEUE),
+                completed("m1", 1, 50), started("m2", 1, 60), failed("m2", 1, 70, retryable=False),
+                started("m3", 1, 80), completed("m3", 1, 90)]),
+        record("double_text_interrupt", "interrupt: the active run is cancelled (marked "
+               "interrupted), then the new message runs; a late report of the old run is fenced",
+               [CREATE, post("m1", 10), started("m1", 1, 20), post("m2", 30, strategy=INTERRUPT),
+                completed("m1", 1, 40), started("m2", 1, 50), completed("m2", 1, 60)]),
+        record("double_text_rollback", "rollback: the active run is cancelled (rolled_back) and "
+               "its message id stays known; the new message runs",
+               [CREATE, post("m1", 10), started("m1", 1, 20), post("m2", 30, strategy=ROLLBACK),
+                started("m2", 1, 40), completed("m2", 1, 50), post("m1", 60)]),
     ]
 
 
 def main() -> int:
-    """Write every history to tests/replay/histories/<name>.json."""
+    """Write the histories missing from tests/replay/histories/ (`--all`: every one)."""
     HISTORIES.mkdir(exist_ok=True)
     for history in histories():
+        path = HISTORIES / f"{history.name}.json"
+        if path.exists() and "--all" not in sys.argv:
+            continue
         save_history(history, HISTORIES / f"{history.name}.json")
         print(f"{history.name}: {len(history.steps)} events")
     return 0

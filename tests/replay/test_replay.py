@@ -17,7 +17,9 @@ from tests.replay.record_histories import HISTORIES, histories
 
 FILES = sorted(HISTORIES.glob("*.json"))
 KINDS = {"completed", "failed_after_retries", "failed_not_retryable", "heartbeat_missed", "never_started",
-         "rejected", "cancelled", "deleted", "output_too_large", "migrated_0_1"}
+         "rejected", "cancelled", "deleted", "output_too_large", "migrated_0_1",
+         "double_text_reject", "double_text_enqueue", "double_text_interrupt",
+         "double_text_rollback"}
 
 
 def _load(name: str) -> History:
@@ -62,10 +64,10 @@ def test_a_renamed_field_fails_the_replay(monkeypatch: pytest.MonkeyPatch) -> No
     """Seeded fault: RetryScheduled's due time read from another field (its at_ms)."""
     run_event = thread._run_event
 
-    def misread(state: Any, event: Any) -> Any:
+    def misread(state: Any, event: Any, *rest: Any) -> Any:
         if isinstance(event, RetryScheduled):
             event = replace(event, due_ms=event.at_ms)
-        return run_event(state, event)
+        return run_event(state, event, *rest)
 
     monkeypatch.setattr(thread, "_run_event", misread)
     with pytest.raises(ReplayMismatch, match="RetryScheduled"):

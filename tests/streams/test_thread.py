@@ -32,13 +32,17 @@ from streams.domain import (
     Citation,
     Command,
     CreateThread,
+    DeleteThread,
     Event,
     HeartbeatRecorded,
     IdempotencyRecord,
     Known,
     MessageAccepted,
+    MessageQueued,
+    MultitaskStrategy,
     Policy,
     PostUserMessage,
+    QueuedMessage,
     RejectReason,
     ReportAttemptCompleted,
     ReportAttemptFailed,
@@ -59,6 +63,8 @@ from streams.domain import (
 )
 from streams.ids import answer_message_id_for, run_id_for
 from streams.thread import (
+    INTERRUPTED,
+    ROLLED_BACK,
     apply,
     decide,
     evolve,
@@ -101,9 +107,16 @@ def known_for(history: Iterable[Event], command: Command) -> Known:
     """What the processor's history lookup answers for `command` after `history`."""
     if not isinstance(command, PostUserMessage):
         return Known()
-    stored = {e.message_id for e in history if isinstance(e, MessageAccepted)}
-    for event in history:  # a deleted thread's history is gone with it
-        if isinstance(event, ThreadDeleted):
+    stored: set[str] = set()
+    message_of_run: dict[str, str] = {}
+    for event in history:
+        if isinstance(event, MessageAccepted):
+            stored.add(event.message_id)
+        elif isinstance(event, RunAccepted):
+            message_of_run[event.run_id] = event.message_id
+        elif isinstance(event, RunCancelled) and event.reason == ROLLED_BACK:
+            stored.discard(message_of_run.get(event.run_id, ""))  # tombstoned
+        elif isinstance(event, ThreadDeleted):  # a deleted thread's history is gone with it
             stored.clear()
     return Known(run_id_for(command.thread_id, command.message_id)
                  if command.message_id in stored else None)
@@ -208,6 +221,7 @@ def post(
     key: str | None = None,
     now: int = 2_000,
     tenant: str = TENANT,
+    strategy: MultitaskStrategy = MultitaskStrategy.REJECT,
 ) -> PostUserMessage:
     """The command that posts a user message to thread T."""
     return PostUserMessage(
@@ -217,6 +231,7 @@ def post(
         text=text,
         idempotency_key=key,
         now_ms=now,
+        multitask_strategy=strategy,
     )
 
 
@@ -717,6 +732,131 @@ def test_late_reports_for_an_ended_run_change_nothing(ending: Event, report: Com
     given([*RUNNING, ending, *accepted(message_id="m-2", at=6_000)]).when(report).then([])
 
 
+# --- 5b. double-texting: multitask_strategy -----------------------------------------
+
+ENQUEUE, INTERRUPT, ROLLBACK = (MultitaskStrategy.ENQUEUE, MultitaskStrategy.INTERRUPT,
+                                MultitaskStrategy.ROLLBACK)
+
+
+def queued_event(message_id: str = "m-2", ahead: int = 0, at: int = 2_000) -> list[Event]:
+    """The events of a message stored and queued behind the active run."""
+    return [MessageAccepted(thread_id=T, message_id=message_id, text="hello", idempotency_key=None,
+                            at_ms=at),
+            MessageQueued(thread_id=T, message_id=message_id, ahead=ahead, at_ms=at)]
+
+
+def started_run(message_id: str, at: int) -> list[Event]:
+    """RunAccepted and its first dispatch, for a message stored earlier."""
+    return accepted(message_id, at=at)[1:]
+
+
+def test_reject_is_the_default_and_a_conflict() -> None:
+    """Without a strategy a post while a run is active is a conflict, as before."""
+    given(RUNNING).when(post("m-2", strategy=MultitaskStrategy.REJECT)).then(
+        [rejected(RejectReason.CONFLICT, RUN1, "m-2")])
+
+
+def test_enqueue_stores_the_message_and_queues_it_behind_the_active_run() -> None:
+    """enqueue: MessageAccepted and MessageQueued; no run starts, the state keeps its place."""
+    state = given(RUNNING).when(post("m-2", strategy=ENQUEUE)).then(queued_event("m-2"))
+    assert state is not None and state.active_run is not None
+    assert state.active_run.run_id == RUN1
+    assert state.queued == (QueuedMessage("m-2", 1, 2_000),)
+    state = given([*RUNNING, *queued_event("m-2")]).when(post("m-3", strategy=ENQUEUE, now=2_500)) \
+        .then(queued_event("m-3", ahead=1, at=2_500))
+    assert state is not None and [q.message_id for q in state.queued] == ["m-2", "m-3"]
+
+
+def test_enqueue_on_an_idle_thread_runs_at_once() -> None:
+    """With no active run, every strategy just runs the message."""
+    for strategy in MultitaskStrategy:
+        given([created()]).when(post("m-1", strategy=strategy, now=1_000)).then(accepted())
+
+
+@pytest.mark.parametrize("ending", [complete(), fail(retryable=False), cancel(), tick(10**9)],
+                         ids=["completed", "failed", "cancelled", "timed-out"])
+def test_the_oldest_queued_message_runs_when_the_active_run_ends(ending: Command) -> None:
+    """Whatever ends the run, the same decision starts the head of the queue."""
+    policy = replace(POLICY, max_attempts=1)  # so a timeout ends the run
+    history = [*RUNNING, *queued_event("m-2"), *queued_event("m-3", ahead=1)]
+    state = apply(initial_state(), history, policy)
+    events = decide(state, ending, policy)
+    assert len(events) == 3 and isinstance(events[0], RunCompleted | RunFailed | RunCancelled)
+    assert events[1:] == started_run("m-2", ending.now_ms)
+    after = apply(state, events, policy)
+    assert after is not None and after.active_run is not None
+    assert after.active_run.message_seq == 1  # where m-2 was stored, not the newest seq
+    assert [q.message_id for q in after.queued] == ["m-3"]
+
+
+def test_a_full_queue_rejects_as_a_conflict() -> None:
+    """The queue is capped by Policy.max_queued_messages: past it, enqueue is a conflict."""
+    policy = replace(POLICY, max_queued_messages=1)
+    given([*RUNNING, *queued_event("m-2")], policy).when(post("m-3", strategy=ENQUEUE)).then(
+        [rejected(RejectReason.CONFLICT, RUN1, "m-3")])
+
+
+@pytest.mark.parametrize(("strategy", "reason"), [(INTERRUPT, INTERRUPTED), (ROLLBACK, ROLLED_BACK)])
+def test_interrupt_and_rollback_cancel_the_active_run_before_the_new_one_starts(
+        strategy: MultitaskStrategy, reason: str) -> None:
+    """The active run ends run_cancelled (marked with why), then the new message runs."""
+    message, *run = accepted("m-2", at=2_000)
+    state = given(RUNNING).when(post("m-2", strategy=strategy)).then(
+        [message, RunCancelled(thread_id=T, run_id=RUN1, reason=reason, at_ms=2_000), *run])
+    assert state is not None and state.active_run is not None
+    assert state.active_run.run_id == RUN2 and state.active_run.message_seq == 1
+    assert state.last_run == RunRecord(RUN1, "m-1", RunStatus.CANCELLED, 1)
+
+
+def test_an_interrupt_jumps_the_queue_and_the_queue_keeps_its_order() -> None:
+    """Queued messages stay queued behind the interrupting one."""
+    history = [*RUNNING, *queued_event("m-2")]
+    state = apply(initial_state(), history)
+    events = decide(state, post("m-3", strategy=INTERRUPT, now=3_000), POLICY)
+    after = apply(state, events)
+    assert after is not None and after.active_run is not None
+    assert after.active_run.message_id == "m-3"
+    assert [q.message_id for q in after.queued] == ["m-2"]
+    ended = decide(after, complete(run_id=run_id_for(T, "m-3"), now=4_000), POLICY)
+    assert ended[-2:] == started_run("m-2", 4_000)
+
+
+@pytest.mark.parametrize("strategy", list(MultitaskStrategy))
+def test_an_idempotent_repeat_decides_only_a_duplicate_whatever_the_strategy(
+        strategy: MultitaskStrategy) -> None:
+    """A repeated key or message id never cancels, queues or runs anything."""
+    history = [created(), *accepted(key="k")]
+    given(history).when(post("m-1", key="k", strategy=strategy)).then(
+        [rejected(RejectReason.DUPLICATE, RUN1)])
+    given(history).when(post("m-1", strategy=strategy)).then(
+        [rejected(RejectReason.DUPLICATE, RUN1)])
+    queued = [*RUNNING, *queued_event("m-2")]
+    given(queued).when(post("m-2", strategy=strategy)).then(
+        [rejected(RejectReason.DUPLICATE, RUN2, "m-2")])
+
+
+def test_a_rolled_back_message_id_posted_again_is_a_duplicate() -> None:
+    """Its record is tombstoned, so the history no longer knows it; the state does."""
+    message, *run = accepted("m-2", at=2_000)
+    cancelled = RunCancelled(thread_id=T, run_id=RUN1, reason=ROLLED_BACK, at_ms=2_000)
+    history = [*RUNNING, message, cancelled, *run, completed_event(run_id=RUN2)]
+    given(history).when(post("m-1", now=6_000)).then(
+        [rejected(RejectReason.DUPLICATE, RUN1, "m-1", at=6_000)])
+
+
+def test_a_cancel_cannot_pass_for_a_rollback() -> None:
+    """A CancelRun whose reason reads like a double text's is only a cancel."""
+    given(RUNNING).when(CancelRun(T, TENANT, RUN1, ROLLED_BACK, 4_000)).then(
+        [RunCancelled(thread_id=T, run_id=RUN1, reason=f"cancel: {ROLLED_BACK}", at_ms=4_000)])
+
+
+def test_deleting_a_thread_drops_its_queue() -> None:
+    """A deleted thread starts nothing from its queue."""
+    given([*RUNNING, *queued_event("m-2")]).when(DeleteThread(T, TENANT, 3_000)).then([
+        RunCancelled(thread_id=T, run_id=RUN1, reason="thread deleted", at_ms=3_000),
+        ThreadDeleted(thread_id=T, tenant=TENANT, message_count=2, at_ms=3_000)])
+
+
 # --- 6. ids and immutability --------------------------------------------------------
 
 
@@ -776,6 +916,7 @@ small_policies = st.builds(
     heartbeat_timeout_ms=st.integers(1, 2_000),
     attempt_timeout_ms=st.integers(1, 5_000),
     max_input_chars=st.just(8),
+    max_queued_messages=st.sampled_from([0, 2, 3, 3]),  # 0: every enqueue is a conflict
 )
 clock_steps = st.integers(0, 200) | st.integers(0, 5_000)
 report_kinds = st.sampled_from(["started", "heartbeat", "completed", "failed"])
@@ -800,6 +941,9 @@ class ThreadMachine(RuleBasedStateMachine):
         self.accepted_runs: list[str] = []
         self.terminals: dict[str, int] = {}
         self.attempts: dict[str, int] = {}
+        self.enqueued: list[str] = []  # message ids in MessageQueued order
+        self.started_from_queue: list[str] = []  # the queued ones, in RunAccepted order
+        self.message_of_run: dict[str, str] = {}
         self.healthy = True  # False while a step is half done: teardown then checks nothing
 
     @initialize(policy=small_policies)
@@ -828,8 +972,18 @@ class ThreadMachine(RuleBasedStateMachine):
 
     def record(self, event: Event) -> None:
         """Track run lifecycles from one event, asserting at most one open run and one ending each."""
-        if isinstance(event, RunAccepted):
+        if isinstance(event, MessageQueued):
+            assert event.message_id not in self.enqueued, "a message was queued twice"
+            assert self.open_runs, "a message was queued with no run active"
+            self.enqueued.append(event.message_id)
+        elif isinstance(event, RunAccepted):
             assert event.run_id not in self.terminals, "a run was accepted twice"
+            if event.message_id in self.enqueued:
+                assert event.message_id not in self.started_from_queue, "a queued message ran twice"
+                self.started_from_queue.append(event.message_id)
+                assert self.started_from_queue == self.enqueued[:len(self.started_from_queue)], \
+                    "queued messages ran out of order"
+            self.message_of_run[event.run_id] = event.message_id
             self.open_runs.add(event.run_id)
             self.accepted_runs.append(event.run_id)
             self.terminals[event.run_id] = 0
@@ -855,14 +1009,22 @@ class ThreadMachine(RuleBasedStateMachine):
         key=st.sampled_from(KEYS),
         text=st.sampled_from(TEXTS),
         tenant=st.sampled_from([TENANT, TENANT, TENANT, TENANT, "evil"]),
+        # enqueue twice as often: a queue two deep is what the order properties need
+        strategy=st.sampled_from([*MultitaskStrategy, MultitaskStrategy.ENQUEUE]),
         dt=clock_steps,
     )
-    def post_message(
-        self, message_id: str, key: str | None, text: str, tenant: str, dt: int
-    ) -> None:
-        """Rule: post a message (sometimes as another tenant, with reused ids and keys)."""
+    def post_message(self, message_id: str, key: str | None, text: str, tenant: str,
+                     strategy: MultitaskStrategy, dt: int) -> None:
+        """Rule: post a message with a multitask strategy (sometimes as another tenant,
+        with reused ids and keys)."""
         self.now += dt
-        self.execute(PostUserMessage(T, tenant, message_id, text, key, self.now))
+        events = self.execute(PostUserMessage(T, tenant, message_id, text, key, self.now, strategy))
+        # An interrupted or rolled-back run ends run_cancelled before the next starts.
+        cancelled = [i for i, e in enumerate(events) if isinstance(e, RunCancelled)]
+        runs = [i for i, e in enumerate(events) if isinstance(e, RunAccepted)]
+        if cancelled:
+            assert strategy in (MultitaskStrategy.INTERRUPT, MultitaskStrategy.ROLLBACK)
+            assert runs and cancelled[0] < runs[0], "the next run started before the cancel"
 
     @rule(dt=clock_steps)
     def clock_tick(self, dt: int) -> None:
@@ -952,6 +1114,10 @@ class ThreadMachine(RuleBasedStateMachine):
             stored = sum(isinstance(e, MessageAccepted | RunCompleted) for e in self.events)
             assert self.state.message_count == stored
             assert len(self.state.idempotency) <= max(self.policy.max_idempotency_keys, 1)
+            assert len(self.state.queued) <= self.policy.max_queued_messages, "queue over its cap"
+            waiting = [m for m in self.enqueued if m not in self.started_from_queue]
+            assert [q.message_id for q in self.state.queued] == waiting
+            assert not self.state.queued or active is not None, "a queue with no run active"
         assert all(count <= 1 for count in self.terminals.values())
         self.healthy = True
 
@@ -982,8 +1148,8 @@ class ThreadMachine(RuleBasedStateMachine):
             state = apply(state, events, self.policy)
         assert replayed == self.events, "replay decided other events"
         assert state == self.state, "replay reached another state"
-        # Liveness: with every worker gone, the clock alone ends every run.
-        for _ in range(2 * self.policy.max_attempts + 1):
+        # Liveness: with every worker gone, the clock alone ends every run, queued ones too.
+        for _ in range((2 * self.policy.max_attempts + 1) * (len(self.enqueued) + 1)):
             deadline = self.deadline_fn(self.state, self.policy)
             if deadline is None:
                 break
@@ -992,6 +1158,8 @@ class ThreadMachine(RuleBasedStateMachine):
         assert self.deadline_fn(self.state, self.policy) is None
         assert self.open_runs == set(), "runs left open"
         assert all(self.terminals[run] == 1 for run in self.accepted_runs)
+        # Every enqueued message ran exactly once, in the order it was queued.
+        assert self.started_from_queue == self.enqueued, "a queued message never ran"
 
 
 ThreadMachine.TestCase.settings = settings(
@@ -1110,6 +1278,20 @@ def _no_deadline(state: ThreadState | None, policy: Policy) -> None:
     return None
 
 
+def _drops_the_queue(state: ThreadState | None, command: Command, policy: Policy,
+                     known: Known) -> list[Event]:
+    events = decide(state, command, policy, known)
+    return events if isinstance(command, PostUserMessage) else \
+        decide(replace(state, queued=()) if state is not None else None, command, policy, known)
+
+
+def _runs_the_queue_newest_first(state: ThreadState | None, command: Command, policy: Policy,
+                                 known: Known) -> list[Event]:
+    if state is not None and not isinstance(command, PostUserMessage):
+        state = replace(state, queued=state.queued[::-1])
+    return decide(state, command, policy, known)
+
+
 _calls = itertools.count()
 
 
@@ -1133,6 +1315,10 @@ MUTANTS = {
         "runs left open",
     ),
     "nondeterministic": ({"decide_fn": staticmethod(_counts_calls)}, "replay decided other events"),
+    "queue-dropped": ({"decide_fn": staticmethod(_drops_the_queue)},
+                      "a queue with no run active|a queued message never ran"),
+    "queue-reversed": ({"decide_fn": staticmethod(_runs_the_queue_newest_first)},
+                       "queued messages ran out of order"),
 }
 
 

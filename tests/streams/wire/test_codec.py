@@ -45,7 +45,10 @@ from streams.domain import (
     HeartbeatRecorded,
     IdempotencyRecord,
     MessageAccepted,
+    MessageQueued,
+    MultitaskStrategy,
     PostUserMessage,
+    QueuedMessage,
     RejectReason,
     ReportAttemptCompleted,
     ReportAttemptFailed,
@@ -104,6 +107,8 @@ COMMANDS: list[Command] = [
     CreateThread(T, "acme", "Trip planning", 1_700_000_000_000),
     PostUserMessage(T, "acme", "m1", "Hello ✈️ — été", "idem-1", 1),
     PostUserMessage(T, "acme", "m2", "", None, 2),
+    *(PostUserMessage(T, "acme", "m3", "again", None, 3, strategy)
+      for strategy in MultitaskStrategy),
     CancelRun(T, "acme", "r1", "user asked", 3),
     ReportAttemptStarted(T, "r1", 1, "worker-a", 4),
     ReportHeartbeat(T, "r1", 1, "worker-a", 5),
@@ -118,6 +123,7 @@ EVENTS: list[Event] = [
     ThreadCreated(T, "acme", "Trip planning", 1),
     MessageAccepted(T, "m1", "Hello", "idem-1", 2),
     MessageAccepted(T, "m2", "Hello", None, 2),
+    MessageQueued(T, "m2", 3, 2),
     RunAccepted(T, "r1", ids.workflow_id_for(T), "m1", 3),
     *(RunRejected(T, "m3", reason, "because", None, 4) for reason in RejectReason),
     RunRejected(T, "m1", RejectReason.DUPLICATE, "already ran", "r1", 4),
@@ -163,7 +169,8 @@ STATES = [
         active_run=ActiveRun("r2", "m2", 2, RunStatus.RETRY_WAIT, 4, 5, 6, 2, 4),
         idempotency=MappingProxyType({"idem-1": IdempotencyRecord("m1", "r1", "sha256:ab", 2)}),
         message_count=3, run_count=2, last_run=RunRecord("r1", "m1", RunStatus.COMPLETED, 1),
-        updated_at_ms=5,
+        updated_at_ms=5, queued=(QueuedMessage("m3", 3, 5), QueuedMessage("m4", 4, 6)),
+        rolled_back=("m0",),
     ),
     *(
         ThreadState(T, "acme", "", 1, active_run=ActiveRun("r", "m", 1, status, 1, 2, None))
@@ -261,8 +268,9 @@ def _write_v1_state(record: dict[str, Any]) -> bytes:
 
 
 def test_records_written_with_earlier_schema_versions_still_read() -> None:
-    """Commands and events on the topics from release 0.1 (before DeleteThread and
-    ThreadDeleted joined the unions) decode with this build."""
+    """Commands and events written with every earlier version of their envelope
+    (release 0.1, before DeleteThread and ThreadDeleted joined the unions; before
+    multitask_strategy and MessageQueued) decode with this build."""
     encode: Callable[..., bytes]
     decode: Callable[[bytes], tuple[EnvelopeMeta, Any]]
     example: Any  # a command for the one, an event for the other
@@ -270,11 +278,17 @@ def test_records_written_with_earlier_schema_versions_still_read() -> None:
         ("CommandEnvelope", CODEC.encode_command, CODEC.decode_command, COMMANDS[1]),
         ("EventEnvelope", CODEC.encode_event, CODEC.decode_event, EVENTS[1]),
     ):
-        path = next((SCHEMA_DIR / "history").glob(f"threadline.{name}-*.avsc"))
-        parsed = fastavro.parse_schema(json.loads(path.read_text()))
-        body = encode(example, META)[10:]  # the body is the same bytes for the old branches
-        data = b"\xc3\x01" + schema_fingerprint(parsed) + body
-        assert decode(data) == (META, example)
+        current = fastavro.parse_schema(load_schema(str(SCHEMA_DIR / f"threadline.{name}.avsc")))
+        record = fastavro.schemaless_reader(io.BytesIO(encode(example, META)[10:]), current, None,
+                                           return_record_name=True)
+        paths = sorted((SCHEMA_DIR / "history").glob(f"threadline.{name}-*.avsc"))
+        assert paths
+        for path in paths:
+            parsed = fastavro.parse_schema(json.loads(path.read_text()))
+            body = io.BytesIO()
+            fastavro.schemaless_writer(body, parsed, record)  # the old version's fields only
+            data = b"\xc3\x01" + schema_fingerprint(parsed) + body.getvalue()
+            assert decode(data) == (META, example), path.name
 
 
 def test_dispatch_and_dead_letter_round_trip() -> None:
