@@ -127,7 +127,6 @@ class Settings:
     kafka_security: Mapping[str, str] = field(default_factory=dict)
     worker_concurrency: int = 16  # attempts one worker process runs at once
     migration_batch: int = 200  # legacy threads migrated per transaction, at most
-    journal: JournalLimits = field(default_factory=JournalLimits)  # per-run step caps
 
     @property
     def topics(self) -> TopicNames:
@@ -163,6 +162,13 @@ class Settings:
             max_output_bytes=_int(env, "THREADLINE_MAX_OUTPUT_BYTES", 512 * 1024),
             idempotency_window_ms=_ms(env, "THREADLINE_IDEMPOTENCY_WINDOW_S", 24 * 3600),
             max_idempotency_keys=_int(env, "THREADLINE_MAX_IDEMPOTENCY_KEYS", 256),
+            journal=JournalLimits(
+                max_steps=_int(env, "THREADLINE_MAX_STEPS", _LIMITS.max_steps),
+                max_tool_calls=_int(env, "THREADLINE_MAX_TOOL_CALLS", _LIMITS.max_tool_calls),
+                max_entry_bytes=_int(env, "THREADLINE_MAX_STEP_BYTES", _LIMITS.max_entry_bytes),
+                max_journal_bytes=_int(env, "THREADLINE_MAX_JOURNAL_BYTES",
+                                       _LIMITS.max_journal_bytes),
+            ),
         )
         guarantee = env.get("THREADLINE_PROCESSING_GUARANTEE", "exactly_once")
         if guarantee not in ("exactly_once", "at_least_once"):
@@ -201,11 +207,4 @@ class Settings:
             kafka_security=security_from_env(env),
             worker_concurrency=_int(env, "THREADLINE_WORKER_CONCURRENCY", 16),
             migration_batch=max(1, _int(env, "THREADLINE_MIGRATION_BATCH", 200)),
-            journal=JournalLimits(
-                max_steps=_int(env, "THREADLINE_MAX_STEPS", _LIMITS.max_steps),
-                max_tool_calls=_int(env, "THREADLINE_MAX_TOOL_CALLS", _LIMITS.max_tool_calls),
-                max_entry_bytes=_int(env, "THREADLINE_MAX_STEP_BYTES", _LIMITS.max_entry_bytes),
-                max_journal_bytes=_int(env, "THREADLINE_MAX_JOURNAL_BYTES",
-                                       _LIMITS.max_journal_bytes),
-            ),
         )

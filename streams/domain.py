@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
+from streams.journal import JournalEntry, JournalLimits
+
 __all__ = [
     "NOTHING_KNOWN",
     "TERMINAL_EVENTS",
@@ -31,6 +33,8 @@ __all__ = [
     "Event",
     "HeartbeatRecorded",
     "IdempotencyRecord",
+    "JournalEntry",
+    "JournalLimits",
     "Known",
     "MessageAccepted",
     "MessageQueued",
@@ -42,6 +46,7 @@ __all__ = [
     "ReportAttemptFailed",
     "ReportAttemptStarted",
     "ReportHeartbeat",
+    "ReportStepCompleted",
     "RetryScheduled",
     "RunAccepted",
     "RunCancelled",
@@ -51,6 +56,7 @@ __all__ = [
     "RunRejected",
     "RunStatus",
     "Step",
+    "StepRecorded",
     "StoredMessage",
     "QueuedMessage",
     "ThreadCreated",
@@ -85,6 +91,8 @@ class Policy:
     max_idempotency_keys: int = 256
     # User messages a thread may hold queued behind its active run (enqueue).
     max_queued_messages: int = 16
+    # A run's step journal: caps on its steps, tool calls and bytes (streams.journal).
+    journal: JournalLimits = field(default_factory=JournalLimits)
 
     def backoff_ms(self, failed_attempt: int) -> int:
         """Delay before the attempt after `failed_attempt` (1-based)."""
@@ -233,6 +241,18 @@ class ReportAttemptFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class ReportStepCompleted:
+    """Worker report: the attempt completed a step (`entry.step`), to be journaled."""
+
+    thread_id: str
+    run_id: str
+    attempt: int
+    worker_id: str
+    entry: JournalEntry
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class CheckDeadlines:
     """The clock: the processor's timer asks the thread to act on due deadlines."""
 
@@ -250,6 +270,7 @@ Command = (
     | ReportAttemptFailed
     | CheckDeadlines
     | DeleteThread
+    | ReportStepCompleted
 )
 
 
@@ -400,6 +421,17 @@ class RunCancelled:
 
 
 @dataclass(frozen=True, slots=True)
+class StepRecorded:
+    """Event: a step of the current attempt joined the run's journal (a sign of life too)."""
+
+    thread_id: str
+    run_id: str
+    attempt: int
+    entry: JournalEntry
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class ThreadDeleted:
     """Event: a thread and its messages were deleted."""
     thread_id: str
@@ -422,6 +454,7 @@ Event = (
     | RunCancelled
     | ThreadDeleted
     | MessageQueued
+    | StepRecorded
 )
 
 TERMINAL_EVENTS = (RunCompleted, RunFailed, RunCancelled)
@@ -457,6 +490,7 @@ class ActiveRun:
     retry_due_ms: int | None  # when RETRY_WAIT ends
     message_seq: int = -1  # seq of the user message in the thread's history
     accepted_at_ms: int = 0
+    journal: tuple[JournalEntry, ...] = ()  # completed steps, across attempts (Policy.journal)
 
 
 @dataclass(frozen=True, slots=True)

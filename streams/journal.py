@@ -13,8 +13,9 @@ bounds); `merge` joins what a dispatch carried with what the stream showed since
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 __all__ = [
     "INTERRUPT",
@@ -27,6 +28,8 @@ __all__ = [
     "JournalLimits",
     "admit",
     "entry_bytes",
+    "entry_from_json",
+    "entry_to_json",
     "idempotency_key",
     "merge",
 ]
@@ -115,3 +118,19 @@ def merge(*sources: Iterable[JournalEntry]) -> tuple[JournalEntry, ...]:
     while len(journal) in by_step:
         journal.append(by_step[len(journal)])
     return tuple(journal)
+
+
+def entry_to_json(entry: JournalEntry) -> str:
+    """The entry as the `detail` of its `step_recorded` lifecycle record."""
+    return json.dumps(asdict(entry), ensure_ascii=False, sort_keys=True)
+
+
+def entry_from_json(raw: str) -> JournalEntry | None:
+    """An entry read back from a `step_recorded` record's detail; None if unreadable."""
+    try:
+        body = json.loads(raw)
+        return JournalEntry(int(body["step"]), str(body["kind"]), str(body["name"]),
+                            str(body["input_json"]), str(body["output_json"]),
+                            str(body["execution_id"]))
+    except (ValueError, KeyError, TypeError):
+        return None

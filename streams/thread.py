@@ -58,6 +58,7 @@ from streams.domain import (
     ReportAttemptFailed,
     ReportAttemptStarted,
     ReportHeartbeat,
+    ReportStepCompleted,
     RetryScheduled,
     RunAccepted,
     RunCancelled,
@@ -66,11 +67,13 @@ from streams.domain import (
     RunRecord,
     RunRejected,
     RunStatus,
+    StepRecorded,
     ThreadCreated,
     ThreadDeleted,
     ThreadState,
 )
 from streams.ids import answer_message_id_for, run_id_for, workflow_id_for
+from streams.journal import admit
 
 __all__ = [
     "ATTEMPT_TIMEOUT",
@@ -94,6 +97,7 @@ _LIVE = frozenset({RunStatus.DISPATCHED, RunStatus.RUNNING})
 
 _WorkerReport = (
     ReportAttemptStarted | ReportHeartbeat | ReportAttemptCompleted | ReportAttemptFailed
+    | ReportStepCompleted
 )
 _RunEvent = (
     AttemptDispatched
@@ -103,6 +107,7 @@ _RunEvent = (
     | RunCompleted
     | RunFailed
     | RunCancelled
+    | StepRecorded
 )
 
 # RetryScheduled.reason and RunFailed.error when a deadline ends an attempt.
@@ -476,6 +481,8 @@ def _worker_report(state: ThreadState | None, report: _WorkerReport, policy: Pol
                     at_ms=report.now_ms,
                 )
             ]
+        case ReportStepCompleted():
+            return _step_completed(state, run, report, policy)
         case ReportAttemptFailed():
             return _attempt_failed(
                 state,
@@ -488,6 +495,22 @@ def _worker_report(state: ThreadState | None, report: _WorkerReport, policy: Pol
             )
         case _:
             assert_never(report)
+
+
+def _step_completed(state: ThreadState, run: ActiveRun, report: ReportStepCompleted,
+                    policy: Policy) -> list[Event]:
+    """The run's next step joins its journal; a repeat (an older step number, e.g. a
+    redelivery or another execution of the attempt that was first) or a gap decides
+    nothing; a step past the caps ends the run, not retryably."""
+    entry = report.entry
+    if entry.step != len(run.journal):
+        return []
+    reason = admit(run.journal, entry, policy.journal)
+    if reason is not None:
+        return [RunFailed(thread_id=state.thread_id, run_id=run.run_id, attempt=run.attempt,
+                          error=reason, at_ms=report.now_ms)]
+    return [StepRecorded(thread_id=state.thread_id, run_id=run.run_id, attempt=run.attempt,
+                         entry=entry, at_ms=report.now_ms)]
 
 
 def _attempt_failed(
@@ -646,6 +669,12 @@ def _run_event(state: ThreadState, event: _RunEvent, policy: Policy) -> ThreadSt
                 state, replace(run, status=RunStatus.RETRY_WAIT, retry_due_ms=event.due_ms),
                 event.at_ms,
             )
+        case StepRecorded():
+            if event.attempt != run.attempt or event.entry.step != len(run.journal):
+                return state
+            return _update_run(state, replace(
+                run, journal=(*run.journal, event.entry),
+                last_heartbeat_ms=max(run.last_heartbeat_ms, event.at_ms)), event.at_ms)
         case RunCompleted():
             ended = _end_run(state, run, RunStatus.COMPLETED, event.at_ms)
             return replace(ended, message_count=ended.message_count + 1)  # the answer is stored

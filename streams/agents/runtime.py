@@ -66,6 +66,7 @@ class RunContext:
     recorder: Recorder = _in_memory
     emit: Callable[[AgentOutput], None] = lambda output: None
     cursor: int = 0  # the next step: below len(journal) it is replayed
+    in_tool: bool = False  # a tool's function is running (the worker keeps beating)
 
     @property
     def replaying(self) -> bool:
@@ -161,11 +162,14 @@ async def call_tool(tool: Tool, arguments: Mapping[str, Any] | str) -> ToolResul
     context.emit(AgentStep(Step("tool_call", tool.name, args_json)))
     if result is None:
         tool_context = ToolContext(context.run_id, context.cursor, context.next_key())
+        context.in_tool = True
         try:
             value = await tool.function(parsed, tool_context)
             result = value if isinstance(value, ToolResult) else ToolResult(content=value)
         except ToolError as exc:
             result = ToolResult(error=str(exc))
+        finally:
+            context.in_tool = False
     output_json = result.to_json()
     reason = context.refusal(TOOL_CALL, tool.name, args_json, output_json)
     if reason is not None and reason.startswith(STEP_TOO_LARGE):

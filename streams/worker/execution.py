@@ -5,6 +5,14 @@ producer, an execution reports `ReportAttemptStarted`, streams the answer's
 records (`streams.worker.answer`) on the dispatch record's partition number,
 reports `ReportHeartbeat` while the agent makes progress, and ends with
 `ReportAttemptCompleted` or `ReportAttemptFailed`, sent until the broker acks it.
+
+Steps: the agent runs in a `RunContext` holding the run's journal so far (the
+worker sets `journal` before `run`). Each step it completes is reported as
+`ReportStepCompleted` and the agent waits until the processor's decision comes
+back through the lifecycle watch (`step_recorded`): recorded by this execution,
+it goes on; recorded by another execution of the same attempt, this one is
+deposed and stops like a superseded one; refused because the attempt is over,
+the watch stops it anyway. Heartbeats go on while it waits and while a tool runs.
 """
 
 from __future__ import annotations
@@ -31,21 +39,27 @@ from streams.domain import (
     ReportAttemptFailed,
     ReportAttemptStarted,
     ReportHeartbeat,
+    ReportStepCompleted,
     Step,
 )
 from streams.ids import answer_message_id_for
+from streams.journal import JournalEntry
 from streams.records import Dispatch, StreamOutput
 from streams.thread import OUTPUT_TOO_LARGE
 from streams.wire import Codec, EnvelopeMeta, new_meta
 from streams.worker.answer import Answer
 from streams.worker.offsets import PartitionOffsets
 
-__all__ = ["SHUTDOWN_ERROR", "Execution", "Outlet", "Stop"]
+__all__ = ["SHUTDOWN_ERROR", "Deposed", "Execution", "Outlet", "Stop"]
 
 log = logging.getLogger("threadline.worker")
 
 OUTCOME_SEND_TRIES = 5
 SHUTDOWN_ERROR = "worker shutting down"
+
+
+class Deposed(Exception):
+    """Another execution of the same attempt recorded this step first: stop quietly."""
 
 
 class Stop(Enum):
@@ -103,7 +117,10 @@ class Execution:
     stop_reason: Stop | None = None
     last_progress: float = field(default_factory=time.monotonic)
     task: asyncio.Task[None] | None = None
+    journal: tuple[JournalEntry, ...] = ()  # the run's steps completed before this execution
+    context: RunContext | None = None
     answer: Answer = field(init=False)
+    _steps: dict[int, asyncio.Future[JournalEntry]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         settings = self.outlet.settings
@@ -142,6 +159,10 @@ class Execution:
             text, steps, citations = await self._stream(queue)
             self.reporting = True
             await self._outcome(self._completed(text, steps, citations))
+        except Deposed:
+            self.stop_reason = Stop.SUPERSEDED
+            log.info("run %s attempt %d: execution %s deposed by another execution",
+                     self.dispatch.run_id, self.attempt, self.execution_id)
         except AgentError as exc:
             self.reporting = True
             await self._emit(self.answer.end_with_error())
@@ -162,10 +183,12 @@ class Execution:
 
     async def _pump(self, queue: asyncio.Queue[object]) -> None:
         try:
-            context = RunContext(self.dispatch.run_id, self.attempt, self.execution_id,
-                                 limits=self.outlet.settings.journal)
+            self.context = RunContext(self.dispatch.run_id, self.attempt, self.execution_id,
+                                      journal=list(self.journal),
+                                      limits=self.outlet.settings.policy.journal,
+                                      recorder=self._record_step)
             async for output in drive(self.outlet.agent, self.dispatch.history,
-                                      self.dispatch.input_text, context):
+                                      self.dispatch.input_text, self.context):
                 self.last_progress = time.monotonic()
                 queue.put_nowait(output)
             queue.put_nowait(_END)
@@ -187,7 +210,7 @@ class Execution:
                 continue
             if item is _END:
                 break
-            if isinstance(item, AgentError):
+            if isinstance(item, AgentError | Deposed):
                 await self._emit(answer.close_text())
                 raise item
             if isinstance(item, Exception):  # a bug in the agent: worth another attempt
@@ -229,6 +252,8 @@ class Execution:
         stalled = False
         while True:
             await asyncio.sleep(interval)
+            if self.context is not None and self.context.in_tool:
+                self.last_progress = time.monotonic()  # a tool at work is progress
             if time.monotonic() - self.last_progress > stall_s:
                 if not stalled:
                     log.warning("run %s attempt %d: no agent output for %.1fs; heartbeats paused",
@@ -238,6 +263,40 @@ class Execution:
             stalled = False
             await self._report(ReportHeartbeat(self.meta.thread_id, self.dispatch.run_id,
                                                self.attempt, self.outlet.worker_id, now_ms()))
+
+    # --- the step journal ---
+
+    def step_recorded(self, entry: JournalEntry) -> None:
+        """The watch read that the run's step `entry.step` was recorded."""
+        waiter = self._steps.get(entry.step)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(entry)
+
+    async def _record_step(self, entry: JournalEntry) -> None:
+        """Report the step and wait until it is recorded (see the module's docstring)."""
+        waiter = self._steps.setdefault(entry.step, asyncio.get_running_loop().create_future())
+        report = ReportStepCompleted(self.meta.thread_id, self.dispatch.run_id, self.attempt,
+                                     self.outlet.worker_id, entry, now_ms())
+        for attempt in range(OUTCOME_SEND_TRIES):
+            try:
+                await asyncio.shield(await self._report(report))
+                break
+            except KafkaError as exc:
+                log.warning("step report for run %s failed (%s); retrying", self.dispatch.run_id,
+                            exc)
+                await asyncio.sleep(0.5 * 2**attempt)
+        else:
+            raise AgentError(f"step {entry.step} could not be reported", retryable=True)
+        while True:  # the processor may be down a while: keep beating until it decides
+            self.last_progress = time.monotonic()
+            try:
+                recorded = await asyncio.wait_for(asyncio.shield(waiter), 1.0)
+                break
+            except TimeoutError:
+                continue
+        self._steps.pop(entry.step, None)
+        if recorded.execution_id != self.execution_id:
+            raise Deposed(f"step {entry.step} was recorded by execution {recorded.execution_id}")
 
     async def _report(self, command: Command) -> asyncio.Future[Any]:
         meta = new_meta(self.meta.thread_id, self.meta.tenant, now_ms(),

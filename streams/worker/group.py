@@ -27,6 +27,7 @@ from streams.agents import Agent
 from streams.aio import stop_client
 from streams.clock import now_ms
 from streams.config import Settings
+from streams.journal import JournalEntry, merge
 from streams.kafka.clients import aiokafka_config
 from streams.kafka.topics import ensure_topics
 from streams.lifecycle import RunFate
@@ -87,7 +88,7 @@ class Worker:
             fetch_max_wait_ms=100,
         )
         self.watch = LifecycleWatch(settings, f"worker-{self.worker_id}", self._on_fate,
-                                    self.codec)
+                                    self.codec, self._on_step)
         self.outlet = Outlet(self.producer, self.codec, settings, agent, self.worker_id)
         self._background: set[asyncio.Task[None]] = set()
 
@@ -180,8 +181,11 @@ class Worker:
                 execution.stop_reason = Stop.SUPERSEDED
                 log.info("run %s attempt %d: not started (over already)", run_id, attempt)
                 return
-            log.info("run %s attempt %d: execution %s started", run_id, attempt,
-                     execution.execution_id)
+            # The steps completed so far: earlier attempts' (in the dispatch) and this
+            # attempt's earlier executions' (recorded since the dispatch, read by the watch).
+            execution.journal = merge(execution.dispatch.journal, self.watch.journal_of(run_id))
+            log.info("run %s attempt %d: execution %s started (%d journaled steps)", run_id,
+                     attempt, execution.execution_id, len(execution.journal))
             await execution.run()
             log.info("run %s attempt %d: execution %s reported", run_id, attempt,
                      execution.execution_id)
@@ -206,6 +210,10 @@ class Worker:
                     del self.by_run[run_id]
             if execution.finished:
                 execution.offsets.finish(execution.offset)
+
+    def _on_step(self, run_id: str, entry: JournalEntry) -> None:
+        for execution in list(self.by_run.get(run_id, ())):
+            execution.step_recorded(entry)
 
     def _on_fate(self, run_id: str, fate: RunFate) -> None:
         for execution in list(self.by_run.get(run_id, ())):
