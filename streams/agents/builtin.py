@@ -80,7 +80,7 @@ def _fact(query: str) -> str:
 
 def lookup_tool(delay_s: float = 0.0, log_path: str | None = None) -> Tool:
     """The builtin `lookup` tool: a fact derived from the query, after `delay_s`,
-    with `start <key>` and `done <key>` appended to `log_path` around the wait."""
+    with `start <key> <pid>` and `done <key> <pid>` appended to `log_path` around the wait."""
 
     def note(line: str) -> None:
         if log_path:
@@ -92,10 +92,10 @@ def lookup_tool(delay_s: float = 0.0, log_path: str | None = None) -> Tool:
 
     async def lookup(arguments: Mapping[str, object], context: ToolContext) -> ToolResult:
         query = str(arguments.get("query", ""))
-        note(f"start {context.idempotency_key}")
+        note(f"start {context.idempotency_key} {os.getpid()}")
         if delay_s > 0:
             await asyncio.sleep(delay_s)
-        note(f"done {context.idempotency_key}")
+        note(f"done {context.idempotency_key} {os.getpid()}")
         source = hashlib.sha256(query.encode("utf-8", "surrogatepass")).hexdigest()[:12]
         return ToolResult({"query": query, "fact": _fact(query)},
                           (Citation(f"https://example.com/lookup/{source}", f"Lookup: {query}"),))

@@ -121,6 +121,7 @@ class Execution:
     context: RunContext | None = None
     answer: Answer = field(init=False)
     _steps: dict[int, asyncio.Future[JournalEntry]] = field(default_factory=dict)
+    _seen: dict[int, JournalEntry] = field(default_factory=dict)  # recorded since the start
 
     def __post_init__(self) -> None:
         settings = self.outlet.settings
@@ -268,6 +269,7 @@ class Execution:
 
     def step_recorded(self, entry: JournalEntry) -> None:
         """The watch read that the run's step `entry.step` was recorded."""
+        self._seen.setdefault(entry.step, entry)
         waiter = self._steps.get(entry.step)
         if waiter is not None and not waiter.done():
             waiter.set_result(entry)
@@ -275,6 +277,8 @@ class Execution:
     async def _record_step(self, entry: JournalEntry) -> None:
         """Report the step and wait until it is recorded (see the module's docstring)."""
         waiter = self._steps.setdefault(entry.step, asyncio.get_running_loop().create_future())
+        if entry.step in self._seen:  # another execution of the attempt recorded it already
+            waiter.set_result(self._seen[entry.step])
         report = ReportStepCompleted(self.meta.thread_id, self.dispatch.run_id, self.attempt,
                                      self.outlet.worker_id, entry, now_ms())
         for attempt in range(OUTCOME_SEND_TRIES):

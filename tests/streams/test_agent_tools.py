@@ -44,7 +44,9 @@ def _steps(outputs: Sequence[AgentOutput]) -> list[tuple[str, str]]:
 
 
 def _log(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
+    """The side-effect log's lines, without the process ids."""
+    return [" ".join(line.split()[:2]) for line in path.read_text().splitlines()] \
+        if path.exists() else []
 
 
 # --- bring your own agent ------------------------------------------------------------
