@@ -47,11 +47,13 @@ __all__ = [
     "ReportAttemptStarted",
     "ReportHeartbeat",
     "ReportStepCompleted",
+    "ResumeRun",
     "RetryScheduled",
     "RunAccepted",
     "RunCancelled",
     "RunCompleted",
     "RunFailed",
+    "RunInterrupted",
     "RunRecord",
     "RunRejected",
     "RunStatus",
@@ -93,6 +95,8 @@ class Policy:
     max_queued_messages: int = 16
     # A run's step journal: caps on its steps, tool calls and bytes (streams.journal).
     journal: JournalLimits = field(default_factory=JournalLimits)
+    # How long an interrupted run waits for its resume before it fails; 0: forever.
+    interrupt_timeout_ms: int = 0
 
     def backoff_ms(self, failed_attempt: int) -> int:
         """Delay before the attempt after `failed_attempt` (1-based)."""
@@ -253,6 +257,17 @@ class ReportStepCompleted:
 
 
 @dataclass(frozen=True, slots=True)
+class ResumeRun:
+    """Command: continue an interrupted run; the agent's `interrupt()` returns the value."""
+
+    thread_id: str
+    tenant: str
+    run_id: str
+    value_json: str
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class CheckDeadlines:
     """The clock: the processor's timer asks the thread to act on due deadlines."""
 
@@ -271,6 +286,7 @@ Command = (
     | CheckDeadlines
     | DeleteThread
     | ReportStepCompleted
+    | ResumeRun
 )
 
 
@@ -432,6 +448,18 @@ class StepRecorded:
 
 
 @dataclass(frozen=True, slots=True)
+class RunInterrupted:
+    """Event: the agent asked a human; the run waits, without heartbeats, for `ResumeRun`."""
+
+    thread_id: str
+    run_id: str
+    attempt: int
+    step: int  # the interrupt's step number in the journal once resumed
+    payload_json: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class ThreadDeleted:
     """Event: a thread and its messages were deleted."""
     thread_id: str
@@ -455,6 +483,7 @@ Event = (
     | ThreadDeleted
     | MessageQueued
     | StepRecorded
+    | RunInterrupted
 )
 
 TERMINAL_EVENTS = (RunCompleted, RunFailed, RunCancelled)
@@ -471,6 +500,7 @@ class RunStatus(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"  # waiting for a human's resume (no heartbeats needed)
 
     @property
     def is_terminal(self) -> bool:
@@ -491,6 +521,7 @@ class ActiveRun:
     message_seq: int = -1  # seq of the user message in the thread's history
     accepted_at_ms: int = 0
     journal: tuple[JournalEntry, ...] = ()  # completed steps, across attempts (Policy.journal)
+    interrupt_json: str | None = None  # INTERRUPTED: what the agent asked (JSON)
 
 
 @dataclass(frozen=True, slots=True)

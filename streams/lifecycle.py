@@ -21,6 +21,7 @@ from streams.domain import (
     RunCancelled,
     RunCompleted,
     RunFailed,
+    RunInterrupted,
     StepRecorded,
     ThreadState,
 )
@@ -50,6 +51,9 @@ class Lifecycle(StrEnum):
     # A step joined the run's journal (detail: the entry as JSON). For workers: the
     # gateway does not pass it on to clients, which see the step's `step` events.
     STEP_RECORDED = "step_recorded"
+    # The run waits for a human (detail: the agent's payload, JSON); resumed, the same
+    # attempt is dispatched again (`attempt_dispatched`).
+    INTERRUPT = "interrupt"
 
 
 class StreamEnd(StrEnum):
@@ -66,7 +70,7 @@ _NAMES: dict[type, Lifecycle] = {
     RunAccepted: Lifecycle.RUN_ACCEPTED, AttemptDispatched: Lifecycle.ATTEMPT_DISPATCHED,
     RetryScheduled: Lifecycle.RETRY_SCHEDULED, RunCompleted: Lifecycle.RUN_COMPLETED,
     RunFailed: Lifecycle.RUN_FAILED, RunCancelled: Lifecycle.RUN_CANCELLED,
-    StepRecorded: Lifecycle.STEP_RECORDED,
+    StepRecorded: Lifecycle.STEP_RECORDED, RunInterrupted: Lifecycle.INTERRUPT,
 }
 
 
@@ -117,6 +121,8 @@ def lifecycle_record(event: Event, before: ThreadState | None) -> StreamOutput |
     elif isinstance(event, RunCancelled):
         attempt = run.attempt if run else 0  # the attempt that was running
         detail = event.reason
+    elif isinstance(event, RunInterrupted):
+        attempt, detail = event.attempt, event.payload_json
     elif isinstance(event, StepRecorded):
         attempt, detail = event.attempt, entry_to_json(event.entry)
     return StreamOutput(run_id=run_id, attempt=attempt, message_id=answer_message_id_for(run_id),

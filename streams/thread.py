@@ -59,11 +59,13 @@ from streams.domain import (
     ReportAttemptStarted,
     ReportHeartbeat,
     ReportStepCompleted,
+    ResumeRun,
     RetryScheduled,
     RunAccepted,
     RunCancelled,
     RunCompleted,
     RunFailed,
+    RunInterrupted,
     RunRecord,
     RunRejected,
     RunStatus,
@@ -73,7 +75,15 @@ from streams.domain import (
     ThreadState,
 )
 from streams.ids import answer_message_id_for, run_id_for, workflow_id_for
-from streams.journal import admit
+from streams.interrupts import (
+    interrupt_deadline_ms,
+    interrupted,
+    on_interrupted,
+    reported_interrupt,
+    resume_run,
+    timed_out,
+)
+from streams.journal import INTERRUPT, admit
 
 __all__ = [
     "ATTEMPT_TIMEOUT",
@@ -108,6 +118,7 @@ _RunEvent = (
     | RunFailed
     | RunCancelled
     | StepRecorded
+    | RunInterrupted
 )
 
 # RetryScheduled.reason and RunFailed.error when a deadline ends an attempt.
@@ -158,6 +169,8 @@ def decide(state: ThreadState | None, command: Command, policy: Policy,
             return _delete_thread(state, command)
         case CheckDeadlines():
             events = _check_deadlines(state, command, policy)
+        case ResumeRun():
+            events = resume_run(state, command, policy)
         case _:
             # mypy narrows what is left to the four worker reports.
             events = _worker_report(state, command, policy)
@@ -216,6 +229,8 @@ def next_deadline_ms(state: ThreadState | None, policy: Policy) -> int | None:
         )
     if run.status is RunStatus.RETRY_WAIT:
         return run.retry_due_ms
+    if interrupted(run):
+        return interrupt_deadline_ms(run, policy)
     return None
 
 
@@ -397,6 +412,8 @@ def _check_deadlines(
         if now > run.attempt_started_ms + policy.attempt_timeout_ms:
             return _attempt_failed(state, run, ATTEMPT_TIMEOUT, ATTEMPT_TIMEOUT, True, now, policy)
         return []
+    if interrupted(run):
+        return timed_out(state, run, now, policy)
     if run.status is RunStatus.RETRY_WAIT and run.retry_due_ms is not None:
         if now < run.retry_due_ms:
             return []
@@ -505,6 +522,8 @@ def _step_completed(state: ThreadState, run: ActiveRun, report: ReportStepComple
     entry = report.entry
     if entry.step != len(run.journal):
         return []
+    if entry.kind == INTERRUPT:
+        return reported_interrupt(state, run, report, policy)
     reason = admit(run.journal, entry, policy.journal)
     if reason is not None:
         return [RunFailed(thread_id=state.thread_id, run_id=run.run_id, attempt=run.attempt,
@@ -644,6 +663,7 @@ def _run_event(state: ThreadState, event: _RunEvent, policy: Policy) -> ThreadSt
                     attempt_started_ms=event.at_ms,
                     last_heartbeat_ms=event.at_ms,
                     retry_due_ms=None,
+                    interrupt_json=None,
                 ),
                 event.at_ms,
             )
@@ -669,6 +689,8 @@ def _run_event(state: ThreadState, event: _RunEvent, policy: Policy) -> ThreadSt
                 state, replace(run, status=RunStatus.RETRY_WAIT, retry_due_ms=event.due_ms),
                 event.at_ms,
             )
+        case RunInterrupted():
+            return _update_run(state, on_interrupted(run, event), event.at_ms)
         case StepRecorded():
             if event.attempt != run.attempt or event.entry.step != len(run.journal):
                 return state

@@ -9,6 +9,8 @@ failure modes per message, so a test can pick its scenario by what it posts:
     [hang]        stop after a few tokens and never finish (nor make progress)
     [crash]       kill the whole worker process (exit status 137) after a few tokens
     [slow]        stream at the slow rate instead of the normal one
+    [approve]     before the reply, ask a human (`interrupt`) and end the reply
+                  with `Approved: <the resume value>.`
 
 Settings (`settings.extra`):
 
@@ -42,7 +44,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from streams.agents import AgentCitations, AgentError, AgentOutput, AgentStep, TextChunk
-from streams.agents.runtime import call_tool, current, model_turn_json
+from streams.agents.runtime import call_tool, current, interrupt, model_turn_json
 from streams.agents.tools import Tool, ToolContext, ToolResult
 from streams.config import Settings
 from streams.domain import Citation, Step
@@ -161,9 +163,14 @@ class BuiltinAgent:
                 result = await call_tool(tool, {"query": query})
                 if isinstance(result.content, dict):
                     facts.append(str(result.content.get("fact", "")))
+        approval = None
+        if "[approve]" in message:
+            approval = await interrupt({"question": f"May I answer {message.strip()!r}?"})
         reply = reply_for(message, self.words)
         if turns > 0:
             reply = " " + reply + " Facts: " + "; ".join(facts) + "."
+        if approval is not None:
+            reply += f" Approved: {approval}."
         for index, token in enumerate(_tokens(reply)):
             if index == TOKENS_BEFORE_TROUBLE:
                 await self._trouble(message)

@@ -34,6 +34,7 @@ from streams.agents import Agent, AgentCitations, AgentError, AgentOutput, Agent
 from streams.agents.tools import Tool, ToolContext, ToolError, ToolResult
 from streams.domain import Step
 from streams.journal import (
+    INTERRUPT,
     MODEL_TURN,
     STEP_TOO_LARGE,
     TOOL_CALL,
@@ -44,10 +45,20 @@ from streams.journal import (
 )
 from streams.records import HistoryMessage
 
-__all__ = ["MODEL_TURN", "Recorder", "RunContext", "call_tool", "current", "drive",
-           "model_turn_json"]
+__all__ = ["MODEL_TURN", "InterruptRequested", "Recorder", "RunContext", "call_tool", "current",
+           "drive", "interrupt", "model_turn_json"]
 
 Recorder = Callable[[JournalEntry], Awaitable[None]]
+
+
+class InterruptRequested(Exception):
+    """Raised by `interrupt()` in a run that has no resume value yet: the worker reports
+    the interrupt and ends the execution; a resume runs the agent again."""
+
+    def __init__(self, step: int, payload_json: str) -> None:
+        super().__init__(f"interrupt at step {step}: {payload_json[:200]}")
+        self.step = step
+        self.payload_json = payload_json
 
 
 async def _in_memory(entry: JournalEntry) -> None:
@@ -179,6 +190,21 @@ async def call_tool(tool: Tool, arguments: Mapping[str, Any] | str) -> ToolResul
     await context.record(TOOL_CALL, tool.name, args_json, output_json)
     _emit_result(context, tool.name, result)
     return result
+
+
+async def interrupt(payload: Any) -> Any:
+    """Ask a human: the run moves to `interrupted` with `payload` (anything json.dumps
+    takes) until `POST .../runs/{run_id}/resume {"value": ...}`; then this returns the
+    value. The agent runs again from its start to get here: the steps before replay."""
+    context = current()
+    entry = context.replay(INTERRUPT, INTERRUPT)
+    if entry is not None:
+        return json.loads(entry.output_json)
+    payload_json = json.dumps(payload, ensure_ascii=False, sort_keys=True)
+    reason = context.refusal(INTERRUPT, INTERRUPT, payload_json, "")
+    if reason is not None:
+        raise AgentError(reason, retryable=False)
+    raise InterruptRequested(context.cursor, payload_json)
 
 
 def _emit_call(context: RunContext, name: str, args_json: str, result: ToolResult) -> None:

@@ -29,7 +29,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from streams.agents import Agent, AgentCitations, AgentError, AgentOutput, AgentStep, TextChunk
-from streams.agents.runtime import RunContext, drive
+from streams.agents.runtime import InterruptRequested, RunContext, drive
 from streams.clock import now_ms
 from streams.config import Settings
 from streams.domain import (
@@ -43,7 +43,7 @@ from streams.domain import (
     Step,
 )
 from streams.ids import answer_message_id_for
-from streams.journal import JournalEntry
+from streams.journal import INTERRUPT, JournalEntry
 from streams.records import Dispatch, StreamOutput
 from streams.thread import OUTPUT_TOO_LARGE
 from streams.wire import Codec, EnvelopeMeta, new_meta
@@ -160,6 +160,18 @@ class Execution:
             text, steps, citations = await self._stream(queue)
             self.reporting = True
             await self._outcome(self._completed(text, steps, citations))
+        except InterruptRequested as request:
+            # The run waits for a human: report the interrupt as the run's next step (no
+            # output yet) and end; a resume dispatches the attempt again.
+            self.reporting = True
+            await self._emit(self.answer.end_interrupted())
+            entry = JournalEntry(request.step, INTERRUPT, INTERRUPT, request.payload_json, "",
+                                 self.execution_id)
+            await self._outcome(ReportStepCompleted(
+                self.meta.thread_id, self.dispatch.run_id, self.attempt, self.outlet.worker_id,
+                entry, now_ms()))
+            log.info("run %s attempt %d: interrupted at step %d", self.dispatch.run_id,
+                     self.attempt, request.step)
         except Deposed:
             self.stop_reason = Stop.SUPERSEDED
             log.info("run %s attempt %d: execution %s deposed by another execution",
@@ -211,7 +223,7 @@ class Execution:
                 continue
             if item is _END:
                 break
-            if isinstance(item, AgentError | Deposed):
+            if isinstance(item, AgentError | Deposed | InterruptRequested):
                 await self._emit(answer.close_text())
                 raise item
             if isinstance(item, Exception):  # a bug in the agent: worth another attempt
@@ -307,7 +319,8 @@ class Execution:
                         self.meta.traceparent, self.meta.tracestate)
         return await self.outlet.command(command, meta)
 
-    async def _outcome(self, command: ReportAttemptCompleted | ReportAttemptFailed) -> None:
+    async def _outcome(self, command: ReportAttemptCompleted | ReportAttemptFailed
+                       | ReportStepCompleted) -> None:
         """Send the outcome report until the broker acks it."""
         for attempt in range(OUTCOME_SEND_TRIES):
             try:

@@ -55,11 +55,13 @@ from streams.domain import (
     ReportAttemptStarted,
     ReportHeartbeat,
     ReportStepCompleted,
+    ResumeRun,
     RetryScheduled,
     RunAccepted,
     RunCancelled,
     RunCompleted,
     RunFailed,
+    RunInterrupted,
     RunRecord,
     RunRejected,
     RunStatus,
@@ -123,6 +125,7 @@ COMMANDS: list[Command] = [
     CheckDeadlines(T, 2**62),
     DeleteThread(T, "acme", 9),
     ReportStepCompleted(T, "r1", 1, "worker-a", ENTRY, 10),
+    ResumeRun(T, "acme", "r1", '{"ok": true}', 11),
 ]
 EVENTS: list[Event] = [
     ThreadCreated(T, "acme", "Trip planning", 1),
@@ -142,6 +145,7 @@ EVENTS: list[Event] = [
     RunCancelled(T, "r1", "user asked", 11),
     ThreadDeleted(T, "acme", 12, 13),
     StepRecorded(T, "r1", 2, ENTRY, 14),
+    RunInterrupted(T, "r1", 2, 4, '{"question": "?"}', 15),
 ]
 PARTS: list[StreamPart] = [
     MessageStart("assistant"),
@@ -173,7 +177,8 @@ STATES = [
     ThreadState(T, "acme", "Trip planning", 1),
     ThreadState(
         T, "acme", "Trip planning", 1,
-        active_run=ActiveRun("r2", "m2", 2, RunStatus.RETRY_WAIT, 4, 5, 6, 2, 4, (ENTRY,)),
+        active_run=ActiveRun("r2", "m2", 2, RunStatus.INTERRUPTED, 4, 5, 6, 2, 4, (ENTRY,),
+                             '{"question": "?"}'),
         idempotency=MappingProxyType({"idem-1": IdempotencyRecord("m1", "r1", "sha256:ab", 2)}),
         message_count=3, run_count=2, last_run=RunRecord("r1", "m1", RunStatus.COMPLETED, 1),
         updated_at_ms=5, queued=(QueuedMessage("m3", 3, 5), QueuedMessage("m4", 4, 6)),
