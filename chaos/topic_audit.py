@@ -71,6 +71,8 @@ from streams.domain import (
     RunCancelled,
     RunCompleted,
     RunFailed,
+    RunInterrupted,
+    StepRecorded,
     ThreadCreated,
     ThreadDeleted,
     ThreadState,
@@ -179,6 +181,10 @@ def event_identities(envelope_id: str, event: Event) -> tuple[Identity, ...]:
             ids.append((thread, kind, event.run_id, event.failed_attempt))
         case RunCompleted() | RunFailed() | RunCancelled():
             ids.append((thread, "RunEnded", event.run_id))
+        case StepRecorded():  # each step of a run is recorded once
+            ids.append((thread, kind, event.run_id, event.entry.step))
+        case RunInterrupted():
+            ids.append((thread, kind, event.run_id, event.step))
     return tuple(ids)
 
 

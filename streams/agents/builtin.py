@@ -39,6 +39,7 @@ import asyncio
 import hashlib
 import json
 import os
+import time
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -82,7 +83,7 @@ def _fact(query: str) -> str:
 
 def lookup_tool(delay_s: float = 0.0, log_path: str | None = None) -> Tool:
     """The builtin `lookup` tool: a fact derived from the query, after `delay_s`,
-    with `start <key> <pid>` and `done <key> <pid>` appended to `log_path` around the wait."""
+    with `start <key> <pid> <ms>` and `done <key> <pid> <ms>` appended to `log_path` around the wait."""
 
     def note(line: str) -> None:
         if log_path:
@@ -94,10 +95,10 @@ def lookup_tool(delay_s: float = 0.0, log_path: str | None = None) -> Tool:
 
     async def lookup(arguments: Mapping[str, object], context: ToolContext) -> ToolResult:
         query = str(arguments.get("query", ""))
-        note(f"start {context.idempotency_key} {os.getpid()}")
+        note(f"start {context.idempotency_key} {os.getpid()} {time.time_ns() // 1_000_000}")
         if delay_s > 0:
             await asyncio.sleep(delay_s)
-        note(f"done {context.idempotency_key} {os.getpid()}")
+        note(f"done {context.idempotency_key} {os.getpid()} {time.time_ns() // 1_000_000}")
         source = hashlib.sha256(query.encode("utf-8", "surrogatepass")).hexdigest()[:12]
         return ToolResult({"query": query, "fact": _fact(query)},
                           (Citation(f"https://example.com/lookup/{source}", f"Lookup: {query}"),))

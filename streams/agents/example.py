@@ -3,8 +3,8 @@ that has a side effect, `open_ticket`.
 
 Run it with `THREADLINE_AGENT=streams.agents.example:create` (and the
 THREADLINE_AGENT_OPENAI_* settings of `streams.agents.openai`). The tool's side
-effect is a line in THREADLINE_AGENT_TICKET_LOG (`start <key> <pid>`,
-after THREADLINE_AGENT_TICKET_DELAY_S seconds `done <key> <pid>`): a real one would pass
+effect is a line in THREADLINE_AGENT_TICKET_LOG (`start <key> <pid> <ms>`,
+after THREADLINE_AGENT_TICKET_DELAY_S seconds `done <key> <pid> <ms>`): a real one would pass
 `context.idempotency_key` on to the ticket system, which then opens one ticket per
 key however often it is asked, and that covers the one window the journal cannot:
 a call that started but never finished before a crash.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,10 +42,10 @@ def ticket_tool(log_path: str | None = None, delay_s: float = 0.0) -> Tool:
         title = str(arguments.get("title", "")).strip()
         if not title:
             raise ToolError("a ticket needs a title")  # the model hears this and may try again
-        note(f"start {context.idempotency_key} {os.getpid()}")
+        note(f"start {context.idempotency_key} {os.getpid()} {time.time_ns() // 1_000_000}")
         await asyncio.sleep(delay_s)
         number = int(hashlib.sha256(context.idempotency_key.encode()).hexdigest()[:6], 16)
-        note(f"done {context.idempotency_key} {os.getpid()}")
+        note(f"done {context.idempotency_key} {os.getpid()} {time.time_ns() // 1_000_000}")
         return ToolResult({"ticket": number, "title": title},
                           (Citation(f"https://tickets.example.com/{number}", title),))
 

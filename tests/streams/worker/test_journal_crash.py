@@ -56,7 +56,7 @@ def _calls(log: Path) -> list[Call]:
         return []
     calls = []
     for line in log.read_text().splitlines():
-        what, key, pid = line.split()
+        what, key, pid, _ = line.split()
         run_id, _, step = key.rpartition(":")
         calls.append(Call(what, run_id, int(step), int(pid)))
     return calls
