@@ -20,7 +20,7 @@ from gateway.keys import BUS, READ_MODEL, SETTINGS
 from gateway.problems import Problem
 from gateway.rest import _body, _json, _own_thread
 from streams.clock import now_ms
-from streams.domain import ResumeRun, RunCancelled, RunFailed, RunStatus, StepRecorded
+from streams.domain import ResumeRun, RunCancelled, RunFailed, StepRecorded
 
 __all__ = ["resume_run"]
 
@@ -41,7 +41,7 @@ async def resume_run(request: web.Request) -> web.Response:
         raise Problem(413, "value-too-large", f"the value is larger than {limit} bytes",
                       field="value")
     active = state.active_run
-    if active is None or active.run_id != run_id or active.status is not RunStatus.INTERRUPTED:
+    if active is None or active.run_id != run_id or not active.interrupted:
         status = run.status.value if run.status is not None else "unknown"
         raise Problem(409, "run-not-interrupted", f"the run is not interrupted ({status})",
                       run_status=status)

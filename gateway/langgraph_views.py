@@ -31,7 +31,6 @@ _STATUS: Final = {
     RunStatus.DISPATCHED: "pending", RunStatus.RETRY_WAIT: "pending",
     RunStatus.RUNNING: "running", RunStatus.COMPLETED: "success",
     RunStatus.FAILED: "error", RunStatus.CANCELLED: "interrupted",
-    RunStatus.INTERRUPTED: "interrupted",
 }
 
 

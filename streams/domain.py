@@ -500,7 +500,6 @@ class RunStatus(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
-    INTERRUPTED = "interrupted"  # waiting for a human's resume (no heartbeats needed)
 
     @property
     def is_terminal(self) -> bool:
@@ -521,7 +520,20 @@ class ActiveRun:
     message_seq: int = -1  # seq of the user message in the thread's history
     accepted_at_ms: int = 0
     journal: tuple[JournalEntry, ...] = ()  # completed steps, across attempts (Policy.journal)
-    interrupt_json: str | None = None  # INTERRUPTED: what the agent asked (JSON)
+    # Set while the run waits for a human (status RETRY_WAIT with no retry due, so no
+    # deadline and no worker report applies): what the agent asked, JSON. Not a
+    # RunStatus symbol: an enum symbol old readers lack would break them.
+    interrupt_json: str | None = None
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether the run waits for a human's resume (`streams.interrupts`)."""
+        return self.interrupt_json is not None
+
+    @property
+    def shown_status(self) -> str:
+        """The status as the API shows it: `interrupted` while it waits for a human."""
+        return "interrupted" if self.interrupted else self.status.value
 
 
 @dataclass(frozen=True, slots=True)

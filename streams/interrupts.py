@@ -3,7 +3,8 @@
 An agent (or a tool) calls `await interrupt(payload)`; the worker reports the
 interrupt as the run's next step with no output yet (`ReportStepCompleted`, kind
 `interrupt`). Decided on the live attempt, it is `RunInterrupted`: the run is
-`interrupted`, holds the payload, needs no heartbeats, still counts as the thread's
+`interrupted` (on the wire: `retry_wait` with no retry due and the payload in
+`ActiveRun.interrupt_json`), needs no heartbeats, still counts as the thread's
 active run (a post is a conflict, or follows the multitask strategy), and can be
 cancelled. `ResumeRun` with a value records the interrupt as a completed step whose
 output is the value (`StepRecorded`) and dispatches the same attempt again
@@ -59,7 +60,7 @@ def resume_run(state: ThreadState | None, command: ResumeRun, policy: Policy) ->
     if state is None or state.tenant != command.tenant:
         return []
     run = state.active_run
-    if run is None or run.run_id != command.run_id or run.status is not RunStatus.INTERRUPTED:
+    if run is None or run.run_id != command.run_id or not run.interrupted:
         return []
     entry = JournalEntry(len(run.journal), INTERRUPT, INTERRUPT, run.interrupt_json or "null",
                          command.value_json, RESUMED_BY)
@@ -76,13 +77,13 @@ def on_interrupted(run: ActiveRun, event: RunInterrupted) -> ActiveRun:
     """The run once interrupted: waiting, with the payload, since `event.at_ms`."""
     if event.attempt != run.attempt or event.step != len(run.journal):
         return run
-    return replace(run, status=RunStatus.INTERRUPTED, interrupt_json=event.payload_json,
-                   last_heartbeat_ms=event.at_ms)
+    return replace(run, status=RunStatus.RETRY_WAIT, retry_due_ms=None,
+                   interrupt_json=event.payload_json, last_heartbeat_ms=event.at_ms)
 
 
 def interrupted(run: ActiveRun) -> bool:
     """Whether the run waits for a resume."""
-    return run.status is RunStatus.INTERRUPTED
+    return run.interrupted
 
 
 def interrupt_deadline_ms(run: ActiveRun, policy: Policy) -> int | None:

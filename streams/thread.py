@@ -227,10 +227,10 @@ def next_deadline_ms(state: ThreadState | None, policy: Policy) -> int | None:
             run.last_heartbeat_ms + policy.heartbeat_timeout_ms + 1,
             run.attempt_started_ms + policy.attempt_timeout_ms + 1,
         )
-    if run.status is RunStatus.RETRY_WAIT:
-        return run.retry_due_ms
     if interrupted(run):
         return interrupt_deadline_ms(run, policy)
+    if run.status is RunStatus.RETRY_WAIT:
+        return run.retry_due_ms
     return None
 
 

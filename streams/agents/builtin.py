@@ -39,8 +39,8 @@ import asyncio
 import hashlib
 import json
 import os
-import time
 import re
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 

@@ -169,7 +169,7 @@ async def call_tool(tool: Tool, arguments: Mapping[str, Any] | str) -> ToolResul
     if reason is not None and not reason.startswith(STEP_TOO_LARGE):
         raise AgentError(reason, retryable=False)
     if reason is not None:
-        result = ToolResult(error=f"the tool's arguments are too large to record: {reason}")
+        result = ToolResult(error=f"arguments refused: {reason}")
     context.emit(AgentStep(Step("tool_call", tool.name, args_json)))
     if result is None:
         tool_context = ToolContext(context.run_id, context.cursor, context.next_key())
@@ -185,8 +185,11 @@ async def call_tool(tool: Tool, arguments: Mapping[str, Any] | str) -> ToolResul
     reason = context.refusal(TOOL_CALL, tool.name, args_json, output_json)
     if reason is not None and reason.startswith(STEP_TOO_LARGE):
         # Refused with a clear error to the agent; the model may ask for less.
-        result = ToolResult(error=f"the tool's result was refused: {reason}")
+        result = ToolResult(error=f"result refused: {reason}")
         output_json = result.to_json()
+        if context.refusal(TOOL_CALL, tool.name, args_json, output_json) is not None:
+            result = ToolResult(error=STEP_TOO_LARGE)  # the shortest that says why
+            output_json = result.to_json()
     await context.record(TOOL_CALL, tool.name, args_json, output_json)
     _emit_result(context, tool.name, result)
     return result

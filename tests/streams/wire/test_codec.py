@@ -177,7 +177,7 @@ STATES = [
     ThreadState(T, "acme", "Trip planning", 1),
     ThreadState(
         T, "acme", "Trip planning", 1,
-        active_run=ActiveRun("r2", "m2", 2, RunStatus.INTERRUPTED, 4, 5, 6, 2, 4, (ENTRY,),
+        active_run=ActiveRun("r2", "m2", 2, RunStatus.RETRY_WAIT, 4, 5, None, 2, 4, (ENTRY,),
                              '{"question": "?"}'),
         idempotency=MappingProxyType({"idem-1": IdempotencyRecord("m1", "r1", "sha256:ab", 2)}),
         message_count=3, run_count=2, last_run=RunRecord("r1", "m1", RunStatus.COMPLETED, 1),

@@ -214,3 +214,31 @@ def _check_run_tickets(stack: Stack, events: list[Event], run: str, message: str
     prefix = "Calling open_ticket (1/3).Calling open_ticket (2/3).Calling open_ticket (3/3)."
     return _check_run(stack, events, run, prefix + answer_for(message, contents), (1, 3, 5), log)
 
+
+
+@pytest.mark.kafka
+def test_caps_end_a_runaway_run_and_an_oversize_result_goes_back_to_the_agent(
+    test_env: dict[str, str], tmp_path: Path
+) -> None:
+    """With a tool-call cap of 2, a run that wants 3 ends run_failed too_many_tool_calls
+    after 2 calls; a tool result over the step size is refused to the agent, whose run
+    completes with the refusal as the step's result. No role stops."""
+    log = tmp_path / "tools.log"
+    env = {**test_env, **FAST, "THREADLINE_AGENT_TOKENS_PER_S": "0",
+           "THREADLINE_AGENT_WORDS": "3", "THREADLINE_AGENT_TOOL_LOG": str(log),
+           "THREADLINE_MAX_TOOL_CALLS": "2", "THREADLINE_MAX_STEP_BYTES": "200"}
+    with _stack(env, tmp_path, ["w1"]) as stack:
+        _, runaway = stack.post("loop [tools=3]")
+        _, oversize = stack.post("big [tools=1]")
+        events = _completed(stack, [runaway, oversize], timeout=90)
+        failed = [e for e in _of_run(events, runaway) if isinstance(e, RunFailed)]
+        assert len(failed) == 1 and failed[0].error.startswith("too_many_tool_calls"), failed
+        assert not any(isinstance(e, RetryScheduled) for e in _of_run(events, runaway))
+        done = [c for c in _calls(log) if c.what == "done"]
+        assert sorted((c.run_id, c.step) for c in done if c.run_id == runaway) == \
+            [(runaway, 1), (runaway, 3)]
+        completed = [e for e in _of_run(events, oversize) if isinstance(e, RunCompleted)]
+        assert len(completed) == 1, stack.logs()
+        result = next(s for s in completed[0].message.steps if s.kind == "tool_result")
+        assert json.loads(result.payload_json)["error"].startswith("result refused: step_too_large")
+        assert stack.processor.alive() and stack.workers["w1"].alive()
