@@ -162,6 +162,7 @@ class Settings:
             max_output_bytes=_int(env, "THREADLINE_MAX_OUTPUT_BYTES", 512 * 1024),
             idempotency_window_ms=_ms(env, "THREADLINE_IDEMPOTENCY_WINDOW_S", 24 * 3600),
             max_idempotency_keys=_int(env, "THREADLINE_MAX_IDEMPOTENCY_KEYS", 256),
+            interrupt_timeout_ms=_ms(env, "THREADLINE_INTERRUPT_TIMEOUT_S", 0),
             journal=JournalLimits(
                 max_steps=_int(env, "THREADLINE_MAX_STEPS", _LIMITS.max_steps),
                 max_tool_calls=_int(env, "THREADLINE_MAX_TOOL_CALLS", _LIMITS.max_tool_calls),
