@@ -25,11 +25,11 @@ The checks, for every message a client saw accepted (202, `pending` too):
   their messages were posted, and never while another run of the thread is open
   (at most one active run); an interrupted run (`RunCancelled`, reason
   `interrupted`) is one a later post of the client asked to interrupt, it ends
-  before that post's run starts, and its message is stored without an answer
-  (`interrupted`, not lost); a rolled-back run's message is counted as
-  answered-then-removed (`rolled_back`): it must be gone from the stored history,
-  not lost; an enqueued message is answered once like any other, in order
-  (`enqueued` counts them);
+  before that post's run starts, and its message is stored without an answer or
+  with the partial answer its worker reported, marked (`interrupted`, not lost);
+  a rolled-back run's message is counted as answered-then-removed (`rolled_back`):
+  it must be gone from the stored history, not lost; an enqueued message is
+  answered once like any other, in order (`enqueued` counts them);
 * and overall: no two equal decisions in the events topic (decisions are pure
   functions of their commands, so any duplicate shows as an equal pair), nothing
   dead-lettered, no 500 answered, nothing waiting past its deadline.
@@ -47,6 +47,7 @@ from chaos.topic_audit import TopicReads, audit_topics
 from streams.domain import (
     Event,
     MessageAccepted,
+    PartialAnswerStored,
     RunAccepted,
     RunCancelled,
     RunCompleted,
@@ -191,7 +192,8 @@ def audit(obs: Observations) -> Report:
     for what in obs.stuck:
         report._fail("stuck", f"waited forever: {what}")
     if obs.tool_log is not None:
-        tools = audit_tools(obs.tool_log, obs.events)
+        tools = audit_tools(obs.tool_log, obs.events,
+                            obs.topics.step_decided_ms if obs.topics is not None else None)
         report.tool_calls, report.tool_duplicates = tools.executions, tools.duplicates
         report.violations += tools.violations
     return report
@@ -279,6 +281,8 @@ def _audit_stored(obs: Observations, accepted: dict[str, Post], report: Report,
                   superseded: dict[str, str]) -> dict[str, str]:
     """Check the stored messages; return run id -> stored answer text."""
     completed = {e.run_id: e.message.text for e in obs.events if isinstance(e, RunCompleted)}
+    partials = {e.run_id: e.message.text for e in obs.events
+                if isinstance(e, PartialAnswerStored)}
     answers: dict[str, str] = {}
     for post in accepted.values():
         messages = obs.stored.get(post.thread_id, [])
@@ -292,10 +296,14 @@ def _audit_stored(obs: Observations, accepted: dict[str, Post], report: Report,
         if len(users) != 1:
             report._fail("lost" if not users else "duplicated",
                          f"message {post.message_id} stored {len(users)} times")
-        if post.run_id in superseded:  # interrupted: the question stays, unanswered
-            if replies:
+        if post.run_id in superseded:  # interrupted: the question stays, and at most
+            # the answer streamed so far, marked (its worker may have been gone)
+            if len(replies) > 1 or any(not r.get("partial") for r in replies):
                 report._fail("duplicated", f"run {post.run_id} was interrupted but has "
-                             f"{len(replies)} stored answers")
+                             f"{len(replies)} stored answers, not one partial at most")
+            elif replies and partials.get(post.run_id) != replies[0].get("text"):
+                report._fail(None, f"run {post.run_id}: stored partial answer differs from "
+                             "PartialAnswerStored")
             continue
         if not replies:
             report._fail("lost", f"run {post.run_id}: no stored answer")

@@ -3,13 +3,15 @@
 Messages marked `[tools=2]` make the builtin agent call its `lookup` tool twice;
 each call appends `start <run_id>:<step> <pid> <ms>` and, when it returns,
 `done <run_id>:<step> <pid> <ms>` to the run's tool log. A call is **completed**
-once the processor recorded it (`StepRecorded` of a `tool_call`, at `at_ms`, the
-worker's clock when it reported the step, taken after the call returned). After
-that every later execution must replay it: a `start` of the same key after the
-record is a **duplicate of a completed call**, the one thing the step journal
-promises never happens. A key started again before it was recorded is the
-documented window (a call that started, or finished, but was not yet recorded
-when its worker died); those are counted, not failed.
+once the processor decided its `StepRecorded` (the event's envelope time, when
+the processor produced it; its transaction commits a little later, so the check
+errs on the strict side; without that time, the event's `at_ms`, the worker's
+clock when it reported). After that every execution must replay it: a `start` of
+the same key after the decision is a **duplicate of a completed call**, the one
+thing the step journal promises never happens. A key started again before its
+decision is the documented window (a call that started, or even finished and was
+reported, but was not yet recorded when another execution took over); those are
+counted, not failed.
 
 Pure: it reads the log's lines and the events, and returns the counts and the
 violations.
@@ -18,7 +20,7 @@ violations.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from streams.domain import Event, StepRecorded
@@ -38,8 +40,10 @@ class ToolFindings:
     violations: list[str] = field(default_factory=list)
 
 
-def audit_tools(lines: Iterable[str], events: Iterable[Event]) -> ToolFindings:
-    """Check the tool log against the recorded tool calls."""
+def audit_tools(lines: Iterable[str], events: Iterable[Event],
+                decided_ms: Mapping[str, int] | None = None) -> ToolFindings:
+    """Check the tool log against the recorded tool calls (`decided_ms`: when each
+    `run_id:step` was decided, see the module's docstring)."""
     findings = ToolFindings()
     starts: dict[str, list[int]] = defaultdict(list)
     for line in lines:
@@ -56,7 +60,7 @@ def audit_tools(lines: Iterable[str], events: Iterable[Event]) -> ToolFindings:
             key = f"{event.run_id}:{event.entry.step}"
             if key in recorded:
                 findings.violations.append(f"tool call {key} recorded twice")
-            recorded.setdefault(key, event.at_ms)
+            recorded.setdefault(key, (decided_ms or {}).get(key, event.at_ms))
     findings.completed = len(recorded)
     for key, times in starts.items():
         at = recorded.get(key)

@@ -66,12 +66,14 @@ from streams.domain import (
     HeartbeatRecorded,
     MessageAccepted,
     MessageQueued,
+    PartialAnswerStored,
     RetryScheduled,
     RunAccepted,
     RunCancelled,
     RunCompleted,
     RunFailed,
     RunInterrupted,
+    RunStatus,
     StepRecorded,
     ThreadCreated,
     ThreadDeleted,
@@ -137,6 +139,8 @@ class TopicReads:
     history: list[HistoryRecord] = field(default_factory=list)
     states: list[StateRecord] = field(default_factory=list)
     events: list[tuple[str, Event]] = field(default_factory=list)  # (thread, event), committed
+    # run_id:step -> when the processor decided its StepRecorded (the event's envelope time)
+    step_decided_ms: dict[str, int] = field(default_factory=dict)
 
 
 class _Post(Protocol):
@@ -181,6 +185,8 @@ def event_identities(envelope_id: str, event: Event) -> tuple[Identity, ...]:
             ids.append((thread, kind, event.run_id, event.failed_attempt))
         case RunCompleted() | RunFailed() | RunCancelled():
             ids.append((thread, "RunEnded", event.run_id))
+        case PartialAnswerStored():
+            ids.append((thread, kind, event.run_id))
         case StepRecorded():  # each step of a run is recorded once
             ids.append((thread, kind, event.run_id, event.entry.step))
         case RunInterrupted():
@@ -295,11 +301,13 @@ def _history(history: list[HistoryRecord], posts: list[_Post], report: Findings,
             continue
         (seq,), (answer_seq,) = user_seqs, answer_seqs
         user, answer = newest[(post.thread_id, seq)], newest[(post.thread_id, answer_seq)]
-        # Between a message and its answer only messages queued meanwhile may stand
-        # (enqueue); a queued message's own answer follows the runs before it.
+        # Between a message and its answer only messages queued meanwhile (enqueue)
+        # and the partial answer of the run it interrupted may stand; a queued
+        # message's own answer follows the runs before it.
         between = [newest.get((post.thread_id, s)) for s in range(seq + 1, answer_seq)]
         if answer_seq <= seq or (post.message_id not in queued and not all(
-                r is not None and r.message.role == "user" and r.message.message_id in queued
+                r is not None and ((r.message.role == "user" and r.message.message_id in queued)
+                                   or _partial(r))
                 for r in between)):
             report._fail("gaps", f"history of {post.thread_id}: message {post.message_id} at "
                          f"seq {seq}, its answer at {answer_seq}")
@@ -315,6 +323,11 @@ def _history(history: list[HistoryRecord], posts: list[_Post], report: Findings,
             report._fail("gaps", f"history of {post.thread_id}: message {post.message_id} at "
                          f"seq {seq}, before a message posted earlier")
         last_seq[post.thread_id] = seq
+
+
+def _partial(record: MessageRecord) -> bool:
+    """An interrupted run's partial answer (PartialAnswerStored): marked cancelled."""
+    return record.message.role == "assistant" and record.run_status is RunStatus.CANCELLED
 
 
 def _states(reads: TopicReads, report: Findings) -> None:

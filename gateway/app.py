@@ -41,7 +41,7 @@ from gateway.problems import Handler, Problem, problem_middleware
 from gateway.read_model import ReadModel
 from gateway.ready import READY, Readiness, readyz
 from streams.config import Settings
-from streams.domain import Event, ThreadDeleted
+from streams.domain import Event, ThreadCreated, ThreadDeleted
 from streams.kafka.clients import aiokafka_config
 from streams.kafka.topics import ensure_topics
 from streams.wire import Codec
@@ -85,7 +85,10 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
 
     def changed(event: Event) -> None:  # reads of a thread that just changed catch up first
         read_model.note_write(event.thread_id)
+        if isinstance(event, ThreadCreated):
+            read_model.note_created(event.thread_id)
         if isinstance(event, ThreadDeleted):  # its open streams end now
+            read_model.note_deleted(event.thread_id)
             feed.drop_thread(event.thread_id)
 
     bus.on_event = changed

@@ -41,7 +41,7 @@ async def resume_run(request: web.Request) -> web.Response:
         raise Problem(413, "value-too-large", f"the value is larger than {limit} bytes",
                       field="value")
     active = state.active_run
-    if active is None or active.run_id != run_id or not active.interrupted:
+    if active is None or active.run_id != run_id or not active.awaiting_resume:
         status = run.status.value if run.status is not None else "unknown"
         raise Problem(409, "run-not-interrupted", f"the run is not interrupted ({status})",
                       run_status=status)

@@ -78,10 +78,14 @@ def lg_message(record: MessageRecord) -> dict[str, Any]:
     m = record.message
     if m.role == "user":
         return human_message(m.message_id, m.text)
-    return ai_message(m.message_id, m.text,
-                      steps=[{"kind": s.kind, "name": s.name, "payload_json": s.payload_json}
-                             for s in m.steps] or None,
-                      citations=[{"url": c.url, "title": c.title} for c in m.citations] or None)
+    message = ai_message(m.message_id, m.text,
+                         steps=[{"kind": s.kind, "name": s.name, "payload_json": s.payload_json}
+                                for s in m.steps] or None,
+                         citations=[{"url": c.url, "title": c.title} for c in m.citations] or None)
+    if record.run_status is RunStatus.CANCELLED:  # an interrupted run's partial answer
+        message["response_metadata"]["finish_reason"] = "interrupted"
+        message["additional_kwargs"]["threadline_partial"] = True
+    return message
 
 
 def conversation(records: Sequence[MessageRecord],

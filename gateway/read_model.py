@@ -125,6 +125,7 @@ class ReadModel:
         self._store_: ReadStore | None = None
         self._lock_file: IO[bytes] | None = None
         self._recent: dict[str, float] = {}
+        self._created: dict[str, float] = {}  # threads decided created a moment ago
         self._initial_end: dict[TopicPartition, int] = {}
         self._checkpointed: dict[TopicPartition, int] = {}
         self._loaded = asyncio.Event()
@@ -272,6 +273,19 @@ class ReadModel:
         if len(self._recent) > 10_000:
             self._recent = {k: v for k, v in self._recent.items() if v > now}
 
+    def note_created(self, thread_id: str) -> None:
+        """Mark a thread as decided created: until the model reads its state, reads of
+        it wait (a transaction's commit marker reaches the threads partition after the
+        events partition, so the decision can be seen before the state is readable)."""
+        now = time.monotonic()
+        self._created[thread_id] = now + RECENT_WRITE_S
+        if len(self._created) > 10_000:
+            self._created = {k: v for k, v in self._created.items() if v > now}
+
+    def note_deleted(self, thread_id: str) -> None:
+        """Forget that a thread was created a moment ago: it is deleted now."""
+        self._created.pop(thread_id, None)
+
     def _recently_written(self, thread_id: str) -> bool:
         deadline = self._recent.get(thread_id)
         return deadline is not None and deadline > time.monotonic()
@@ -318,8 +332,16 @@ class ReadModel:
         """The tenant's thread, or None (unknown, deleted, or another tenant's)."""
         state = self.store.state(thread_id)
         if fresh or state is None or not self.loaded or self._recently_written(thread_id):
-            caught_up = await self.catch_up([partition_for(thread_id, self.settings.partitions)])
+            partitions = [partition_for(thread_id, self.settings.partitions)]
+            caught_up = await self.catch_up(partitions)
             state = self.store.state(thread_id)
+            deadline = time.monotonic() + self.catch_up_timeout_s
+            while state is None and self._created.get(thread_id, 0.0) > time.monotonic():
+                if time.monotonic() > deadline:
+                    raise _behind()
+                await asyncio.sleep(_POLL_S)
+                caught_up = await self.catch_up(partitions)
+                state = self.store.state(thread_id)
             if state is None and not caught_up:
                 raise _behind()
         return state if state is not None and state.tenant == tenant else None

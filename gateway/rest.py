@@ -112,6 +112,9 @@ def _message(record: MessageRecord, state: ThreadState) -> dict[str, Any]:
         status = run.status if run is not None and run.run_id == m.run_id else record.run_status
         queued = any(q.message_id == m.message_id for q in state.queued)
         body["run_status"] = "queued" if queued else None if status is None else status.value
+    elif record.run_status is RunStatus.CANCELLED:  # what an interrupted run had streamed
+        body["run_status"] = RunStatus.CANCELLED.value
+        body["partial"] = True
     return body
 
 

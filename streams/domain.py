@@ -38,6 +38,7 @@ __all__ = [
     "Known",
     "MessageAccepted",
     "MessageQueued",
+    "PartialAnswerStored",
     "MultitaskStrategy",
     "Policy",
     "PostUserMessage",
@@ -460,6 +461,17 @@ class RunInterrupted:
 
 
 @dataclass(frozen=True, slots=True)
+class PartialAnswerStored:
+    """Event: the answer an interrupted run had streamed (multitask_strategy interrupt),
+    reported by its worker once it stopped; stored after the run ended, marked."""
+    thread_id: str
+    run_id: str
+    attempt: int
+    message: AssistantMessage
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class ThreadDeleted:
     """Event: a thread and its messages were deleted."""
     thread_id: str
@@ -482,6 +494,7 @@ Event = (
     | RunCancelled
     | ThreadDeleted
     | MessageQueued
+    | PartialAnswerStored
     | StepRecorded
     | RunInterrupted
 )
@@ -526,14 +539,14 @@ class ActiveRun:
     interrupt_json: str | None = None
 
     @property
-    def interrupted(self) -> bool:
+    def awaiting_resume(self) -> bool:
         """Whether the run waits for a human's resume (`streams.interrupts`)."""
         return self.interrupt_json is not None
 
     @property
     def shown_status(self) -> str:
         """The status as the API shows it: `interrupted` while it waits for a human."""
-        return "interrupted" if self.interrupted else self.status.value
+        return "interrupted" if self.awaiting_resume else self.status.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -587,3 +600,6 @@ class ThreadState:
     # Message ids of the newest rolled-back runs: their history records are tombstoned,
     # so `Known` no longer finds them. Capped by Policy.max_idempotency_keys.
     rolled_back: tuple[str, ...] = ()
+    # The newest run a double text interrupted, until its worker's report of the
+    # partial answer is stored (at most one is waited for: a newer one replaces it).
+    interrupted: RunRecord | None = None

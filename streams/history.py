@@ -12,6 +12,10 @@ A user message's record carries the status of the run it started; it is rewritte
 when the run ends, so the history alone answers "what happened to this message".
 A run rolled back by a later post (multitask_strategy rollback) has its user
 message tombstoned instead (`MessageRemoved`); its events stay on the events topic.
+A run interrupted by a later post (multitask_strategy interrupt) keeps its user
+message (run status cancelled) and, once its worker reports what it had streamed,
+gets that partial answer as an assistant record marked with run status cancelled
+(`PartialAnswerStored`), at the next seq: after the interrupting question.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Protocol
 from streams.domain import (
     Event,
     MessageAccepted,
+    PartialAnswerStored,
     RunCancelled,
     RunCompleted,
     RunFailed,
@@ -57,7 +62,9 @@ class MessagePut:
 
     seq: int
     message: StoredMessage
-    run_status: RunStatus | None  # user messages: their run's status; None for answers
+    # user messages: their run's status; None for answers, CANCELLED for the partial
+    # answer of an interrupted run (PartialAnswerStored)
+    run_status: RunStatus | None
     run_attempts: int = 0
 
 
@@ -130,6 +137,13 @@ def history_writes(before: ThreadState | None, event: Event) -> list[HistoryWrit
             return [MessageRemoved(run.message_seq)]
         case RunCancelled():
             return _run_ended(before, event.run_id, RunStatus.CANCELLED)
+        case PartialAnswerStored():  # marked: an answer record whose run was cancelled
+            answer = StoredMessage(message_id=event.message.message_id, role="assistant",
+                                   text=event.message.text, run_id=event.run_id,
+                                   created_at_ms=event.at_ms, steps=event.message.steps,
+                                   citations=event.message.citations)
+            return [MessagePut(before.message_count, answer, RunStatus.CANCELLED,
+                               event.attempt)]
         case ThreadDeleted():
             return [HistoryErased(before.message_count)]
         case _:

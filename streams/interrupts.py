@@ -60,7 +60,7 @@ def resume_run(state: ThreadState | None, command: ResumeRun, policy: Policy) ->
     if state is None or state.tenant != command.tenant:
         return []
     run = state.active_run
-    if run is None or run.run_id != command.run_id or not run.interrupted:
+    if run is None or run.run_id != command.run_id or not run.awaiting_resume:
         return []
     entry = JournalEntry(len(run.journal), INTERRUPT, INTERRUPT, run.interrupt_json or "null",
                          command.value_json, RESUMED_BY)
@@ -83,7 +83,7 @@ def on_interrupted(run: ActiveRun, event: RunInterrupted) -> ActiveRun:
 
 def interrupted(run: ActiveRun) -> bool:
     """Whether the run waits for a resume."""
-    return run.interrupted
+    return run.awaiting_resume
 
 
 def interrupt_deadline_ms(run: ActiveRun, policy: Policy) -> int | None:

@@ -28,6 +28,7 @@ from streams.domain import (
 from streams.ids import answer_message_id_for, workflow_id_for
 from streams.journal import JournalEntry, entry_to_json
 from streams.records import Dispatch, HistoryMessage, RunLifecycle, StreamOutput
+from streams.thread import INTERRUPTED
 
 __all__ = [
     "TERMINAL",
@@ -81,14 +82,19 @@ class RunFate:
 
     ended: bool = False  # completed, failed or cancelled: every attempt is over
     min_attempt: int = 0  # attempts below this one are over
+    # The attempt a double text interrupted (run_cancelled, detail "interrupted"): its
+    # worker reports the answer so far, which the processor stores marked. 0: none.
+    interrupted_attempt: int = 0
 
-    def learn(self, event: str, attempt: int) -> bool:
+    def learn(self, event: str, attempt: int, detail: str = "") -> bool:
         """Fold one lifecycle record in; False if `event` says nothing of the run's fate."""
         if event == Lifecycle.ATTEMPT_DISPATCHED:
             self.min_attempt = max(self.min_attempt, attempt)
         elif event == Lifecycle.RETRY_SCHEDULED:  # `attempt` is the failed one
             self.min_attempt = max(self.min_attempt, attempt + 1)
         elif event in TERMINAL:
+            if event == Lifecycle.RUN_CANCELLED and detail == INTERRUPTED and not self.ended:
+                self.interrupted_attempt = attempt
             self.ended = True
         else:
             return False

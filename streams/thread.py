@@ -50,6 +50,7 @@ from streams.domain import (
     MessageAccepted,
     MessageQueued,
     MultitaskStrategy,
+    PartialAnswerStored,
     Policy,
     PostUserMessage,
     QueuedMessage,
@@ -203,6 +204,9 @@ def evolve(state: ThreadState | None, event: Event, policy: Policy = _DEFAULT_PO
         return _run_accepted(state, event)
     if isinstance(event, MessageQueued):
         return _message_queued(state, event)
+    if isinstance(event, PartialAnswerStored):
+        return replace(state, interrupted=None, message_count=state.message_count + 1,
+                       updated_at_ms=event.at_ms)
     return _run_event(state, event, policy)
 
 
@@ -444,6 +448,13 @@ def _check_deadlines(
 def _worker_report(state: ThreadState | None, report: _WorkerReport, policy: Policy) -> list[Event]:
     if state is None:
         return []
+    if isinstance(report, ReportAttemptCompleted) and _is_partial_answer(state, report, policy):
+        return [PartialAnswerStored(thread_id=state.thread_id, run_id=report.run_id,
+                                    attempt=report.attempt, message=AssistantMessage(
+                                        message_id=answer_message_id_for(report.run_id),
+                                        text=report.final_text, steps=report.steps,
+                                        citations=report.citations),
+                                    at_ms=report.now_ms)]
     run = state.active_run
     # The fence: the active run, its current attempt, and that attempt still live.
     if (
@@ -530,6 +541,17 @@ def _step_completed(state: ThreadState, run: ActiveRun, report: ReportStepComple
                           error=reason, at_ms=report.now_ms)]
     return [StepRecorded(thread_id=state.thread_id, run_id=run.run_id, attempt=run.attempt,
                          entry=entry, at_ms=report.now_ms)]
+
+
+def _is_partial_answer(state: ThreadState, report: ReportAttemptCompleted,
+                       policy: Policy) -> bool:
+    """Whether `report` is the interrupted run's partial answer, still to be stored:
+    the run and attempt the interrupt stopped, with something in it, and not too big."""
+    run = state.interrupted
+    return (run is not None and run.run_id == report.run_id and run.attempts == report.attempt
+            and (state.active_run is None or state.active_run.run_id != report.run_id)
+            and bool(report.final_text or report.steps or report.citations)
+            and output_bytes(report) <= policy.max_output_bytes)
 
 
 def _attempt_failed(
@@ -704,6 +726,8 @@ def _run_event(state: ThreadState, event: _RunEvent, policy: Policy) -> ThreadSt
             return _end_run(state, run, RunStatus.FAILED, event.at_ms)
         case RunCancelled():
             ended = _end_run(state, run, RunStatus.CANCELLED, event.at_ms)
+            if event.reason == INTERRUPTED:  # its worker reports what it had streamed
+                return replace(ended, interrupted=ended.last_run)
             if event.reason != ROLLED_BACK:
                 return ended
             keep = max(policy.max_idempotency_keys, 1)

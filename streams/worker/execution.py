@@ -68,6 +68,9 @@ class Stop(Enum):
     SUPERSEDED = "superseded"  # the run or attempt is over: finished, report nothing
     REVOKED = "revoked"  # the partition moved: not finished, its new owner re-runs it
     SHUTDOWN = "shutdown"  # the worker stops: report a retryable failure if started
+    # A double text interrupted the run: report the answer so far as completed (the
+    # processor stores it marked, once); finished like SUPERSEDED.
+    INTERRUPTED = "interrupted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +149,7 @@ class Execution:
     @property
     def finished(self) -> bool:
         """Whether the group may move past this dispatch."""
-        return self.outcome_acked or self.stop_reason is Stop.SUPERSEDED
+        return self.outcome_acked or self.stop_reason in (Stop.SUPERSEDED, Stop.INTERRUPTED)
 
     async def run(self) -> None:
         """Run the agent, stream its answer and report the outcome."""
@@ -181,6 +184,13 @@ class Execution:
             await self._emit(self.answer.end_with_error())
             await self._outcome(self._failed(str(exc), exc.retryable))
         except asyncio.CancelledError:
+            if self.stop_reason is Stop.INTERRUPTED and self.started:
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                self.reporting = True
+                answer = self.answer
+                await self._outcome(self._completed(answer.text, tuple(answer.steps),
+                                                    tuple(answer.citations)))
+                return
             if self.stop_reason is not Stop.SHUTDOWN:
                 raise
             asyncio.current_task().uncancel()  # type: ignore[union-attr]

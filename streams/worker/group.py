@@ -218,7 +218,8 @@ class Worker:
     def _on_fate(self, run_id: str, fate: RunFate) -> None:
         for execution in list(self.by_run.get(run_id, ())):
             if fate.kills(execution.attempt):
-                execution.stop(Stop.SUPERSEDED)
+                execution.stop(Stop.INTERRUPTED if fate.interrupted_attempt == execution.attempt
+                               else Stop.SUPERSEDED)
 
     async def _commit(self) -> None:
         topic = self.settings.topics.dispatch

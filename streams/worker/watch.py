@@ -181,7 +181,7 @@ class LifecycleWatch:
                 self.on_step(output.run_id, steps[entry.step])
             return
         fate = self.fates.pop(output.run_id, None) or RunFate()
-        fate.learn(output.payload.event, output.attempt)
+        fate.learn(output.payload.event, output.attempt, output.payload.detail)
         self.fates[output.run_id] = fate
         while len(self.fates) > FATES_KEPT:
             self.fates.popitem(last=False)

@@ -31,6 +31,14 @@ def test_a_completed_call_made_again_is_a_violation() -> None:
     assert any("made again" in v for v in found.violations)
 
 
+def test_the_decision_time_is_when_a_call_counts_as_completed() -> None:
+    """A call started again after the report but before the processor decided it is the
+    window; after the decision it is a duplicate."""
+    lines = ["start r:1 10 100", "done r:1 10 150", "start r:1 11 400", "done r:1 11 450"]
+    assert audit_tools(lines, [_recorded("r", 1, 160)], {"r:1": 500}).duplicates == 0
+    assert audit_tools(lines, [_recorded("r", 1, 160)], {"r:1": 300}).duplicates == 1
+
+
 def test_a_record_without_a_call_or_recorded_twice_or_a_bad_line() -> None:
     """A recorded call never made, one recorded twice, and an unreadable line are violations."""
     found = audit_tools(["nonsense"], [_recorded("r", 1, 1), _recorded("r", 1, 2)])

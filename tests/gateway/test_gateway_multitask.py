@@ -3,11 +3,12 @@ second message posted while the first one's run streams, with each strategy."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
-from streams.testing.sse import read_sse
+from streams.testing.sse import iter_sse, read_sse
 from tests.gateway.conftest import AUTH_A, Stack
 
 pytestmark = pytest.mark.kafka
@@ -40,9 +41,12 @@ async def _run_end(stack: Stack, run_id: str) -> tuple[str, str]:
 
 
 async def _messages(stack: Stack, thread_id: str) -> list[tuple[str, str, str | None]]:
+    """(role, run id, run status) of the stored messages, an interrupted run's partial
+    answer left out (test_an_interrupted_runs_partial_answer_is_stored_marked has it)."""
     status, body = await stack.get(f"/v1/threads/{thread_id}/messages")
     assert status == 200, body
-    return [(m["role"], m["run_id"], m.get("run_status")) for m in body["messages"]]
+    return [(m["role"], m["run_id"], m.get("run_status")) for m in body["messages"]
+            if not m.get("partial")]
 
 
 async def test_enqueue_runs_the_second_message_after_the_first(stack: Stack) -> None:
@@ -85,6 +89,43 @@ async def test_interrupt_and_rollback_cancel_the_first_run(stack: Stack, strateg
     kept = [("user", first["run_id"], "cancelled")] if strategy == "interrupt" else []
     assert await _messages(stack, thread_id) == [
         *kept, ("user", second["run_id"], "completed"), ("assistant", second["run_id"], None)]
+
+
+async def test_an_interrupted_runs_partial_answer_is_stored_marked(stack: Stack) -> None:
+    """What the interrupted run had streamed is kept: its worker reports it when it
+    stops, and the history stores it once, after the interrupting question, as an
+    assistant message of the first run marked partial (run_status cancelled)."""
+    thread_id = await stack.create_thread()
+    status, first = await _post(stack, thread_id, "[slow] first " + "word " * 40, None)
+    assert status == 202, first
+    shown, second = "", None
+    async with stack.session.get(stack.url(f"/v1/runs/{first['run_id']}/events"),
+                                 headers=AUTH_A) as response:
+        assert response.status == 200, await response.text()
+        async for event in iter_sse(response):
+            if event.event == "text_delta":
+                shown += event.json["delta"]
+                if second is None and len(shown) >= 10:  # a marker: the first run answers
+                    status, second = await _post(stack, thread_id, "second", "interrupt")
+                    assert status == 202, second
+            if event.event == "run_cancelled":
+                assert event.json["detail"] == "interrupted"
+            if event.event == "done":
+                break
+    assert second is not None
+    assert (await _run_end(stack, second["run_id"]))[0] == "run_completed"
+    while True:  # the partial answer is stored after the worker stopped: wait for it
+        status, body = await stack.get(f"/v1/threads/{thread_id}/messages")
+        partials = [m for m in body["messages"] if m.get("partial")]
+        if partials:
+            break
+        await asyncio.sleep(0.1)
+    (partial,) = partials
+    assert partial["role"] == "assistant" and partial["run_id"] == first["run_id"]
+    assert partial["run_status"] == "cancelled"
+    assert partial["text"].startswith(shown) and len(partial["text"]) >= 10, (partial, shown)
+    assert [(m["role"], m["run_id"]) for m in body["messages"]][:2] == [
+        ("user", first["run_id"]), ("user", second["run_id"])]
 
 
 async def test_reject_is_the_default_and_an_unknown_strategy_is_422(stack: Stack) -> None:

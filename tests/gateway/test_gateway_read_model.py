@@ -366,3 +366,37 @@ async def test_a_thread_the_model_has_not_read_yet_is_503_not_404(own_settings: 
             model._consumer.resume(tp)
             status, thread = await _get(session, f"{url}/v1/threads/{thread_id}")
             assert status == 200 and thread["thread_id"] == thread_id, thread
+
+
+async def test_a_thread_decided_created_is_waited_for_until_its_state_is_readable(
+        own_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The processor's transaction commits the decision and the state together, but
+    each partition gets its commit marker in turn: the gateway can see ThreadCreated
+    while the state is still hidden (read_committed). A thread it saw created is
+    waited for, not answered unknown."""
+    thread_id = f"created-{uuid.uuid4().hex[:8]}"
+    producer = Producer({"bootstrap.servers": own_settings.bootstrap,
+                         "transactional.id": f"test-{thread_id}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(own_settings.topics.threads,
+                     CODEC.encode_state(ThreadState(thread_id, TENANT, "t", 1_000)),
+                     thread_id.encode())
+    assert producer.flush(30) == 0  # written, its commit marker not yet
+    async with _gateway(own_settings) as (_, model):
+        model.note_created(thread_id)
+        read_to_the_end = asyncio.Event()
+        catch_up = model.catch_up
+
+        async def marked_catch_up(partitions: list[int] | None = None) -> bool:
+            caught_up = await catch_up(partitions)
+            read_to_the_end.set()
+            return caught_up
+
+        monkeypatch.setattr(model, "catch_up", marked_catch_up)
+        read = asyncio.create_task(model.thread(TENANT, thread_id))
+        await read_to_the_end.wait()  # the model is at the partition's end: state hidden
+        assert not read.done(), "answered before the state was readable"
+        producer.commit_transaction(30)
+        state = await read
+        assert state is not None and state.thread_id == thread_id

@@ -250,8 +250,16 @@ async def test_each_multitask_strategy_under_a_double_text(stack: Stack, strateg
         assert [kind for kind, _ in transcript] == ["human", "ai", "human", "ai"]
     elif strategy == "interrupt":
         assert (await client.runs.get(thread_id, first["run_id"]))["status"] == "interrupted"
-        assert asked == [f"[slow] first {LONG}", "second"]
-        assert transcript[-1] == ("ai", answer["content"])
+        state = await client.threads.get_state(thread_id)
+        while len(state["values"]["messages"]) < 4:  # the partial answer is stored last
+            await asyncio.sleep(0.1)
+            state = await client.threads.get_state(thread_id)
+        first_q, partial, second_q, last = state["values"]["messages"]
+        assert (first_q["content"], second_q["content"]) == (f"[slow] first {LONG}", "second")
+        assert partial["type"] == "ai" and partial["additional_kwargs"]["threadline_partial"]
+        assert partial["response_metadata"]["finish_reason"] == "interrupted"
+        assert partial["content"]  # the run had streamed (the marker above)
+        assert last == answer
     else:
         with pytest.raises(NotFoundError):
             await client.runs.get(thread_id, first["run_id"])

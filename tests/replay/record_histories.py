@@ -175,9 +175,11 @@ def double_texts() -> list[History]:
                 completed("m1", 1, 50), started("m2", 1, 60), failed("m2", 1, 70, retryable=False),
                 started("m3", 1, 80), completed("m3", 1, 90)]),
         record("double_text_interrupt", "interrupt: the active run is cancelled (marked "
-               "interrupted), then the new message runs; a late report of the old run is fenced",
+               "interrupted), then the new message runs; the old run's completion report is its "
+               "partial answer, stored once; a second one is fenced",
                [CREATE, post("m1", 10), started("m1", 1, 20), post("m2", 30, strategy=INTERRUPT),
-                completed("m1", 1, 40), started("m2", 1, 50), completed("m2", 1, 60)]),
+                completed("m1", 1, 40), completed("m1", 1, 45), started("m2", 1, 50),
+                completed("m2", 1, 60)]),
         record("double_text_rollback", "rollback: the active run is cancelled (rolled_back) and "
                "its message id stays known; the new message runs",
                [CREATE, post("m1", 10), started("m1", 1, 20), post("m2", 30, strategy=ROLLBACK),

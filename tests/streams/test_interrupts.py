@@ -47,7 +47,7 @@ def test_an_interrupt_moves_the_run_to_interrupted_with_its_payload() -> None:
     state = given(RUNNING).when(ReportStepCompleted(T, RUN1, 1, W, ASK, 2_000)).then(
         [RunInterrupted(T, RUN1, 1, 1, '{"question": "ok?"}', 2_000)])
     assert state is not None and state.active_run is not None
-    assert state.active_run.interrupted and state.active_run.shown_status == "interrupted"
+    assert state.active_run.awaiting_resume and state.active_run.shown_status == "interrupted"
     assert state.active_run.status is RunStatus.RETRY_WAIT and state.active_run.retry_due_ms is None
     assert state.active_run.interrupt_json == '{"question": "ok?"}'
     assert next_deadline_ms(state, POLICY) is None  # waits forever: no heartbeats needed
@@ -64,7 +64,7 @@ def test_resume_records_the_value_and_dispatches_the_attempt_again() -> None:
         [StepRecorded(T, RUN1, 1, resumed, 5_000), AttemptDispatched(T, RUN1, "m-1", 1, 5_000)])
     assert state is not None and state.active_run is not None
     assert state.active_run.status is RunStatus.DISPATCHED
-    assert state.active_run.interrupt_json is None and not state.active_run.interrupted
+    assert state.active_run.interrupt_json is None and not state.active_run.awaiting_resume
     assert state.active_run.journal == (TOOL, resumed)
     dispatch = dispatch_record(AttemptDispatched(T, RUN1, "m-1", 1, 5_000), T, "hi", (),
                                state.active_run.journal)

@@ -40,6 +40,7 @@ from streams.domain import (
     MessageAccepted,
     MessageQueued,
     MultitaskStrategy,
+    PartialAnswerStored,
     Policy,
     PostUserMessage,
     QueuedMessage,
@@ -808,6 +809,45 @@ def test_interrupt_and_rollback_cancel_the_active_run_before_the_new_one_starts(
     assert state.last_run == RunRecord(RUN1, "m-1", RunStatus.CANCELLED, 1)
 
 
+INTERRUPTED_RUN1 = [*RUNNING, *accepted("m-2", at=2_000)[:1],
+                   RunCancelled(thread_id=T, run_id=RUN1, reason=INTERRUPTED, at_ms=2_000),
+                   *accepted("m-2", at=2_000)[1:]]
+
+
+def partial_stored(attempt: int = 1, at: int = 5_000) -> PartialAnswerStored:
+    """The event storing run 1's partial answer (what `complete` reports)."""
+    return PartialAnswerStored(thread_id=T, run_id=RUN1, attempt=attempt, message=AssistantMessage(
+        message_id=answer_message_id_for(RUN1), text="answer", steps=STEPS, citations=CITATIONS),
+        at_ms=at)
+
+
+def test_the_interrupted_attempts_report_stores_its_partial_answer_once() -> None:
+    """After an interrupt, the stopped attempt's completion report is its partial
+    answer: stored (a message, marked), once; the new run goes on untouched."""
+    state = given(INTERRUPTED_RUN1).when(complete()).then([partial_stored()])
+    assert state is not None and state.interrupted is None and state.message_count == 3
+    assert state.active_run is not None and state.active_run.run_id == RUN2
+    given([*INTERRUPTED_RUN1, partial_stored()]).when(complete()).then([])
+
+
+@pytest.mark.parametrize("report", [complete(attempt=2), complete(run_id=RUN2, attempt=2),
+                                    replace(complete(), final_text="", steps=(), citations=())],
+                         ids=["another-attempt", "another-run", "empty"])
+def test_no_partial_answer_from_another_attempt_or_an_empty_one(report: Command) -> None:
+    """Only the attempt that was running, with something to show, is stored."""
+    given(INTERRUPTED_RUN1).when(report).then([])
+
+
+@pytest.mark.parametrize("ending", [cancel(), post("m-2", strategy=ROLLBACK)],
+                         ids=["cancelled", "rolled-back"])
+def test_a_cancelled_or_rolled_back_run_stores_no_partial_answer(ending: Command) -> None:
+    """A cancel and a rollback keep nothing of the run's answer."""
+    state = apply(initial_state(), RUNNING)
+    after = apply(state, decide(state, ending, POLICY))
+    assert after is not None and after.interrupted is None
+    assert not [e for e in decide(after, complete(), POLICY) if isinstance(e, PartialAnswerStored)]
+
+
 def test_an_interrupt_jumps_the_queue_and_the_queue_keeps_its_order() -> None:
     """Queued messages stay queued behind the interrupting one."""
     history = [*RUNNING, *queued_event("m-2")]
@@ -944,6 +984,8 @@ class ThreadMachine(RuleBasedStateMachine):
         self.enqueued: list[str] = []  # message ids in MessageQueued order
         self.started_from_queue: list[str] = []  # the queued ones, in RunAccepted order
         self.message_of_run: dict[str, str] = {}
+        self.interrupted_at: dict[str, int] = {}  # interrupted run -> its attempt then
+        self.partials: set[str] = set()  # runs whose partial answer was stored
         self.healthy = True  # False while a step is half done: teardown then checks nothing
 
     @initialize(policy=small_policies)
@@ -1000,6 +1042,15 @@ class ThreadMachine(RuleBasedStateMachine):
             assert event.run_id in self.open_runs, "terminal event for a run that is not open"
             self.open_runs.remove(event.run_id)
             self.terminals[event.run_id] += 1
+            if isinstance(event, RunCancelled) and event.reason == INTERRUPTED:
+                self.interrupted_at[event.run_id] = self.attempts[event.run_id]
+        elif isinstance(event, PartialAnswerStored):
+            assert event.run_id in self.interrupted_at, "a partial answer of a run not interrupted"
+            assert event.attempt == self.interrupted_at[event.run_id], "of another attempt"
+            assert event.run_id not in self.partials, "a partial answer stored twice"
+            assert event.message.text, "an empty partial answer"
+            self.partials.add(event.run_id)
+            hypothesis.event("a partial answer stored")
         assert len(self.open_runs) <= 1, "two active runs"
 
     # --- the gateway and the clock
@@ -1054,7 +1105,7 @@ class ThreadMachine(RuleBasedStateMachine):
 
     @rule(
         kind=report_kinds,
-        which=st.sampled_from(["active", "known", "unknown"]),
+        which=st.sampled_from(["active", "known", "interrupted", "unknown"]),
         attempt_offset=st.sampled_from([-1, 0, 1]),
         retryable=st.booleans(),
         dt=clock_steps,
@@ -1094,7 +1145,9 @@ class ThreadMachine(RuleBasedStateMachine):
         active = self.state.active_run if self.state is not None else None
         if which == "active" and active is not None:
             return active.run_id
-        if which in ("active", "known") and self.accepted_runs:
+        if which == "interrupted" and self.interrupted_at:
+            return list(self.interrupted_at)[-1]
+        if which in ("active", "known", "interrupted") and self.accepted_runs:
             return self.accepted_runs[-1]
         return run_id_for(T, "never-posted")
 
@@ -1111,7 +1164,8 @@ class ThreadMachine(RuleBasedStateMachine):
             assert 1 <= active.attempt <= self.policy.max_attempts, "attempt beyond max_attempts"
         if self.state is not None:
             # Bounded: only counters grow; the keys kept never exceed their cap.
-            stored = sum(isinstance(e, MessageAccepted | RunCompleted) for e in self.events)
+            stored = sum(isinstance(e, MessageAccepted | RunCompleted | PartialAnswerStored)
+                         for e in self.events)
             assert self.state.message_count == stored
             assert len(self.state.idempotency) <= max(self.policy.max_idempotency_keys, 1)
             assert len(self.state.queued) <= self.policy.max_queued_messages, "queue over its cap"

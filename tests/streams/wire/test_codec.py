@@ -47,6 +47,7 @@ from streams.domain import (
     MessageAccepted,
     MessageQueued,
     MultitaskStrategy,
+    PartialAnswerStored,
     PostUserMessage,
     QueuedMessage,
     RejectReason,
@@ -141,6 +142,7 @@ EVENTS: list[Event] = [
     RetryScheduled(T, "r1", 1, 2, 9_000, "heartbeat_timeout", 8),
     RunCompleted(T, "r1", 2, AssistantMessage("m-a1", "Done.", STEPS, CITES), 9),
     RunCompleted(T, "r1", 1, AssistantMessage("m-a1", "Done."), 9),
+    PartialAnswerStored(T, "r1", 1, AssistantMessage("m-a1", "Do", STEPS, CITES), 9),
     RunFailed(T, "r1", 2, "gave up", -1),
     RunCancelled(T, "r1", "user asked", 11),
     ThreadDeleted(T, "acme", 12, 13),
@@ -182,7 +184,7 @@ STATES = [
         idempotency=MappingProxyType({"idem-1": IdempotencyRecord("m1", "r1", "sha256:ab", 2)}),
         message_count=3, run_count=2, last_run=RunRecord("r1", "m1", RunStatus.COMPLETED, 1),
         updated_at_ms=5, queued=(QueuedMessage("m3", 3, 5), QueuedMessage("m4", 4, 6)),
-        rolled_back=("m0",),
+        rolled_back=("m0",), interrupted=RunRecord("r0", "m0", RunStatus.CANCELLED, 2),
     ),
     *(
         ThreadState(T, "acme", "", 1, active_run=ActiveRun("r", "m", 1, status, 1, 2, None))
