@@ -95,6 +95,8 @@ class RunContext:
         if not self.replaying:
             return None
         entry = self.journal[self.cursor]
+        if entry.kind == INTERRUPT and kind == TOOL_CALL:
+            return None  # the tool asked a human: it runs again and its interrupt() replays
         if (entry.kind, entry.name) != (kind, name):
             raise AgentError(
                 f"journal mismatch at step {self.cursor}: it holds {entry.kind} {entry.name!r}, "
@@ -198,7 +200,9 @@ async def call_tool(tool: Tool, arguments: Mapping[str, Any] | str) -> ToolResul
 async def interrupt(payload: Any) -> Any:
     """Ask a human: the run moves to `interrupted` with `payload` (anything json.dumps
     takes) until `POST .../runs/{run_id}/resume {"value": ...}`; then this returns the
-    value. The agent runs again from its start to get here: the steps before replay."""
+    value. The agent runs again from its start to get here: the steps before replay.
+    Called from a tool, the tool's function runs again on resume (with the same
+    idempotency key) and this call returns the value; its result is the next step."""
     context = current()
     entry = context.replay(INTERRUPT, INTERRUPT)
     if entry is not None:

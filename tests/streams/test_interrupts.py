@@ -3,13 +3,16 @@ events, when a command, then events; and the agent side (`interrupt()`) on its o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
-from streams.agents import AgentError
+from streams.agents import AgentError, TextChunk
 from streams.agents.builtin import BuiltinAgent
-from streams.agents.runtime import InterruptRequested, RunContext, drive
+from streams.agents.runtime import InterruptRequested, RunContext, call_tool, drive, interrupt
+from streams.agents.tools import Tool, ToolContext
 from streams.domain import (
     AttemptDispatched,
     AttemptStarted,
@@ -129,3 +132,35 @@ async def test_interrupt_asks_then_returns_the_resume_value_on_replay() -> None:
     assert text.endswith("Approved: ship it.")
     with pytest.raises(AgentError, match="journal mismatch"):  # an interrupt where a call was
         [o async for o in drive(agent, (), "go [approve]", RunContext(journal=[resumed]))]
+
+
+async def test_a_tool_may_ask_a_human_and_runs_again_on_resume() -> None:
+    """interrupt() inside a tool: the interrupt takes the tool's step; on resume the tool
+    runs again with the same idempotency key, gets the value, and its result follows."""
+    keys: list[str] = []
+
+    async def refund(arguments: Mapping[str, Any], context: ToolContext) -> dict[str, Any]:
+        keys.append(context.idempotency_key)
+        answer = await interrupt({"refund": arguments["amount"]})
+        return {"refunded": answer == "yes"}
+
+    tool = Tool("refund", "", {"type": "object"}, refund)
+
+    class Agent:
+        async def run(self, history: object, message: str) -> Any:
+            result = await call_tool(tool, {"amount": 40})
+            yield TextChunk(f"done: {result.content}")
+
+        async def aclose(self) -> None:
+            return None
+
+    first = RunContext(run_id="r")
+    with pytest.raises(InterruptRequested) as asked:
+        [o async for o in drive(Agent(), (), "x", first)]
+    assert asked.value.step == 0
+    resumed = JournalEntry(0, INTERRUPT, INTERRUPT, asked.value.payload_json, '"yes"', RESUMED_BY)
+    again = RunContext(run_id="r", journal=[resumed])
+    outputs = [o async for o in drive(Agent(), (), "x", again)]
+    assert "".join(getattr(o, "text", "") for o in outputs) == "done: {'refunded': True}"
+    assert keys == ["r:0", "r:0"]
+    assert [e.kind for e in again.journal] == [INTERRUPT, TOOL_CALL]
