@@ -63,6 +63,7 @@ from streams.domain import (
     AttemptDispatched,
     AttemptStarted,
     Event,
+    ExecutionStarted,
     HeartbeatRecorded,
     MessageAccepted,
     MessageQueued,
@@ -187,6 +188,8 @@ def event_identities(envelope_id: str, event: Event) -> tuple[Identity, ...]:
             ids.append((thread, "RunEnded", event.run_id))
         case PartialAnswerStored():
             ids.append((thread, kind, event.run_id))
+        case ExecutionStarted():
+            ids.append((thread, kind, event.run_id, event.execution_id))
         case StepRecorded():  # each step of a run is recorded once
             ids.append((thread, kind, event.run_id, event.entry.step))
         case RunInterrupted():

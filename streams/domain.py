@@ -31,6 +31,7 @@ __all__ = [
     "CreateThread",
     "DeleteThread",
     "Event",
+    "ExecutionStarted",
     "HeartbeatRecorded",
     "IdempotencyRecord",
     "JournalEntry",
@@ -47,6 +48,7 @@ __all__ = [
     "ReportAttemptFailed",
     "ReportAttemptStarted",
     "ReportHeartbeat",
+    "ReportExecutionStarted",
     "ReportStepCompleted",
     "ResumeRun",
     "RetryScheduled",
@@ -258,6 +260,20 @@ class ReportStepCompleted:
 
 
 @dataclass(frozen=True, slots=True)
+class ReportExecutionStarted:
+    """Worker report: an execution of the attempt began. Decided after every earlier
+    report on the thread (one partition, in order), so once the execution sees its
+    `ExecutionStarted`, every step reported before it is in the journal it can read."""
+
+    thread_id: str
+    run_id: str
+    attempt: int
+    worker_id: str
+    execution_id: str
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class ResumeRun:
     """Command: continue an interrupted run; the agent's `interrupt()` returns the value."""
 
@@ -288,6 +304,7 @@ Command = (
     | DeleteThread
     | ReportStepCompleted
     | ResumeRun
+    | ReportExecutionStarted
 )
 
 
@@ -461,6 +478,17 @@ class RunInterrupted:
 
 
 @dataclass(frozen=True, slots=True)
+class ExecutionStarted:
+    """Event: an execution of the current attempt began (a sign of life too)."""
+
+    thread_id: str
+    run_id: str
+    attempt: int
+    execution_id: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class PartialAnswerStored:
     """Event: the answer an interrupted run had streamed (multitask_strategy interrupt),
     reported by its worker once it stopped; stored after the run ended, marked."""
@@ -497,6 +525,7 @@ Event = (
     | PartialAnswerStored
     | StepRecorded
     | RunInterrupted
+    | ExecutionStarted
 )
 
 TERMINAL_EVENTS = (RunCompleted, RunFailed, RunCancelled)

@@ -16,6 +16,7 @@ from enum import StrEnum
 from streams.domain import (
     AttemptDispatched,
     Event,
+    ExecutionStarted,
     RetryScheduled,
     RunAccepted,
     RunCancelled,
@@ -55,6 +56,9 @@ class Lifecycle(StrEnum):
     # The run waits for a human (detail: the agent's payload, JSON); resumed, the same
     # attempt is dispatched again (`attempt_dispatched`).
     INTERRUPT = "interrupt"
+    # An execution of the attempt began (detail: its id). For workers: once an
+    # execution reads its own, the journal it reads is complete. Not passed to clients.
+    EXECUTION_STARTED = "execution_started"
 
 
 class StreamEnd(StrEnum):
@@ -72,6 +76,7 @@ _NAMES: dict[type, Lifecycle] = {
     RetryScheduled: Lifecycle.RETRY_SCHEDULED, RunCompleted: Lifecycle.RUN_COMPLETED,
     RunFailed: Lifecycle.RUN_FAILED, RunCancelled: Lifecycle.RUN_CANCELLED,
     StepRecorded: Lifecycle.STEP_RECORDED, RunInterrupted: Lifecycle.INTERRUPT,
+    ExecutionStarted: Lifecycle.EXECUTION_STARTED,
 }
 
 
@@ -127,6 +132,8 @@ def lifecycle_record(event: Event, before: ThreadState | None) -> StreamOutput |
     elif isinstance(event, RunCancelled):
         attempt = run.attempt if run else 0  # the attempt that was running
         detail = event.reason
+    elif isinstance(event, ExecutionStarted):
+        attempt, detail = event.attempt, event.execution_id
     elif isinstance(event, RunInterrupted):
         attempt, detail = event.attempt, event.payload_json
     elif isinstance(event, StepRecorded):

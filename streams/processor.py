@@ -43,6 +43,7 @@ from streams.domain import (
     ReportAttemptCompleted,
     ReportAttemptFailed,
     ReportAttemptStarted,
+    ReportExecutionStarted,
     ReportHeartbeat,
     ReportStepCompleted,
     RunCancelled,
@@ -340,7 +341,8 @@ class Processor:
         """The decision instead of one whose records cannot fit: a worker's report on
         the live attempt ends the run `record_too_large`; anything else decides nothing."""
         if not isinstance(command, ReportAttemptCompleted | ReportAttemptStarted |
-                          ReportHeartbeat | ReportAttemptFailed | ReportStepCompleted):
+                          ReportHeartbeat | ReportAttemptFailed | ReportStepCompleted |
+                          ReportExecutionStarted):
             return None
         failed = ReportAttemptFailed(command.thread_id, command.run_id, command.attempt,
                                      command.worker_id, RECORD_TOO_LARGE, False, command.now_ms)

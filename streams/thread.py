@@ -44,6 +44,7 @@ from streams.domain import (
     CreateThread,
     DeleteThread,
     Event,
+    ExecutionStarted,
     HeartbeatRecorded,
     IdempotencyRecord,
     Known,
@@ -58,6 +59,7 @@ from streams.domain import (
     ReportAttemptCompleted,
     ReportAttemptFailed,
     ReportAttemptStarted,
+    ReportExecutionStarted,
     ReportHeartbeat,
     ReportStepCompleted,
     ResumeRun,
@@ -108,7 +110,7 @@ _LIVE = frozenset({RunStatus.DISPATCHED, RunStatus.RUNNING})
 
 _WorkerReport = (
     ReportAttemptStarted | ReportHeartbeat | ReportAttemptCompleted | ReportAttemptFailed
-    | ReportStepCompleted
+    | ReportStepCompleted | ReportExecutionStarted
 )
 _RunEvent = (
     AttemptDispatched
@@ -120,6 +122,7 @@ _RunEvent = (
     | RunCancelled
     | StepRecorded
     | RunInterrupted
+    | ExecutionStarted
 )
 
 # RetryScheduled.reason and RunFailed.error when a deadline ends an attempt.
@@ -511,6 +514,10 @@ def _worker_report(state: ThreadState | None, report: _WorkerReport, policy: Pol
             ]
         case ReportStepCompleted():
             return _step_completed(state, run, report, policy)
+        case ReportExecutionStarted():
+            return [ExecutionStarted(thread_id=state.thread_id, run_id=run.run_id,
+                                     attempt=run.attempt, execution_id=report.execution_id,
+                                     at_ms=report.now_ms)]
         case ReportAttemptFailed():
             return _attempt_failed(
                 state,
@@ -713,6 +720,11 @@ def _run_event(state: ThreadState, event: _RunEvent, policy: Policy) -> ThreadSt
             )
         case RunInterrupted():
             return _update_run(state, on_interrupted(run, event), event.at_ms)
+        case ExecutionStarted():
+            if event.attempt != run.attempt:
+                return state
+            return replace(state, active_run=replace(
+                run, last_heartbeat_ms=max(run.last_heartbeat_ms, event.at_ms)))
         case StepRecorded():
             if event.attempt != run.attempt or event.entry.step != len(run.journal):
                 return state

@@ -42,6 +42,7 @@ from streams.journal import (
     JournalLimits,
     admit,
     idempotency_key,
+    merge,
 )
 from streams.records import HistoryMessage
 
@@ -78,6 +79,22 @@ class RunContext:
     emit: Callable[[AgentOutput], None] = lambda output: None
     cursor: int = 0  # the next step: below len(journal) it is replayed
     in_tool: bool = False  # a tool's function is running (the worker keeps beating)
+    # The worker's barrier: the steps recorded up to this execution's start, once every
+    # report before it is decided (None: the journal given is complete, e.g. no worker).
+    sync: Callable[[], Awaitable[list[JournalEntry]]] | None = None
+    synced: bool = False
+
+    async def ensure_synced(self) -> None:
+        """Before the execution's first new step: wait for the worker's barrier and take
+        in the steps it shows (a step an earlier execution reported but the processor
+        had not decided when this one began)."""
+        if self.synced or self.sync is None:
+            return
+        known = await self.sync()
+        self.synced = True
+        merged = merge(self.journal, known)
+        if len(merged) > len(self.journal):
+            self.journal = list(merged)
 
     @property
     def replaying(self) -> bool:
@@ -116,6 +133,11 @@ class RunContext:
         if self.replaying:
             raise AgentError(f"step {self.cursor} is journaled already; replay it",
                              retryable=False)
+        await self.ensure_synced()
+        if self.replaying:  # the journal was behind when this execution began
+            raise AgentError(f"step {self.cursor} was recorded by an earlier execution that "
+                             "this one did not know of; a new attempt replays it",
+                             retryable=True)
         reason = self.refusal(kind, name, input_json, output_json)
         if reason is not None:
             raise AgentError(reason, retryable=False)
@@ -155,6 +177,12 @@ def _args_json(arguments: Mapping[str, Any] | str) -> tuple[str, Mapping[str, An
 async def call_tool(tool: Tool, arguments: Mapping[str, Any] | str) -> ToolResult:
     """Call `tool` as the run's next step, or replay its journaled result."""
     context = current()
+    entry = context.replay(TOOL_CALL, tool.name)
+    if entry is not None:
+        replayed = ToolResult.from_json(entry.output_json)
+        _emit_call(context, tool.name, entry.input_json, replayed)
+        return replayed
+    await context.ensure_synced()  # before any side effect: is this call recorded already?
     entry = context.replay(TOOL_CALL, tool.name)
     if entry is not None:
         replayed = ToolResult.from_json(entry.output_json)
@@ -204,6 +232,10 @@ async def interrupt(payload: Any) -> Any:
     Called from a tool, the tool's function runs again on resume (with the same
     idempotency key) and this call returns the value; its result is the next step."""
     context = current()
+    entry = context.replay(INTERRUPT, INTERRUPT)
+    if entry is not None:
+        return json.loads(entry.output_json)
+    await context.ensure_synced()
     entry = context.replay(INTERRUPT, INTERRUPT)
     if entry is not None:
         return json.loads(entry.output_json)

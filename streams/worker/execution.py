@@ -38,6 +38,7 @@ from streams.domain import (
     ReportAttemptCompleted,
     ReportAttemptFailed,
     ReportAttemptStarted,
+    ReportExecutionStarted,
     ReportHeartbeat,
     ReportStepCompleted,
     Step,
@@ -125,6 +126,7 @@ class Execution:
     answer: Answer = field(init=False)
     _steps: dict[int, asyncio.Future[JournalEntry]] = field(default_factory=dict)
     _seen: dict[int, JournalEntry] = field(default_factory=dict)  # recorded since the start
+    _synced: asyncio.Future[list[JournalEntry]] | None = None  # the barrier's journal
 
     def __post_init__(self) -> None:
         settings = self.outlet.settings
@@ -156,10 +158,14 @@ class Execution:
         self.started = True
         self.last_progress = time.monotonic()
         queue: asyncio.Queue[object] = asyncio.Queue()
+        self._synced = asyncio.get_running_loop().create_future()
         pump = asyncio.create_task(self._pump(queue))
         beat = asyncio.create_task(self._heartbeat())
         try:
             await self._report(self._started())
+            await self._report(ReportExecutionStarted(
+                self.meta.thread_id, self.dispatch.run_id, self.attempt, self.outlet.worker_id,
+                self.execution_id, now_ms()))
             text, steps, citations = await self._stream(queue)
             self.reporting = True
             await self._outcome(self._completed(text, steps, citations))
@@ -209,7 +215,7 @@ class Execution:
             self.context = RunContext(self.dispatch.run_id, self.attempt, self.execution_id,
                                       journal=list(self.journal),
                                       limits=self.outlet.settings.policy.journal,
-                                      recorder=self._record_step)
+                                      recorder=self._record_step, sync=self._sync)
             async for output in drive(self.outlet.agent, self.dispatch.history,
                                       self.dispatch.input_text, self.context):
                 self.last_progress = time.monotonic()
@@ -288,6 +294,26 @@ class Execution:
                                                self.attempt, self.outlet.worker_id, now_ms()))
 
     # --- the step journal ---
+
+    def execution_started(self, execution_id: str, journal: list[JournalEntry]) -> None:
+        """The watch read an `execution_started` of the run, with the steps known then."""
+        if execution_id == self.execution_id and self._synced is not None \
+                and not self._synced.done():
+            self._synced.set_result(journal)
+
+    async def _sync(self) -> list[JournalEntry]:
+        """The barrier: wait for this execution's `ExecutionStarted` (every report before
+        it is decided by then), beating meanwhile; the run's steps known at that point."""
+        assert self._synced is not None
+        if not self._synced.done():
+            log.info("run %s attempt %d: execution %s waits until its start is decided",
+                     self.dispatch.run_id, self.attempt, self.execution_id)
+        while True:
+            self.last_progress = time.monotonic()
+            try:
+                return await asyncio.wait_for(asyncio.shield(self._synced), 1.0)
+            except TimeoutError:
+                continue
 
     def step_recorded(self, entry: JournalEntry) -> None:
         """The watch read that the run's step `entry.step` was recorded."""

@@ -88,7 +88,7 @@ class Worker:
             fetch_max_wait_ms=100,
         )
         self.watch = LifecycleWatch(settings, f"worker-{self.worker_id}", self._on_fate,
-                                    self.codec, self._on_step)
+                                    self.codec, self._on_step, self._on_execution)
         self.outlet = Outlet(self.producer, self.codec, settings, agent, self.worker_id)
         self._background: set[asyncio.Task[None]] = set()
 
@@ -210,6 +210,10 @@ class Worker:
                     del self.by_run[run_id]
             if execution.finished:
                 execution.offsets.finish(execution.offset)
+
+    def _on_execution(self, run_id: str, execution_id: str) -> None:
+        for execution in list(self.by_run.get(run_id, ())):
+            execution.execution_started(execution_id, self.watch.journal_of(run_id))
 
     def _on_step(self, run_id: str, entry: JournalEntry) -> None:
         for execution in list(self.by_run.get(run_id, ())):

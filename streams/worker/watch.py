@@ -42,11 +42,13 @@ class LifecycleWatch:
 
     def __init__(self, settings: Settings, client_id: str,
                  on_fate: Callable[[str, RunFate], None], codec: Codec,
-                 on_step: Callable[[str, JournalEntry], None] = lambda run, entry: None) -> None:
+                 on_step: Callable[[str, JournalEntry], None] = lambda run, entry: None,
+                 on_execution: Callable[[str, str], None] = lambda run, execution: None) -> None:
         self.topic = settings.topics.stream
         self.codec = codec
         self.on_fate = on_fate
         self.on_step = on_step
+        self.on_execution = on_execution
         self.fates: OrderedDict[str, RunFate] = OrderedDict()
         self.journals: OrderedDict[str, dict[int, JournalEntry]] = OrderedDict()
         self.covered_from: dict[int, int] = {}  # partition -> records read since (ms)
@@ -169,6 +171,9 @@ class LifecycleWatch:
         except DecodeError:
             return
         if not isinstance(output.payload, RunLifecycle):
+            return
+        if output.payload.event == Lifecycle.EXECUTION_STARTED:
+            self.on_execution(output.run_id, output.payload.detail)
             return
         if output.payload.event == Lifecycle.STEP_RECORDED:
             entry = entry_from_json(output.payload.detail)

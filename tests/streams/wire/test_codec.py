@@ -42,6 +42,7 @@ from streams.domain import (
     CreateThread,
     DeleteThread,
     Event,
+    ExecutionStarted,
     HeartbeatRecorded,
     IdempotencyRecord,
     MessageAccepted,
@@ -54,6 +55,7 @@ from streams.domain import (
     ReportAttemptCompleted,
     ReportAttemptFailed,
     ReportAttemptStarted,
+    ReportExecutionStarted,
     ReportHeartbeat,
     ReportStepCompleted,
     ResumeRun,
@@ -127,6 +129,7 @@ COMMANDS: list[Command] = [
     DeleteThread(T, "acme", 9),
     ReportStepCompleted(T, "r1", 1, "worker-a", ENTRY, 10),
     ResumeRun(T, "acme", "r1", '{"ok": true}', 11),
+    ReportExecutionStarted(T, "r1", 1, "worker-a", "exec-1", 12),
 ]
 EVENTS: list[Event] = [
     ThreadCreated(T, "acme", "Trip planning", 1),
@@ -148,6 +151,7 @@ EVENTS: list[Event] = [
     ThreadDeleted(T, "acme", 12, 13),
     StepRecorded(T, "r1", 2, ENTRY, 14),
     RunInterrupted(T, "r1", 2, 4, '{"question": "?"}', 15),
+    ExecutionStarted(T, "r1", 2, "exec-2", 16),
 ]
 PARTS: list[StreamPart] = [
     MessageStart("assistant"),

@@ -22,7 +22,14 @@ import pytest
 
 from streams.agents.builtin import BuiltinAgent
 from streams.agents.runtime import RunContext, drive
-from streams.domain import Event, RetryScheduled, RunCompleted, RunFailed, StepRecorded
+from streams.domain import (
+    Event,
+    ReportStepCompleted,
+    RetryScheduled,
+    RunCompleted,
+    RunFailed,
+    StepRecorded,
+)
 from streams.records import StepOutput
 from streams.testing.openai_server import answer_for
 from streams.testing.process import ChildProcess, wait_for
@@ -36,6 +43,7 @@ from tests.streams.worker.test_worker import (
     _of_run,
     _output_of,
     _read_stream,
+    _reports,
     _stack,
     _text_of,
 )
@@ -242,3 +250,47 @@ def test_caps_end_a_runaway_run_and_an_oversize_result_goes_back_to_the_agent(
         result = next(s for s in completed[0].message.steps if s.kind == "tool_result")
         assert json.loads(result.payload_json)["error"].startswith("result refused: step_too_large")
         assert stack.processor.alive() and stack.workers["w1"].alive()
+
+
+@pytest.mark.kafka
+@pytest.mark.chaos
+def test_a_step_reported_but_not_yet_decided_is_not_done_again(
+    test_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The window chaos found, closed: the processor is down when a tool call finishes and
+    is reported; its worker is killed; the execution that takes over must not call the
+    tool again before the processor has decided every earlier report (its barrier,
+    ExecutionStarted), and then replays the call."""
+    log = tmp_path / "tools.log"
+    env = {**test_env, **FAST, "THREADLINE_HEARTBEAT_TIMEOUT_S": "120",
+           "THREADLINE_AGENT_TOKENS_PER_S": "0", "THREADLINE_AGENT_WORDS": "3",
+           "THREADLINE_AGENT_TOOLS": "2", "THREADLINE_AGENT_TOOL_DELAY_S": "1.5",
+           "THREADLINE_AGENT_TOOL_LOG": str(log)}
+    with _stack(env, tmp_path, ["w1", "w2"]) as stack:
+        _, run = stack.post("refund order 7")
+        call = wait_for(lambda: next((c for c in _open_calls(log) if c.run_id == run), None),
+                        60, interval=0.02)
+        assert call is not None and call.step == 1
+        stack.processor.kill9()  # step 1 will be reported, not decided
+        _reports(stack.settings, lambda r: any(isinstance(c, ReportStepCompleted)
+                                               and c.run_id == run and c.entry.step == 1
+                                               for c in r))
+        victim = _victim(stack, call.pid)
+        assert victim is not None
+        stack.workers[victim].kill9()
+        stack.workers[victim].start()
+        survivor = ({"w1", "w2"} - {victim}).pop()
+        # The dispatch is redelivered; the new execution replays step 0 and, before the
+        # tool call, waits for its barrier while the processor is down.
+        wait_for(lambda: any(f"run {run} attempt 1: execution" in line
+                             and "waits until its start is decided" in line
+                             for p in stack.workers.values() for line in p.output().splitlines()),
+                 60)
+        assert [c for c in _calls(log) if c.run_id == run and c.step == 1 and c.what == "start"
+                and c.pid != call.pid] == [], "the tool ran again before the processor came back"
+        stack.processor.start()
+        events = _completed(stack, [run], timeout=120)
+        completed = [e for e in _of_run(events, run) if isinstance(e, RunCompleted)]
+        assert len(completed) == 1, stack.logs()
+        done = Counter(c.step for c in _calls(log) if c.what == "done" and c.run_id == run)
+        assert done == Counter({1: 1, 3: 1}), (done, survivor)
