@@ -38,7 +38,7 @@ HEADER = ("| seed | threads | messages | accepted | 409s | enqueued | interrupte
           "| lost | duplicated | gaps "
           "| stuck | kills p/w/g/b | self-exits | watched runs (unwatched) | reconnects "
           "| streams cut short | aborted records | aimed kills | guarantee "
-          "| max recovery s p/w/g/b | longest run s | wall s |")
+          "| max recovery s p/w/g/b | longest run s | tool calls (dup) | wall s |")
 
 
 def table_row(outcome: Outcome) -> str:
@@ -54,7 +54,8 @@ def table_row(outcome: Outcome) -> str:
             f"{kills} | {exits} | {r.watched_runs} ({r.unwatched}) | {outcome.reconnects} | "
             f"{r.cut_short} | {r.aborted} | {outcome.aimed} | "
             f"{outcome.config.processing_guarantee} | {recovery} | "
-            f"{outcome.max_run_s:.1f} | {outcome.wall_s:.0f} |")
+            f"{outcome.max_run_s:.1f} | {r.tool_calls} ({r.tool_duplicates}) | "
+            f"{outcome.wall_s:.0f} |")
 
 
 def _kind(violation: str) -> str:

@@ -42,6 +42,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from chaos.tools_audit import audit_tools
 from chaos.topic_audit import TopicReads, audit_topics
 from streams.domain import (
     Event,
@@ -120,6 +121,7 @@ class Observations:
     server_errors: list[str] = field(default_factory=list)  # 500s answered
     stuck: list[str] = field(default_factory=list)  # waits that passed their deadline
     topics: TopicReads | None = None  # the transactional topics; None: not audited
+    tool_log: list[str] | None = None  # the builtin tool's side-effect log; None: not audited
 
 
 @dataclass(slots=True)
@@ -141,6 +143,8 @@ class Report:
     interrupted: int = 0  # runs cancelled by a later post's interrupt (not a violation)
     rolled_back: int = 0  # runs rolled back: answered-then-removed (not a violation)
     aborted: int = 0  # records of aborted transactions (hidden from read_committed readers)
+    tool_calls: int = 0  # tool functions entered (chaos.tools_audit)
+    tool_duplicates: int = 0  # completed tool calls made again: violations
     violations: list[str] = field(default_factory=list)
 
     @property
@@ -187,6 +191,11 @@ def audit(obs: Observations) -> Report:
         report._fail(None, f"server error: {error}")
     for what in obs.stuck:
         report._fail("stuck", f"waited forever: {what}")
+    if obs.tool_log is not None:
+        tools = audit_tools(obs.tool_log, obs.events,
+                            obs.topics.step_decided_ms if obs.topics is not None else None)
+        report.tool_calls, report.tool_duplicates = tools.executions, tools.duplicates
+        report.violations += tools.violations
     return report
 
 

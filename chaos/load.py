@@ -23,6 +23,7 @@ import base64
 import contextlib
 import random
 import time
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -41,6 +42,7 @@ class LoadConfig:
     threads: int
     seed: int
     slow_share: float = 0.15  # messages marked [slow]
+    tools_share: float = 0.25  # messages marked [tools=2]: two journaled tool calls each
     impatient_share: float = 0.2  # posts sent while the previous run is still going
     enqueue_share: float = 0.15  # of those: with multitask_strategy enqueue
     interrupt_share: float = 0.1  # of those: with multitask_strategy interrupt
@@ -109,7 +111,8 @@ class Load:
             while time.monotonic() < posting_until:
                 post = Post(thread_id, "", "")
                 text = f"message {number} of thread {index}" + (
-                    " [slow]" if rng.random() < self.config.slow_share else "")
+                    " [slow]" if rng.random() < self.config.slow_share else "") + (
+                    " [tools=2]" if uses_tools(index, number, self.config.tools_share) else "")
                 key = f"m-{number}"
                 early = previous is not None and not self.ended[previous.run_id].is_set()
                 draw = rng.random()
@@ -279,6 +282,12 @@ class Load:
             if finished():
                 return
             await asyncio.sleep(rng.uniform(0.0, 0.2))
+
+
+def uses_tools(thread: int, number: int, share: float) -> bool:
+    """Whether message `number` of thread `thread` calls tools: a hash, so the clients'
+    random draws (and with them earlier seeds' runs) stay as they were."""
+    return zlib.crc32(f"{thread}:{number}".encode()) % 1000 < share * 1000
 
 
 def decode_id(event_id: str) -> str:

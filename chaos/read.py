@@ -25,6 +25,7 @@ from chaos.topic_audit import (
     message_identities,
 )
 from streams.config import Settings
+from streams.domain import StepRecorded
 from streams.history import parse_message_key
 from streams.wire import Codec, DecodeError
 
@@ -94,6 +95,9 @@ def _decode(codec: Codec, topic: str, raw: Raw, reads: TopicReads | None) -> Top
             meta, event = codec.decode_event(value)
             if reads is not None:
                 reads.events.append((meta.thread_id, event))
+                if isinstance(event, StepRecorded):  # when the processor decided it
+                    reads.step_decided_ms[f"{event.run_id}:{event.entry.step}"] = \
+                        meta.produced_at_ms
             return TopicRecord(topic, raw.partition, raw.offset,
                                event_identities(meta.envelope_id, event), repr(event))
         if topic == "dispatch" and value is not None:

@@ -128,7 +128,14 @@ async def _collect(stack: Stack, load: Load) -> Observations:
     return Observations(posts=load.posts, events=[e for _, e in reads.events], stored=stored,
                         references=references, watchers=load.watchers, dead_letters=dead,
                         server_errors=load.server_errors + api.server_errors, stuck=load.stuck,
-                        topics=reads)
+                        topics=reads, tool_log=_tool_log(stack))
+
+
+def _tool_log(stack: Stack) -> list[str]:
+    path = Path(stack.env.get("THREADLINE_AGENT_TOOL_LOG", "")) if stack.env else None
+    if path is None or not path.is_file():
+        return []
+    return path.read_text().splitlines()
 
 
 def _dump(path: Path, obs: Observations) -> None:

@@ -46,6 +46,10 @@ def chaos_env(bootstrap: str, folder: Path, replication: int) -> dict[str, str]:
         "THREADLINE_AGENT_TOKENS_PER_S": "60",
         "THREADLINE_AGENT_SLOW_TOKENS_PER_S": "8",
         "THREADLINE_AGENT_WORDS": "16",
+        # Messages marked [tools=2] (chaos.load) call the builtin `lookup` tool, whose
+        # side effects go to this log for the tool audit (chaos.tools_audit).
+        "THREADLINE_AGENT_TOOL_LOG": str(folder / "tools.log"),
+        "THREADLINE_AGENT_TOOL_DELAY_S": "0.3",
         "THREADLINE_LOG_LEVEL": "INFO",
     })
 

@@ -63,6 +63,7 @@ from streams.domain import (
     AttemptDispatched,
     AttemptStarted,
     Event,
+    ExecutionStarted,
     HeartbeatRecorded,
     MessageAccepted,
     MessageQueued,
@@ -72,7 +73,9 @@ from streams.domain import (
     RunCancelled,
     RunCompleted,
     RunFailed,
+    RunInterrupted,
     RunStatus,
+    StepRecorded,
     ThreadCreated,
     ThreadDeleted,
     ThreadState,
@@ -137,6 +140,8 @@ class TopicReads:
     history: list[HistoryRecord] = field(default_factory=list)
     states: list[StateRecord] = field(default_factory=list)
     events: list[tuple[str, Event]] = field(default_factory=list)  # (thread, event), committed
+    # run_id:step -> when the processor decided its StepRecorded (the event's envelope time)
+    step_decided_ms: dict[str, int] = field(default_factory=dict)
 
 
 class _Post(Protocol):
@@ -183,6 +188,12 @@ def event_identities(envelope_id: str, event: Event) -> tuple[Identity, ...]:
             ids.append((thread, "RunEnded", event.run_id))
         case PartialAnswerStored():
             ids.append((thread, kind, event.run_id))
+        case ExecutionStarted():
+            ids.append((thread, kind, event.run_id, event.execution_id))
+        case StepRecorded():  # each step of a run is recorded once
+            ids.append((thread, kind, event.run_id, event.entry.step))
+        case RunInterrupted():
+            ids.append((thread, kind, event.run_id, event.step))
     return tuple(ids)
 
 

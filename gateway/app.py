@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway import ai_chat, console, langgraph, rest, streaming
+from gateway import ai_chat, console, interrupts, langgraph, rest, streaming
 from gateway.auth import RedactingAccessLogger, auth_middleware
 from gateway.decisions import CommandBus
 from gateway.demo import demo_page
@@ -116,6 +116,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     app.router.add_get("/v1/threads/{thread_id}/messages", rest.list_messages)
     app.router.add_post("/v1/threads/{thread_id}/user_message", rest.post_user_message)
     app.router.add_post("/v1/threads/{thread_id}/runs/{run_id}/cancel", rest.cancel_run)
+    app.router.add_post("/v1/threads/{thread_id}/runs/{run_id}/resume", interrupts.resume_run)
     app.router.add_get("/v1/threads/{thread_id}/stream", streaming.thread_stream)
     app.router.add_get("/v1/runs/{run_id}/events", streaming.run_events)
     ai_chat.routes(app)

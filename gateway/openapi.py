@@ -184,6 +184,9 @@ SPEC: dict[str, Any] = {
                 "next_cursor": {"type": ["string", "null"], "description": (
                     "Continues in the direction read: pass it as `after` (or as `before` "
                     "if this page was read with `before`); null at the end.")}}},
+            "Resume": {"type": "object", "properties": {
+                "run_id": {"type": "string"},
+                "status": {"type": "string", "enum": ["resumed", "pending"]}}},
             "Cancel": {"type": "object", "properties": {
                 "run_id": {"type": "string"},
                 "status": {"type": "string", "enum": ["cancelled", "pending"]}}},
@@ -281,6 +284,15 @@ SPEC: dict[str, Any] = {
             "responses": {"202": _json("Cancelled or pending", "Cancel"), "401": _UNAUTHORIZED,
                           "404": _NOT_FOUND, "409": _problem("The run already ended"),
                           "429": _POSTS}}},
+        "/v1/threads/{thread_id}/runs/{run_id}/resume": {"post": {
+            "summary": "Resume an interrupted run: the agent's interrupt() returns `value`",
+            "parameters": [_THREAD_ID, _RUN_ID],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "required": ["value"], "properties": {"value": {}}}}}},
+            "responses": {"202": _json("Resumed or pending", "Resume"), "401": _UNAUTHORIZED,
+                          "404": _NOT_FOUND, "409": _problem("The run is not interrupted"),
+                          "413": _problem("The value is too large"),
+                          "422": _problem("No value, or not a JSON body"), "429": _POSTS}}},
         "/v1/threads/{thread_id}/stream": {"get": {
             "summary": "Every run of the thread as server-sent events",
             "parameters": [_THREAD_ID, *_SSE_PARAMS],

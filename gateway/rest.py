@@ -128,7 +128,8 @@ def _thread(state: ThreadState) -> dict[str, Any]:
         "run_count": state.run_count,
         "active_run": None if run is None else {
             "run_id": run.run_id, "message_id": run.message_id, "attempt": run.attempt,
-            "status": run.status.value, "accepted_at_ms": run.accepted_at_ms or None},
+            "status": run.shown_status, "accepted_at_ms": run.accepted_at_ms or None,
+            "interrupt": None if run.interrupt_json is None else json.loads(run.interrupt_json)},
         "last_run": None if last is None else {
             "run_id": last.run_id, "message_id": last.message_id, "status": last.status.value,
             "attempts": last.attempts},

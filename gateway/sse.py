@@ -247,6 +247,8 @@ class RunTracker:
         if state.terminal or state.thread_id != thread_id:
             return None
         if isinstance(payload, RunLifecycle):
+            if payload.event in (Lifecycle.STEP_RECORDED, Lifecycle.EXECUTION_STARTED):
+                return None  # for workers (the journal); clients saw the `step`s
             return self._lifecycle(state, output.run_id, payload.event, output.attempt)
         if output.attempt < state.fate.min_attempt:  # not `kills`: terminal runs are out already
             return None

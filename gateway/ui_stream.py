@@ -19,6 +19,7 @@ allows (`CHUNK_FIELDS`, copied from `ai`'s `uiMessageChunkSchema`).
 | `run_completed` | `data-run`, `finish` |
 | `run_failed` | `data-run`, `error`, `finish` (`finishReason: "error"`) |
 | `run_cancelled` | `data-run`, `abort` |
+| `interrupt` | (`finish-step`), `data-run` with the agent's question (human in the loop) |
 | `done` | `[DONE]` |
 
 `data-run` parts share the run's id, so the SDK keeps one part a message with the
@@ -135,7 +136,7 @@ class UiMessageStream:
             self.finish_reason = reason if reason in FINISH_REASONS else "other"
             out += self._close_step()
         if name in ("attempt_dispatched", "retry_scheduled", "run_accepted", "run_completed",
-                    "run_failed", "run_cancelled"):
+                    "run_failed", "run_cancelled", "interrupt"):
             if name != "run_accepted":
                 out += self._close_step()
             out.append(self._run_part(name, data))

@@ -13,11 +13,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from streams.domain import Policy
+from streams.journal import JournalLimits
 from streams.observability.settings import ObservabilitySettings
 
 __all__ = ["GatewayLimits", "Settings", "TopicNames"]
 
 DAY_MS = 24 * 60 * 60 * 1000
+_LIMITS = JournalLimits()
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +164,14 @@ class Settings:
             max_output_bytes=_int(env, "THREADLINE_MAX_OUTPUT_BYTES", 512 * 1024),
             idempotency_window_ms=_ms(env, "THREADLINE_IDEMPOTENCY_WINDOW_S", 24 * 3600),
             max_idempotency_keys=_int(env, "THREADLINE_MAX_IDEMPOTENCY_KEYS", 256),
+            interrupt_timeout_ms=_ms(env, "THREADLINE_INTERRUPT_TIMEOUT_S", 0),
+            journal=JournalLimits(
+                max_steps=_int(env, "THREADLINE_MAX_STEPS", _LIMITS.max_steps),
+                max_tool_calls=_int(env, "THREADLINE_MAX_TOOL_CALLS", _LIMITS.max_tool_calls),
+                max_entry_bytes=_int(env, "THREADLINE_MAX_STEP_BYTES", _LIMITS.max_entry_bytes),
+                max_journal_bytes=_int(env, "THREADLINE_MAX_JOURNAL_BYTES",
+                                       _LIMITS.max_journal_bytes),
+            ),
         )
         guarantee = env.get("THREADLINE_PROCESSING_GUARANTEE", "exactly_once")
         if guarantee not in ("exactly_once", "at_least_once"):

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
+from streams.journal import JournalEntry, JournalLimits
+
 __all__ = [
     "NOTHING_KNOWN",
     "TERMINAL_EVENTS",
@@ -29,8 +31,11 @@ __all__ = [
     "CreateThread",
     "DeleteThread",
     "Event",
+    "ExecutionStarted",
     "HeartbeatRecorded",
     "IdempotencyRecord",
+    "JournalEntry",
+    "JournalLimits",
     "Known",
     "MessageAccepted",
     "MessageQueued",
@@ -43,15 +48,20 @@ __all__ = [
     "ReportAttemptFailed",
     "ReportAttemptStarted",
     "ReportHeartbeat",
+    "ReportExecutionStarted",
+    "ReportStepCompleted",
+    "ResumeRun",
     "RetryScheduled",
     "RunAccepted",
     "RunCancelled",
     "RunCompleted",
     "RunFailed",
+    "RunInterrupted",
     "RunRecord",
     "RunRejected",
     "RunStatus",
     "Step",
+    "StepRecorded",
     "StoredMessage",
     "QueuedMessage",
     "ThreadCreated",
@@ -86,6 +96,10 @@ class Policy:
     max_idempotency_keys: int = 256
     # User messages a thread may hold queued behind its active run (enqueue).
     max_queued_messages: int = 16
+    # A run's step journal: caps on its steps, tool calls and bytes (streams.journal).
+    journal: JournalLimits = field(default_factory=JournalLimits)
+    # How long an interrupted run waits for its resume before it fails; 0: forever.
+    interrupt_timeout_ms: int = 0
 
     def backoff_ms(self, failed_attempt: int) -> int:
         """Delay before the attempt after `failed_attempt` (1-based)."""
@@ -234,6 +248,43 @@ class ReportAttemptFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class ReportStepCompleted:
+    """Worker report: the attempt completed a step (`entry.step`), to be journaled."""
+
+    thread_id: str
+    run_id: str
+    attempt: int
+    worker_id: str
+    entry: JournalEntry
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReportExecutionStarted:
+    """Worker report: an execution of the attempt began. Decided after every earlier
+    report on the thread (one partition, in order), so once the execution sees its
+    `ExecutionStarted`, every step reported before it is in the journal it can read."""
+
+    thread_id: str
+    run_id: str
+    attempt: int
+    worker_id: str
+    execution_id: str
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeRun:
+    """Command: continue an interrupted run; the agent's `interrupt()` returns the value."""
+
+    thread_id: str
+    tenant: str
+    run_id: str
+    value_json: str
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class CheckDeadlines:
     """The clock: the processor's timer asks the thread to act on due deadlines."""
 
@@ -251,6 +302,9 @@ Command = (
     | ReportAttemptFailed
     | CheckDeadlines
     | DeleteThread
+    | ReportStepCompleted
+    | ResumeRun
+    | ReportExecutionStarted
 )
 
 
@@ -401,6 +455,40 @@ class RunCancelled:
 
 
 @dataclass(frozen=True, slots=True)
+class StepRecorded:
+    """Event: a step of the current attempt joined the run's journal (a sign of life too)."""
+
+    thread_id: str
+    run_id: str
+    attempt: int
+    entry: JournalEntry
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunInterrupted:
+    """Event: the agent asked a human; the run waits, without heartbeats, for `ResumeRun`."""
+
+    thread_id: str
+    run_id: str
+    attempt: int
+    step: int  # the interrupt's step number in the journal once resumed
+    payload_json: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionStarted:
+    """Event: an execution of the current attempt began (a sign of life too)."""
+
+    thread_id: str
+    run_id: str
+    attempt: int
+    execution_id: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class PartialAnswerStored:
     """Event: the answer an interrupted run had streamed (multitask_strategy interrupt),
     reported by its worker once it stopped; stored after the run ended, marked."""
@@ -435,6 +523,9 @@ Event = (
     | ThreadDeleted
     | MessageQueued
     | PartialAnswerStored
+    | StepRecorded
+    | RunInterrupted
+    | ExecutionStarted
 )
 
 TERMINAL_EVENTS = (RunCompleted, RunFailed, RunCancelled)
@@ -470,6 +561,21 @@ class ActiveRun:
     retry_due_ms: int | None  # when RETRY_WAIT ends
     message_seq: int = -1  # seq of the user message in the thread's history
     accepted_at_ms: int = 0
+    journal: tuple[JournalEntry, ...] = ()  # completed steps, across attempts (Policy.journal)
+    # Set while the run waits for a human (status RETRY_WAIT with no retry due, so no
+    # deadline and no worker report applies): what the agent asked, JSON. Not a
+    # RunStatus symbol: an enum symbol old readers lack would break them.
+    interrupt_json: str | None = None
+
+    @property
+    def awaiting_resume(self) -> bool:
+        """Whether the run waits for a human's resume (`streams.interrupts`)."""
+        return self.interrupt_json is not None
+
+    @property
+    def shown_status(self) -> str:
+        """The status as the API shows it: `interrupted` while it waits for a human."""
+        return "interrupted" if self.awaiting_resume else self.status.value
 
 
 @dataclass(frozen=True, slots=True)

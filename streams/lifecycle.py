@@ -16,14 +16,18 @@ from enum import StrEnum
 from streams.domain import (
     AttemptDispatched,
     Event,
+    ExecutionStarted,
     RetryScheduled,
     RunAccepted,
     RunCancelled,
     RunCompleted,
     RunFailed,
+    RunInterrupted,
+    StepRecorded,
     ThreadState,
 )
 from streams.ids import answer_message_id_for, workflow_id_for
+from streams.journal import JournalEntry, entry_to_json
 from streams.records import Dispatch, HistoryMessage, RunLifecycle, StreamOutput
 from streams.thread import INTERRUPTED
 
@@ -46,6 +50,15 @@ class Lifecycle(StrEnum):
     RUN_COMPLETED = "run_completed"
     RUN_FAILED = "run_failed"
     RUN_CANCELLED = "run_cancelled"
+    # A step joined the run's journal (detail: the entry as JSON). For workers: the
+    # gateway does not pass it on to clients, which see the step's `step` events.
+    STEP_RECORDED = "step_recorded"
+    # The run waits for a human (detail: the agent's payload, JSON); resumed, the same
+    # attempt is dispatched again (`attempt_dispatched`).
+    INTERRUPT = "interrupt"
+    # An execution of the attempt began (detail: its id). For workers: once an
+    # execution reads its own, the journal it reads is complete. Not passed to clients.
+    EXECUTION_STARTED = "execution_started"
 
 
 class StreamEnd(StrEnum):
@@ -62,6 +75,8 @@ _NAMES: dict[type, Lifecycle] = {
     RunAccepted: Lifecycle.RUN_ACCEPTED, AttemptDispatched: Lifecycle.ATTEMPT_DISPATCHED,
     RetryScheduled: Lifecycle.RETRY_SCHEDULED, RunCompleted: Lifecycle.RUN_COMPLETED,
     RunFailed: Lifecycle.RUN_FAILED, RunCancelled: Lifecycle.RUN_CANCELLED,
+    StepRecorded: Lifecycle.STEP_RECORDED, RunInterrupted: Lifecycle.INTERRUPT,
+    ExecutionStarted: Lifecycle.EXECUTION_STARTED,
 }
 
 
@@ -117,14 +132,22 @@ def lifecycle_record(event: Event, before: ThreadState | None) -> StreamOutput |
     elif isinstance(event, RunCancelled):
         attempt = run.attempt if run else 0  # the attempt that was running
         detail = event.reason
+    elif isinstance(event, ExecutionStarted):
+        attempt, detail = event.attempt, event.execution_id
+    elif isinstance(event, RunInterrupted):
+        attempt, detail = event.attempt, event.payload_json
+    elif isinstance(event, StepRecorded):
+        attempt, detail = event.attempt, entry_to_json(event.entry)
     return StreamOutput(run_id=run_id, attempt=attempt, message_id=answer_message_id_for(run_id),
                         part_id="lifecycle", seq=0,
                         payload=RunLifecycle(name.value, user_message_id, detail, message))
 
 
 def dispatch_record(event: AttemptDispatched, thread_id: str, input_text: str,
-                    context: tuple[HistoryMessage, ...]) -> Dispatch:
-    """The dispatch record handing attempt `event` to the workers, with `context`."""
+                    context: tuple[HistoryMessage, ...],
+                    journal: tuple[JournalEntry, ...] = ()) -> Dispatch:
+    """The dispatch record handing attempt `event` to the workers, with `context` and
+    the steps earlier attempts completed (`journal`)."""
     return Dispatch(run_id=event.run_id, message_id=event.message_id, attempt=event.attempt,
                     workflow_id=workflow_id_for(thread_id), input_text=input_text,
-                    history=context, dispatched_at_ms=event.at_ms)
+                    history=context, dispatched_at_ms=event.at_ms, journal=journal)

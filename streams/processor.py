@@ -44,7 +44,9 @@ from streams.domain import (
     ReportAttemptCompleted,
     ReportAttemptFailed,
     ReportAttemptStarted,
+    ReportExecutionStarted,
     ReportHeartbeat,
+    ReportStepCompleted,
     RunCancelled,
     RunFailed,
     ThreadState,
@@ -360,7 +362,8 @@ class Processor:
         """The decision instead of one whose records cannot fit: a worker's report on
         the live attempt ends the run `record_too_large`; anything else decides nothing."""
         if not isinstance(command, ReportAttemptCompleted | ReportAttemptStarted |
-                          ReportHeartbeat | ReportAttemptFailed):
+                          ReportHeartbeat | ReportAttemptFailed | ReportStepCompleted |
+                          ReportExecutionStarted):
             return None
         failed = ReportAttemptFailed(command.thread_id, command.run_id, command.attempt,
                                      command.worker_id, RECORD_TOO_LARGE, False, command.now_ms)
@@ -501,7 +504,8 @@ class Processor:
         budget = self.settings.context_chars
         while True:
             context = context_window(newest, budget, HISTORY_LIMIT)
-            dispatch = dispatch_record(event, state.thread_id, input_text, context)
+            dispatch = dispatch_record(event, state.thread_id, input_text, context,
+                                       run.journal if run is not None else ())
             value = self.codec.encode_dispatch(dispatch, meta)
             # Characters are not bytes: halve the budget until the record fits.
             if len(value) + len(key) <= self.max_record_bytes or not context:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from streams.domain import AssistantMessage, Citation, RunStatus, StoredMessage
+from streams.journal import JournalEntry
 
 __all__ = [
     "CitationsOutput",
@@ -60,6 +61,7 @@ class Dispatch:
     input_text: str
     history: tuple[HistoryMessage, ...]
     dispatched_at_ms: int
+    journal: tuple[JournalEntry, ...] = ()  # steps earlier attempts completed: replayed
 
 
 # --- live output: the parts of one streamed assistant message ---------------

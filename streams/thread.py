@@ -44,6 +44,7 @@ from streams.domain import (
     CreateThread,
     DeleteThread,
     Event,
+    ExecutionStarted,
     HeartbeatRecorded,
     IdempotencyRecord,
     Known,
@@ -58,20 +59,34 @@ from streams.domain import (
     ReportAttemptCompleted,
     ReportAttemptFailed,
     ReportAttemptStarted,
+    ReportExecutionStarted,
     ReportHeartbeat,
+    ReportStepCompleted,
+    ResumeRun,
     RetryScheduled,
     RunAccepted,
     RunCancelled,
     RunCompleted,
     RunFailed,
+    RunInterrupted,
     RunRecord,
     RunRejected,
     RunStatus,
+    StepRecorded,
     ThreadCreated,
     ThreadDeleted,
     ThreadState,
 )
 from streams.ids import answer_message_id_for, run_id_for, workflow_id_for
+from streams.interrupts import (
+    interrupt_deadline_ms,
+    interrupted,
+    on_interrupted,
+    reported_interrupt,
+    resume_run,
+    timed_out,
+)
+from streams.journal import INTERRUPT, admit
 
 __all__ = [
     "ATTEMPT_TIMEOUT",
@@ -95,6 +110,7 @@ _LIVE = frozenset({RunStatus.DISPATCHED, RunStatus.RUNNING})
 
 _WorkerReport = (
     ReportAttemptStarted | ReportHeartbeat | ReportAttemptCompleted | ReportAttemptFailed
+    | ReportStepCompleted | ReportExecutionStarted
 )
 _RunEvent = (
     AttemptDispatched
@@ -104,6 +120,9 @@ _RunEvent = (
     | RunCompleted
     | RunFailed
     | RunCancelled
+    | StepRecorded
+    | RunInterrupted
+    | ExecutionStarted
 )
 
 # RetryScheduled.reason and RunFailed.error when a deadline ends an attempt.
@@ -154,6 +173,8 @@ def decide(state: ThreadState | None, command: Command, policy: Policy,
             return _delete_thread(state, command)
         case CheckDeadlines():
             events = _check_deadlines(state, command, policy)
+        case ResumeRun():
+            events = resume_run(state, command, policy)
         case _:
             # mypy narrows what is left to the four worker reports.
             events = _worker_report(state, command, policy)
@@ -213,6 +234,8 @@ def next_deadline_ms(state: ThreadState | None, policy: Policy) -> int | None:
             run.last_heartbeat_ms + policy.heartbeat_timeout_ms + 1,
             run.attempt_started_ms + policy.attempt_timeout_ms + 1,
         )
+    if interrupted(run):
+        return interrupt_deadline_ms(run, policy)
     if run.status is RunStatus.RETRY_WAIT:
         return run.retry_due_ms
     return None
@@ -396,6 +419,8 @@ def _check_deadlines(
         if now > run.attempt_started_ms + policy.attempt_timeout_ms:
             return _attempt_failed(state, run, ATTEMPT_TIMEOUT, ATTEMPT_TIMEOUT, True, now, policy)
         return []
+    if interrupted(run):
+        return timed_out(state, run, now, policy)
     if run.status is RunStatus.RETRY_WAIT and run.retry_due_ms is not None:
         if now < run.retry_due_ms:
             return []
@@ -487,6 +512,12 @@ def _worker_report(state: ThreadState | None, report: _WorkerReport, policy: Pol
                     at_ms=report.now_ms,
                 )
             ]
+        case ReportStepCompleted():
+            return _step_completed(state, run, report, policy)
+        case ReportExecutionStarted():
+            return [ExecutionStarted(thread_id=state.thread_id, run_id=run.run_id,
+                                     attempt=run.attempt, execution_id=report.execution_id,
+                                     at_ms=report.now_ms)]
         case ReportAttemptFailed():
             return _attempt_failed(
                 state,
@@ -499,6 +530,24 @@ def _worker_report(state: ThreadState | None, report: _WorkerReport, policy: Pol
             )
         case _:
             assert_never(report)
+
+
+def _step_completed(state: ThreadState, run: ActiveRun, report: ReportStepCompleted,
+                    policy: Policy) -> list[Event]:
+    """The run's next step joins its journal; a repeat (an older step number, e.g. a
+    redelivery or another execution of the attempt that was first) or a gap decides
+    nothing; a step past the caps ends the run, not retryably."""
+    entry = report.entry
+    if entry.step != len(run.journal):
+        return []
+    if entry.kind == INTERRUPT:
+        return reported_interrupt(state, run, report, policy)
+    reason = admit(run.journal, entry, policy.journal)
+    if reason is not None:
+        return [RunFailed(thread_id=state.thread_id, run_id=run.run_id, attempt=run.attempt,
+                          error=reason, at_ms=report.now_ms)]
+    return [StepRecorded(thread_id=state.thread_id, run_id=run.run_id, attempt=run.attempt,
+                         entry=entry, at_ms=report.now_ms)]
 
 
 def _is_partial_answer(state: ThreadState, report: ReportAttemptCompleted,
@@ -643,6 +692,7 @@ def _run_event(state: ThreadState, event: _RunEvent, policy: Policy) -> ThreadSt
                     attempt_started_ms=event.at_ms,
                     last_heartbeat_ms=event.at_ms,
                     retry_due_ms=None,
+                    interrupt_json=None,
                 ),
                 event.at_ms,
             )
@@ -668,6 +718,19 @@ def _run_event(state: ThreadState, event: _RunEvent, policy: Policy) -> ThreadSt
                 state, replace(run, status=RunStatus.RETRY_WAIT, retry_due_ms=event.due_ms),
                 event.at_ms,
             )
+        case RunInterrupted():
+            return _update_run(state, on_interrupted(run, event), event.at_ms)
+        case ExecutionStarted():
+            if event.attempt != run.attempt:
+                return state
+            return replace(state, active_run=replace(
+                run, last_heartbeat_ms=max(run.last_heartbeat_ms, event.at_ms)))
+        case StepRecorded():
+            if event.attempt != run.attempt or event.entry.step != len(run.journal):
+                return state
+            return _update_run(state, replace(
+                run, journal=(*run.journal, event.entry),
+                last_heartbeat_ms=max(run.last_heartbeat_ms, event.at_ms)), event.at_ms)
         case RunCompleted():
             ended = _end_run(state, run, RunStatus.COMPLETED, event.at_ms)
             return replace(ended, message_count=ended.message_count + 1)  # the answer is stored

@@ -9,6 +9,8 @@ failure modes per message, so a test can pick its scenario by what it posts:
     [hang]        stop after a few tokens and never finish (nor make progress)
     [crash]       kill the whole worker process (exit status 137) after a few tokens
     [slow]        stream at the slow rate instead of the normal one
+    [approve]     before the reply, ask a human (`interrupt`) and end the reply
+                  with `Approved: <the resume value>.`
 
 Settings (`settings.extra`):
 
@@ -16,7 +18,19 @@ Settings (`settings.extra`):
     THREADLINE_AGENT_SLOW_TOKENS_PER_S  rate for [slow], default 5
     THREADLINE_AGENT_WORDS              words after the echo, default 24
     THREADLINE_AGENT_STEPS              "1": a tool call, its result and a citation
-                                        follow the text
+                                        follow the text (shown, not journaled)
+    THREADLINE_AGENT_TOOLS              n > 0: the deterministic tool mode (below)
+    THREADLINE_AGENT_TOOL_DELAY_S       how long each `lookup` call takes, default 0
+    THREADLINE_AGENT_TOOL_LOG           a file each `lookup` call appends its side
+                                        effects to: `start <key>`, then `done <key>`
+
+The tool mode, for tests and chaos without a network: before the reply the agent
+takes n turns, each a sentence (`Step i: looking up "<message> #i".`, a model
+turn, journaled) and a call of the `lookup` tool (journaled). `lookup` answers a
+fact derived from its query and cites a source; the reply ends with the facts.
+A message with `[tools=k]` takes k turns instead. Every call goes through
+`streams.agents.runtime.call_tool`, so a retried attempt replays the calls that
+completed and calls `lookup` again only for the rest.
 """
 
 from __future__ import annotations
@@ -26,15 +40,19 @@ import hashlib
 import json
 import os
 import re
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from streams.agents import AgentCitations, AgentError, AgentOutput, AgentStep, TextChunk
+from streams.agents.runtime import call_tool, current, interrupt, model_turn_json
+from streams.agents.tools import Tool, ToolContext, ToolResult
 from streams.config import Settings
 from streams.domain import Citation, Step
+from streams.journal import MODEL_TURN
 from streams.records import HistoryMessage
 
-__all__ = ["BuiltinAgent", "reply_for"]
+__all__ = ["BuiltinAgent", "lookup_tool", "reply_for"]
 
 # Tokens streamed before a [fail], [hang] or [crash] takes effect.
 TOKENS_BEFORE_TROUBLE = 3
@@ -58,6 +76,41 @@ def reply_for(message: str, words: int) -> str:
     return f"{echo} {tail}." if tail else echo
 
 
+def _fact(query: str) -> str:
+    digest = hashlib.shake_256(query.encode("utf-8", "surrogatepass")).digest(3)
+    return " ".join(_VOCABULARY[b % len(_VOCABULARY)] for b in digest)
+
+
+def lookup_tool(delay_s: float = 0.0, log_path: str | None = None) -> Tool:
+    """The builtin `lookup` tool: a fact derived from the query, after `delay_s`,
+    with `start <key> <pid> <ms>` and `done <key> <pid> <ms>` appended to `log_path` around the wait."""
+
+    def note(line: str) -> None:
+        if log_path:
+            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, (line + "\n").encode())
+            finally:
+                os.close(fd)
+
+    async def lookup(arguments: Mapping[str, object], context: ToolContext) -> ToolResult:
+        query = str(arguments.get("query", ""))
+        note(f"start {context.idempotency_key} {os.getpid()} {time.time_ns() // 1_000_000}")
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
+        note(f"done {context.idempotency_key} {os.getpid()} {time.time_ns() // 1_000_000}")
+        source = hashlib.sha256(query.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        return ToolResult({"query": query, "fact": _fact(query)},
+                          (Citation(f"https://example.com/lookup/{source}", f"Lookup: {query}"),))
+
+    return Tool("lookup", "Look a fact up.", {
+        "type": "object", "properties": {"query": {"type": "string"}},
+        "required": ["query"], "additionalProperties": False}, lookup)
+
+
+_TOOLS_MARKER = re.compile(r"\[tools=(\d+)\]")
+
+
 def _tokens(reply: str) -> list[str]:
     # Each token keeps the whitespace before it, so the tokens join to the reply.
     return re.findall(r"\s*\S+", reply)
@@ -75,6 +128,9 @@ class BuiltinAgent:
     slow_tokens_per_s: float = 5.0
     words: int = 24
     steps: bool = False
+    tools: int = 0
+    tool_delay_s: float = 0.0
+    tool_log: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> BuiltinAgent:
@@ -85,6 +141,9 @@ class BuiltinAgent:
             slow_tokens_per_s=_float(extra, "THREADLINE_AGENT_SLOW_TOKENS_PER_S", 5.0),
             words=int(_float(extra, "THREADLINE_AGENT_WORDS", 24)),
             steps=extra.get("THREADLINE_AGENT_STEPS", "") in ("1", "true", "yes"),
+            tools=int(_float(extra, "THREADLINE_AGENT_TOOLS", 0)),
+            tool_delay_s=_float(extra, "THREADLINE_AGENT_TOOL_DELAY_S", 0.0),
+            tool_log=extra.get("THREADLINE_AGENT_TOOL_LOG") or None,
         )
 
     async def run(
@@ -93,7 +152,27 @@ class BuiltinAgent:
         """Stream the reply token by token, acting out any failure marker in the message."""
         rate = self.slow_tokens_per_s if "[slow]" in message else self.tokens_per_s
         pause = 1.0 / rate if rate > 0 else 0.0
-        for index, token in enumerate(_tokens(reply_for(message, self.words))):
+        marker = _TOOLS_MARKER.search(message)
+        turns = int(marker.group(1)) if marker else self.tools
+        facts: list[str] = []
+        if turns > 0:
+            tool = lookup_tool(self.tool_delay_s, self.tool_log)
+            for turn in range(1, turns + 1):
+                query = f"{message.strip()} #{turn}"
+                async for chunk in self._turn(turn, query, pause):
+                    yield chunk
+                result = await call_tool(tool, {"query": query})
+                if isinstance(result.content, dict):
+                    facts.append(str(result.content.get("fact", "")))
+        approval = None
+        if "[approve]" in message:
+            approval = await interrupt({"question": f"May I answer {message.strip()!r}?"})
+        reply = reply_for(message, self.words)
+        if turns > 0:
+            reply = " " + reply + " Facts: " + "; ".join(facts) + "."
+        if approval is not None:
+            reply += f" Approved: {approval}."
+        for index, token in enumerate(_tokens(reply)):
             if index == TOKENS_BEFORE_TROUBLE:
                 await self._trouble(message)
             await asyncio.sleep(pause)
@@ -105,6 +184,22 @@ class BuiltinAgent:
             source = hashlib.sha256(message.encode("utf-8", "surrogatepass")).hexdigest()[:12]
             yield AgentCitations((Citation(f"https://example.com/threadline/{source}",
                                            "Threadline builtin source"),))
+
+    @staticmethod
+    async def _turn(turn: int, query: str, pause: float) -> AsyncIterator[AgentOutput]:
+        """One journaled model turn: its sentence, streamed, or replayed whole."""
+        context = current()
+        entry = context.replay(MODEL_TURN, "builtin")
+        if entry is not None:
+            yield TextChunk(json.loads(entry.output_json)["text"])
+            return
+        text = (" " if turn > 1 else "") + \
+            f"Step {turn}: looking up {json.dumps(query, ensure_ascii=False)}."
+        for token in _tokens(text):
+            await asyncio.sleep(pause)
+            yield TextChunk(token)
+        call = {"name": "lookup", "arguments": json.dumps({"query": query})}
+        await context.record(MODEL_TURN, "builtin", "", model_turn_json(text, [call]))
 
     async def aclose(self) -> None:
         """Nothing to release: the agent holds no connections."""

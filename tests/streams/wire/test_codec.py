@@ -9,7 +9,7 @@ import json
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import fields, is_dataclass
+from dataclasses import fields, is_dataclass, replace
 from enum import Enum
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -42,6 +42,7 @@ from streams.domain import (
     CreateThread,
     DeleteThread,
     Event,
+    ExecutionStarted,
     HeartbeatRecorded,
     IdempotencyRecord,
     MessageAccepted,
@@ -54,21 +55,27 @@ from streams.domain import (
     ReportAttemptCompleted,
     ReportAttemptFailed,
     ReportAttemptStarted,
+    ReportExecutionStarted,
     ReportHeartbeat,
+    ReportStepCompleted,
+    ResumeRun,
     RetryScheduled,
     RunAccepted,
     RunCancelled,
     RunCompleted,
     RunFailed,
+    RunInterrupted,
     RunRecord,
     RunRejected,
     RunStatus,
     Step,
+    StepRecorded,
     StoredMessage,
     ThreadCreated,
     ThreadDeleted,
     ThreadState,
 )
+from streams.journal import JournalEntry
 from streams.records import (
     CitationsOutput,
     DeadLetter,
@@ -104,6 +111,7 @@ T = "thread-1"
 STEPS = (Step("tool_call", "search", '{"q": "kafka"}'), Step("tool_result", "search", "[]"))
 CITES = (Citation("https://kafka.apache.org", "Kafka"), Citation("https://avro.apache.org", "Avro"))
 
+ENTRY = JournalEntry(3, "tool_call", "lookup", '{"q": "✈️"}', '{"content": 1}', "exec-1")
 COMMANDS: list[Command] = [
     CreateThread(T, "acme", "Trip planning", 1_700_000_000_000),
     PostUserMessage(T, "acme", "m1", "Hello ✈️ — été", "idem-1", 1),
@@ -119,6 +127,9 @@ COMMANDS: list[Command] = [
     ReportAttemptFailed(T, "r1", 2, "worker-a", "bad request", False, 8),
     CheckDeadlines(T, 2**62),
     DeleteThread(T, "acme", 9),
+    ReportStepCompleted(T, "r1", 1, "worker-a", ENTRY, 10),
+    ResumeRun(T, "acme", "r1", '{"ok": true}', 11),
+    ReportExecutionStarted(T, "r1", 1, "worker-a", "exec-1", 12),
 ]
 EVENTS: list[Event] = [
     ThreadCreated(T, "acme", "Trip planning", 1),
@@ -138,6 +149,9 @@ EVENTS: list[Event] = [
     RunFailed(T, "r1", 2, "gave up", -1),
     RunCancelled(T, "r1", "user asked", 11),
     ThreadDeleted(T, "acme", 12, 13),
+    StepRecorded(T, "r1", 2, ENTRY, 14),
+    RunInterrupted(T, "r1", 2, 4, '{"question": "?"}', 15),
+    ExecutionStarted(T, "r1", 2, "exec-2", 16),
 ]
 PARTS: list[StreamPart] = [
     MessageStart("assistant"),
@@ -160,6 +174,7 @@ DISPATCH = Dispatch(
     "r1", "m3", 2, "agent-thread-1", "And tomorrow?",
     (HistoryMessage("m1", "user", "Hi"), HistoryMessage("m-a1", "assistant", "Hello")), 10,
 )
+DISPATCH_WITH_JOURNAL = replace(DISPATCH, journal=(ENTRY,))
 DEAD_LETTERS = [
     DeadLetter("threadline.commands", 3, 2**40, b"thread-1", b"\x00\xff", "bad", "DecodeError", 1),
     DeadLetter("threadline.commands", 0, 0, None, b"", "empty", "DecodeError", 2),
@@ -168,7 +183,8 @@ STATES = [
     ThreadState(T, "acme", "Trip planning", 1),
     ThreadState(
         T, "acme", "Trip planning", 1,
-        active_run=ActiveRun("r2", "m2", 2, RunStatus.RETRY_WAIT, 4, 5, 6, 2, 4),
+        active_run=ActiveRun("r2", "m2", 2, RunStatus.RETRY_WAIT, 4, 5, None, 2, 4, (ENTRY,),
+                             '{"question": "?"}'),
         idempotency=MappingProxyType({"idem-1": IdempotencyRecord("m1", "r1", "sha256:ab", 2)}),
         message_count=3, run_count=2, last_run=RunRecord("r1", "m1", RunStatus.COMPLETED, 1),
         updated_at_ms=5, queued=(QueuedMessage("m3", 3, 5), QueuedMessage("m4", 4, 6)),
@@ -279,6 +295,7 @@ def test_records_written_with_earlier_schema_versions_still_read() -> None:
     for name, encode, decode, example in (
         ("CommandEnvelope", CODEC.encode_command, CODEC.decode_command, COMMANDS[1]),
         ("EventEnvelope", CODEC.encode_event, CODEC.decode_event, EVENTS[1]),
+        ("Dispatch", CODEC.encode_dispatch, CODEC.decode_dispatch, DISPATCH),
     ):
         current = fastavro.parse_schema(load_schema(str(SCHEMA_DIR / f"threadline.{name}.avsc")))
         record = fastavro.schemaless_reader(io.BytesIO(encode(example, META)[10:]), current, None,
@@ -295,7 +312,8 @@ def test_records_written_with_earlier_schema_versions_still_read() -> None:
 
 def test_dispatch_and_dead_letter_round_trip() -> None:
     """Dispatches and dead letters round-trip."""
-    assert CODEC.decode_dispatch(CODEC.encode_dispatch(DISPATCH, META)) == (META, DISPATCH)
+    for dispatch in (DISPATCH, DISPATCH_WITH_JOURNAL):
+        assert CODEC.decode_dispatch(CODEC.encode_dispatch(dispatch, META)) == (META, dispatch)
     for dead_letter in DEAD_LETTERS:
         assert CODEC.decode_dead_letter(CODEC.encode_dead_letter(dead_letter)) == dead_letter
 
@@ -326,15 +344,18 @@ _INT64 = st.integers(-(2**63), 2**63 - 1)
 
 
 def _strategy(cls: type) -> st.SearchStrategy[Any]:
-    """hypothesis' own inference, with ints bounded to what the Avro field holds."""
+    """hypothesis' own inference, with ints bounded to what the Avro field holds
+    (in nested records too)."""
     hints = get_type_hints(cls)
-    ints: dict[str, st.SearchStrategy[int | None]] = {}
+    ints: dict[str, st.SearchStrategy[Any]] = {}
     for f in fields(cls):
         bounded = _INT64 if f.name.endswith("_ms") else _INT32
         if hints[f.name] is int:
             ints[f.name] = bounded
         elif hints[f.name] == int | None:
             ints[f.name] = st.none() | bounded
+        elif is_dataclass(hints[f.name]):
+            ints[f.name] = _strategy(hints[f.name])
     return st.builds(cls, **ints)
 
 

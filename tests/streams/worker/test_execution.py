@@ -14,6 +14,7 @@ from streams.domain import (
     ReportAttemptCompleted,
     ReportAttemptFailed,
     ReportAttemptStarted,
+    ReportExecutionStarted,
 )
 from streams.records import Dispatch, HistoryMessage, MessageEnd, MessageStart, StreamOutput
 from streams.thread import OUTPUT_TOO_LARGE
@@ -83,8 +84,10 @@ async def test_a_completed_attempt_streams_its_answer_and_reports() -> None:
     assert [o.seq for o, _ in outlet.records] == list(range(len(outlet.records)))
     assert outlet.records[0][0].payload == MessageStart("assistant")
     assert outlet.records[-1][0].payload == MessageEnd("stop")
-    started, completed = outlet.reports
+    started, execution_started, completed = outlet.reports
     assert isinstance(started, ReportAttemptStarted) and started.worker_id == "w-test"
+    assert isinstance(execution_started, ReportExecutionStarted)
+    assert execution_started.execution_id == execution.execution_id
     assert isinstance(completed, ReportAttemptCompleted) and completed.final_text == "Hello"
     assert execution.outcome_acked and execution.finished
 
@@ -131,7 +134,7 @@ async def test_a_superseded_execution_reports_nothing_more() -> None:
     await asyncio.sleep(0.05)
     execution.stop(Stop.SUPERSEDED)
     await asyncio.gather(execution.task, return_exceptions=True)
-    assert [type(r) for r in outlet.reports] == [ReportAttemptStarted]
+    assert [type(r) for r in outlet.reports] == [ReportAttemptStarted, ReportExecutionStarted]
     assert execution.finished and not execution.outcome_acked
 
 

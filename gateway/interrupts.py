@@ -1,0 +1,60 @@
+"""Human in the loop over HTTP: `POST /v1/threads/{thread_id}/runs/{run_id}/resume`.
+
+A run whose agent called `interrupt(payload)` is `interrupted`: `GET` of the thread
+shows `active_run.status: "interrupted"` and `active_run.interrupt` (the payload),
+and the stream carries an `interrupt` lifecycle event with the payload as its
+`detail`. The body `{"value": <any JSON>}` resumes it: the agent's `interrupt()`
+returns the value. 202 `resumed` (or `pending`), 404 for an unknown run, 409 if the
+run is not interrupted, 413 if the value is larger than a journal entry may be.
+"""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+from gateway.auth import TENANT
+from gateway.decisions import new_traceparent
+from gateway.keys import BUS, READ_MODEL, SETTINGS
+from gateway.problems import Problem
+from gateway.rest import _body, _json, _own_thread
+from streams.clock import now_ms
+from streams.domain import ResumeRun, RunCancelled, RunFailed, StepRecorded
+
+__all__ = ["resume_run"]
+
+
+async def resume_run(request: web.Request) -> web.Response:
+    """POST /v1/threads/{thread_id}/runs/{run_id}/resume"""
+    run_id = request.match_info["run_id"]
+    state = await _own_thread(request)
+    run = await request.app[READ_MODEL].run(request[TENANT], run_id)
+    if run is None or run.state.thread_id != state.thread_id:
+        raise Problem(404, "not-found", "no such run on this thread")
+    body = await _body(request, required=True)
+    if "value" not in body:
+        raise Problem(422, "invalid-body", "'value' is required (any JSON)", field="value")
+    value_json = json.dumps(body["value"], ensure_ascii=False, sort_keys=True)
+    limit = request.app[SETTINGS].policy.journal.max_entry_bytes // 2
+    if len(value_json.encode("utf-8", "surrogatepass")) > limit:
+        raise Problem(413, "value-too-large", f"the value is larger than {limit} bytes",
+                      field="value")
+    active = state.active_run
+    if active is None or active.run_id != run_id or not active.awaiting_resume:
+        status = run.status.value if run.status is not None else "unknown"
+        raise Problem(409, "run-not-interrupted", f"the run is not interrupted ({status})",
+                      run_status=status)
+    tenant = request[TENANT]
+    command = ResumeRun(state.thread_id, tenant, run_id, value_json, now_ms())
+    request.app[READ_MODEL].note_write(state.thread_id)
+    event = await request.app[BUS].decide(command, tenant, new_traceparent(
+        request.headers.get("traceparent")), watch_run=run_id)
+    if event is None:
+        return _json(202, {"run_id": run_id, "status": "pending"})
+    if isinstance(event, StepRecorded):
+        return _json(202, {"run_id": run_id, "status": "resumed"})
+    ended = "cancelled" if isinstance(event, RunCancelled) else \
+        "failed" if isinstance(event, RunFailed) else "completed"
+    raise Problem(409, "run-not-interrupted", "the run ended before it could be resumed",
+                  run_status=ended)

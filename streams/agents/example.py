@@ -1,0 +1,62 @@
+"""The example agent of docs/agents.md: an OpenAI-compatible model with one tool
+that has a side effect, `open_ticket`.
+
+Run it with `THREADLINE_AGENT=streams.agents.example:create` (and the
+THREADLINE_AGENT_OPENAI_* settings of `streams.agents.openai`). The tool's side
+effect is a line in THREADLINE_AGENT_TICKET_LOG (`start <key> <pid> <ms>`,
+after THREADLINE_AGENT_TICKET_DELAY_S seconds `done <key> <pid> <ms>`): a real one would pass
+`context.idempotency_key` on to the ticket system, which then opens one ticket per
+key however often it is asked, and that covers the one window the journal cannot:
+a call that started but never finished before a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from streams.agents.openai import OpenAIAgent
+from streams.agents.tools import Tool, ToolContext, ToolError, ToolResult
+from streams.config import Settings
+from streams.domain import Citation
+
+__all__ = ["create", "ticket_tool"]
+
+
+def ticket_tool(log_path: str | None = None, delay_s: float = 0.0) -> Tool:
+    """`open_ticket(title)`: opens a ticket (a line in `log_path`), returns its number."""
+
+    def note(line: str) -> None:
+        if log_path:
+            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, (line + "\n").encode())
+            finally:
+                os.close(fd)
+
+    async def open_ticket(arguments: Mapping[str, Any], context: ToolContext) -> ToolResult:
+        title = str(arguments.get("title", "")).strip()
+        if not title:
+            raise ToolError("a ticket needs a title")  # the model hears this and may try again
+        note(f"start {context.idempotency_key} {os.getpid()} {time.time_ns() // 1_000_000}")
+        await asyncio.sleep(delay_s)
+        number = int(hashlib.sha256(context.idempotency_key.encode()).hexdigest()[:6], 16)
+        note(f"done {context.idempotency_key} {os.getpid()} {time.time_ns() // 1_000_000}")
+        return ToolResult({"ticket": number, "title": title},
+                          (Citation(f"https://tickets.example.com/{number}", title),))
+
+    return Tool("open_ticket", "Open a support ticket with this title.",
+                {"type": "object", "properties": {"title": {"type": "string"}},
+                 "required": ["title"], "additionalProperties": False}, open_ticket)
+
+
+def create(settings: Settings) -> OpenAIAgent:
+    """The factory THREADLINE_AGENT names: the OpenAI agent with `open_ticket`."""
+    extra = settings.extra
+    tool = ticket_tool(extra.get("THREADLINE_AGENT_TICKET_LOG") or None,
+                       float(extra.get("THREADLINE_AGENT_TICKET_DELAY_S") or 0))
+    return OpenAIAgent.from_settings(settings, tools=[tool])

@@ -1,0 +1,296 @@
+"""The step journal against kill -9: workers SIGKILLed between tool calls and inside
+one, across many runs, with a real processor and real workers on the session broker.
+Each tool's side-effect log must show every completed call exactly once, and every
+run exactly one stored answer, whose steps are in the stream and the stored message.
+
+Two paths bring the journal to the execution that takes over: a redelivered
+dispatch of the same attempt (the steps come from the `step_recorded` lifecycle
+records since the dispatch), and a new attempt after a heartbeat timeout (the
+steps ride on its dispatch). The first test uses the builtin agent's tool mode,
+the second the example OpenAI agent against the scripted OpenAI server."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from streams.agents.builtin import BuiltinAgent
+from streams.agents.runtime import RunContext, drive
+from streams.domain import (
+    Event,
+    ReportStepCompleted,
+    RetryScheduled,
+    RunCompleted,
+    RunFailed,
+    StepRecorded,
+)
+from streams.records import StepOutput
+from streams.testing.openai_server import answer_for
+from streams.testing.process import ChildProcess, wait_for
+from tests.kafka_helpers import marked, send_marker
+from tests.streams.worker.test_worker import (
+    FAST,
+    Stack,
+    _events,
+    _executions,
+    _lifecycle,
+    _of_run,
+    _output_of,
+    _read_stream,
+    _reports,
+    _stack,
+    _text_of,
+)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One line of a tool's side-effect log."""
+
+    what: str  # "start" | "done"
+    run_id: str
+    step: int
+    pid: int
+
+
+def _calls(log: Path) -> list[Call]:
+    if not log.exists():
+        return []
+    calls = []
+    for line in log.read_text().splitlines():
+        what, key, pid, _ = line.split()
+        run_id, _, step = key.rpartition(":")
+        calls.append(Call(what, run_id, int(step), int(pid)))
+    return calls
+
+
+def _open_calls(log: Path) -> list[Call]:
+    """Calls started whose `done` has not (yet) been written by the same process."""
+    calls = _calls(log)
+    done = {(c.run_id, c.step, c.pid) for c in calls if c.what == "done"}
+    return [c for c in calls if c.what == "start" and (c.run_id, c.step, c.pid) not in done]
+
+
+def _victim(stack: Stack, pid: int) -> str | None:
+    return next((name for name, p in stack.workers.items() if p.alive() and p.pid == pid), None)
+
+
+def _kill_among_runs(stack: Stack, log: Path, runs: Sequence[str], kills: int) -> Counter[str]:
+    """Kill a worker `kills` times, alternately inside a tool call (a `start` without its
+    `done`) and between calls (right after a tool step is recorded); each victim is
+    restarted at once. Returns how many kills landed inside a call and between."""
+    landed: Counter[str] = Counter()
+    settings = stack.settings
+    for n in range(kills):
+        if n % 2 == 0:
+            call = wait_for(lambda: next((c for c in _open_calls(log)
+                                          if _victim(stack, c.pid)), None), 90, interval=0.02)
+        else:
+            since = int(time.time() * 1000)
+
+            def fresh(events: list[Event], since: int = since) -> Call | None:
+                # A tool step recorded from now on whose worker still runs.
+                steps = {(e.run_id, e.entry.step) for e in events
+                         if isinstance(e, StepRecorded) and e.at_ms >= since
+                         and e.entry.kind == "tool_call"}
+                return next((c for c in _calls(log) if c.what == "done"
+                             and (c.run_id, c.step) in steps and _victim(stack, c.pid)), None)
+
+            call = fresh(_events(settings, lambda e: fresh(e) is not None, timeout=90))
+        assert call is not None
+        name = _victim(stack, call.pid)
+        if name is None:
+            continue
+        inside = any(c.pid == call.pid for c in _open_calls(log))
+        stack.workers[name].kill9()
+        landed["inside" if inside else "between"] += 1
+        stack.workers[name].start()
+    return landed
+
+
+def _completed(stack: Stack, runs: Sequence[str], timeout: float) -> list[Event]:
+    settings = stack.settings
+    _events(settings, lambda e: all(any(isinstance(x, RunCompleted | RunFailed)
+                                        for x in _of_run(e, r)) for r in runs), timeout=timeout)
+    thread = stack.post("marker thread")[0]  # any thread: a marker after every decision so far
+    return _events(settings, marked(send_marker(stack.producer, settings, thread)))
+
+
+def _check_run(stack: Stack, events: list[Event], run: str, text: str, tool_steps: Sequence[int],
+               log: Path) -> RunCompleted:
+    """One stored answer with the expected text, each completed call once, steps in the
+    final execution's stream and in the stored message."""
+    of_run = _of_run(events, run)
+    completed = [e for e in of_run if isinstance(e, RunCompleted)]
+    assert len(completed) == 1 and not any(isinstance(e, RunFailed) for e in of_run), stack.logs()
+    answer = completed[0].message
+    assert answer.text == text
+    done = Counter(c.step for c in _calls(log) if c.what == "done" and c.run_id == run)
+    assert done == Counter(tool_steps), (run, done)  # every completed call exactly once
+    kinds = [(s.kind, s.name) for s in answer.steps]
+    assert len(kinds) == 2 * len(tool_steps) and kinds[::2] == [("tool_call", kinds[0][1])] * len(
+        tool_steps)
+    assert len(answer.citations) == len(tool_steps)
+    records = _read_stream(stack.settings, lambda r: bool(_lifecycle(r, run, "run_completed")))
+    final = _executions(_output_of(records, run))[-1]
+    assert _text_of(final) == answer.text  # the client's last message is the stored answer
+    assert sum(isinstance(r.out.payload, StepOutput) for r in final) == len(answer.steps)
+    return completed[0]
+
+
+async def _builtin_text(message: str, words: int, tools: int) -> str:
+    outputs = [o async for o in drive(BuiltinAgent(tokens_per_s=0, words=words, tools=tools),
+                                      (), message, RunContext(run_id="expected"))]
+    return "".join(getattr(o, "text", "") for o in outputs)
+
+
+@pytest.mark.kafka
+@pytest.mark.chaos
+async def test_sigkill_between_and_inside_tool_calls_repeats_no_completed_call(
+    test_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Workers killed inside and between tool calls across eight runs: each completed
+    call once, each run one stored answer (the redelivered attempt replays the journal)."""
+    log = tmp_path / "tools.log"
+    env = {**test_env, **FAST, "THREADLINE_HEARTBEAT_TIMEOUT_S": "30",
+           "THREADLINE_AGENT_TOKENS_PER_S": "10", "THREADLINE_AGENT_WORDS": "4",
+           "THREADLINE_AGENT_TOOLS": "3", "THREADLINE_AGENT_TOOL_DELAY_S": "1.0",
+           "THREADLINE_AGENT_TOOL_LOG": str(log)}
+    with _stack(env, tmp_path, ["w1", "w2"]) as stack:
+        posted = [stack.post(f"order {i}") for i in range(8)]
+        landed = _kill_among_runs(stack, log, [r for _, r in posted], kills=4)
+        events = _completed(stack, [r for _, r in posted], timeout=240)
+        for i, (_, run) in enumerate(posted):
+            _check_run(stack, events, run, await _builtin_text(f"order {i}", 4, 3), (1, 3, 5), log)
+        assert landed["inside"] >= 1 and landed["between"] >= 1, landed
+        repeated_starts = Counter((c.run_id, c.step) for c in _calls(log) if c.what == "start")
+        assert max(repeated_starts.values()) >= 2  # a killed call ran again, and completed once
+
+
+@pytest.mark.kafka
+@pytest.mark.chaos
+def test_a_new_attempt_replays_the_journal_from_its_dispatch_with_the_openai_agent(
+    test_env: dict[str, str], tmp_path: Path
+) -> None:
+    """With the example OpenAI agent against the scripted server, a worker killed inside a
+    tool call is timed out and retried: the new attempt's dispatch carries the journal, the
+    completed tickets are not opened again, and the answer quotes every ticket."""
+    log = tmp_path / "tickets.log"
+    port_file = tmp_path / "openai.port"
+    server = ChildProcess("openai", ["-m", "streams.testing.openai_server", "--port-file",
+                                     str(port_file), "--chunk-delay", "0.02"], {},
+                          tmp_path / "openai.log").start()
+    try:
+        port = wait_for(lambda: port_file.exists() and port_file.read_text(), 30)
+        env = {**test_env, **FAST, "THREADLINE_AGENT": "streams.agents.example:create",
+               "THREADLINE_AGENT_OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
+               "THREADLINE_AGENT_TICKET_LOG": str(log), "THREADLINE_AGENT_TICKET_DELAY_S": "1.0",
+               "THREADLINE_HEARTBEAT_TIMEOUT_S": "3", "THREADLINE_HEARTBEAT_INTERVAL_S": "0.5",
+               "THREADLINE_MAX_ATTEMPTS": "10", "THREADLINE_RETRY_INITIAL_S": "0.2"}
+        with _stack(env, tmp_path, ["w1", "w2"]) as stack:
+            messages = [f"printer {i} is broken [tools=3]" for i in range(4)]
+            posted = [stack.post(m) for m in messages]
+            for _ in range(2):  # inside a call each time
+                call = wait_for(lambda: next((c for c in _open_calls(log)
+                                              if _victim(stack, c.pid)), None), 90, interval=0.02)
+                assert call is not None
+                name = _victim(stack, call.pid)
+                if name is not None:
+                    stack.workers[name].kill9()
+                    stack.workers[name].start()
+            events = _completed(stack, [r for _, r in posted], timeout=240)
+            assert any(isinstance(e, RetryScheduled) for e in events)
+            for message, (_, run) in zip(messages, posted, strict=True):
+                completed = _check_run_tickets(stack, events, run, message, log)
+                assert f"Answer to {message}: " in completed.message.text
+    finally:
+        server.kill9()
+
+
+def _check_run_tickets(stack: Stack, events: list[Event], run: str, message: str,
+                       log: Path) -> RunCompleted:
+    of_run = _of_run(events, run)
+    completed = next(e for e in of_run if isinstance(e, RunCompleted))
+    results = [json.loads(s.payload_json) for s in completed.message.steps if s.kind == "tool_result"]
+    contents = [json.dumps(r["content"], ensure_ascii=False, sort_keys=True) for r in results]
+    prefix = "Calling open_ticket (1/3).Calling open_ticket (2/3).Calling open_ticket (3/3)."
+    return _check_run(stack, events, run, prefix + answer_for(message, contents), (1, 3, 5), log)
+
+
+
+@pytest.mark.kafka
+def test_caps_end_a_runaway_run_and_an_oversize_result_goes_back_to_the_agent(
+    test_env: dict[str, str], tmp_path: Path
+) -> None:
+    """With a tool-call cap of 2, a run that wants 3 ends run_failed too_many_tool_calls
+    after 2 calls; a tool result over the step size is refused to the agent, whose run
+    completes with the refusal as the step's result. No role stops."""
+    log = tmp_path / "tools.log"
+    env = {**test_env, **FAST, "THREADLINE_AGENT_TOKENS_PER_S": "0",
+           "THREADLINE_AGENT_WORDS": "3", "THREADLINE_AGENT_TOOL_LOG": str(log),
+           "THREADLINE_MAX_TOOL_CALLS": "2", "THREADLINE_MAX_STEP_BYTES": "200"}
+    with _stack(env, tmp_path, ["w1"]) as stack:
+        _, runaway = stack.post("loop [tools=3]")
+        _, oversize = stack.post("big [tools=1]")
+        events = _completed(stack, [runaway, oversize], timeout=90)
+        failed = [e for e in _of_run(events, runaway) if isinstance(e, RunFailed)]
+        assert len(failed) == 1 and failed[0].error.startswith("too_many_tool_calls"), failed
+        assert not any(isinstance(e, RetryScheduled) for e in _of_run(events, runaway))
+        done = [c for c in _calls(log) if c.what == "done"]
+        assert sorted((c.run_id, c.step) for c in done if c.run_id == runaway) == \
+            [(runaway, 1), (runaway, 3)]
+        completed = [e for e in _of_run(events, oversize) if isinstance(e, RunCompleted)]
+        assert len(completed) == 1, stack.logs()
+        result = next(s for s in completed[0].message.steps if s.kind == "tool_result")
+        assert json.loads(result.payload_json)["error"].startswith("result refused: step_too_large")
+        assert stack.processor.alive() and stack.workers["w1"].alive()
+
+
+@pytest.mark.kafka
+@pytest.mark.chaos
+def test_a_step_reported_but_not_yet_decided_is_not_done_again(
+    test_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The window chaos found, closed: the processor is down when a tool call finishes and
+    is reported; its worker is killed; the execution that takes over must not call the
+    tool again before the processor has decided every earlier report (its barrier,
+    ExecutionStarted), and then replays the call."""
+    log = tmp_path / "tools.log"
+    env = {**test_env, **FAST, "THREADLINE_HEARTBEAT_TIMEOUT_S": "120",
+           "THREADLINE_AGENT_TOKENS_PER_S": "0", "THREADLINE_AGENT_WORDS": "3",
+           "THREADLINE_AGENT_TOOLS": "2", "THREADLINE_AGENT_TOOL_DELAY_S": "1.5",
+           "THREADLINE_AGENT_TOOL_LOG": str(log)}
+    with _stack(env, tmp_path, ["w1", "w2"]) as stack:
+        _, run = stack.post("refund order 7")
+        call = wait_for(lambda: next((c for c in _open_calls(log) if c.run_id == run), None),
+                        60, interval=0.02)
+        assert call is not None and call.step == 1
+        stack.processor.kill9()  # step 1 will be reported, not decided
+        _reports(stack.settings, lambda r: any(isinstance(c, ReportStepCompleted)
+                                               and c.run_id == run and c.entry.step == 1
+                                               for c in r))
+        victim = _victim(stack, call.pid)
+        assert victim is not None
+        stack.workers[victim].kill9()
+        stack.workers[victim].start()
+        survivor = ({"w1", "w2"} - {victim}).pop()
+        # The dispatch is redelivered; the new execution replays step 0 and, before the
+        # tool call, waits for its barrier while the processor is down.
+        wait_for(lambda: any(f"run {run} attempt 1: execution" in line
+                             and "waits until its start is decided" in line
+                             for p in stack.workers.values() for line in p.output().splitlines()),
+                 60)
+        assert [c for c in _calls(log) if c.run_id == run and c.step == 1 and c.what == "start"
+                and c.pid != call.pid] == [], "the tool ran again before the processor came back"
+        stack.processor.start()
+        events = _completed(stack, [run], timeout=120)
+        completed = [e for e in _of_run(events, run) if isinstance(e, RunCompleted)]
+        assert len(completed) == 1, stack.logs()
+        done = Counter(c.step for c in _calls(log) if c.what == "done" and c.run_id == run)
+        assert done == Counter({1: 1, 3: 1}), (done, survivor)
