@@ -15,7 +15,16 @@ back as `VALUES` and the handler fills it in (`Part.data is VALUES`).
 | `run_completed` | `messages/complete` (stored answer) | | `{"agent": {"messages": [..]}}` | | `values` |
 | `run_failed` | | | | | `values`, `error` |
 | `run_cancelled` | | | | | `values` |
+| `interrupt` (a new one) | | | `{"__interrupt__": [..]}` | | `values` with `__interrupt__`, `end` |
 | `done` | | | | | `end` |
+
+Human in the loop: the `interrupt` event of an interrupt not yet resumed when the
+stream began (`Translator.resumed`) becomes `{"__interrupt__": [{"value", "id"}]}`,
+as an `updates` part (also when neither `updates` nor `values` is asked) and in the
+`values` (`VALUES.interrupt`), then `end`: the stream stops there (`stopped`) while
+the run waits. A stream after a `command.resume` drops the parts of every event up
+to the interrupt it resumed (`after_interrupt`), so the client gets only what
+follows; its translator still folds them, so partials stay whole.
 
 The others (`attempt_dispatched`, `text_start`, `text_end`, `message_end`,
 `retry_scheduled`) become nothing. A superseded attempt: its replacement begins
@@ -28,23 +37,49 @@ drops the old text; `messages/complete` and `values` carry the stored answer. In
 
 from __future__ import annotations
 
+import json
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-__all__ = ["GRAPH_ID", "MODES", "VALUES", "Part", "Translator", "ai_message", "human_message",
-           "modes_from"]
+__all__ = ["GRAPH_ID", "MODES", "NODE", "VALUES", "Part", "StateValues", "Translator",
+           "ai_message", "human_message", "interrupt_id", "lg_interrupt", "modes_from",
+           "task_id"]
 
 GRAPH_ID: Final = "agent"
 NODE: Final = "agent"  # the one node the runs appear to run
 MODES: Final = frozenset({"values", "messages", "messages-tuple", "updates", "custom"})
 
 
-class _Values:
-    def __repr__(self) -> str:
-        return "VALUES"
+@dataclass(frozen=True, slots=True)
+class StateValues:
+    """Stands for the thread's state, filled in by the handler; with `interrupt`, the
+    state carries `__interrupt__: [interrupt]`."""
+
+    interrupt: dict[str, Any] | None = None
 
 
-VALUES: Final = _Values()  # stands for the thread's state, filled in by the handler
+VALUES: Final = StateValues()
+_TASKS: Final = uuid.UUID("9a6f2f3e-5d0c-5b7e-9a51-4c1b0f6d2a10")
+
+
+def interrupt_id(run_id: str, number: int) -> str:
+    """The id of the run's `number`th interrupt (from 1): stable, a hex string."""
+    return uuid.uuid5(_TASKS, f"interrupt:{run_id}:{number}").hex
+
+
+def task_id(run_id: str, number: int) -> str:
+    """The id of the task the run's `number`th interrupt stands in."""
+    return str(uuid.uuid5(_TASKS, f"task:{run_id}:{number}"))
+
+
+def lg_interrupt(run_id: str, number: int, payload_json: str) -> dict[str, Any]:
+    """A LangGraph Interrupt: the agent's payload (JSON text) as `value`, and its id."""
+    try:
+        value = json.loads(payload_json)
+    except ValueError:
+        value = payload_json
+    return {"value": value, "id": interrupt_id(run_id, number)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +134,12 @@ class Translator:
     assistant_id: str
     text: dict[str, str] = field(default_factory=dict)  # answer text so far, by message
     execution: dict[str, str] = field(default_factory=dict)  # current execution, by message
+    # Interrupts resumed when the stream began: a later one stops it. None: none stops it.
+    resumed: int | None = 0
+    after_interrupt: int = 0  # drop every part up to this interrupt (a command.resume)
+    interrupts: int = 0  # interrupt events seen
+    interrupt: dict[str, Any] | None = None  # the one the stream stopped at
+    stopped: bool = False
 
     def _metadata(self, data: dict[str, Any]) -> dict[str, Any]:
         return {"run_id": data.get("run_id"), "thread_id": self.thread_id,
@@ -107,7 +148,14 @@ class Translator:
                 "execution": self.execution.get(data.get("message_id") or "")}
 
     def translate(self, name: str, data: Any) -> list[Part]:
-        """The parts one Threadline event (name, parsed JSON data) becomes."""
+        """The parts one Threadline event (name, parsed JSON data) becomes; none once
+        stopped, nor up to the interrupt `after_interrupt`."""
+        if self.stopped:
+            return []
+        parts = self._translate(name, data)
+        return parts if self.interrupts >= self.after_interrupt else []
+
+    def _translate(self, name: str, data: Any) -> list[Part]:
         if name == "done":
             return [Part("end", None)]
         if not isinstance(data, dict):
@@ -152,7 +200,21 @@ class Translator:
                                         "message": str(data.get("detail") or "the run failed")}))
         elif name == "run_cancelled" and "values" in modes:
             parts.append(Part("values", VALUES))
+        elif name == "interrupt":
+            self.interrupts += 1
+            if self.resumed is not None and self.interrupts > self.resumed:
+                parts += self._stop(lg_interrupt(str(data.get("run_id", "")), self.interrupts,
+                                                 str(data.get("detail", "null"))))
         return parts
+
+    def _stop(self, interrupt: dict[str, Any]) -> list[Part]:
+        self.interrupt, self.stopped = interrupt, True
+        parts = []
+        if "updates" in self.modes or "values" not in self.modes:
+            parts.append(Part("updates", {"__interrupt__": [interrupt]}))
+        if "values" in self.modes:
+            parts.append(Part("values", StateValues(interrupt)))
+        return [*parts, Part("end", None)]
 
 
 def _stored_answer(data: dict[str, Any]) -> dict[str, Any] | None:

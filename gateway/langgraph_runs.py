@@ -1,7 +1,13 @@
 """The LangGraph API's runs (`gateway.langgraph`): create, stream, wait, list, get,
 join, join_stream, cancel. A run is a user message posted as `POST
 /v1/threads/{id}/user_message` posts it, with the body's `multitask_strategy` (`reject`,
-the default, `enqueue`, `interrupt` or `rollback`; docs/multitask.md)."""
+the default, `enqueue`, `interrupt` or `rollback`; docs/multitask.md).
+
+Human in the loop: a body with `command: {"resume": value}` (instead of `input`)
+resumes the thread's interrupted run as `POST /v1/.../runs/{run_id}/resume` does
+(`gateway.interrupts.resume`), and answers that same run: Threadline continues the
+run where LangGraph would start a new one. Its stream (and `wait`) begins after the
+interrupt resumed, so the client gets no part twice. 409 if no run is interrupted."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from aiohttp import web
 from gateway import rest
 from gateway.auth import TENANT
 from gateway.decisions import new_traceparent
+from gateway.interrupts import resume
 from gateway.keys import BUS, READ_MODEL
 from gateway.langgraph_events import modes_from
 from gateway.langgraph_stream import links, stream_run_events, wait_for_run
@@ -27,7 +34,13 @@ from gateway.langgraph_threads import (
     read_body,
     ready,
 )
-from gateway.langgraph_views import run_json
+from gateway.langgraph_views import (
+    interrupted_run,
+    pending_interrupt,
+    resumed_interrupts,
+    run_json,
+    thread_status,
+)
 from gateway.problems import Problem
 from gateway.read_model import RunView
 from streams.clock import now_ms
@@ -47,9 +60,8 @@ __all__ = ["cancel_run", "create_run", "get_run", "join_run", "join_stream", "li
            "stream_run", "wait_run"]
 
 
-def _input_text(body: dict[str, Any]) -> str:
-    for name in ("command", "interrupt_before", "interrupt_after", "checkpoint",
-                 "checkpoint_id"):
+def _check_unsupported(body: dict[str, Any]) -> None:
+    for name in ("interrupt_before", "interrupt_after", "checkpoint", "checkpoint_id"):
         if body.get(name):
             raise Problem(422, "unsupported", f"'{name}' is not supported by this server",
                           field=name)
@@ -57,6 +69,9 @@ def _input_text(body: dict[str, Any]) -> str:
     if assistant_id is not None and (not isinstance(assistant_id, str) or
                                      assistant_id not in ASSISTANT_NAMES):
         raise Problem(404, "not-found", "no such assistant")
+
+
+def _input_text(body: dict[str, Any]) -> str:
     raw = body.get("input")
     messages = raw.get("messages") if isinstance(raw, dict) else None
     if isinstance(messages, dict):
@@ -78,6 +93,31 @@ def _text(message: dict[str, Any]) -> str:
         return "".join(str(p.get("text", "")) for p in content
                        if isinstance(p, dict) and p.get("type") == "text")
     return content if isinstance(content, str) else ""
+
+
+async def _resume_command(request: web.Request,
+                          body: dict[str, Any]) -> tuple[ThreadState, str, int] | None:
+    """A `command.resume`: resume the thread's interrupted run; the thread, the run id
+    and the number of the interrupt resumed. None without a command."""
+    command = body.get("command")
+    if not command:
+        return None
+    if not isinstance(command, dict) or "resume" not in command or set(command) != {"resume"}:
+        raise Problem(422, "unsupported", "of 'command' only 'resume' is supported (not "
+                      "'goto' nor 'update')", field="command")
+    if body.get("input") is not None:
+        raise Problem(422, "invalid-body", "'command' and 'input' are exclusive", field="input")
+    state = await own_thread(request)
+    run_id, pending = interrupted_run(state), pending_interrupt(state)
+    if run_id is None or pending is None:
+        raise Problem(409, "run-not-interrupted", "the thread has no interrupted run to "
+                      f"resume (it is {thread_status(state)})", thread_status=thread_status(state))
+    value = command["resume"]
+    if isinstance(value, dict) and list(value) == [pending[1]["id"]]:
+        value = value[pending[1]["id"]]  # resume by interrupt id
+    number = resumed_interrupts(state, run_id) + 1
+    await resume(request, state, run_id, value, "interrupted", field="command")
+    return state, run_id, number
 
 
 async def _start(request: web.Request, body: dict[str, Any]) -> tuple[ThreadState, str]:
@@ -110,12 +150,15 @@ def _check_accepted(event: Event | None) -> None:
 
 
 async def create_run(request: web.Request) -> web.Response:
-    """POST /threads/{thread_id}/runs: a background run."""
+    """POST /threads/{thread_id}/runs: a background run (or a resumed one)."""
     body = await read_body(request)
-    state, run_id = await _start(request, body)
+    _check_unsupported(body)
+    resumed = await _resume_command(request, body)
+    state, run_id = resumed[:2] if resumed else await _start(request, body)
     lg_id = request.match_info["thread_id"]
     headers = links(run_id, lg_id)
     run = run_json(state, run_id, None, now_ms())
+    run["status"] = "pending"
     run["multitask_strategy"] = body.get("multitask_strategy") or "reject"
     return web.json_response(run, headers=headers)
 
@@ -127,6 +170,12 @@ async def stream_run(request: web.Request) -> web.StreamResponse:
         modes = modes_from(body.get("stream_mode"))
     except ValueError as exc:
         raise Problem(422, "invalid-body", str(exc), field="stream_mode") from exc
+    _check_unsupported(body)
+    resumed = await _resume_command(request, body)
+    if resumed is not None:
+        state, run_id, number = resumed
+        return await stream_run_events(request, state, run_id, modes, None, resumed=number,
+                                       after_interrupt=number)
     state, run_id = await _start(request, body)
     return await stream_run_events(request, state, run_id, modes, None)
 
@@ -135,13 +184,20 @@ async def join_stream(request: web.Request) -> web.StreamResponse:
     """GET /threads/{thread_id}/runs/{run_id}/stream (Last-Event-ID resumes)."""
     state = await own_thread(request)
     run_id = request.match_info["run_id"]
-    await own_run(request, state, run_id)
+    run = await own_run(request, state, run_id)
     raw = request.query.getall("stream_mode", [])
     try:
         modes = modes_from(raw or None)
     except ValueError as exc:
         raise Problem(422, "invalid-body", str(exc), field="stream_mode") from exc
-    return await stream_run_events(request, state, run_id, modes, request.headers.get("Last-Event-ID"))
+    return await stream_run_events(request, state, run_id, modes,
+                                   request.headers.get("Last-Event-ID"), _resumed(state, run))
+
+
+def _resumed(state: ThreadState, run: RunView) -> int | None:
+    """How many of the run's interrupts were resumed: a later one ends its stream (None,
+    for an ended run: none does)."""
+    return None if run.terminal else resumed_interrupts(state, run.run_id)
 
 
 async def own_run(request: web.Request, state: ThreadState, run_id: str) -> RunView:
@@ -154,25 +210,28 @@ async def own_run(request: web.Request, state: ThreadState, run_id: str) -> RunV
 async def wait_run(request: web.Request) -> web.Response:
     """POST /threads/{thread_id}/runs/wait: the thread's values once the run ended."""
     body = await read_body(request)
-    state, run_id = await _start(request, body)
+    _check_unsupported(body)
+    resumed = await _resume_command(request, body)
+    state, run_id = resumed[:2] if resumed else await _start(request, body)
     headers = links(run_id, request.match_info["thread_id"])
     headers["Location"] = headers["Content-Location"] + "/join"
-    return web.json_response(await wait_for_run(request, state, run_id), headers=headers)
+    return web.json_response(await wait_for_run(request, state, run_id,
+                                                resumed[2] if resumed else 0), headers=headers)
 
 
 async def join_run(request: web.Request) -> web.Response:
     """GET /threads/{thread_id}/runs/{run_id}/join"""
     state = await own_thread(request)
-    run_id = request.match_info["run_id"]
-    await own_run(request, state, run_id)
-    return web.json_response(await wait_for_run(request, state, run_id))
+    run = await own_run(request, state, request.match_info["run_id"])
+    return web.json_response(await wait_for_run(request, state, run.run_id,
+                                                _resumed(state, run)))
 
 
 async def get_run(request: web.Request) -> web.Response:
     """GET /threads/{thread_id}/runs/{run_id}"""
     state = await own_thread(request)
     run = await own_run(request, state, request.match_info["run_id"])
-    return web.json_response(run_json(run.state, run.run_id, run.status, run.accepted_at_ms))
+    return web.json_response(run_json(state, run.run_id, run.status, run.accepted_at_ms))
 
 
 async def list_runs(request: web.Request) -> web.Response:

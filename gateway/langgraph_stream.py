@@ -20,7 +20,7 @@ import aiohttp
 from aiohttp import web
 
 from gateway.keys import FEED, READ_MODEL
-from gateway.langgraph_events import VALUES, Part, Translator
+from gateway.langgraph_events import VALUES, Part, StateValues, Translator
 from gateway.langgraph_threads import values_view
 from gateway.langgraph_views import ASSISTANT_ID
 from gateway.problems import Problem
@@ -117,13 +117,17 @@ def _frame(event: str, data: Any, event_id: str | None) -> bytes:
 
 
 async def stream_run_events(request: web.Request, state: ThreadState, run_id: str,
-                  modes: frozenset[str], last: str | None) -> web.StreamResponse:
-    """Serve the run as LangGraph SSE parts under `modes`, after `last` if given."""
+                            modes: frozenset[str], last: str | None, resumed: int | None = 0,
+                            after_interrupt: int = 0) -> web.StreamResponse:
+    """Serve the run as LangGraph SSE parts under `modes`, after `last` if given, or
+    after its interrupt number `after_interrupt`; an interrupt past `resumed` ends it
+    (`Translator`)."""
     lg_id = request.match_info["thread_id"]
     resume = _resume_point(request, state, run_id, last)
     query = "".join(f"{'&' if i else '?'}stream_mode={m}" for i, m in enumerate(sorted(modes)))
     response = web.StreamResponse(headers={**SSE_HEADERS, **links(run_id, lg_id, query)})
-    translator = Translator(modes, lg_id, ASSISTANT_ID)
+    translator = Translator(modes, lg_id, ASSISTANT_ID, resumed=resumed,
+                            after_interrupt=after_interrupt)
     skipping = resume is not None
     events = _events(request, run_id)
     try:
@@ -152,6 +156,8 @@ async def stream_run_events(request: web.Request, state: ThreadState, run_id: st
                           for i, p in enumerate(parts) if i >= start]
                 if frames:
                     await response.write(b"".join(frames))
+                if translator.stopped:
+                    break  # the run waits for a human: this stream ends here
             item = await anext(events, None)
     except ConnectionError:
         pass
@@ -173,24 +179,32 @@ def _part_id(sse_id: str | None, index: int, count: int) -> str | None:
 
 
 async def _fill(request: web.Request, state: ThreadState, part: Part) -> Any:
-    if part.data is not VALUES:
+    if not isinstance(part.data, StateValues):
         return part.data
     await request.app[READ_MODEL].catch_up([request.app[FEED].partition_of(state.thread_id)])
-    return (await values_view(request, state))[0]
+    values = (await values_view(request, state))[0]
+    interrupt = part.data.interrupt
+    return values if interrupt is None else {**values, "__interrupt__": [interrupt]}
 
 
-async def wait_for_run(request: web.Request, state: ThreadState, run_id: str) -> dict[str, Any]:
-    """Read the run's events to its end: the thread's values then (and `__error__`)."""
+async def wait_for_run(request: web.Request, state: ThreadState, run_id: str,
+                       resumed: int | None = 0) -> dict[str, Any]:
+    """Read the run's events to its end, or to an interrupt past `resumed`: the thread's
+    values then (and `__error__`, or `__interrupt__`)."""
     error = None
+    translator = Translator(frozenset(), "", ASSISTANT_ID, resumed=resumed)
     events = _events(request, run_id)
     try:
         async for _, name, data in events:
+            translator.translate(name, data)
             if name == "run_failed" and isinstance(data, dict):
                 error = {"error": "RunFailed", "message": data.get("detail") or "the run failed"}
-            if name in ("done", "message_not_streaming"):
+            if name in ("done", "message_not_streaming") or translator.stopped:
                 break
     finally:
         await events.aclose()
     await request.app[READ_MODEL].catch_up([request.app[FEED].partition_of(state.thread_id)])
     values = (await values_view(request, state))[0]
+    if translator.interrupt is not None:
+        values["__interrupt__"] = [translator.interrupt]
     return values if error is None else {**values, "__error__": error}

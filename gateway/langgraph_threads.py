@@ -20,6 +20,7 @@ from gateway.langgraph_views import (
     conversation,
     internal_thread_id,
     lg_message,
+    state_tasks,
     thread_json,
     thread_status,
 )
@@ -207,8 +208,9 @@ async def _state(request: web.Request, state: ThreadState,
                  before: int | None = None) -> dict[str, Any]:
     values, older = await values_view(request, state, None, before)
     view = thread_json(state, values)
+    tasks = state_tasks(state)
     return {"values": values, "next": [] if state.active_run is None else ["agent"],
-            "tasks": [], "interrupts": [],
+            "tasks": tasks, "interrupts": [i for t in tasks for i in t["interrupts"]],
             "checkpoint": {"thread_id": view["thread_id"], "checkpoint_ns": "",
                            "checkpoint_id": str(state.message_count)},
             "parent_checkpoint": None, "created_at": view["updated_at"],

@@ -14,13 +14,15 @@ import uuid
 from collections.abc import Collection, Sequence
 from typing import Any, Final
 
-from gateway.langgraph_events import GRAPH_ID, ai_message, human_message
+from gateway.langgraph_events import GRAPH_ID, NODE, ai_message, human_message, lg_interrupt, task_id
 from gateway.sse import iso_ms
 from streams.domain import RunStatus, ThreadState
+from streams.journal import INTERRUPT
 from streams.records import MessageRecord
 
 __all__ = ["ASSISTANT_ID", "MAX_THREAD_ID_CHARS", "assistant", "conversation",
-           "internal_thread_id", "lg_message", "lg_thread_id", "run_json", "run_status", "thread_json",
+           "internal_thread_id", "interrupted_run", "lg_message", "lg_thread_id", "pending_interrupt",
+           "resumed_interrupts", "run_json", "run_status", "state_tasks", "thread_json",
            "thread_status"]
 
 ASSISTANT_ID: Final = str(uuid.uuid5(uuid.NAMESPACE_URL, "https://threadline.dev/assistants/agent"))
@@ -46,15 +48,51 @@ def lg_thread_id(state: ThreadState) -> str:
     return state.thread_id
 
 
-def run_status(status: RunStatus | None) -> str:
-    """A Threadline run status as a LangGraph run status."""
+def run_status(status: RunStatus | None, interrupted: bool = False) -> str:
+    """A Threadline run status as a LangGraph run status (`interrupted` while it waits)."""
+    if interrupted:
+        return "interrupted"
     return "pending" if status is None else _STATUS[status]
 
 
+def interrupted_run(state: ThreadState) -> str | None:
+    """The id of the thread's active run if it waits for a human's resume."""
+    run = state.active_run
+    return run.run_id if run is not None and run.awaiting_resume else None
+
+
+def resumed_interrupts(state: ThreadState, run_id: str) -> int:
+    """How many interrupts of the thread's active run `run_id` were resumed (0 if it is
+    not the active run)."""
+    run = state.active_run
+    if run is None or run.run_id != run_id:
+        return 0
+    return sum(1 for entry in run.journal if entry.kind == INTERRUPT)
+
+
+def pending_interrupt(state: ThreadState) -> tuple[str, dict[str, Any]] | None:
+    """The interrupt the thread's active run waits on: its task id and the Interrupt."""
+    run = state.active_run
+    if run is None or run.interrupt_json is None:
+        return None
+    number = resumed_interrupts(state, run.run_id) + 1
+    return task_id(run.run_id, number), lg_interrupt(run.run_id, number, run.interrupt_json)
+
+
+def state_tasks(state: ThreadState) -> list[dict[str, Any]]:
+    """A ThreadState's `tasks`: the one task waiting on an interrupt, if any."""
+    pending = pending_interrupt(state)
+    if pending is None:
+        return []
+    return [{"id": pending[0], "name": NODE, "path": [], "error": None,
+             "interrupts": [pending[1]], "checkpoint": None, "state": None, "result": None}]
+
+
 def thread_status(state: ThreadState) -> str:
-    """idle, busy (a run is active) or error (the last run failed)."""
+    """idle, busy (a run is active), interrupted (it waits for a human) or error (the
+    last run failed)."""
     if state.active_run is not None:
-        return "busy"
+        return "interrupted" if state.active_run.awaiting_resume else "busy"
     if state.last_run is not None and state.last_run.status == RunStatus.FAILED:
         return "error"
     return "idle"
@@ -106,13 +144,15 @@ def thread_json(state: ThreadState, values: dict[str, Any] | None) -> dict[str, 
     return {"thread_id": lg_thread_id(state), "created_at": iso_ms(state.created_at_ms),
             "updated_at": iso_ms(state.updated_at_ms or state.created_at_ms),
             "metadata": _metadata(), "status": thread_status(state),
-            "values": values if values is not None else {}, "interrupts": {}}
+            "values": values if values is not None else {},
+            "interrupts": {t["id"]: t["interrupts"] for t in state_tasks(state)}}
 
 
 def run_json(state: ThreadState, run_id: str, status: RunStatus | None,
              created_ms: int) -> dict[str, Any]:
     """A LangGraph Run."""
     at = iso_ms(created_ms or state.updated_at_ms or state.created_at_ms)
+    waits = interrupted_run(state) == run_id
     return {"run_id": run_id, "thread_id": lg_thread_id(state), "assistant_id": ASSISTANT_ID,
-            "created_at": at, "updated_at": at, "status": run_status(status),
+            "created_at": at, "updated_at": at, "status": run_status(status, waits),
             "metadata": {}, "multitask_strategy": None, "kwargs": {}}  # not stored per run
