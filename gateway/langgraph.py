@@ -14,8 +14,10 @@ stream, relative to the API root, as LangGraph servers send it) and
 has the mapping tables.
 
 `multitask_strategy` is served: `reject` (the default), `enqueue`, `interrupt`,
-`rollback` (docs/multitask.md). Not served (a 422 names them): `command`
-(human in the loop), `interrupt_before`/`after`, checkpoints, cancel `action=rollback`.
+`rollback` (docs/multitask.md). Human in the loop: `__interrupt__` in the stream (which
+then ends), threads and runs `interrupted`, `command.resume` continues the same run
+(`langgraph_runs`). Not served (a 422 names them): `command.goto`/`update`,
+`interrupt_before`/`after`, checkpoints, cancel `action=rollback`.
 """
 
 from __future__ import annotations
