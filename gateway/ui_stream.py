@@ -26,7 +26,11 @@ allows (`CHUNK_FIELDS`, copied from `ai`'s `uiMessageChunkSchema`).
 run's latest state (`onData` sees each). A superseded attempt's text stays in the
 message as the SDK has no chunk to take text back: every text part carries
 `providerMetadata.threadline.attempt`, and the `finish` chunk's `messageMetadata`
-names the attempt that answered, so a client shows that attempt's parts only.
+names the attempt that answered, so a client shows that attempt's parts only. A run
+resumed after an interrupt goes on in the same attempt with a new execution, which
+replays the journaled turns' text: each text part also carries
+`providerMetadata.threadline.execution`, and a client shows the text parts of the
+newest execution only (docs/clients.md).
 Tool parts are `dynamic` (the client declares no tools) and `providerExecuted`.
 """
 
@@ -91,6 +95,7 @@ class UiMessageStream:
         self.run_id = ""
         self.thread_id = ""
         self.attempt = 0
+        self.execution = ""  # the current execution (a resumed interrupt starts a new one)
         self.step_open = False
         self.text_id: str | None = None
         self.texts = 0  # text parts made, for unique ids
@@ -111,6 +116,7 @@ class UiMessageStream:
         elif name == "message_start":
             out += self._close_step()
             self.attempt = int(data.get("attempt", self.attempt))
+            self.execution = str(data.get("part_id", "")).split(":", 1)[0]
             self.step_open = True
             out.append({"type": "start-step"})
         elif name == "text_start":
@@ -170,7 +176,8 @@ class UiMessageStream:
         self.texts += 1
         self.text_id = f"{self.message_id}:{self.attempt}:text:{self.texts}"
         out.append({"type": "text-start", "id": self.text_id,
-                    "providerMetadata": {"threadline": {"attempt": self.attempt}}})
+                    "providerMetadata": {"threadline": {"attempt": self.attempt,
+                                                        "execution": self.execution}}})
         return out
 
     def _text_end(self) -> list[Chunk | str]:

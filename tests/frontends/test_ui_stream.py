@@ -147,3 +147,35 @@ def test_chat_ids_are_namespaced_per_tenant() -> None:
     assert chat_thread_id("a", "chat-1") == chat_thread_id("a", "chat-1")
     assert chat_thread_id("a", "chat-1") != chat_thread_id("b", "chat-1")
     assert chat_thread_id("a", "b:c") != chat_thread_id("a:b", "c")
+
+
+def test_a_resumed_interrupt_tags_its_text_with_a_new_execution() -> None:
+    """The interrupt closes its step with a data-run (the question); the resumed
+    execution, in the same attempt, replays the journaled text under a new execution:
+    the newest execution's text parts are exactly the stored answer."""
+    chunks = _run(
+        _ev("run_accepted", user_message_id="u1", detail=""),
+        _ev("attempt_dispatched", attempt=1, user_message_id="u1", detail=""),
+        _ev("message_start", attempt=1, part_id="exA:message"),
+        _ev("text_delta", attempt=1, part_id="exA:text:0", delta="Step"),
+        _ev("message_end", attempt=1, finish_reason="interrupted"),
+        _ev("interrupt", attempt=1, user_message_id="u1", detail='{"question": "ok?"}'),
+        _ev("attempt_dispatched", attempt=1, user_message_id="u1", detail=""),
+        _ev("message_start", attempt=1, part_id="exB:message"),
+        _ev("text_delta", attempt=1, part_id="exB:text:0", delta="Step"),
+        _ev("text_delta", attempt=1, part_id="exB:text:0", delta=" done"),
+        _ev("message_end", attempt=1, finish_reason="stop"),
+        _ev("run_completed", attempt=1, user_message_id="u1", detail="", message={}))
+    _strict(chunks)
+    asked = [c for c in chunks if c["type"] == "data-run" and c["data"]["event"] == "interrupt"]
+    assert [json.loads(c["data"]["detail"]) for c in asked] == [{"question": "ok?"}]
+    texts: dict[str, tuple[str, str]] = {}  # text id -> (execution, text)
+    for chunk in chunks:
+        if chunk["type"] == "text-start":
+            texts[chunk["id"]] = (chunk["providerMetadata"]["threadline"]["execution"], "")
+        elif chunk["type"] == "text-delta":
+            execution, text = texts[chunk["id"]]
+            texts[chunk["id"]] = (execution, text + chunk["delta"])
+    newest = list(texts.values())[-1][0]
+    assert [e for e, _ in texts.values()] == ["exA", "exB"]
+    assert "".join(t for e, t in texts.values() if e == newest) == "Step done"
