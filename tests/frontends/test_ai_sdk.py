@@ -176,6 +176,23 @@ def _user(message_id: str, text: str) -> dict[str, Any]:
     return {"id": message_id, "role": "user", "parts": [{"type": "text", "text": text}]}
 
 
+def test_an_interrupt_is_resumed_over_the_native_endpoint_and_the_stream_goes_on(
+        processes: ProcessStack) -> None:
+    """The run asks after a journaled turn: a `data-run` part with the question while the
+    stream stays open; the native resume answers it and the same stream ends with the
+    answer; the newest execution's text is the stored answer, which used the value."""
+    result = NodeScript(processes, "interrupt").result()
+    assert result["errors"] == [] and result["status"] == "ready"
+    assert "deploy it" in result["question"]["question"]
+    assert result["statusWhileWaiting"] == "streaming" and result["resumeStatus"] == 202
+    [answer] = _answers(result["stored"])
+    assert _text(answer).endswith("Approved: yes.")
+    assert result["text"] == _text(answer)
+    assert len(set(result["executions"])) == 2  # the resumed execution replayed the turn
+    assert result["allText"] != result["text"]
+    assert result["metadata"]["status"] == "completed"
+
+
 def test_the_chat_endpoint_keeps_the_native_rules(processes: ProcessStack) -> None:
     """The header; a resend of the same message replays its run; another message while a
     run is active is 409; a regenerate is 422; an idle or unknown chat resumes with 204."""

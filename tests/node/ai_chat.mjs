@@ -147,6 +147,31 @@ const scenarios = {
              attempts: message.parts.filter((p) => p.type === "text").map((p) => p.providerMetadata.threadline.attempt),
              stored: await stored(chat.id) };
   },
+
+  // Human in the loop: the run asks ([approve]) after a journaled turn; the client
+  // answers over the native resume endpoint, and the same stream goes on to the
+  // answer. The resumed execution replays the turn: the newest execution's text is
+  // the answer (docs/clients.md).
+  async interrupt() {
+    const chat = newChat(`node-interrupt-${Date.now()}`);
+    const sending = chat.sendMessage({ text: "[tools=1] deploy it [approve]" });
+    const asked = await until(() => chat.data.find((d) => d.data.event === "interrupt"), "the interrupt");
+    const statusWhileWaiting = chat.status;
+    const threadId = lastAssistant(chat).metadata.thread_id;
+    const resume = await fetch(`${base}/v1/threads/${threadId}/runs/${asked.data.run_id}/resume`, {
+      method: "POST", headers: { ...auth, "Content-Type": "application/json" },
+      body: JSON.stringify({ value: "yes" }) });
+    await sending;
+    const message = lastAssistant(chat);
+    const texts = message.parts.filter((p) => p.type === "text");
+    const executions = texts.map((p) => p.providerMetadata.threadline.execution);
+    const newest = executions[executions.length - 1];
+    return { chatId: chat.id, question: JSON.parse(asked.data.detail), statusWhileWaiting,
+             resumeStatus: resume.status, status: chat.status, executions,
+             text: texts.filter((p) => p.providerMetadata.threadline.execution === newest).map((p) => p.text).join(""),
+             allText: texts.map((p) => p.text).join(""), metadata: message.metadata, errors: chat.errors,
+             stored: await stored(chat.id) };
+  },
 };
 
 try {
