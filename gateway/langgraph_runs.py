@@ -190,8 +190,16 @@ async def join_stream(request: web.Request) -> web.StreamResponse:
         modes = modes_from(raw or None)
     except ValueError as exc:
         raise Problem(422, "invalid-body", str(exc), field="stream_mode") from exc
+    state = await _fresh(request, state)
     return await stream_run_events(request, state, run_id, modes,
                                    request.headers.get("Last-Event-ID"), _resumed(state, run))
+
+
+async def _fresh(request: web.Request, state: ThreadState) -> ThreadState:
+    # Read to the partition's end first: a join right after a resume must not take
+    # the resumed interrupt for a pending one (and end the stream there).
+    return await request.app[READ_MODEL].thread(request[TENANT], state.thread_id,
+                                                fresh=True) or state
 
 
 def _resumed(state: ThreadState, run: RunView) -> int | None:
@@ -223,6 +231,7 @@ async def join_run(request: web.Request) -> web.Response:
     """GET /threads/{thread_id}/runs/{run_id}/join"""
     state = await own_thread(request)
     run = await own_run(request, state, request.match_info["run_id"])
+    state = await _fresh(request, state)
     return web.json_response(await wait_for_run(request, state, run.run_id,
                                                 _resumed(state, run)))
 
