@@ -20,7 +20,7 @@ from gateway.auth import TENANT
 from gateway.decisions import new_traceparent
 from gateway.keys import BUS, READ_MODEL, SETTINGS
 from gateway.problems import Problem
-from gateway.rest import _body, _json, _own_thread
+from gateway.rest import _body, _json, own_run
 from streams.clock import now_ms
 from streams.domain import ResumeRun, RunCancelled, RunFailed, StepRecorded, ThreadState
 
@@ -30,10 +30,7 @@ __all__ = ["resume", "resume_run"]
 async def resume_run(request: web.Request) -> web.Response:
     """POST /v1/threads/{thread_id}/runs/{run_id}/resume"""
     run_id = request.match_info["run_id"]
-    state = await _own_thread(request)
-    run = await request.app[READ_MODEL].run(request[TENANT], run_id)
-    if run is None or run.state.thread_id != state.thread_id:
-        raise Problem(404, "not-found", "no such run on this thread")
+    state, run = await own_run(request)
     body = await _body(request, required=True)
     if "value" not in body:
         raise Problem(422, "invalid-body", "'value' is required (any JSON)", field="value")

@@ -29,6 +29,7 @@ from gateway.kafka import partition_for
 from gateway.keys import BUS, LIMITER, READ_MODEL, SETTINGS
 from gateway.limits import tenant_active_runs
 from gateway.problems import Problem
+from gateway.read_model import RunView
 from streams.clock import now_ms
 from streams.domain import (
     CancelRun,
@@ -53,7 +54,7 @@ from streams.records import MessageRecord
 
 __all__ = ["MAX_MESSAGES_PAGE", "MAX_THREADS_PAGE", "MESSAGES_PAGE", "THREADS_PAGE",
            "cancel", "cancel_run", "create_thread", "decided_run", "delete_thread", "get_thread",
-           "list_messages", "list_threads", "multitask_strategy", "post_user_message",
+           "list_messages", "list_threads", "multitask_strategy", "own_run", "post_user_message",
            "submit_user_message"]
 
 MESSAGES_PAGE, MAX_MESSAGES_PAGE = 100, 1000  # GET /v1/threads/{id}/messages: default, max
@@ -351,13 +352,20 @@ def decided_run(event: Event, thread_id: str, message_id: str) -> tuple[str, boo
             raise Problem(422, "invalid-input", event.detail)
 
 
+async def own_run(request: web.Request) -> tuple[ThreadState, RunView]:
+    """The thread and run named in the path (`/v1/threads/{thread_id}/runs/{run_id}`),
+    both the caller's, or 404."""
+    state = await _own_thread(request)
+    run = await request.app[READ_MODEL].run(request[TENANT], request.match_info["run_id"])
+    if run is None or run.state.thread_id != state.thread_id:
+        raise Problem(404, "not-found", "no such run on this thread")
+    return state, run
+
+
 async def cancel_run(request: web.Request) -> web.Response:
     """POST /v1/threads/{thread_id}/runs/{run_id}/cancel"""
     run_id = request.match_info["run_id"]
-    state = await _own_thread(request)
-    run = await request.app[READ_MODEL].run(request[TENANT], run_id)
-    if run is None or run.state.thread_id != state.thread_id:
-        raise Problem(404, "not-found", "no such run on this thread")
+    state, run = await own_run(request)
     body = await _body(request, required=False)
     reason = _string(body, "reason", "cancelled by the client")[:500]
     if run.status is not None and run.status.is_terminal:

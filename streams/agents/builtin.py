@@ -40,13 +40,12 @@ import hashlib
 import json
 import os
 import re
-import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from streams.agents import AgentCitations, AgentError, AgentOutput, AgentStep, TextChunk
 from streams.agents.runtime import call_tool, current, interrupt, model_turn_json
-from streams.agents.tools import Tool, ToolContext, ToolResult
+from streams.agents.tools import Tool, ToolContext, ToolResult, log_side_effect
 from streams.config import Settings
 from streams.domain import Citation, Step
 from streams.journal import MODEL_TURN
@@ -85,20 +84,12 @@ def lookup_tool(delay_s: float = 0.0, log_path: str | None = None) -> Tool:
     """The builtin `lookup` tool: a fact derived from the query, after `delay_s`,
     with `start <key> <pid> <ms>` and `done <key> <pid> <ms>` appended to `log_path` around the wait."""
 
-    def note(line: str) -> None:
-        if log_path:
-            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, (line + "\n").encode())
-            finally:
-                os.close(fd)
-
     async def lookup(arguments: Mapping[str, object], context: ToolContext) -> ToolResult:
         query = str(arguments.get("query", ""))
-        note(f"start {context.idempotency_key} {os.getpid()} {time.time_ns() // 1_000_000}")
+        log_side_effect(log_path, "start", context.idempotency_key)
         if delay_s > 0:
             await asyncio.sleep(delay_s)
-        note(f"done {context.idempotency_key} {os.getpid()} {time.time_ns() // 1_000_000}")
+        log_side_effect(log_path, "done", context.idempotency_key)
         source = hashlib.sha256(query.encode("utf-8", "surrogatepass")).hexdigest()[:12]
         return ToolResult({"query": query, "fact": _fact(query)},
                           (Citation(f"https://example.com/lookup/{source}", f"Lookup: {query}"),))

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from streams.agents.openai import OpenAIAgent
-from streams.agents.tools import Tool, ToolContext, ToolError, ToolResult
+from streams.agents.tools import Tool, ToolContext, ToolError, ToolResult, log_side_effect
 from streams.config import Settings
 from streams.domain import Citation
 
@@ -30,22 +28,14 @@ __all__ = ["create", "ticket_tool"]
 def ticket_tool(log_path: str | None = None, delay_s: float = 0.0) -> Tool:
     """`open_ticket(title)`: opens a ticket (a line in `log_path`), returns its number."""
 
-    def note(line: str) -> None:
-        if log_path:
-            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, (line + "\n").encode())
-            finally:
-                os.close(fd)
-
     async def open_ticket(arguments: Mapping[str, Any], context: ToolContext) -> ToolResult:
         title = str(arguments.get("title", "")).strip()
         if not title:
             raise ToolError("a ticket needs a title")  # the model hears this and may try again
-        note(f"start {context.idempotency_key} {os.getpid()} {time.time_ns() // 1_000_000}")
+        log_side_effect(log_path, "start", context.idempotency_key)
         await asyncio.sleep(delay_s)
         number = int(hashlib.sha256(context.idempotency_key.encode()).hexdigest()[:6], 16)
-        note(f"done {context.idempotency_key} {os.getpid()} {time.time_ns() // 1_000_000}")
+        log_side_effect(log_path, "done", context.idempotency_key)
         return ToolResult({"ticket": number, "title": title},
                           (Citation(f"https://tickets.example.com/{number}", title),))
 

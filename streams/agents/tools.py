@@ -15,13 +15,15 @@ journals them.
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from streams.domain import Citation
 
-__all__ = ["Tool", "ToolContext", "ToolError", "ToolResult"]
+__all__ = ["Tool", "ToolContext", "ToolError", "ToolResult", "log_side_effect"]
 
 
 class ToolError(Exception):
@@ -101,3 +103,16 @@ def by_name(tools: Sequence[Tool]) -> dict[str, Tool]:
             raise ValueError(f"two tools are named {tool.name!r}")
         named[tool.name] = tool
     return named
+
+
+def log_side_effect(path: str | None, what: str, key: str) -> None:
+    """Append `<what> <key> <pid> <ms>` to `path` in one write (O_APPEND keeps lines
+    whole across processes); nothing without a path. The example tools log their
+    calls so the crash tests and the chaos tool audit can count them."""
+    if not path:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{what} {key} {os.getpid()} {time.time_ns() // 1_000_000}\n".encode())
+    finally:
+        os.close(fd)
