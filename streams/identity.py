@@ -20,6 +20,7 @@ Roles that share a folder keep apart by a prefix (the connector's is `c`).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import uuid
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from streams.config import Settings
 
-__all__ = ["ID_FILE", "InstanceIdError", "instance_id", "stored_instance_id"]
+__all__ = ["ID_FILE", "InstanceIdError", "claim_member_id", "instance_id", "stored_instance_id"]
 
 ID_FILE = "instance-id"
 _VALID = re.compile(r"[A-Za-z0-9._-]{1,200}")  # what a Kafka transactional or client id accepts
@@ -77,3 +78,32 @@ def instance_id(settings: Settings, prefix: str = "") -> str:
     if settings.instance_id:
         return settings.instance_id
     return prefix + stored_instance_id(settings.data_dir)
+
+
+def claim_member_id(settings: Settings, prefix: str) -> str:
+    """A consumer-group member id (`group.instance.id`) for a role that may run as
+    several processes on one data folder: `THREADLINE_INSTANCE_ID` if set, else
+    `prefix`, the folder's id and the lowest slot no live process holds.
+
+    A slot is an exclusive `flock` on `<data_dir>/<prefix>member-<n>.lock`, held
+    until the process ends: the kernel frees it when the process dies, even by
+    SIGKILL, so a restarted process claims its dead self's slot, its member id and
+    so its partitions at once (static membership), while two live processes never
+    share one (a second member with the same id would fence the first)."""
+    if settings.instance_id:
+        return settings.instance_id
+    base = stored_instance_id(settings.data_dir)
+    for slot in range(1024):
+        path = settings.data_dir / f"{prefix}member-{slot}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        _held_slots.append(fd)  # open for the process's lifetime: that is the claim
+        return f"{prefix}{base}-{slot}"
+    raise InstanceIdError(f"1024 {prefix!r} members already run on {settings.data_dir}")
+
+
+_held_slots: list[int] = []

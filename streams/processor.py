@@ -174,7 +174,8 @@ class Processor:
         self.exactly_once = settings.processing_guarantee == "exactly_once"
         client_id = f"processor-{self.instance_id}"
         self.loop = TableLoop(
-            self, Consumer(table_consumer_config(settings, self.group_id, client_id)),
+            self, Consumer(table_consumer_config(settings, self.group_id, client_id,
+                                                 group_instance_id=self.instance_id)),
             Producer(table_producer_config(
                 settings, client_id, linger_ms=2,
                 transactional_id=f"{self.group_id}-{self.instance_id}" if self.exactly_once else None)),

@@ -44,24 +44,47 @@ class ChangelogReader:
 
     def read(self, topic: str, starts: dict[int, int], apply: Callable[[Message], None]) -> int:
         """Hand every record of `topic` from each partition's start offset up to its
-        current end to `apply`, in order; returns how many there were."""
-        todo = {p: start for p, start in starts.items() if start < self.watermarks(topic, p)[1]}
+        current end to `apply`, in order; returns how many there were.
+
+        A partition is done at its end-of-partition event or once its position
+        reaches the end offset read before: a transaction's commit marker takes the
+        last offset and is never handed over, so a checkpoint just below the end
+        has nothing left to read. `consume(n, timeout)` waits for n records or the
+        whole timeout, so each call asks only for what is already fetched, then
+        waits for the first record (or end event) of the next fetch."""
+        ends = {p: self.watermarks(topic, p)[1] for p in starts}
+        todo = {p: start for p, start in starts.items() if start < ends[p]}
         if not todo:
             return 0
         self._consumer.assign([TopicPartition(topic, p, start) for p, start in sorted(todo.items())])
         count = 0
-        while todo:
-            for msg in self._consumer.consume(500, timeout=1.0):
-                error = msg.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
+        try:
+            while todo:
+                batch = self._consumer.consume(500, timeout=0) or self._consumer.consume(1, timeout=0.2)
+                for msg in batch:
+                    error = msg.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            todo.pop(msg.partition() or 0, None)
+                            continue
+                        raise KafkaException(error)
+                    apply(msg)
+                    count += 1
+                    offset = msg.offset()
+                    if offset is not None and offset + 1 >= ends[msg.partition() or 0]:
                         todo.pop(msg.partition() or 0, None)
-                        continue
-                    raise KafkaException(error)
-                apply(msg)
-                count += 1
-        self._consumer.unassign()
+                if todo and not batch:
+                    self._drop_read_to_end(topic, todo, ends)
+        finally:
+            self._consumer.unassign()
         return count
+
+    def _drop_read_to_end(self, topic: str, todo: dict[int, int], ends: dict[int, int]) -> None:
+        """Forget the partitions whose position reached their end (past a marker)."""
+        positions = self._consumer.position([TopicPartition(topic, p) for p in todo])
+        for tp in positions:
+            if tp.offset >= 0 and tp.offset >= ends[tp.partition]:
+                todo.pop(tp.partition, None)
 
 
 def restore_table(reader: ChangelogReader, tables: TableStores, topic: str, partition: int,

@@ -8,11 +8,17 @@ reports `ReportHeartbeat` while the agent makes progress, and ends with
 
 Steps: the agent runs in a `RunContext` holding the run's journal so far (the
 worker sets `journal` before `run`). Each step it completes is reported as
-`ReportStepCompleted` and the agent waits until the processor's decision comes
-back through the lifecycle watch (`step_recorded`): recorded by this execution,
-it goes on; recorded by another execution of the same attempt, this one is
-deposed and stops like a superseded one; refused because the attempt is over,
-the watch stops it anyway. Heartbeats go on while it waits and while a tool runs.
+`ReportStepCompleted`, and the agent goes on as soon as the broker acks the report:
+the step is durable from then on, because the processor decides the thread's
+commands in log order. An execution that takes the attempt over waits at its
+barrier (`ReportExecutionStarted`, decided after every earlier report of the
+thread) before its first new step, so it sees every step an earlier execution had
+acked, decided or not; a call whose report was never acked is the one window
+(docs/agents.md). What the processor decides of a step comes back through the
+lifecycle watch: recorded by another execution of the same attempt, this one is
+deposed and stops like a superseded one; refused because the attempt is over, the
+watch stops it anyway. A dead processor therefore does not stall a run between two
+steps, only at its barrier and its end. Heartbeats go on while a tool runs.
 """
 
 from __future__ import annotations
@@ -124,7 +130,7 @@ class Execution:
     journal: tuple[JournalEntry, ...] = ()  # the run's steps completed before this execution
     context: RunContext | None = None
     answer: Answer = field(init=False)
-    _steps: dict[int, asyncio.Future[JournalEntry]] = field(default_factory=dict)
+    _reported: set[int] = field(default_factory=set)  # steps this execution reported
     _seen: dict[int, JournalEntry] = field(default_factory=dict)  # recorded since the start
     _synced: asyncio.Future[list[JournalEntry]] | None = None  # the barrier's journal
 
@@ -316,19 +322,24 @@ class Execution:
                 continue
 
     def step_recorded(self, entry: JournalEntry) -> None:
-        """The watch read that the run's step `entry.step` was recorded."""
+        """The watch read that the run's step `entry.step` was recorded: by another
+        execution, where this one reported that step too, this one is deposed."""
         self._seen.setdefault(entry.step, entry)
-        waiter = self._steps.get(entry.step)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(entry)
+        if entry.step in self._reported and entry.execution_id != self.execution_id:
+            log.info("run %s attempt %d: execution %s deposed: step %d was recorded by %s",
+                     self.dispatch.run_id, self.attempt, self.execution_id, entry.step,
+                     entry.execution_id)
+            self.stop(Stop.SUPERSEDED)
 
     async def _record_step(self, entry: JournalEntry) -> None:
-        """Report the step and wait until it is recorded (see the module's docstring)."""
-        waiter = self._steps.setdefault(entry.step, asyncio.get_running_loop().create_future())
-        if entry.step in self._seen:  # another execution of the attempt recorded it already
-            waiter.set_result(self._seen[entry.step])
+        """Report the step; it is durable once the broker acks the report, and the
+        agent goes on then (see the module's docstring)."""
+        seen = self._seen.get(entry.step)
+        if seen is not None and seen.execution_id != self.execution_id:
+            raise Deposed(f"step {entry.step} was recorded by execution {seen.execution_id}")
         report = ReportStepCompleted(self.meta.thread_id, self.dispatch.run_id, self.attempt,
                                      self.outlet.worker_id, entry, now_ms())
+        self._reported.add(entry.step)
         for attempt in range(OUTCOME_SEND_TRIES):
             try:
                 await asyncio.shield(await self._report(report))
@@ -339,16 +350,7 @@ class Execution:
                 await asyncio.sleep(0.5 * 2**attempt)
         else:
             raise AgentError(f"step {entry.step} could not be reported", retryable=True)
-        while True:  # the processor may be down a while: keep beating until it decides
-            self.last_progress = time.monotonic()
-            try:
-                recorded = await asyncio.wait_for(asyncio.shield(waiter), 1.0)
-                break
-            except TimeoutError:
-                continue
-        self._steps.pop(entry.step, None)
-        if recorded.execution_id != self.execution_id:
-            raise Deposed(f"step {entry.step} was recorded by execution {recorded.execution_id}")
+        self.last_progress = time.monotonic()
 
     async def _report(self, command: Command) -> asyncio.Future[Any]:
         meta = new_meta(self.meta.thread_id, self.meta.tenant, now_ms(),

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -28,6 +26,7 @@ from streams.agents import Agent
 from streams.aio import stop_client
 from streams.clock import now_ms
 from streams.config import Settings
+from streams.identity import claim_member_id
 from streams.journal import JournalEntry, merge
 from streams.kafka.clients import aiokafka_config
 from streams.kafka.topics import ensure_topics
@@ -72,8 +71,9 @@ class Worker:
         self.codec = codec or Codec.from_settings(settings)
         self.agent = observed.ObservedAgent(agent)  # measured (and traced) calls
         self.concurrency = max(1, settings.worker_concurrency if concurrency is None else concurrency)
-        self.worker_id = (worker_id or settings.instance_id
-                          or f"{socket.gethostname()}-{os.getpid()}")
+        # Also the group member id (static membership): a restarted worker takes its
+        # dispatch partitions back at once instead of after a rebalance.
+        self.worker_id = worker_id or claim_member_id(settings, "w")
         self.partitions: dict[int, PartitionOffsets] = {}
         self.executions: dict[tuple[int, int], Execution] = {}
         self.by_run: dict[str, set[Execution]] = {}
@@ -85,7 +85,7 @@ class Worker:
             **aiokafka_config(settings), client_id=f"worker-{self.worker_id}",
             group_id=f"{settings.topic_prefix}worker", enable_auto_commit=False,
             isolation_level="read_committed", auto_offset_reset="earliest",
-            session_timeout_ms=settings.session_timeout_ms,
+            group_instance_id=self.worker_id, session_timeout_ms=settings.session_timeout_ms,
             heartbeat_interval_ms=max(100, min(1_000, settings.session_timeout_ms // 5)),
             fetch_max_wait_ms=100,
         )

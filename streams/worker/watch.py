@@ -32,6 +32,7 @@ log = logging.getLogger("threadline.worker")
 
 LIFECYCLE_MARGIN_MS = 5_000  # clock slack when looking for a dispatch's lifecycle records
 CATCH_UP_TIMEOUT_S = 5.0
+WATCH_FETCH_WAIT_MS = 10
 FATES_KEPT = 100_000  # runs whose fate is remembered, most recent first
 JOURNALS_KEPT = 10_000  # runs whose recorded steps are remembered, most recent first
 
@@ -60,9 +61,10 @@ class LifecycleWatch:
             auto_offset_reset="latest", request_timeout_ms=15_000,
             # Most records here are other executions' text deltas: without a minimum,
             # each of them woke a fetch (most of the worker's CPU while answers stream).
-            # A run's end is learnt up to 100 ms later; nothing waits on it but a
-            # superseded execution, which then stops that much later.
-            fetch_min_bytes=64 * 1024, fetch_max_wait_ms=100,
+            # The wait is short all the same: an execution's barrier and a dispatch's
+            # `prepare` wait for what this reads, so a fetch ends after 10 ms at most
+            # (at most 100 fetches a second, however much or little is written).
+            fetch_min_bytes=64 * 1024, fetch_max_wait_ms=WATCH_FETCH_WAIT_MS,
         )
         self._task: asyncio.Task[None] | None = None
 
@@ -133,7 +135,7 @@ class LifecycleWatch:
             while time.monotonic() < deadline:
                 if await asyncio.wait_for(self.consumer.position(tp), CATCH_UP_TIMEOUT_S) >= end:
                     return True
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.005)
         except (TimeoutError, KafkaError) as exc:
             log.warning("lifecycle catch-up on partition %d failed: %s", partition, exc)
         return False

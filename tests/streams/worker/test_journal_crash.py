@@ -13,17 +13,22 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from streams.agents.builtin import BuiltinAgent
 from streams.agents.runtime import RunContext, drive
+from streams.config import Settings
 from streams.domain import (
     Event,
+    ReportAttemptCompleted,
     ReportStepCompleted,
     RetryScheduled,
     RunCompleted,
@@ -33,8 +38,9 @@ from streams.domain import (
 from streams.records import StepOutput
 from streams.testing.openai_server import answer_for
 from streams.testing.process import ChildProcess, wait_for
-from tests.kafka_helpers import marked, send_marker
+from tests.kafka_helpers import marked, read_messages, send_marker
 from tests.streams.worker.test_worker import (
+    CODEC,
     FAST,
     Stack,
     _events,
@@ -57,6 +63,7 @@ class Call:
     run_id: str
     step: int
     pid: int
+    ms: int  # when it was written (wall clock)
 
 
 def _calls(log: Path) -> list[Call]:
@@ -64,9 +71,9 @@ def _calls(log: Path) -> list[Call]:
         return []
     calls = []
     for line in log.read_text().splitlines():
-        what, key, pid, _ = line.split()
+        what, key, pid, ms = line.split()
         run_id, _, step = key.rpartition(":")
-        calls.append(Call(what, run_id, int(step), int(pid)))
+        calls.append(Call(what, run_id, int(step), int(pid), int(ms)))
     return calls
 
 
@@ -294,3 +301,130 @@ def test_a_step_reported_but_not_yet_decided_is_not_done_again(
         assert len(completed) == 1, stack.logs()
         done = Counter(c.step for c in _calls(log) if c.what == "done" and c.run_id == run)
         assert done == Counter({1: 1, 3: 1}), (done, survivor)
+
+
+class _ReportTail:
+    """Follows the commands topic from now on (read_uncommitted: reports are not
+    transactional) and hands over each new `ReportStepCompleted`."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.consumer = Consumer({"bootstrap.servers": settings.bootstrap, "log_level": 3,
+                                  "group.id": f"tail-{uuid.uuid4()}", "enable.auto.commit": False})
+        topic = settings.topics.commands
+        partitions = self.consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        ends = [TopicPartition(topic, p, self.consumer.get_watermark_offsets(
+            TopicPartition(topic, p), timeout=10)[1]) for p in partitions]
+        self.consumer.assign(ends)
+
+    def next_step(self, accept: Callable[[ReportStepCompleted], bool]) -> ReportStepCompleted:
+        """The next step report `accept`s, waiting while reports keep coming."""
+        def found() -> ReportStepCompleted | None:
+            for msg in self.consumer.consume(200, timeout=0.05):
+                if msg.error() is None:
+                    command = CODEC.decode_command(msg.value() or b"")[1]
+                    if isinstance(command, ReportStepCompleted) and accept(command):
+                        return command
+            return None
+
+        report = wait_for(found, 120, interval=0)
+        assert report is not None
+        return report
+
+    def close(self) -> None:
+        """Close the consumer."""
+        self.consumer.close()
+
+
+@pytest.mark.kafka
+@pytest.mark.chaos
+async def test_kills_right_after_a_step_is_durable_repeat_no_completed_call(
+    test_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A step is durable once its report is in the commands log, and the agent goes on
+    then, before the processor has decided it. Across 50 runs of two tool calls, a
+    worker is killed the moment one of its step reports lands (after the step became
+    durable, before it could learn the decision; every other time with the processor
+    killed first, so the step is still undecided when the dispatch is redelivered), and
+    the processor the moment a step report lands (while it decides step reports), each
+    restarted at once: each run has one stored answer, each step is recorded once, and
+    no call starts again once its report landed."""
+    log = tmp_path / "tools.log"
+    env = {**test_env, **FAST, "THREADLINE_HEARTBEAT_TIMEOUT_S": "30",
+           "THREADLINE_AGENT_TOKENS_PER_S": "0", "THREADLINE_AGENT_WORDS": "3",
+           "THREADLINE_AGENT_TOOLS": "2", "THREADLINE_AGENT_TOOL_DELAY_S": "0.2",
+           "THREADLINE_AGENT_TOOL_LOG": str(log)}
+    with _stack(env, tmp_path, ["w1", "w2"]) as stack:
+        tail = _ReportTail(stack.settings)
+        try:
+            posted = [stack.post(f"invoice {i}") for i in range(50)]
+            killed: Counter[str] = Counter()
+            aimed: list[tuple[str, int]] = []  # the durable steps whose worker was killed
+            for n in range(9):
+                if n % 3 == 1:  # the processor, with a report not yet decided or being decided
+                    tail.next_step(lambda report: True)
+                    stack.processor.kill9()
+                    stack.processor.start()
+                    killed["processor"] += 1
+                    continue
+                # The worker whose tool step's report just landed; every other time the
+                # processor first, so the step is still undecided when its dispatch is
+                # redelivered and the new execution must wait at its barrier.
+                def running(report: ReportStepCompleted) -> bool:
+                    return report.entry.kind == "tool_call" and any(
+                        c.run_id == report.run_id and _victim(stack, c.pid) for c in _calls(log))
+                report = tail.next_step(running)
+                pid = next(c.pid for c in reversed(_calls(log)) if c.run_id == report.run_id)
+                name = _victim(stack, pid)
+                if name is None:
+                    continue
+                if n % 3 == 2:
+                    stack.processor.kill9()
+                    killed["processor"] += 1
+                stack.workers[name].kill9()
+                stack.workers[name].start()
+                if n % 3 == 2:
+                    stack.processor.start()
+                killed["worker"] += 1
+                aimed.append((report.run_id, report.entry.step))
+        finally:
+            tail.close()
+        runs = [r for _, r in posted]
+        events = _completed(stack, runs, timeout=300)
+        for i, run in enumerate(runs):
+            of_run = _of_run(events, run)
+            completed = [e for e in of_run if isinstance(e, RunCompleted)]
+            assert len(completed) == 1 and not any(isinstance(e, RunFailed) for e in of_run), \
+                (run, stack.logs())
+            assert completed[0].message.text == await _builtin_text(f"invoice {i}", 3, 2)
+            recorded = [e.entry.step for e in of_run if isinstance(e, StepRecorded)]
+            assert sorted(recorded) == [0, 1, 2, 3], (run, recorded)  # each step recorded once
+        # Once a step's report is in the log, no execution starts that call again: a call
+        # repeated only where its first try was killed before the report landed (the one
+        # window, docs/agents.md).
+        durable_at = _step_reports_landed(stack.settings, set(runs))
+        calls = _calls(log)
+        for (run, step), landed_ms in durable_at.items():
+            late = [c for c in calls if c.what == "start" and c.run_id == run and c.step == step
+                    and c.ms > landed_ms]
+            assert late == [], (run, step, landed_ms, late)
+        # The aimed steps are among them (a try of the same call killed before an earlier
+        # kill's report landed may have completed too: the window, so not counted here).
+        assert set(aimed) <= durable_at.keys(), aimed
+        assert len(aimed) >= 4 and killed["processor"] >= 4, killed
+
+
+def _step_reports_landed(settings: Settings, runs: set[str]) -> dict[tuple[str, int], int]:
+    """When each (run, step)'s first step report was written (its record timestamp),
+    from the commands topic read up to every run's completion report."""
+    def decode(msg: Message) -> tuple[Any, int]:
+        return CODEC.decode_command(msg.value() or b"")[1], msg.timestamp()[1]
+
+    def all_completed(records: list[tuple[Any, int]]) -> bool:
+        return runs <= {c.run_id for c, _ in records if isinstance(c, ReportAttemptCompleted)}
+
+    landed: dict[tuple[str, int], int] = {}
+    for command, ms in read_messages(settings, settings.topics.commands, decode,
+                                     until=all_completed, timeout=120, isolation="read_uncommitted"):
+        if isinstance(command, ReportStepCompleted) and command.run_id in runs:
+            landed.setdefault((command.run_id, command.entry.step), ms)
+    return landed
