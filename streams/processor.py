@@ -64,7 +64,7 @@ from streams.history import (
 from streams.ids import derived_envelope_id
 from streams.kafka.clients import librdkafka_config, table_consumer_config, table_producer_config
 from streams.kafka.loop import Output, TableLoop, record_position
-from streams.kafka.restore import ChangelogReader, restore_table
+from streams.kafka.restore import ChangelogReader, restore_tables
 from streams.kafka.state_store import PartitionStore, TableStores
 from streams.kafka.topics import ensure_topics, record_limit
 from streams.lifecycle import dispatch_record, lifecycle_record
@@ -221,9 +221,18 @@ class Processor:
     def assigned(self, partitions: list[int]) -> None:
         """Restore the partitions' tables and their deadlines."""
         self.observer.rebalanced("assigned", len(partitions))
+        started = time.monotonic()
         with ChangelogReader(self.settings, f"{self.group_id}-restore") as reader:
-            for partition in partitions:
-                self._restore(reader, partition)
+            stores = restore_tables(reader, self.stores, self.topics.threads, partitions,
+                                    lambda s, key, value, offset: s.put(key, value, offset)
+                                    if value is not None else s.delete(key, offset))
+            histories = restore_tables(
+                reader, self.history_stores, self.topics.messages, partitions,
+                lambda s, key, value, offset: MessageStore(s, self.codec).restore(key, value, offset))
+        for partition in partitions:
+            self._track_partition(partition, stores[partition], histories[partition])
+        self.observer.restored(time.monotonic() - started)
+        log.info("partitions %s restored in %.2f s", sorted(partitions), time.monotonic() - started)
 
     def revoked(self, partitions: list[int]) -> None:
         """Close the partitions' tables."""
@@ -275,16 +284,10 @@ class Processor:
             self._next_tick = time.monotonic() + TICK_INTERVAL_S
             self.observer.lag(self.loop.consumer, self.loop._positions)
 
-    def _restore(self, reader: ChangelogReader, partition: int) -> None:
-        """Bring the partition's tables up to the end of their changelogs, then
-        migrate any state written before the messages topic existed."""
-        started = time.monotonic()
-        store = restore_table(reader, self.stores, self.topics.threads, partition,
-                              lambda s, key, value, offset: s.put(key, value, offset)
-                              if value is not None else s.delete(key, offset))
-        history = restore_table(reader, self.history_stores, self.topics.messages, partition,
-                                lambda s, key, value, offset: MessageStore(s, self.codec).restore(
-                                    key, value, offset))
+    def _track_partition(self, partition: int, store: PartitionStore,
+                         history: PartitionStore) -> None:
+        """A restored partition: migrate any state written before the messages topic
+        existed, and track its threads' deadlines."""
         migrated = migrate_partition(self, partition, store, MessageStore(history, self.codec))
         state = _Partition()
         for key, raw in store.items():
@@ -292,9 +295,8 @@ class Processor:
             if due is not None:
                 state.deadlines[key] = due
         self.partitions[partition] = state
-        self.observer.restored(time.monotonic() - started)
-        log.info("partition %d restored in %.2f s (%d legacy threads migrated)", partition,
-                 time.monotonic() - started, migrated)
+        if migrated:
+            log.info("partition %d: %d legacy threads migrated", partition, migrated)
 
     # --- one command ------------------------------------------------------------
 

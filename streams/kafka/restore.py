@@ -17,7 +17,7 @@ from streams.config import Settings
 from streams.kafka.clients import restore_consumer_config
 from streams.kafka.state_store import PartitionStore, TableStores
 
-__all__ = ["ChangelogReader", "restore_table"]
+__all__ = ["ChangelogReader", "restore_tables"]
 
 log = logging.getLogger("threadline.kafka.restore")
 
@@ -87,32 +87,39 @@ class ChangelogReader:
                 todo.pop(tp.partition, None)
 
 
-def restore_table(reader: ChangelogReader, tables: TableStores, topic: str, partition: int,
-                  apply_record: Callable[[PartitionStore, bytes, bytes | None, int], None]) \
-        -> PartitionStore:
-    """Open the partition's store and bring it from its checkpoint to the end of its
-    changelog `topic`; a checkpoint outside the changelog (the topic was recreated or
-    trimmed) wipes the store and restores it whole."""
-    store = tables.open(partition)
-    low, high = reader.watermarks(topic, partition)
-    start = store.checkpoint
-    if start > high or start < low:
-        tables.wipe(partition)
+def restore_tables(reader: ChangelogReader, tables: TableStores, topic: str,
+                   partitions: list[int],
+                   apply_record: Callable[[PartitionStore, bytes, bytes | None, int], None]) \
+        -> dict[int, PartitionStore]:
+    """Open the partitions' stores and bring each from its checkpoint to the end of its
+    changelog `topic`, all in one read; a checkpoint outside the changelog (the topic
+    was recreated or trimmed) wipes that store and restores it whole."""
+    stores: dict[int, PartitionStore] = {}
+    starts: dict[int, int] = {}
+    for partition in partitions:
         store = tables.open(partition)
-        start = low
-    restored = 0
+        low, high = reader.watermarks(topic, partition)
+        start = store.checkpoint
+        if start > high or start < low:
+            tables.wipe(partition)
+            store = tables.open(partition)
+            start = low
+        stores[partition], starts[partition] = store, start
+    restored = dict.fromkeys(partitions, 0)
 
     def apply(msg: Message) -> None:
-        nonlocal restored
-        offset = msg.offset()
+        partition, offset = msg.partition() or 0, msg.offset()
         assert offset is not None
+        store = stores[partition]
         apply_record(store, msg.key() or b"", msg.value(), offset)
-        restored += 1
-        if restored % COMMIT_EVERY == 0:
+        restored[partition] += 1
+        if restored[partition] % COMMIT_EVERY == 0:
             store.commit()  # the checkpoint moves with it
 
-    if start < high:
-        reader.read(topic, {partition: start}, apply)
-        store.commit()
-    log.info("%s[%d]: %d changelog records from %d", topic, partition, restored, start)
-    return store
+    reader.read(topic, starts, apply)
+    for partition, store in stores.items():
+        if restored[partition]:
+            store.commit()
+        log.info("%s[%d]: %d changelog records from %d", topic, partition, restored[partition],
+                 starts[partition])
+    return stores

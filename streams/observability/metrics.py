@@ -123,7 +123,8 @@ class ProcessorMetrics:
             "Partition assignment changes of the processor group", ["change"]))
         self.restore_seconds = _histogram(
             "threadline_processor_restore_seconds",
-            "Time to restore one partition's tables from their changelogs", buckets=SLOW_BUCKETS)
+            "Time to restore the tables of the partitions one assignment brought, from their changelogs",
+            buckets=SLOW_BUCKETS)
         self.dead_letters = LabelCache(_counter(
             "threadline_processor_dead_letters_total", "Records sent to the dead-letter topic",
             ["error_type"]))

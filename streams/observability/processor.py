@@ -132,7 +132,7 @@ class ProcessorObserver:
         self.metrics.rebalances.inc(change)
 
     def restored(self, seconds: float) -> None:
-        """A partition's tables were restored."""
+        """The tables of an assignment's partitions were restored."""
         self.metrics.restore_seconds.observe(seconds)
 
     def deadlines(self, tracked: int, due: int, ticks: int) -> None:

@@ -4,14 +4,23 @@ different for two folders even at the same path, overridable."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import shutil
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
 from streams.config import Settings
 from streams.connectors.config import instance_id_for as connector_id
-from streams.identity import ID_FILE, InstanceIdError, instance_id, stored_instance_id
+from streams.identity import (
+    ID_FILE,
+    InstanceIdError,
+    claim_member_id,
+    instance_id,
+    stored_instance_id,
+)
 from streams.processor import instance_id_for as processor_id
 
 
@@ -84,3 +93,36 @@ def test_starts_racing_on_one_empty_folder_agree_on_one_id(tmp_path: Path) -> No
         p.join()
     assert len(ids) == 1
     assert ids == {(tmp_path / "var" / ID_FILE).read_text().strip()}
+
+
+def _claim_and_report(data_dir: str, out: multiprocessing.SimpleQueue) -> None:  # type: ignore[type-arg]
+    out.put(claim_member_id(_settings(Path(data_dir)), "w"))
+    time.sleep(3600)  # holds its slot until killed
+
+
+def test_a_worker_member_id_is_its_dead_selfs_and_never_a_live_processs(tmp_path: Path) -> None:
+    """Static membership needs the restart of a process to be the same member and two
+    live processes never to be: a slot is held by a live process only, and freed by
+    the kernel when the process is killed with SIGKILL."""
+    folder = tmp_path / "var"
+    context = multiprocessing.get_context("spawn")
+    out = context.SimpleQueue()
+    holder = context.Process(target=_claim_and_report, args=(str(folder), out))
+    holder.start()
+    try:
+        held = out.get()
+        mine = claim_member_id(_settings(folder), "w")  # a second live process: its own slot
+        assert mine != held and held.endswith("-0") and mine.endswith("-1")
+        os.kill(holder.pid or 0, signal.SIGKILL)
+        holder.join()
+        restarted = context.Process(target=_claim_and_report, args=(str(folder), out))
+        restarted.start()
+        try:
+            assert out.get() == held  # the dead process's slot, so its member id
+        finally:
+            restarted.kill()
+            restarted.join()
+    finally:
+        holder.kill()
+        holder.join()
+    assert claim_member_id(_settings(folder, THREADLINE_INSTANCE_ID="pod-3"), "w") == "pod-3"
