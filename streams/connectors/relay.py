@@ -197,8 +197,9 @@ class Relay:
                 log.warning("skipping an unreadable outbox record: %s", exc)
 
         with ChangelogReader(self.settings, f"{self.group_id}-restore") as reader:
-            reader.read(self.outbox, {p: reader.watermarks(self.outbox, p)[0] for p in partitions},
-                        apply)
+            marks = reader.all_watermarks(self.outbox, partitions)
+            reader.read(self.outbox, {p: low for p, (low, _) in marks.items()}, apply,
+                        ends={p: high for p, (_, high) in marks.items()})
         return tables
 
     # --- one step ------------------------------------------------------------------------

@@ -37,14 +37,21 @@ class ChangelogReader:
                  trace: TracebackType | None) -> None:
         self._consumer.close()
 
-    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
-        """The partition's low and high watermarks (first offset, end offset)."""
-        low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
-        return int(low), int(high)
+    def all_watermarks(self, topic: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
+        """Each partition's first offset and end offset (read_committed: the last stable
+        offset). One request each, on this reader's consumer: an admin client of its
+        own would pay for its own connection and metadata first (seen: 3 s at load)."""
+        marks = {}
+        for partition in partitions:
+            low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                             timeout=30)
+            marks[partition] = (int(low), int(high))
+        return marks
 
-    def read(self, topic: str, starts: dict[int, int], apply: Callable[[Message], None]) -> int:
+    def read(self, topic: str, starts: dict[int, int], apply: Callable[[Message], None], *,
+             ends: dict[int, int] | None = None) -> int:
         """Hand every record of `topic` from each partition's start offset up to its
-        current end to `apply`, in order; returns how many there were.
+        current end (`ends`, else asked for) to `apply`, in order; returns how many there were.
 
         A partition is done at its end-of-partition event or once its position
         reaches the end offset read before: a transaction's commit marker takes the
@@ -52,7 +59,8 @@ class ChangelogReader:
         has nothing left to read. `consume(n, timeout)` waits for n records or the
         whole timeout, so each call asks only for what is already fetched, then
         waits for the first record (or end event) of the next fetch."""
-        ends = {p: self.watermarks(topic, p)[1] for p in starts}
+        if ends is None:
+            ends = {p: high for p, (_, high) in self.all_watermarks(topic, list(starts)).items()}
         todo = {p: start for p, start in starts.items() if start < ends[p]}
         if not todo:
             return 0
@@ -96,9 +104,10 @@ def restore_tables(reader: ChangelogReader, tables: TableStores, topic: str,
     was recreated or trimmed) wipes that store and restores it whole."""
     stores: dict[int, PartitionStore] = {}
     starts: dict[int, int] = {}
+    marks = reader.all_watermarks(topic, partitions)
     for partition in partitions:
         store = tables.open(partition)
-        low, high = reader.watermarks(topic, partition)
+        low, high = marks[partition]
         start = store.checkpoint
         if start > high or start < low:
             tables.wipe(partition)
@@ -116,7 +125,7 @@ def restore_tables(reader: ChangelogReader, tables: TableStores, topic: str,
         if restored[partition] % COMMIT_EVERY == 0:
             store.commit()  # the checkpoint moves with it
 
-    reader.read(topic, starts, apply)
+    reader.read(topic, starts, apply, ends={p: high for p, (_, high) in marks.items()})
     for partition, store in stores.items():
         if restored[partition]:
             store.commit()

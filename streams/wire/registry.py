@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
-
-from confluent_kafka.schema_registry import Schema as _Schema
-from confluent_kafka.schema_registry import SchemaRegistryClient
-from confluent_kafka.schema_registry.error import SchemaRegistryError
+from typing import TYPE_CHECKING, TypeVar
 
 from streams.wire.errors import RegistryError
+
+if TYPE_CHECKING:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
 
 __all__ = ["ConfluentRegistry"]
 
@@ -30,9 +29,14 @@ class ConfluentRegistry:
     """
 
     def __init__(self, url: str, *, timeout_s: float = 5.0) -> None:
+        # Imported here: the client brings authlib and httpx, a third of a role's
+        # start-up, which a deployment without a registry never needs (restarts are
+        # on the clock of recovery, docs/operations.md).
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
-        self._client = SchemaRegistryClient({
+        self._client: SchemaRegistryClient = SchemaRegistryClient({
             "url": self.url, "timeout": max(1, round(timeout_s)), "max.retries": 2,
         })
 
@@ -45,10 +49,12 @@ class ConfluentRegistry:
         the id. Registrations at once can also make it answer 500 (its H2 store's
         lock timed out) or time out: transient, so retried with a growing pause. A
         4xx other than 409, or any error that persists, is raised."""
+        from confluent_kafka.schema_registry import Schema
+
         for attempt in range(_REGISTER_ATTEMPTS):
             try:
                 return self._call(f"register {subject}", lambda: self._client.register_schema(
-                    subject, _Schema(schema, "AVRO")))
+                    subject, Schema(schema, "AVRO")))
             except RegistryError as exc:
                 transient = exc.status is None or exc.status == 409 or exc.status >= 500
                 if not transient or attempt == _REGISTER_ATTEMPTS - 1:
@@ -62,6 +68,8 @@ class ConfluentRegistry:
         return str(found.schema_str)
 
     def _call(self, what: str, call: Callable[[], T]) -> T:
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
         try:
             return call()
         except SchemaRegistryError as exc:
