@@ -31,6 +31,7 @@ from gateway.decisions import new_traceparent
 from gateway.keys import BUS, READ_MODEL
 from gateway.problems import Problem
 from gateway.read_model import RunView
+from gateway.run_stream import Gone
 from gateway.sse import SseEvent
 from gateway.streaming import serve_run
 from gateway.ui_stream import DONE, UI_STREAM_HEADERS, UiMessageStream, chunk_frame, ui_message
@@ -65,16 +66,15 @@ class UiFraming:
         """The frames of the chunks these events map to."""
         frames = []
         for event in events:
-            data = event.frame.split(b"\ndata: ", 1)[1].rstrip(b"\n")
-            fields = {} if event.name == "done" else json.loads(data)
+            fields = {} if event.terminal else json.loads(event.data)
             frames += [chunk_frame(c) for c in self.stream.chunks(event.name, fields)]
         return b"".join(frames)
 
-    def gone(self, thread_id: str, run_id: str | None) -> bytes:
+    def gone(self, gone: Gone) -> bytes:
         """An `error` chunk: the run left the stream topic; its message is stored."""
         return chunk_frame({"type": "error", "errorText": (
             "this run's stream is no longer retained; its message is in GET "
-            f"/v1/threads/{thread_id}/messages")}) + chunk_frame(DONE)
+            f"/v1/threads/{gone.thread_id}/messages")}) + chunk_frame(DONE)
 
 
 def _chat_id(raw: object) -> str:

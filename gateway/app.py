@@ -41,6 +41,7 @@ from gateway.openapi import openapi
 from gateway.problems import Handler, Problem, problem_middleware
 from gateway.read_model import ReadModel
 from gateway.ready import READY, Readiness, readyz
+from gateway.run_stream import STREAMS, RunStreams
 from streams.config import Settings
 from streams.domain import Event, ThreadCreated, ThreadDeleted
 from streams.kafka.clients import aiokafka_config
@@ -99,6 +100,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     app[OFFSETS] = offsets
     app[CODEC] = codec
     app[FEED] = feed
+    app[STREAMS] = RunStreams(settings, feed, read_model, limiter, codec, options.keepalive_s)
     app[HEALTH] = HealthProbe(settings.bootstrap, aiokafka_config(settings))
     app[READY] = Readiness(settings, bus, app[HEALTH], read_model,
                            timeout_s=options.ready_timeout_s, cache_s=options.ready_cache_s)

@@ -34,7 +34,6 @@ from gateway.langgraph_runs import (
     stream_run,
     wait_run,
 )
-from gateway.langgraph_stream import loopback_client
 from gateway.langgraph_threads import (
     create_thread,
     get_assistant,
@@ -51,8 +50,7 @@ PREFIX = "/langgraph"
 
 
 def setup(app: web.Application) -> None:
-    """Add the LangGraph routes under PREFIX, and the loopback client they stream with."""
-    app.cleanup_ctx.append(loopback_client)
+    """Add the LangGraph routes under PREFIX."""
     r = app.router
     r.add_post(f"{PREFIX}/threads", create_thread)
     r.add_post(f"{PREFIX}/threads/search", search_threads)

@@ -1,45 +1,38 @@
 """The LangGraph API's run streams: Threadline's events, mapped, resumable.
 
-A run's stream is read from this gateway's own `/v1/runs/{run_id}/events` over
-loopback HTTP, with the caller's key, so it has that endpoint's resume semantics and
-the tenant's stream limits, and each event is mapped by `gateway.langgraph_events`.
-The SSE `id:` of a part is the resume token of the Threadline event it came from;
-when one event makes several parts, all but the last carry `{token}~{index}`. A
-reconnect (`Last-Event-ID`) reads the run from its start again, folding the answer
-so far, and writes only what follows the part named: no gap, no repeat.
+A run's events come from the in-process stream API (`gateway.run_stream`), as for
+`/v1/runs/{run_id}/events`: its resume semantics and the tenant's stream limits. Each
+event is mapped by `gateway.langgraph_events`. The SSE `id:` of a part is the resume
+token of the Threadline event it came from; when one event makes several parts, all
+but the last carry `{token}~{index}`. A reconnect (`Last-Event-ID`) reads the run
+from its start again, folding the answer so far, and writes only what follows the
+part named: no gap, no repeat.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 from aiohttp import web
 
+from gateway.auth import TENANT
 from gateway.keys import FEED, READ_MODEL
 from gateway.langgraph_events import VALUES, Part, StateValues, Translator
 from gateway.langgraph_threads import values_view
 from gateway.langgraph_views import ASSISTANT_ID
 from gateway.problems import Problem
+from gateway.run_stream import STREAMS, EventStream, Gone, KeepAlive
+from gateway.sse import SseEvent
+from gateway.streaming import SSE_HEADERS
 from gateway.tokens import BadEventId
 from streams.domain import ThreadState
+from streams.lifecycle import StreamEnd
 
-__all__ = ["STREAM_CLIENT", "links", "loopback_client", "stream_run_events", "wait_for_run"]
-
-SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
-               "X-Accel-Buffering": "no"}
-STREAM_CLIENT = web.AppKey("langgraph_http", aiohttp.ClientSession)
-
-
-async def loopback_client(app: web.Application) -> AsyncIterator[None]:
-    """cleanup_ctx: the HTTP client run streams read this gateway's events with."""
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
-    app[STREAM_CLIENT] = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
-    yield
-    await app[STREAM_CLIENT].close()
+__all__ = ["links", "stream_run_events", "wait_for_run"]
 
 
 def links(run_id: str, lg_id: str, query: str = "") -> dict[str, str]:
@@ -55,7 +48,7 @@ def _resume_point(request: web.Request, state: ThreadState, run_id: str,
         return None
     token, _, index = last.strip().partition("~")
     try:
-        event_id = request.app[FEED].tokens.verify(token, state.thread_id)
+        event_id = request.config_dict[FEED].tokens.verify(token, state.thread_id)
     except BadEventId as exc:
         raise Problem(400, "bad-last-event-id", str(exc)) from exc
     if event_id.run_id != run_id or (index and not (index.isascii() and index.isdigit() and
@@ -64,51 +57,23 @@ def _resume_point(request: web.Request, state: ThreadState, run_id: str,
     return token, int(index) + 1 if index else -1  # -1: every part of it was sent
 
 
-def _key(request: web.Request) -> str:
-    header = request.headers.get("Authorization", "")
-    if header.lower().startswith("bearer "):
-        return header[7:].strip()
-    return request.headers.get("x-api-key", "").strip()
+@contextlib.asynccontextmanager
+async def _run_stream(request: web.Request, run_id: str) -> AsyncIterator[EventStream]:
+    """The run's events from its start (as `/v1/runs/{run_id}/events` serves them);
+    Problem (404, 429) before anything is sent."""
+    tenant = request[TENANT]
+    run = await request.config_dict[READ_MODEL].run(tenant, run_id)
+    if run is None:
+        raise Problem(404, "not-found", "no such run")
+    async with request.config_dict[STREAMS].open(tenant, run.state, run) as stream:
+        yield stream
 
 
-def _loopback(request: web.Request, path: str) -> str:
-    sock = request.transport.get_extra_info("sockname") if request.transport else None
-    if not sock:
-        raise Problem(503, "unavailable", "the connection closed")
-    host = sock[0] if ":" not in sock[0] else f"[{sock[0]}]"
-    return f"http://{host}:{sock[1]}{path}"
-
-
-async def _events(request: web.Request,
-                  run_id: str) -> AsyncGenerator[tuple[str | None, str, Any], None]:
-    """The run's Threadline events from its start: (SSE id, name, data); ("", "", None)
-    for each keep-alive. Raises Problem for an error status, before anything is sent."""
-    url = _loopback(request, f"/v1/runs/{run_id}/events")
-    session = request.app[STREAM_CLIENT]
-    async with session.get(url, headers={"Authorization": f"Bearer {_key(request)}"}) as up:
-        if up.status != 200:
-            raise Problem(up.status if up.status >= 400 else 502, "upstream",
-                          f"the run's events: {(await up.text())[:300]}")
-        sse_id, name, data = None, "message", []
-        async for raw in up.content:
-            line = raw.decode().rstrip("\r\n")
-            if line.startswith(":"):
-                yield "", "", None
-                continue
-            if line:
-                key, _, value = line.partition(":")
-                value = value[1:] if value.startswith(" ") else value
-                if key == "id":
-                    sse_id = value
-                elif key == "event":
-                    name = value
-                elif key == "data":
-                    data.append(value)
-                continue
-            if data:
-                text = "\n".join(data)
-                yield sse_id, name, text if text == "[DONE]" else json.loads(text)
-            sse_id, name, data = None, "message", []
+def _named(item: list[SseEvent] | Gone) -> list[tuple[str | None, str, Any]]:
+    """(SSE id, name, data) of each event of an item; `Gone` is `message_not_streaming`."""
+    if isinstance(item, Gone):
+        return [(None, StreamEnd.MESSAGE_NOT_STREAMING, None)]
+    return [(e.event_id, e.name, "[DONE]" if e.terminal else json.loads(e.data)) for e in item]
 
 
 def _frame(event: str, data: Any, event_id: str | None) -> bytes:
@@ -129,45 +94,42 @@ async def stream_run_events(request: web.Request, state: ThreadState, run_id: st
     translator = Translator(modes, lg_id, ASSISTANT_ID, resumed=resumed,
                             after_interrupt=after_interrupt)
     skipping = resume is not None
-    events = _events(request, run_id)
-    try:
-        first = await anext(events, None)  # an error status is still a status
+    async with _run_stream(request, run_id) as stream:  # an error is still a status
         await response.prepare(request)
-        if resume is None:
-            await response.write(_frame("metadata", {"run_id": run_id, "attempt": 1}, None))
-        item = first
-        while item is not None:
-            sse_id, name, data = item
-            if not name:
-                await response.write(b": keep-alive\n\n")
-            else:
-                parts = _parts(translator, name, data)
-                start = 0
-                if name == "message_not_streaming":
-                    skipping = False  # the run's events are gone: say how it ended
-                if skipping and resume is not None:
-                    if sse_id != resume[0]:
-                        parts = []
-                    else:
-                        skipping = False
-                        start = len(parts) if resume[1] < 0 else resume[1]
-                frames = [_frame(p.event, await _fill(request, state, p), _part_id(sse_id, i,
-                                                                                   len(parts)))
-                          for i, p in enumerate(parts) if i >= start]
-                if frames:
-                    await response.write(b"".join(frames))
+        try:
+            if resume is None:
+                await response.write(_frame("metadata", {"run_id": run_id, "attempt": 1}, None))
+            async for item in stream:
+                if isinstance(item, KeepAlive):
+                    await response.write(b": keep-alive\n\n")
+                    continue
+                for sse_id, name, data in _named(item):
+                    parts = _parts(translator, name, data)
+                    start = 0
+                    if name == StreamEnd.MESSAGE_NOT_STREAMING:
+                        skipping = False  # the run's events are gone: say how it ended
+                    if skipping and resume is not None:
+                        if sse_id != resume[0]:
+                            parts = []
+                        else:
+                            skipping = False
+                            start = len(parts) if resume[1] < 0 else resume[1]
+                    frames = [_frame(p.event, await _fill(request, state, p),
+                                     _part_id(sse_id, i, len(parts)))
+                              for i, p in enumerate(parts) if i >= start]
+                    if frames:
+                        await response.write(b"".join(frames))
+                    if translator.stopped:
+                        break  # the run waits for a human: this stream ends here
                 if translator.stopped:
-                    break  # the run waits for a human: this stream ends here
-            item = await anext(events, None)
-    except ConnectionError:
-        pass
-    finally:
-        await events.aclose()
+                    break
+        except ConnectionError:
+            pass
     return response
 
 
 def _parts(translator: Translator, name: str, data: Any) -> list[Part]:
-    if name == "message_not_streaming":  # the run's stream is gone: its end, from the store
+    if name == StreamEnd.MESSAGE_NOT_STREAMING:  # the run's stream is gone: its end, from the store
         return [Part("values", VALUES), Part("end", None)]
     return translator.translate(name, data)
 
@@ -181,7 +143,7 @@ def _part_id(sse_id: str | None, index: int, count: int) -> str | None:
 async def _fill(request: web.Request, state: ThreadState, part: Part) -> Any:
     if not isinstance(part.data, StateValues):
         return part.data
-    await request.app[READ_MODEL].catch_up([request.app[FEED].partition_of(state.thread_id)])
+    await _caught_up(request, state)
     values = (await values_view(request, state))[0]
     interrupt = part.data.interrupt
     return values if interrupt is None else {**values, "__interrupt__": [interrupt]}
@@ -193,18 +155,30 @@ async def wait_for_run(request: web.Request, state: ThreadState, run_id: str,
     values then (and `__error__`, or `__interrupt__`)."""
     error = None
     translator = Translator(frozenset(), "", ASSISTANT_ID, resumed=resumed)
-    events = _events(request, run_id)
-    try:
-        async for _, name, data in events:
-            translator.translate(name, data)
-            if name == "run_failed" and isinstance(data, dict):
-                error = {"error": "RunFailed", "message": data.get("detail") or "the run failed"}
-            if name in ("done", "message_not_streaming") or translator.stopped:
+    async with _run_stream(request, run_id) as stream:
+        async for item in stream:
+            if isinstance(item, KeepAlive):
+                continue
+            ended = False
+            for _, name, data in _named(item):
+                translator.translate(name, data)
+                if name == "run_failed" and isinstance(data, dict):
+                    error = {"error": "RunFailed",
+                             "message": data.get("detail") or "the run failed"}
+                if name in (StreamEnd.DONE, StreamEnd.MESSAGE_NOT_STREAMING) or \
+                        translator.stopped:
+                    ended = True
+                    break
+            if ended:
                 break
-    finally:
-        await events.aclose()
-    await request.app[READ_MODEL].catch_up([request.app[FEED].partition_of(state.thread_id)])
+    await _caught_up(request, state)
     values = (await values_view(request, state))[0]
     if translator.interrupt is not None:
         values["__interrupt__"] = [translator.interrupt]
     return values if error is None else {**values, "__error__": error}
+
+
+async def _caught_up(request: web.Request, state: ThreadState) -> None:
+    """The read model has read the thread's partition to its end now."""
+    config = request.config_dict
+    await config[READ_MODEL].catch_up([config[FEED].partition_of(state.thread_id)])
