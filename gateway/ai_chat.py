@@ -29,6 +29,7 @@ from gateway import rest
 from gateway.auth import TENANT
 from gateway.decisions import new_traceparent
 from gateway.keys import BUS, READ_MODEL
+from gateway.plumbing import END_SEQ, query_limit, read_json_body
 from gateway.problems import Problem
 from gateway.read_model import RunView
 from gateway.run_stream import Gone
@@ -141,7 +142,7 @@ async def _run(request: web.Request, run_id: str) -> RunView:
 
 async def chat(request: web.Request) -> web.StreamResponse:
     """POST /v1/ai/chat: post the newest user message, answer with its run's stream."""
-    body = await rest._body(request, required=True)  # the same body rules as /v1
+    body = await read_json_body(request, required=True)  # the same body rules as /v1
     chat_id = _chat_id(body.get("id"))
     trigger = body.get("trigger", "submit-message")
     if trigger != "submit-message":
@@ -186,11 +187,11 @@ async def cancel_chat(request: web.Request) -> web.Response:
 async def chat_messages(request: web.Request) -> web.Response:
     """GET /v1/ai/chat/{chat_id}/messages?limit=: the newest stored messages, oldest
     first, as `UIMessage`s (an unknown chat has none)."""
-    limit = rest._limit(request, rest.MESSAGES_PAGE, rest.MAX_MESSAGES_PAGE)
+    limit = query_limit(request, rest.MESSAGES_PAGE, rest.MAX_MESSAGES_PAGE)
     state = await _thread(request, request.match_info["chat_id"])
     if state is None:
         return web.json_response({"messages": []})
-    page = request.app[READ_MODEL].messages(state.thread_id, before=rest.END_SEQ, limit=limit)
+    page = request.app[READ_MODEL].messages(state.thread_id, before=END_SEQ, limit=limit)
     return web.json_response({"thread_id": state.thread_id,
                               "messages": [ui_message(r) for r in page.records]})
 

@@ -38,7 +38,8 @@ from gateway.keys import (
 from gateway.limits import TenantLimiter, post_rate_middleware
 from gateway.observability import observe_app, observe_middleware
 from gateway.openapi import openapi
-from gateway.problems import Handler, Problem, problem_middleware
+from gateway.plumbing import starting_middleware
+from gateway.problems import problem_middleware
 from gateway.read_model import ReadModel
 from gateway.ready import READY, Readiness, readyz
 from gateway.run_stream import STREAMS, RunStreams
@@ -168,25 +169,6 @@ async def _start_feed(app: web.Application,
         logging.shutdown()
         os._exit(70)
     started.append(app[FEED])
-
-
-STREAM_WAIT_S = 60.0  # how long a stream opened during the load waits for it
-
-
-@web.middleware
-async def starting_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """`/v1` answers 503 (with Retry-After) while the read model is still loading.
-
-    Except SSE streams, which wait for it: a browser's EventSource reconnects after a
-    network error but gives up for good on an error status, so a 503 would end a
-    stream that a gateway restart only meant to interrupt."""
-    feed = request.app[FEED]
-    if request.path.startswith("/v1/") and not feed.started:
-        streaming = request.method == "GET" and request.path.endswith(("/stream", "/events"))
-        if not (streaming and await feed.wait_started(STREAM_WAIT_S)):
-            raise Problem(503, "starting", "the gateway is loading its read model; retry "
-                          "shortly", headers={"Retry-After": "2"})
-    return await handler(request)
 
 
 async def livez(request: web.Request) -> web.Response:

@@ -28,10 +28,7 @@ from gateway.langgraph_threads import (
     MAX_PAGE,
     create_lg_thread,
     find_thread,
-    int_param,
-    is_text,
     own_thread,
-    read_body,
     ready,
 )
 from gateway.langgraph_views import (
@@ -41,6 +38,7 @@ from gateway.langgraph_views import (
     run_json,
     thread_status,
 )
+from gateway.plumbing import END_SEQ, int_field, is_text, read_json_body
 from gateway.problems import Problem
 from gateway.read_model import RunView
 from streams.clock import now_ms
@@ -151,7 +149,7 @@ def _check_accepted(event: Event | None) -> None:
 
 async def create_run(request: web.Request) -> web.Response:
     """POST /threads/{thread_id}/runs: a background run (or a resumed one)."""
-    body = await read_body(request)
+    body = await read_json_body(request, required=False)
     _check_unsupported(body)
     resumed = await _resume_command(request, body)
     state, run_id = resumed[:2] if resumed else await _start(request, body)
@@ -165,7 +163,7 @@ async def create_run(request: web.Request) -> web.Response:
 
 async def stream_run(request: web.Request) -> web.StreamResponse:
     """POST /threads/{thread_id}/runs/stream"""
-    body = await read_body(request)
+    body = await read_json_body(request, required=False)
     try:
         modes = modes_from(body.get("stream_mode"))
     except ValueError as exc:
@@ -217,7 +215,7 @@ async def own_run(request: web.Request, state: ThreadState, run_id: str) -> RunV
 
 async def wait_run(request: web.Request) -> web.Response:
     """POST /threads/{thread_id}/runs/wait: the thread's values once the run ended."""
-    body = await read_body(request)
+    body = await read_json_body(request, required=False)
     _check_unsupported(body)
     resumed = await _resume_command(request, body)
     state, run_id = resumed[:2] if resumed else await _start(request, body)
@@ -246,11 +244,11 @@ async def get_run(request: web.Request) -> web.Response:
 async def list_runs(request: web.Request) -> web.Response:
     """GET /threads/{thread_id}/runs?limit&offset: newest first, from the user messages."""
     state = await own_thread(request)
-    limit = int_param(request.query.get("limit"), "limit", 10, MAX_PAGE)
-    offset = int_param(request.query.get("offset"), "offset", 0, MAX_OFFSET)
+    limit = int_field(request.query.get("limit"), "limit", 10, MAX_PAGE)
+    offset = int_field(request.query.get("offset"), "offset", 0, MAX_OFFSET)
     read_model = request.app[READ_MODEL]
     runs: list[dict[str, Any]] = []
-    before = (1 << 63) - 1
+    before = END_SEQ
     while len(runs) < offset + limit:
         page = read_model.messages(state.thread_id, before=before, limit=MAX_PAGE)
         for record in reversed(page.records):

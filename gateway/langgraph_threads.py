@@ -1,10 +1,10 @@
 """The LangGraph API's threads and assistant (`gateway.langgraph`), and the request
 helpers its run handlers share: reading a body, finding the tenant's thread by the id
-its client knows (`gateway.langgraph_views`), the bounded `values` view."""
+its client knows (`gateway.langgraph_views`), the bounded `values` view. Bodies,
+integers and the readiness 503 are `gateway.plumbing`'s, as for every API."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
@@ -12,7 +12,7 @@ from aiohttp import web
 
 from gateway.auth import TENANT
 from gateway.decisions import new_traceparent
-from gateway.keys import BUS, FEED, READ_MODEL
+from gateway.keys import BUS, READ_MODEL
 from gateway.langgraph_views import (
     ASSISTANT_ID,
     MAX_THREAD_ID_CHARS,
@@ -24,13 +24,14 @@ from gateway.langgraph_views import (
     thread_json,
     thread_status,
 )
+from gateway.plumbing import END_SEQ, int_field, is_text, read_json_body, wait_started
 from gateway.problems import Problem
 from streams.clock import now_ms
 from streams.domain import CreateThread, ThreadCreated, ThreadState
 
 __all__ = ["ASSISTANT_NAMES", "MAX_OFFSET", "MAX_PAGE", "VALUES_CAP", "create_lg_thread",
            "create_thread", "find_thread", "get_assistant", "get_history", "get_state",
-           "get_thread", "int_param", "is_text", "own_thread", "read_body", "ready",
+           "get_thread", "own_thread", "ready",
            "search_assistants", "search_threads", "values_view"]
 
 VALUES_CAP = 50  # messages in a `values` part or a state, newest first (page with ?before=)
@@ -39,53 +40,11 @@ MAX_PAGE = 100
 MAX_OFFSET = 1000
 START_WAIT_S = 30.0
 ASSISTANT_NAMES = frozenset({ASSISTANT_ID, "agent"})
-END_SEQ = (1 << 63) - 1
 
 
 async def ready(request: web.Request) -> None:
     """503 (Retry-After) unless the feed runs, after waiting for it a while."""
-    feed = request.app[FEED]
-    if not feed.started and not await feed.wait_started(START_WAIT_S):
-        raise Problem(503, "starting", "the gateway is loading its read model; retry shortly",
-                      headers={"Retry-After": "2"})
-
-
-async def read_body(request: web.Request) -> dict[str, Any]:
-    """The JSON object body, {} if empty; 400/422 otherwise."""
-    raw = await request.read()
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise Problem(400, "malformed-json", "the body is not JSON") from exc
-    if not isinstance(body, dict):
-        raise Problem(422, "invalid-body", "the body must be a JSON object")
-    return body
-
-
-def int_param(value: object, name: str, default: int, maximum: int) -> int:
-    """An integer field from 0 to `maximum`, `default` if absent; else 422."""
-    if value is None:
-        return default
-    try:
-        number = int(str(value))
-    except (TypeError, ValueError):
-        number = -1
-    if not 0 <= number <= maximum:
-        raise Problem(422, "invalid-body", f"'{name}' must be an integer from 0 to {maximum}")
-    return number
-
-
-def is_text(value: object) -> bool:
-    """A string every layer can carry (JSON and URLs let unpaired surrogates through)."""
-    if not isinstance(value, str):
-        return False
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
+    await wait_started(request, START_WAIT_S)
 
 
 async def find_thread(request: web.Request, lg_id: str) -> ThreadState | None:
@@ -130,7 +89,7 @@ async def values_view(request: web.Request, state: ThreadState, cap: int | None 
 async def create_thread(request: web.Request) -> web.Response:
     """POST /threads {thread_id?, metadata?, if_exists?}"""
     await ready(request)
-    body = await read_body(request)
+    body = await read_json_body(request, required=False)
     lg_id = body.get("thread_id") or str(uuid.uuid4())
     if not is_text(lg_id) or len(lg_id) > MAX_THREAD_ID_CHARS or \
             not lg_id.isprintable() or "/" in lg_id:
@@ -166,9 +125,9 @@ async def get_thread(request: web.Request) -> web.Response:
 async def search_threads(request: web.Request) -> web.Response:
     """POST /threads/search {limit, offset, ids?, status?}: newest first."""
     await ready(request)
-    body = await read_body(request)
-    limit = int_param(body.get("limit"), "limit", 10, MAX_PAGE)
-    offset = int_param(body.get("offset"), "offset", 0, MAX_OFFSET)
+    body = await read_json_body(request, required=False)
+    limit = int_field(body.get("limit"), "limit", 10, MAX_PAGE)
+    offset = int_field(body.get("offset"), "offset", 0, MAX_OFFSET)
     status = body.get("status")
     ids = body.get("ids")
     read_model, tenant = request.app[READ_MODEL], request[TENANT]
@@ -226,8 +185,8 @@ async def get_history(request: web.Request) -> web.Response:
 
 async def search_assistants(request: web.Request) -> web.Response:
     """POST /assistants/search: the one assistant."""
-    body = await read_body(request)
-    offset = int_param(body.get("offset"), "offset", 0, MAX_OFFSET)
+    body = await read_json_body(request, required=False)
+    offset = int_field(body.get("offset"), "offset", 0, MAX_OFFSET)
     graph = body.get("graph_id")
     found = [] if offset or graph not in (None, "agent") else [assistant()]
     return web.json_response(found)

@@ -28,6 +28,7 @@ from gateway.decisions import new_traceparent
 from gateway.kafka import partition_for
 from gateway.keys import BUS, LIMITER, READ_MODEL, SETTINGS
 from gateway.limits import tenant_active_runs
+from gateway.plumbing import END_SEQ, json_answer, query_limit, read_json_body
 from gateway.problems import Problem
 from gateway.read_model import RunView
 from streams.clock import now_ms
@@ -59,32 +60,9 @@ __all__ = ["MAX_MESSAGES_PAGE", "MAX_THREADS_PAGE", "MESSAGES_PAGE", "THREADS_PA
 
 MESSAGES_PAGE, MAX_MESSAGES_PAGE = 100, 1000  # GET /v1/threads/{id}/messages: default, max
 THREADS_PAGE, MAX_THREADS_PAGE = 50, 200  # GET /v1/threads
-END_SEQ = (1 << 63) - 1  # `before=end`: the newest messages
 
 MAX_TITLE_CHARS = 500
 MAX_KEY_CHARS = 255
-
-
-def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> \
-        web.Response:
-    return web.json_response(body, status=status, headers=headers)
-
-
-async def _body(request: web.Request, *, required: bool) -> dict[str, Any]:
-    raw = await request.read()  # HTTPRequestEntityTooLarge past client_max_size
-    if not raw.strip():
-        if required:
-            raise Problem(422, "invalid-body", "a JSON object body is required")
-        return {}
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise Problem(400, "malformed-json", f"the body is not JSON: {exc}") from exc
-    except RecursionError as exc:  # json's C scanner recurses once per nesting level
-        raise Problem(400, "malformed-json", "the body is nested too deeply") from exc
-    if not isinstance(body, dict):
-        raise Problem(422, "invalid-body", "the body must be a JSON object")
-    return body
 
 
 def _string(body: dict[str, Any], name: str, default: str | None = None) -> str:
@@ -162,19 +140,6 @@ def _parse_cursor(request: web.Request, name: str, kind: str) -> list[Any] | Non
     return parts[1:]
 
 
-def _limit(request: web.Request, default: int, maximum: int) -> int:
-    raw = request.query.get("limit")
-    if raw is None:
-        return default
-    try:
-        limit = int(raw)
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= maximum:
-        raise Problem(400, "bad-limit", f"'limit' must be an integer from 1 to {maximum}")
-    return limit
-
-
 def _seq_cursor(request: web.Request, name: str) -> int | None:
     if name == "before" and request.query.get(name) == "end":
         return END_SEQ
@@ -188,7 +153,7 @@ def _seq_cursor(request: web.Request, name: str) -> int | None:
 
 async def create_thread(request: web.Request) -> web.Response:
     """POST /v1/threads"""
-    body = await _body(request, required=False)
+    body = await read_json_body(request, required=False)
     title = _string(body, "title", "")
     if len(title) > MAX_TITLE_CHARS:
         raise Problem(422, "invalid-body", f"'title' is longer than {MAX_TITLE_CHARS} characters")
@@ -199,22 +164,22 @@ async def create_thread(request: web.Request) -> web.Response:
         request.headers.get("traceparent")))
     location = {"Location": f"/v1/threads/{thread_id}"}
     if not isinstance(event, ThreadCreated):
-        return _json(202, {"id": thread_id, "thread_id": thread_id, "title": title,
+        return json_answer(202, {"id": thread_id, "thread_id": thread_id, "title": title,
                            "workflow_id": workflow_id_for(thread_id), "status": "pending"},
                      location)
     state = ThreadState(thread_id=thread_id, tenant=tenant, title=title,
                         created_at_ms=event.at_ms)
-    return _json(201, {**_thread(state), "status": "created"}, location)
+    return json_answer(201, {**_thread(state), "status": "created"}, location)
 
 
 async def get_thread(request: web.Request) -> web.Response:
     """GET /v1/threads/{thread_id}"""
-    return _json(200, _thread(await _own_thread(request)))
+    return json_answer(200, _thread(await _own_thread(request)))
 
 
 async def list_messages(request: web.Request) -> web.Response:
     """GET /v1/threads/{thread_id}/messages?limit=&after=|before="""
-    limit = _limit(request, MESSAGES_PAGE, MAX_MESSAGES_PAGE)
+    limit = query_limit(request, MESSAGES_PAGE, MAX_MESSAGES_PAGE)
     after, before = _seq_cursor(request, "after"), _seq_cursor(request, "before")
     state = await _own_thread(request)
     page = request.app[READ_MODEL].messages(state.thread_id, after=after, before=before,
@@ -223,14 +188,14 @@ async def list_messages(request: web.Request) -> web.Response:
     if page.more and page.records:
         backward = before is not None and after is None
         next_cursor = _cursor("m", page.records[0 if backward else -1].seq)
-    return _json(200, {"thread_id": state.thread_id,
+    return json_answer(200, {"thread_id": state.thread_id,
                        "messages": [_message(r, state) for r in page.records],
                        "next_cursor": next_cursor})
 
 
 async def list_threads(request: web.Request) -> web.Response:
     """GET /v1/threads?limit=&cursor="""
-    limit = _limit(request, THREADS_PAGE, MAX_THREADS_PAGE)
+    limit = query_limit(request, THREADS_PAGE, MAX_THREADS_PAGE)
     parts = _parse_cursor(request, "cursor", "t")
     after = None
     if parts is not None:
@@ -241,7 +206,7 @@ async def list_threads(request: web.Request) -> web.Response:
     last = page.states[-1] if page.states else None
     next_cursor = None if not page.more or last is None else _cursor(
         "t", last.updated_at_ms or last.created_at_ms, last.thread_id)
-    return _json(200, {"threads": [_thread(s) for s in page.states],
+    return json_answer(200, {"threads": [_thread(s) for s in page.states],
                        "next_cursor": next_cursor})
 
 
@@ -255,7 +220,7 @@ async def delete_thread(request: web.Request) -> web.Response:
         DeleteThread(thread_id, tenant, now_ms()), tenant,
         new_traceparent(request.headers.get("traceparent")), until=ThreadDeleted)
     if event is None:
-        return _json(202, {"thread_id": thread_id, "status": "pending"})
+        return json_answer(202, {"thread_id": thread_id, "status": "pending"})
     # The tombstones were committed with the decision: read them before answering,
     # so this gateway answers 404 for the thread from now on.
     await read_model.catch_up([partition_for(thread_id, request.app[SETTINGS].partitions)])
@@ -276,7 +241,7 @@ def _idempotency_key(request: web.Request) -> str | None:
 async def post_user_message(request: web.Request) -> web.Response:
     """POST /v1/threads/{thread_id}/user_message"""
     state = await _own_thread(request)
-    body = await _body(request, required=True)
+    body = await read_json_body(request, required=True)
     text = _string(body, "input_text")
     strategy = multitask_strategy(body.get("multitask_strategy", MultitaskStrategy.REJECT.value))
     event, message_id = await submit_user_message(request, state, text,
@@ -323,11 +288,11 @@ def _post_answer(event: Event | None, thread_id: str, message_id: str) -> web.Re
     accepted = {"workflow_id": workflow_id_for(thread_id), "message_id": message_id,
                 "run_id": run_id_for(thread_id, message_id)}
     if event is None:
-        return _json(202, {**accepted, "status": "pending"})
+        return json_answer(202, {**accepted, "status": "pending"})
     run_id, replayed = decided_run(event, thread_id, message_id)
     if not replayed:
-        return _json(202, {**accepted, "status": "accepted"})
-    return _json(202, {**accepted, "run_id": run_id, "status": "accepted", "replayed": True})
+        return json_answer(202, {**accepted, "status": "accepted"})
+    return json_answer(202, {**accepted, "run_id": run_id, "status": "accepted", "replayed": True})
 
 
 def decided_run(event: Event, thread_id: str, message_id: str) -> tuple[str, bool]:
@@ -366,7 +331,7 @@ async def cancel_run(request: web.Request) -> web.Response:
     """POST /v1/threads/{thread_id}/runs/{run_id}/cancel"""
     run_id = request.match_info["run_id"]
     state, run = await own_run(request)
-    body = await _body(request, required=False)
+    body = await read_json_body(request, required=False)
     reason = _string(body, "reason", "cancelled by the client")[:500]
     if run.status is not None and run.status.is_terminal:
         raise Problem(409, "run-finished", f"the run already ended ({run.status.value})",
@@ -383,9 +348,9 @@ async def cancel(request: web.Request, state: ThreadState, run_id: str,
     event = await request.app[BUS].decide(command, tenant, new_traceparent(
         request.headers.get("traceparent")), watch_run=run_id)
     if event is None:
-        return _json(202, {"run_id": run_id, "status": "pending"})
+        return json_answer(202, {"run_id": run_id, "status": "pending"})
     if isinstance(event, RunCancelled):
-        return _json(202, {"run_id": run_id, "status": "cancelled"})
+        return json_answer(202, {"run_id": run_id, "status": "cancelled"})
     ended = RunStatus.COMPLETED if isinstance(event, RunCompleted) else RunStatus.FAILED
     raise Problem(409, "run-finished", "the run ended before it could be cancelled",
                   run_status=ended.value)

@@ -74,7 +74,7 @@ def write_now(response: web.StreamResponse, data: bytes, max_buffered: int = 1 <
     # aiohttp's StreamResponse.write is a coroutine only to wait for the buffer to
     # drain; its payload writer's own framing (chunked or not) is synchronous. Pinned
     # aiohttp; tests/gateway/test_gateway_units.py checks these internals exist.
-    writer = response._payload_writer
+    writer = response._payload_writer  # noqa: SLF001
     if not isinstance(writer, StreamWriter):
         return False
     transport = writer.transport
@@ -82,9 +82,9 @@ def write_now(response: web.StreamResponse, data: bytes, max_buffered: int = 1 <
             transport.get_write_buffer_size() > max_buffered:
         return False
     if writer.chunked:
-        writer._write_chunked_payload(data)
+        writer._write_chunked_payload(data)  # noqa: SLF001
     else:
-        writer._write(data)
+        writer._write(data)  # noqa: SLF001
     return True
 
 
