@@ -1,7 +1,8 @@
 """The gateway application: the app factory and `run_gateway`.
 
-`create_app(settings)` wires the routes, the middlewares (problem+json, API keys, the
-per-tenant post rate), the shared objects under `web.AppKey`s (`gateway.keys`), one
+`create_app(settings)` wires the routes, the adapters as sub-apps (`add_subapp`), the
+middlewares (problem+json, API keys, readiness, the per-tenant post rate), the shared
+objects under `web.AppKey`s (`gateway.keys`), one
 `cleanup_ctx` that starts the Kafka clients and background tasks (read model,
 decisions consumer and command producer, stream feed) and stops them after, and an
 `on_shutdown` hook that ends every open SSE stream so shutdown does not wait on them.
@@ -17,7 +18,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway import ai_chat, console, interrupts, langgraph, rest, streaming
+from gateway import ai_sdk, console, interrupts, langgraph, rest, streaming
 from gateway.auth import RedactingAccessLogger, auth_middleware
 from gateway.decisions import CommandBus
 from gateway.demo import demo_page
@@ -122,9 +123,11 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     app.router.add_post("/v1/threads/{thread_id}/runs/{run_id}/resume", interrupts.resume_run)
     app.router.add_get("/v1/threads/{thread_id}/stream", streaming.thread_stream)
     app.router.add_get("/v1/runs/{run_id}/events", streaming.run_events)
-    ai_chat.routes(app)
-    console.routes(app)
-    langgraph.setup(app)  # the LangGraph Platform runs API, under /langgraph
+    # The adapters, each a sub-app: the middlewares above apply to them by construction.
+    app.add_subapp(ai_sdk.PREFIX, ai_sdk.create_app())  # the Vercel AI SDK's chat
+    app.add_subapp(console.PAGE_PREFIX, console.page_app())  # the web console
+    app.add_subapp(console.API_PREFIX, console.api_app())
+    app.add_subapp(langgraph.PREFIX, langgraph.create_app())  # the LangGraph Platform runs API
     observe_app(app)  # GET /metrics, gauges (docs/operations.md)
     return app
 
@@ -173,7 +176,7 @@ async def _start_feed(app: web.Application,
 
 async def livez(request: web.Request) -> web.Response:
     """GET /livez: the process serves (for a liveness probe: never fails on Kafka)."""
-    return web.json_response({"status": "alive", "loaded": request.app[FEED].started})
+    return web.json_response({"status": "alive", "loaded": request.config_dict[FEED].started})
 
 
 async def _close_streams(app: web.Application) -> None:

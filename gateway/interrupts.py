@@ -46,7 +46,7 @@ async def resume(request: web.Request, state: ThreadState, run_id: str, value: A
     `resumed`, or `pending` if the decision is slow. 413 if the value is too large, 409
     if the run is not interrupted (`run_status`: its status, for the problem)."""
     value_json = json.dumps(value, ensure_ascii=False, sort_keys=True)
-    limit = request.app[SETTINGS].policy.journal.max_entry_bytes // 2
+    limit = request.config_dict[SETTINGS].policy.journal.max_entry_bytes // 2
     if len(value_json.encode("utf-8", "surrogatepass")) > limit:
         raise Problem(413, "value-too-large", f"the value is larger than {limit} bytes",
                       field=field)
@@ -56,8 +56,8 @@ async def resume(request: web.Request, state: ThreadState, run_id: str, value: A
                       run_status=run_status)
     tenant = request[TENANT]
     command = ResumeRun(state.thread_id, tenant, run_id, value_json, now_ms())
-    request.app[READ_MODEL].note_write(state.thread_id)
-    event = await request.app[BUS].decide(command, tenant, new_traceparent(
+    request.config_dict[READ_MODEL].note_write(state.thread_id)
+    event = await request.config_dict[BUS].decide(command, tenant, new_traceparent(
         request.headers.get("traceparent")), watch_run=run_id)
     if event is None:
         return "pending"

@@ -4,7 +4,7 @@ JSON bodies in (`read_json_body`) and answers out (`json_answer`), integers from
 query (`query_limit`) or a body (`int_field`), text every layer can carry
 (`is_text`), the end of a thread's history (`END_SEQ`), and the readiness gate:
 `starting_middleware` answers 503 (with Retry-After) while the gateway loads its read
-model (`wait_started`). Errors are `Problem`s
+model, on `/v1` and on every sub-app (`wait_started`, `READY_WAIT`). Errors are `Problem`s
 (`gateway.problems`), so they are problem+json wherever they are raised.
 """
 
@@ -15,14 +15,17 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from gateway.auth import PUBLIC_PATHS
 from gateway.keys import FEED
 from gateway.problems import Handler, Problem
 
-__all__ = ["END_SEQ", "STREAM_WAIT_S", "int_field", "is_text", "json_answer",
+__all__ = ["END_SEQ", "READY_WAIT", "STREAM_WAIT_S", "int_field", "is_text", "json_answer",
            "query_limit", "read_json_body", "starting_middleware", "wait_started"]
 
 END_SEQ: Final = (1 << 63) - 1  # a cursor after every message: the newest messages
 STREAM_WAIT_S: Final = 60.0  # how long a stream opened during the load waits for it
+# On a sub-app: how long its requests wait for the load before their 503 (default 0).
+READY_WAIT = web.AppKey("ready_wait_s", float)
 
 
 def json_answer(status: int, body: dict[str, Any] | list[Any],
@@ -99,12 +102,18 @@ async def wait_started(request: web.Request, wait_s: float) -> None:
 
 @web.middleware
 async def starting_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """`/v1` answers 503 (with Retry-After) while the read model is still loading.
+    """While the read model loads, the APIs answer 503 (with Retry-After): every path
+    under `/v1/` and every path of a sub-app (an adapter), public paths aside. A
+    sub-app's requests wait up to its `READY_WAIT` first.
 
-    Except SSE streams, which wait for it: a browser's EventSource reconnects after a
-    network error but gives up for good on an error status, so a 503 would end a
-    stream that a gateway restart only meant to interrupt."""
-    if request.path.startswith("/v1/") and not request.app[FEED].started:
-        streaming = request.method == "GET" and request.path.endswith(("/stream", "/events"))
-        await wait_started(request, STREAM_WAIT_S if streaming else 0.0)
+    SSE streams under `/v1/` wait for the load: a browser's EventSource reconnects
+    after a network error but gives up for good on an error status, so a 503 would
+    end a stream that a gateway restart only meant to interrupt."""
+    path = request.path
+    if not request.config_dict[FEED].started and path not in PUBLIC_PATHS and \
+            (path.startswith("/v1/") or len(request.match_info.apps) > 1):
+        streaming = request.method == "GET" and path.startswith("/v1/") and \
+            path.endswith(("/stream", "/events"))
+        await wait_started(request, STREAM_WAIT_S if streaming else
+                           request.config_dict.get(READY_WAIT, 0.0))
     return await handler(request)

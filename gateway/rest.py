@@ -116,7 +116,7 @@ def _thread(state: ThreadState) -> dict[str, Any]:
 
 
 async def _own_thread(request: web.Request) -> ThreadState:
-    state = await request.app[READ_MODEL].thread(request[TENANT], request.match_info["thread_id"])
+    state = await request.config_dict[READ_MODEL].thread(request[TENANT], request.match_info["thread_id"])
     if state is None:
         raise Problem(404, "not-found", "no such thread")
     return state
@@ -159,8 +159,8 @@ async def create_thread(request: web.Request) -> web.Response:
         raise Problem(422, "invalid-body", f"'title' is longer than {MAX_TITLE_CHARS} characters")
     tenant, thread_id = request[TENANT], str(uuid.uuid4())
     command = CreateThread(thread_id, tenant, title, now_ms())
-    request.app[READ_MODEL].note_write(thread_id)
-    event = await request.app[BUS].decide(command, tenant, new_traceparent(
+    request.config_dict[READ_MODEL].note_write(thread_id)
+    event = await request.config_dict[BUS].decide(command, tenant, new_traceparent(
         request.headers.get("traceparent")))
     location = {"Location": f"/v1/threads/{thread_id}"}
     if not isinstance(event, ThreadCreated):
@@ -182,7 +182,7 @@ async def list_messages(request: web.Request) -> web.Response:
     limit = query_limit(request, MESSAGES_PAGE, MAX_MESSAGES_PAGE)
     after, before = _seq_cursor(request, "after"), _seq_cursor(request, "before")
     state = await _own_thread(request)
-    page = request.app[READ_MODEL].messages(state.thread_id, after=after, before=before,
+    page = request.config_dict[READ_MODEL].messages(state.thread_id, after=after, before=before,
                                              limit=limit)
     next_cursor = None
     if page.more and page.records:
@@ -202,7 +202,7 @@ async def list_threads(request: web.Request) -> web.Response:
         if len(parts) != 2 or not isinstance(parts[0], int) or not isinstance(parts[1], str):
             raise Problem(400, "bad-cursor", "'cursor' is not a cursor of this list")
         after = (parts[0], parts[1])
-    page = await request.app[READ_MODEL].threads(request[TENANT], after=after, limit=limit)
+    page = await request.config_dict[READ_MODEL].threads(request[TENANT], after=after, limit=limit)
     last = page.states[-1] if page.states else None
     next_cursor = None if not page.more or last is None else _cursor(
         "t", last.updated_at_ms or last.created_at_ms, last.thread_id)
@@ -214,16 +214,16 @@ async def delete_thread(request: web.Request) -> web.Response:
     """DELETE /v1/threads/{thread_id}"""
     state = await _own_thread(request)
     tenant, thread_id = request[TENANT], state.thread_id
-    read_model = request.app[READ_MODEL]
+    read_model = request.config_dict[READ_MODEL]
     read_model.note_write(thread_id)
-    event = await request.app[BUS].decide(
+    event = await request.config_dict[BUS].decide(
         DeleteThread(thread_id, tenant, now_ms()), tenant,
         new_traceparent(request.headers.get("traceparent")), until=ThreadDeleted)
     if event is None:
         return json_answer(202, {"thread_id": thread_id, "status": "pending"})
     # The tombstones were committed with the decision: read them before answering,
     # so this gateway answers 404 for the thread from now on.
-    await read_model.catch_up([partition_for(thread_id, request.app[SETTINGS].partitions)])
+    await read_model.catch_up([partition_for(thread_id, request.config_dict[SETTINGS].partitions)])
     return web.Response(status=204)
 
 
@@ -267,19 +267,19 @@ async def submit_user_message(request: web.Request, state: ThreadState, text: st
     the thread with `strategy` for a run already active: the decision (None while
     pending) and the user message's id (the key's, if one is given). Every API that
     posts a user message goes through here."""
-    limit = request.app[SETTINGS].policy.max_input_chars
+    limit = request.config_dict[SETTINGS].policy.max_input_chars
     if not text.strip():
         raise Problem(422, "invalid-input", f"'{field}' is empty", field=field)
     if len(text) > limit:
         raise Problem(422, "invalid-input", f"'{field}' has {len(text)} characters, the "
                       f"limit is {limit}", field=field)
     tenant, thread_id = request[TENANT], state.thread_id
-    read_model = request.app[READ_MODEL]
-    request.app[LIMITER].admit_run(tenant, tenant_active_runs(read_model, tenant))
+    read_model = request.config_dict[READ_MODEL]
+    request.config_dict[LIMITER].admit_run(tenant, tenant_active_runs(read_model, tenant))
     message_id = idempotent_message_id_for(tenant, thread_id, key) if key else str(uuid.uuid4())
     command = PostUserMessage(thread_id, tenant, message_id, text, key, now_ms(), strategy)
     read_model.note_write(thread_id)
-    event = await request.app[BUS].decide(command, tenant, new_traceparent(
+    event = await request.config_dict[BUS].decide(command, tenant, new_traceparent(
         request.headers.get("traceparent")))
     return event, message_id
 
@@ -321,7 +321,7 @@ async def own_run(request: web.Request) -> tuple[ThreadState, RunView]:
     """The thread and run named in the path (`/v1/threads/{thread_id}/runs/{run_id}`),
     both the caller's, or 404."""
     state = await _own_thread(request)
-    run = await request.app[READ_MODEL].run(request[TENANT], request.match_info["run_id"])
+    run = await request.config_dict[READ_MODEL].run(request[TENANT], request.match_info["run_id"])
     if run is None or run.state.thread_id != state.thread_id:
         raise Problem(404, "not-found", "no such run on this thread")
     return state, run
@@ -344,8 +344,8 @@ async def cancel(request: web.Request, state: ThreadState, run_id: str,
     """Cancel a run of the thread: 202 cancelled (or pending), 409 if it ended first."""
     tenant = request[TENANT]
     command = CancelRun(state.thread_id, tenant, run_id, reason, now_ms())
-    request.app[READ_MODEL].note_write(state.thread_id)
-    event = await request.app[BUS].decide(command, tenant, new_traceparent(
+    request.config_dict[READ_MODEL].note_write(state.thread_id)
+    event = await request.config_dict[BUS].decide(command, tenant, new_traceparent(
         request.headers.get("traceparent")), watch_run=run_id)
     if event is None:
         return json_answer(202, {"run_id": run_id, "status": "pending"})

@@ -48,3 +48,36 @@ def test_the_check_sees_a_seeded_private_import() -> None:
               "from fastavro._write import write_data\n")
     assert private_imports(seeded, "gateway/seeded.py") == [
         "gateway/seeded.py:1 gateway.rest._string", "gateway/seeded.py:2 rest._limit"]
+
+
+ADAPTERS = ("gateway.ai_sdk", "gateway.console", "gateway.langgraph")
+
+
+def adapter_imports(source: str, where: str, package: str) -> list[str]:
+    """`where:line module` of each import of another adapter than `package` in `source`."""
+    found = []
+    for node in ast.walk(ast.parse(source, where)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for name in names:
+            other = next((a for a in ADAPTERS if a != package and
+                          (name == a or name.startswith(a + "."))), None)
+            if other is not None:
+                found.append(f"{where}:{node.lineno} {other}")
+                break
+    return found
+
+
+def test_adapters_do_not_import_each_other() -> None:
+    """Each protocol adapter (a sub-app package) speaks to the gateway's public API only."""
+    found = [hit for package in ADAPTERS
+             for path in sorted((ROOT / package.replace(".", "/")).rglob("*.py"))
+             for hit in adapter_imports(path.read_text(), str(path.relative_to(ROOT)), package)]
+    assert found == []
+    seeded = "from gateway import langgraph\nfrom gateway.ai_sdk.chat import chat\n"
+    assert adapter_imports(seeded, "gateway/console/x.py", "gateway.console") == [
+        "gateway/console/x.py:1 gateway.langgraph", "gateway/console/x.py:2 gateway.ai_sdk"]

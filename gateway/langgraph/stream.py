@@ -2,7 +2,7 @@
 
 A run's events come from the in-process stream API (`gateway.run_stream`), as for
 `/v1/runs/{run_id}/events`: its resume semantics and the tenant's stream limits. Each
-event is mapped by `gateway.langgraph_events`. The SSE `id:` of a part is the resume
+event is mapped by `gateway.langgraph.events`. The SSE `id:` of a part is the resume
 token of the Threadline event it came from; when one event makes several parts, all
 but the last carry `{token}~{index}`. A reconnect (`Last-Event-ID`) reads the run
 from its start again, folding the answer so far, and writes only what follows the
@@ -21,9 +21,9 @@ from aiohttp import web
 
 from gateway.auth import TENANT
 from gateway.keys import FEED, READ_MODEL
-from gateway.langgraph_events import VALUES, Part, StateValues, Translator
-from gateway.langgraph_threads import values_view
-from gateway.langgraph_views import ASSISTANT_ID
+from gateway.langgraph.events import VALUES, Part, StateValues, Translator
+from gateway.langgraph.threads import values_view
+from gateway.langgraph.views import ASSISTANT_ID
 from gateway.problems import Problem
 from gateway.run_stream import STREAMS, EventStream, Gone, KeepAlive
 from gateway.sse import SseEvent
