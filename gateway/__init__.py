@@ -2,9 +2,15 @@
 
 Modules, one concern each:
 
-    app          create_app (routes, middlewares, AppKeys, cleanup_ctx), run_gateway
+    app          create_app (routes, middlewares, AppKeys, cleanup_ctx, the adapters
+                 as sub-apps), run_gateway
+    plumbing     the HTTP pieces every API shares: JSON bodies and answers, integer
+                 parameters, END_SEQ, the readiness 503 (starting_middleware)
     rest         JSON endpoints: threads (list, get, delete), user messages, cancel, messages
-    streaming    the two SSE endpoints: where a stream starts, replay, live
+    interrupts   human in the loop: resume an interrupted run
+    run_stream   the one in-process stream API: a thread's or a run's events from a
+                 position, replayed then live (every protocol serves from it)
+    streaming    the two SSE endpoints, and the SSE writer (`serve`, `Framing`)
     feed         the one stream-topic consumer per process, per-thread windows, subscribers
     replay       short-lived per-request reads of positions older than the window
     sse          pure: frames, the superseded-execution filter (RunTracker)
@@ -18,9 +24,20 @@ Modules, one concern each:
     health       /healthz (liveness); ready: /readyz (the processor decides on every
                  partition); openapi: /openapi.json; keys: AppKeys and Options
     kafka        aiokafka helpers: partitioning, group-less consumers, offsets queries
-    ui_stream    pure: our events as the Vercel AI SDK's UI message stream chunks
-    ai_chat      the AI SDK's chat endpoints (useChat's transport: chat, resume, cancel)
-    console      /console, the web console (gateway/static/console), run liveness
+    observability  /metrics, request metrics and server spans; demo: the /demo page
+
+Adapters, each a package mounted as an aiohttp sub-app (so the middlewares above,
+auth, readiness, limits and problem+json, apply to it), none importing another:
+
+    ai_sdk       the Vercel AI SDK's chat endpoints under /v1/ai (useChat's transport:
+                 chat, resume, cancel, messages); ui_stream: pure, our events as its chunks
+    langgraph    the LangGraph Platform runs API under /langgraph (threads, runs,
+                 stream, events: the pure mapping, views: its JSON objects)
+    console      /console, the web console (gateway/console/static), and its
+                 /v1/console liveness endpoint
+
+(`ai_chat`, `ui_stream`, `langgraph_events`, `langgraph_threads`, `langgraph_views`
+are the former names of adapter modules, kept for the imports that use them.)
 
 Decisions. A write publishes a command (acks=all) carrying a fresh W3C traceparent;
 the processor copies it onto the events it decides, and the events consumer resolves

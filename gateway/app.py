@@ -1,7 +1,8 @@
 """The gateway application: the app factory and `run_gateway`.
 
-`create_app(settings)` wires the routes, the middlewares (problem+json, API keys, the
-per-tenant post rate), the shared objects under `web.AppKey`s (`gateway.keys`), one
+`create_app(settings)` wires the routes, the adapters as sub-apps (`add_subapp`), the
+middlewares (problem+json, API keys, readiness, the per-tenant post rate), the shared
+objects under `web.AppKey`s (`gateway.keys`), one
 `cleanup_ctx` that starts the Kafka clients and background tasks (read model,
 decisions consumer and command producer, stream feed) and stops them after, and an
 `on_shutdown` hook that ends every open SSE stream so shutdown does not wait on them.
@@ -17,7 +18,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway import ai_chat, console, interrupts, langgraph, rest, streaming
+from gateway import ai_sdk, console, interrupts, langgraph, rest, streaming
 from gateway.auth import RedactingAccessLogger, auth_middleware
 from gateway.decisions import CommandBus
 from gateway.demo import demo_page
@@ -38,9 +39,11 @@ from gateway.keys import (
 from gateway.limits import TenantLimiter, post_rate_middleware
 from gateway.observability import observe_app, observe_middleware
 from gateway.openapi import openapi
-from gateway.problems import Handler, Problem, problem_middleware
+from gateway.plumbing import starting_middleware
+from gateway.problems import problem_middleware
 from gateway.read_model import ReadModel
 from gateway.ready import READY, Readiness, readyz
+from gateway.run_stream import STREAMS, RunStreams
 from streams.config import Settings
 from streams.domain import Event, ThreadCreated, ThreadDeleted
 from streams.kafka.clients import aiokafka_config
@@ -99,6 +102,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     app[OFFSETS] = offsets
     app[CODEC] = codec
     app[FEED] = feed
+    app[STREAMS] = RunStreams(settings, feed, read_model, limiter, codec, options.keepalive_s)
     app[HEALTH] = HealthProbe(settings.bootstrap, aiokafka_config(settings))
     app[READY] = Readiness(settings, bus, app[HEALTH], read_model,
                            timeout_s=options.ready_timeout_s, cache_s=options.ready_cache_s)
@@ -119,9 +123,11 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     app.router.add_post("/v1/threads/{thread_id}/runs/{run_id}/resume", interrupts.resume_run)
     app.router.add_get("/v1/threads/{thread_id}/stream", streaming.thread_stream)
     app.router.add_get("/v1/runs/{run_id}/events", streaming.run_events)
-    ai_chat.routes(app)
-    console.routes(app)
-    langgraph.setup(app)  # the LangGraph Platform runs API, under /langgraph
+    # The adapters, each a sub-app: the middlewares above apply to them by construction.
+    app.add_subapp(ai_sdk.PREFIX, ai_sdk.create_app())  # the Vercel AI SDK's chat
+    app.add_subapp(console.PAGE_PREFIX, console.page_app())  # the web console
+    app.add_subapp(console.API_PREFIX, console.api_app())
+    app.add_subapp(langgraph.PREFIX, langgraph.create_app())  # the LangGraph Platform runs API
     observe_app(app)  # GET /metrics, gauges (docs/operations.md)
     return app
 
@@ -168,28 +174,9 @@ async def _start_feed(app: web.Application,
     started.append(app[FEED])
 
 
-STREAM_WAIT_S = 60.0  # how long a stream opened during the load waits for it
-
-
-@web.middleware
-async def starting_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """`/v1` answers 503 (with Retry-After) while the read model is still loading.
-
-    Except SSE streams, which wait for it: a browser's EventSource reconnects after a
-    network error but gives up for good on an error status, so a 503 would end a
-    stream that a gateway restart only meant to interrupt."""
-    feed = request.app[FEED]
-    if request.path.startswith("/v1/") and not feed.started:
-        streaming = request.method == "GET" and request.path.endswith(("/stream", "/events"))
-        if not (streaming and await feed.wait_started(STREAM_WAIT_S)):
-            raise Problem(503, "starting", "the gateway is loading its read model; retry "
-                          "shortly", headers={"Retry-After": "2"})
-    return await handler(request)
-
-
 async def livez(request: web.Request) -> web.Response:
     """GET /livez: the process serves (for a liveness probe: never fails on Kafka)."""
-    return web.json_response({"status": "alive", "loaded": request.app[FEED].started})
+    return web.json_response({"status": "alive", "loaded": request.config_dict[FEED].started})
 
 
 async def _close_streams(app: web.Application) -> None:

@@ -299,6 +299,19 @@ class StreamFeed:
         state = self.tracker.runs.get(window.active_run)
         return None if state is None else (window.active_run, state.start)
 
+    def lags(self) -> dict[int, int]:
+        """Per partition, how many records the feed has yet to read, as far as its
+        consumer knows the partition's end (nothing before the feed started)."""
+        consumer = self._consumer_
+        if consumer is None or not self.started:
+            return {}
+        lags = {}
+        for tp in consumer.assignment():
+            high = consumer.highwater(tp)
+            if high is not None:
+                lags[tp.partition] = max(0, high - (self.last_offsets.get(tp.partition, -1) + 1))
+        return lags
+
     def stats(self) -> dict[str, object]:
         """Subscriber and window counts, read positions and write lag for /healthz."""
         lag = sorted(self._lag_ms)

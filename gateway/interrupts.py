@@ -19,8 +19,9 @@ from aiohttp import web
 from gateway.auth import TENANT
 from gateway.decisions import new_traceparent
 from gateway.keys import BUS, READ_MODEL, SETTINGS
+from gateway.plumbing import json_answer, read_json_body
 from gateway.problems import Problem
-from gateway.rest import _body, _json, own_run
+from gateway.rest import own_run
 from streams.clock import now_ms
 from streams.domain import ResumeRun, RunCancelled, RunFailed, StepRecorded, ThreadState
 
@@ -31,12 +32,12 @@ async def resume_run(request: web.Request) -> web.Response:
     """POST /v1/threads/{thread_id}/runs/{run_id}/resume"""
     run_id = request.match_info["run_id"]
     state, run = await own_run(request)
-    body = await _body(request, required=True)
+    body = await read_json_body(request, required=True)
     if "value" not in body:
         raise Problem(422, "invalid-body", "'value' is required (any JSON)", field="value")
     status = await resume(request, state, run_id, body["value"],
                           run.status.value if run.status is not None else "unknown")
-    return _json(202, {"run_id": run_id, "status": status})
+    return json_answer(202, {"run_id": run_id, "status": status})
 
 
 async def resume(request: web.Request, state: ThreadState, run_id: str, value: Any,
@@ -45,7 +46,7 @@ async def resume(request: web.Request, state: ThreadState, run_id: str, value: A
     `resumed`, or `pending` if the decision is slow. 413 if the value is too large, 409
     if the run is not interrupted (`run_status`: its status, for the problem)."""
     value_json = json.dumps(value, ensure_ascii=False, sort_keys=True)
-    limit = request.app[SETTINGS].policy.journal.max_entry_bytes // 2
+    limit = request.config_dict[SETTINGS].policy.journal.max_entry_bytes // 2
     if len(value_json.encode("utf-8", "surrogatepass")) > limit:
         raise Problem(413, "value-too-large", f"the value is larger than {limit} bytes",
                       field=field)
@@ -55,8 +56,8 @@ async def resume(request: web.Request, state: ThreadState, run_id: str, value: A
                       run_status=run_status)
     tenant = request[TENANT]
     command = ResumeRun(state.thread_id, tenant, run_id, value_json, now_ms())
-    request.app[READ_MODEL].note_write(state.thread_id)
-    event = await request.app[BUS].decide(command, tenant, new_traceparent(
+    request.config_dict[READ_MODEL].note_write(state.thread_id)
+    event = await request.config_dict[BUS].decide(command, tenant, new_traceparent(
         request.headers.get("traceparent")), watch_run=run_id)
     if event is None:
         return "pending"

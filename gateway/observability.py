@@ -75,15 +75,9 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
     """GET /metrics: every metric of this process, in Prometheus' text format."""
-    feed = request.app[FEED]
     metrics = gateway_metrics()
-    consumer = feed._consumer_
-    if consumer is not None and feed.started:
-        for tp in consumer.assignment():
-            high = consumer.highwater(tp)
-            if high is not None:
-                read = feed.last_offsets.get(tp.partition, -1) + 1
-                metrics.feed_lag(str(tp.partition)).set(max(0, high - read))  # type: ignore[union-attr]
+    for partition, lag in request.config_dict[FEED].lags().items():
+        metrics.feed_lag(str(partition)).set(lag)  # type: ignore[union-attr]
     return web.Response(body=generate_latest(REGISTRY),
                         headers={"Content-Type": CONTENT_TYPE_LATEST})
 

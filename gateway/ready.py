@@ -132,7 +132,7 @@ READY = web.AppKey("ready", Readiness)
 
 async def readyz(request: web.Request) -> web.Response:
     """GET /readyz: 200 once the processor answers on every partition and the feed runs."""
-    ready, report = await request.app[READY].check()
-    ready = ready and request.app[FEED].started  # /v1 answers 503 until the feed runs
+    ready, report = await request.config_dict[READY].check()
+    ready = ready and request.config_dict[FEED].started  # /v1 answers 503 until the feed runs
     report["status"] = "ready" if ready else "unavailable"
     return web.json_response(report, status=200 if ready else 503)

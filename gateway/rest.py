@@ -28,6 +28,7 @@ from gateway.decisions import new_traceparent
 from gateway.kafka import partition_for
 from gateway.keys import BUS, LIMITER, READ_MODEL, SETTINGS
 from gateway.limits import tenant_active_runs
+from gateway.plumbing import END_SEQ, json_answer, query_limit, read_json_body
 from gateway.problems import Problem
 from gateway.read_model import RunView
 from streams.clock import now_ms
@@ -59,32 +60,9 @@ __all__ = ["MAX_MESSAGES_PAGE", "MAX_THREADS_PAGE", "MESSAGES_PAGE", "THREADS_PA
 
 MESSAGES_PAGE, MAX_MESSAGES_PAGE = 100, 1000  # GET /v1/threads/{id}/messages: default, max
 THREADS_PAGE, MAX_THREADS_PAGE = 50, 200  # GET /v1/threads
-END_SEQ = (1 << 63) - 1  # `before=end`: the newest messages
 
 MAX_TITLE_CHARS = 500
 MAX_KEY_CHARS = 255
-
-
-def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> \
-        web.Response:
-    return web.json_response(body, status=status, headers=headers)
-
-
-async def _body(request: web.Request, *, required: bool) -> dict[str, Any]:
-    raw = await request.read()  # HTTPRequestEntityTooLarge past client_max_size
-    if not raw.strip():
-        if required:
-            raise Problem(422, "invalid-body", "a JSON object body is required")
-        return {}
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise Problem(400, "malformed-json", f"the body is not JSON: {exc}") from exc
-    except RecursionError as exc:  # json's C scanner recurses once per nesting level
-        raise Problem(400, "malformed-json", "the body is nested too deeply") from exc
-    if not isinstance(body, dict):
-        raise Problem(422, "invalid-body", "the body must be a JSON object")
-    return body
 
 
 def _string(body: dict[str, Any], name: str, default: str | None = None) -> str:
@@ -138,7 +116,7 @@ def _thread(state: ThreadState) -> dict[str, Any]:
 
 
 async def _own_thread(request: web.Request) -> ThreadState:
-    state = await request.app[READ_MODEL].thread(request[TENANT], request.match_info["thread_id"])
+    state = await request.config_dict[READ_MODEL].thread(request[TENANT], request.match_info["thread_id"])
     if state is None:
         raise Problem(404, "not-found", "no such thread")
     return state
@@ -162,19 +140,6 @@ def _parse_cursor(request: web.Request, name: str, kind: str) -> list[Any] | Non
     return parts[1:]
 
 
-def _limit(request: web.Request, default: int, maximum: int) -> int:
-    raw = request.query.get("limit")
-    if raw is None:
-        return default
-    try:
-        limit = int(raw)
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= maximum:
-        raise Problem(400, "bad-limit", f"'limit' must be an integer from 1 to {maximum}")
-    return limit
-
-
 def _seq_cursor(request: web.Request, name: str) -> int | None:
     if name == "before" and request.query.get(name) == "end":
         return END_SEQ
@@ -188,60 +153,60 @@ def _seq_cursor(request: web.Request, name: str) -> int | None:
 
 async def create_thread(request: web.Request) -> web.Response:
     """POST /v1/threads"""
-    body = await _body(request, required=False)
+    body = await read_json_body(request, required=False)
     title = _string(body, "title", "")
     if len(title) > MAX_TITLE_CHARS:
         raise Problem(422, "invalid-body", f"'title' is longer than {MAX_TITLE_CHARS} characters")
     tenant, thread_id = request[TENANT], str(uuid.uuid4())
     command = CreateThread(thread_id, tenant, title, now_ms())
-    request.app[READ_MODEL].note_write(thread_id)
-    event = await request.app[BUS].decide(command, tenant, new_traceparent(
+    request.config_dict[READ_MODEL].note_write(thread_id)
+    event = await request.config_dict[BUS].decide(command, tenant, new_traceparent(
         request.headers.get("traceparent")))
     location = {"Location": f"/v1/threads/{thread_id}"}
     if not isinstance(event, ThreadCreated):
-        return _json(202, {"id": thread_id, "thread_id": thread_id, "title": title,
+        return json_answer(202, {"id": thread_id, "thread_id": thread_id, "title": title,
                            "workflow_id": workflow_id_for(thread_id), "status": "pending"},
                      location)
     state = ThreadState(thread_id=thread_id, tenant=tenant, title=title,
                         created_at_ms=event.at_ms)
-    return _json(201, {**_thread(state), "status": "created"}, location)
+    return json_answer(201, {**_thread(state), "status": "created"}, location)
 
 
 async def get_thread(request: web.Request) -> web.Response:
     """GET /v1/threads/{thread_id}"""
-    return _json(200, _thread(await _own_thread(request)))
+    return json_answer(200, _thread(await _own_thread(request)))
 
 
 async def list_messages(request: web.Request) -> web.Response:
     """GET /v1/threads/{thread_id}/messages?limit=&after=|before="""
-    limit = _limit(request, MESSAGES_PAGE, MAX_MESSAGES_PAGE)
+    limit = query_limit(request, MESSAGES_PAGE, MAX_MESSAGES_PAGE)
     after, before = _seq_cursor(request, "after"), _seq_cursor(request, "before")
     state = await _own_thread(request)
-    page = request.app[READ_MODEL].messages(state.thread_id, after=after, before=before,
+    page = request.config_dict[READ_MODEL].messages(state.thread_id, after=after, before=before,
                                              limit=limit)
     next_cursor = None
     if page.more and page.records:
         backward = before is not None and after is None
         next_cursor = _cursor("m", page.records[0 if backward else -1].seq)
-    return _json(200, {"thread_id": state.thread_id,
+    return json_answer(200, {"thread_id": state.thread_id,
                        "messages": [_message(r, state) for r in page.records],
                        "next_cursor": next_cursor})
 
 
 async def list_threads(request: web.Request) -> web.Response:
     """GET /v1/threads?limit=&cursor="""
-    limit = _limit(request, THREADS_PAGE, MAX_THREADS_PAGE)
+    limit = query_limit(request, THREADS_PAGE, MAX_THREADS_PAGE)
     parts = _parse_cursor(request, "cursor", "t")
     after = None
     if parts is not None:
         if len(parts) != 2 or not isinstance(parts[0], int) or not isinstance(parts[1], str):
             raise Problem(400, "bad-cursor", "'cursor' is not a cursor of this list")
         after = (parts[0], parts[1])
-    page = await request.app[READ_MODEL].threads(request[TENANT], after=after, limit=limit)
+    page = await request.config_dict[READ_MODEL].threads(request[TENANT], after=after, limit=limit)
     last = page.states[-1] if page.states else None
     next_cursor = None if not page.more or last is None else _cursor(
         "t", last.updated_at_ms or last.created_at_ms, last.thread_id)
-    return _json(200, {"threads": [_thread(s) for s in page.states],
+    return json_answer(200, {"threads": [_thread(s) for s in page.states],
                        "next_cursor": next_cursor})
 
 
@@ -249,16 +214,16 @@ async def delete_thread(request: web.Request) -> web.Response:
     """DELETE /v1/threads/{thread_id}"""
     state = await _own_thread(request)
     tenant, thread_id = request[TENANT], state.thread_id
-    read_model = request.app[READ_MODEL]
+    read_model = request.config_dict[READ_MODEL]
     read_model.note_write(thread_id)
-    event = await request.app[BUS].decide(
+    event = await request.config_dict[BUS].decide(
         DeleteThread(thread_id, tenant, now_ms()), tenant,
         new_traceparent(request.headers.get("traceparent")), until=ThreadDeleted)
     if event is None:
-        return _json(202, {"thread_id": thread_id, "status": "pending"})
+        return json_answer(202, {"thread_id": thread_id, "status": "pending"})
     # The tombstones were committed with the decision: read them before answering,
     # so this gateway answers 404 for the thread from now on.
-    await read_model.catch_up([partition_for(thread_id, request.app[SETTINGS].partitions)])
+    await read_model.catch_up([partition_for(thread_id, request.config_dict[SETTINGS].partitions)])
     return web.Response(status=204)
 
 
@@ -276,7 +241,7 @@ def _idempotency_key(request: web.Request) -> str | None:
 async def post_user_message(request: web.Request) -> web.Response:
     """POST /v1/threads/{thread_id}/user_message"""
     state = await _own_thread(request)
-    body = await _body(request, required=True)
+    body = await read_json_body(request, required=True)
     text = _string(body, "input_text")
     strategy = multitask_strategy(body.get("multitask_strategy", MultitaskStrategy.REJECT.value))
     event, message_id = await submit_user_message(request, state, text,
@@ -302,19 +267,19 @@ async def submit_user_message(request: web.Request, state: ThreadState, text: st
     the thread with `strategy` for a run already active: the decision (None while
     pending) and the user message's id (the key's, if one is given). Every API that
     posts a user message goes through here."""
-    limit = request.app[SETTINGS].policy.max_input_chars
+    limit = request.config_dict[SETTINGS].policy.max_input_chars
     if not text.strip():
         raise Problem(422, "invalid-input", f"'{field}' is empty", field=field)
     if len(text) > limit:
         raise Problem(422, "invalid-input", f"'{field}' has {len(text)} characters, the "
                       f"limit is {limit}", field=field)
     tenant, thread_id = request[TENANT], state.thread_id
-    read_model = request.app[READ_MODEL]
-    request.app[LIMITER].admit_run(tenant, tenant_active_runs(read_model, tenant))
+    read_model = request.config_dict[READ_MODEL]
+    request.config_dict[LIMITER].admit_run(tenant, tenant_active_runs(read_model, tenant))
     message_id = idempotent_message_id_for(tenant, thread_id, key) if key else str(uuid.uuid4())
     command = PostUserMessage(thread_id, tenant, message_id, text, key, now_ms(), strategy)
     read_model.note_write(thread_id)
-    event = await request.app[BUS].decide(command, tenant, new_traceparent(
+    event = await request.config_dict[BUS].decide(command, tenant, new_traceparent(
         request.headers.get("traceparent")))
     return event, message_id
 
@@ -323,11 +288,11 @@ def _post_answer(event: Event | None, thread_id: str, message_id: str) -> web.Re
     accepted = {"workflow_id": workflow_id_for(thread_id), "message_id": message_id,
                 "run_id": run_id_for(thread_id, message_id)}
     if event is None:
-        return _json(202, {**accepted, "status": "pending"})
+        return json_answer(202, {**accepted, "status": "pending"})
     run_id, replayed = decided_run(event, thread_id, message_id)
     if not replayed:
-        return _json(202, {**accepted, "status": "accepted"})
-    return _json(202, {**accepted, "run_id": run_id, "status": "accepted", "replayed": True})
+        return json_answer(202, {**accepted, "status": "accepted"})
+    return json_answer(202, {**accepted, "run_id": run_id, "status": "accepted", "replayed": True})
 
 
 def decided_run(event: Event, thread_id: str, message_id: str) -> tuple[str, bool]:
@@ -356,7 +321,7 @@ async def own_run(request: web.Request) -> tuple[ThreadState, RunView]:
     """The thread and run named in the path (`/v1/threads/{thread_id}/runs/{run_id}`),
     both the caller's, or 404."""
     state = await _own_thread(request)
-    run = await request.app[READ_MODEL].run(request[TENANT], request.match_info["run_id"])
+    run = await request.config_dict[READ_MODEL].run(request[TENANT], request.match_info["run_id"])
     if run is None or run.state.thread_id != state.thread_id:
         raise Problem(404, "not-found", "no such run on this thread")
     return state, run
@@ -366,7 +331,7 @@ async def cancel_run(request: web.Request) -> web.Response:
     """POST /v1/threads/{thread_id}/runs/{run_id}/cancel"""
     run_id = request.match_info["run_id"]
     state, run = await own_run(request)
-    body = await _body(request, required=False)
+    body = await read_json_body(request, required=False)
     reason = _string(body, "reason", "cancelled by the client")[:500]
     if run.status is not None and run.status.is_terminal:
         raise Problem(409, "run-finished", f"the run already ended ({run.status.value})",
@@ -379,13 +344,13 @@ async def cancel(request: web.Request, state: ThreadState, run_id: str,
     """Cancel a run of the thread: 202 cancelled (or pending), 409 if it ended first."""
     tenant = request[TENANT]
     command = CancelRun(state.thread_id, tenant, run_id, reason, now_ms())
-    request.app[READ_MODEL].note_write(state.thread_id)
-    event = await request.app[BUS].decide(command, tenant, new_traceparent(
+    request.config_dict[READ_MODEL].note_write(state.thread_id)
+    event = await request.config_dict[BUS].decide(command, tenant, new_traceparent(
         request.headers.get("traceparent")), watch_run=run_id)
     if event is None:
-        return _json(202, {"run_id": run_id, "status": "pending"})
+        return json_answer(202, {"run_id": run_id, "status": "pending"})
     if isinstance(event, RunCancelled):
-        return _json(202, {"run_id": run_id, "status": "cancelled"})
+        return json_answer(202, {"run_id": run_id, "status": "cancelled"})
     ended = RunStatus.COMPLETED if isinstance(event, RunCompleted) else RunStatus.FAILED
     raise Problem(409, "run-finished", "the run ended before it could be cancelled",
                   run_status=ended.value)

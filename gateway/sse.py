@@ -66,6 +66,19 @@ class SseEvent(NamedTuple):
     run_id: str
     name: str
     frame: bytes
+    data_at: int = 0  # where the data begins in `frame` (the id is its first line's value)
+
+    @property
+    def event_id(self) -> str:
+        """The event's id: its signed resume token (`gateway.tokens`)."""
+        # The frame is `id: {id}\nevent: {name}\ndata: {data}\n\n` (`_frame`): the
+        # id ends where the lines before the data begin.
+        return self.frame[4:self.data_at - len(self.name) - 15].decode()
+
+    @property
+    def data(self) -> bytes:
+        """The event's data: its JSON object, or `[DONE]` for `done`."""
+        return self.frame[self.data_at:-2]
 
     @property
     def position(self) -> Position:
@@ -82,8 +95,10 @@ class SseEvent(NamedTuple):
 _COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
-def _frame(event_id: str, name: str, data: str) -> bytes:
-    return f"id: {event_id}\nevent: {name}\ndata: {data}\n\n".encode()
+def _frame(event_id: str, name: str, data: str) -> tuple[bytes, int]:
+    """The frame of one event, and where its data begins in it (ids and names are ASCII)."""
+    return (f"id: {event_id}\nevent: {name}\ndata: {data}\n\n".encode(),
+            len(event_id) + len(name) + 19)
 
 
 def retry_frame(retry_ms: int) -> bytes:
@@ -183,12 +198,12 @@ def make_events(tokens: ResumeTokens, partition: int, offset: int, run_start: in
             "thread_id": meta.thread_id, "run_id": run_id, "attempt": output.attempt,
             "message_id": output.message_id, **fields, "id": output.message_id,
             "part_id": output.part_id, "seq": event_id, "ts": ts})
-    first = SseEvent(partition, offset, 0, run_start, run_id, name, _frame(event_id, name, text))
+    first = SseEvent(partition, offset, 0, run_start, run_id, name, *_frame(event_id, name, text))
     if name not in TERMINAL:
         return [first]
     done_id = tokens.sign(meta.thread_id, partition, offset, 1, run_start, run_id)
     return [first, SseEvent(partition, offset, 1, run_start, run_id, StreamEnd.DONE.value,
-                            _frame(done_id, StreamEnd.DONE, "[DONE]"))]
+                            *_frame(done_id, StreamEnd.DONE, "[DONE]"))]
 
 
 def execution_of(part_id: str) -> str:

@@ -95,11 +95,15 @@ def _worker(settings: Settings) -> int:
 
 
 GATEWAY_COMMAND = ["-m", "gateway"]  # the gateway role by module name: streams never imports gateway
+# `python -P` as an environment variable: the current directory is not put on the module
+# path of a role's interpreter, so a `gateway/` or `streams/` folder there cannot
+# replace ours (tests/gateway/test_role_shadowing.py).
+SAFE_PATH = {"PYTHONSAFEPATH": "1"}
 
 
 def _gateway(settings: Settings) -> int:
     # exec, not a child: the role keeps this pid, so a supervisor's or a test's SIGKILL reaches it.
-    os.execv(sys.executable, [sys.executable, *GATEWAY_COMMAND])
+    os.execve(sys.executable, [sys.executable, *GATEWAY_COMMAND], {**os.environ, **SAFE_PATH})
 
 
 def _connector(settings: Settings) -> int:
@@ -180,7 +184,7 @@ def _run_all(settings: Settings) -> int:
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
     broker: EmbeddedKafka | None = None
-    env = dict(os.environ)
+    env = {**os.environ, **SAFE_PATH}  # the roles' interpreters: as `python -P`
     try:
         if not settings.bootstrap_servers:
             broker = _embedded_broker(settings)

@@ -20,27 +20,24 @@ from gateway.auth import TENANT
 from gateway.decisions import new_traceparent
 from gateway.interrupts import resume
 from gateway.keys import BUS, READ_MODEL
-from gateway.langgraph_events import modes_from
-from gateway.langgraph_stream import links, stream_run_events, wait_for_run
-from gateway.langgraph_threads import (
+from gateway.langgraph.events import modes_from
+from gateway.langgraph.stream import links, stream_run_events, wait_for_run
+from gateway.langgraph.threads import (
     ASSISTANT_NAMES,
     MAX_OFFSET,
     MAX_PAGE,
     create_lg_thread,
     find_thread,
-    int_param,
-    is_text,
     own_thread,
-    read_body,
-    ready,
 )
-from gateway.langgraph_views import (
+from gateway.langgraph.views import (
     interrupted_run,
     pending_interrupt,
     resumed_interrupts,
     run_json,
     thread_status,
 )
+from gateway.plumbing import END_SEQ, int_field, is_text, read_json_body
 from gateway.problems import Problem
 from gateway.read_model import RunView
 from streams.clock import now_ms
@@ -122,7 +119,6 @@ async def _resume_command(request: web.Request,
 
 async def _start(request: web.Request, body: dict[str, Any]) -> tuple[ThreadState, str]:
     """Post the run's user message (as POST /v1/.../user_message does): the thread, run id."""
-    await ready(request)
     text = _input_text(body)
     strategy = rest.multitask_strategy(body.get("multitask_strategy") or "reject")
     lg_id = request.match_info["thread_id"]
@@ -151,7 +147,7 @@ def _check_accepted(event: Event | None) -> None:
 
 async def create_run(request: web.Request) -> web.Response:
     """POST /threads/{thread_id}/runs: a background run (or a resumed one)."""
-    body = await read_body(request)
+    body = await read_json_body(request, required=False)
     _check_unsupported(body)
     resumed = await _resume_command(request, body)
     state, run_id = resumed[:2] if resumed else await _start(request, body)
@@ -165,7 +161,7 @@ async def create_run(request: web.Request) -> web.Response:
 
 async def stream_run(request: web.Request) -> web.StreamResponse:
     """POST /threads/{thread_id}/runs/stream"""
-    body = await read_body(request)
+    body = await read_json_body(request, required=False)
     try:
         modes = modes_from(body.get("stream_mode"))
     except ValueError as exc:
@@ -198,7 +194,7 @@ async def join_stream(request: web.Request) -> web.StreamResponse:
 async def _fresh(request: web.Request, state: ThreadState) -> ThreadState:
     # Read to the partition's end first: a join right after a resume must not take
     # the resumed interrupt for a pending one (and end the stream there).
-    return await request.app[READ_MODEL].thread(request[TENANT], state.thread_id,
+    return await request.config_dict[READ_MODEL].thread(request[TENANT], state.thread_id,
                                                 fresh=True) or state
 
 
@@ -209,7 +205,7 @@ def _resumed(state: ThreadState, run: RunView) -> int | None:
 
 
 async def own_run(request: web.Request, state: ThreadState, run_id: str) -> RunView:
-    run = await request.app[READ_MODEL].run(request[TENANT], run_id)
+    run = await request.config_dict[READ_MODEL].run(request[TENANT], run_id)
     if run is None or run.state.thread_id != state.thread_id:
         raise Problem(404, "not-found", "no such run on this thread")
     return run
@@ -217,7 +213,7 @@ async def own_run(request: web.Request, state: ThreadState, run_id: str) -> RunV
 
 async def wait_run(request: web.Request) -> web.Response:
     """POST /threads/{thread_id}/runs/wait: the thread's values once the run ended."""
-    body = await read_body(request)
+    body = await read_json_body(request, required=False)
     _check_unsupported(body)
     resumed = await _resume_command(request, body)
     state, run_id = resumed[:2] if resumed else await _start(request, body)
@@ -246,11 +242,11 @@ async def get_run(request: web.Request) -> web.Response:
 async def list_runs(request: web.Request) -> web.Response:
     """GET /threads/{thread_id}/runs?limit&offset: newest first, from the user messages."""
     state = await own_thread(request)
-    limit = int_param(request.query.get("limit"), "limit", 10, MAX_PAGE)
-    offset = int_param(request.query.get("offset"), "offset", 0, MAX_OFFSET)
-    read_model = request.app[READ_MODEL]
+    limit = int_field(request.query.get("limit"), "limit", 10, MAX_PAGE)
+    offset = int_field(request.query.get("offset"), "offset", 0, MAX_OFFSET)
+    read_model = request.config_dict[READ_MODEL]
     runs: list[dict[str, Any]] = []
-    before = (1 << 63) - 1
+    before = END_SEQ
     while len(runs) < offset + limit:
         page = read_model.messages(state.thread_id, before=before, limit=MAX_PAGE)
         for record in reversed(page.records):
@@ -278,8 +274,8 @@ async def cancel_run(request: web.Request) -> web.Response:
         raise Problem(409, "run-finished", "the run already ended",
                       run_status=run.status.value if run.status else None)
     tenant = request[TENANT]
-    request.app[READ_MODEL].note_write(state.thread_id)
-    event = await request.app[BUS].decide(
+    request.config_dict[READ_MODEL].note_write(state.thread_id)
+    event = await request.config_dict[BUS].decide(
         CancelRun(state.thread_id, tenant, run_id, "cancelled by the client", now_ms()), tenant,
         new_traceparent(request.headers.get("traceparent")), watch_run=run_id)
     if event is not None and not isinstance(event, RunCancelled):

@@ -1,11 +1,15 @@
 """`GET /console`: the web console, a page a person uses to look at threads and runs.
 
-Plain HTML, CSS and JavaScript from `gateway/static/console/`, nothing from another
+Plain HTML, CSS and JavaScript from `gateway/console/static/`, nothing from another
 host. The page asks for an API key once and keeps it in `sessionStorage`; it calls
 the same `/v1` API as any client (`Authorization: Bearer`, and `?access_token=` for
 `EventSource`, which cannot set headers). Its one endpoint of its own,
 `GET /v1/console/threads/{thread_id}/run`, shows the active run's liveness
 (heartbeats), which no SSE event carries.
+
+Two sub-apps, as the paths have two roots: `page_app()` at `PAGE_PREFIX` (public: the
+page holds no data, the key stays in the browser) and `api_app()` at `API_PREFIX`;
+the gateway's middlewares apply to both.
 """
 
 from __future__ import annotations
@@ -18,9 +22,13 @@ from gateway.auth import TENANT
 from gateway.keys import READ_MODEL
 from gateway.problems import Problem
 
-__all__ = ["CONSOLE_PATHS", "console_file", "routes", "run_liveness"]
+__all__ = ["API_PREFIX", "CONSOLE_PATHS", "PAGE_PREFIX", "api_app", "console_file", "page_app",
+           "run_liveness"]
 
-STATIC = Path(__file__).parent / "static" / "console"
+PAGE_PREFIX = "/console"
+API_PREFIX = "/v1/console"
+
+STATIC = Path(__file__).parent / "static"
 _FILES = {
     "/console": ("index.html", "text/html"),
     "/console/console.js": ("console.js", "text/javascript"),
@@ -42,7 +50,7 @@ async def console_file(request: web.Request) -> web.Response:
 async def run_liveness(request: web.Request) -> web.Response:
     """GET /v1/console/threads/{thread_id}/run: the active run's attempt, status and
     liveness times (`last_heartbeat_ms`), and the last run's outcome."""
-    state = await request.app[READ_MODEL].thread(request[TENANT],
+    state = await request.config_dict[READ_MODEL].thread(request[TENANT],
                                                  request.match_info["thread_id"])
     if state is None:
         raise Problem(404, "not-found", "no such thread")
@@ -58,8 +66,16 @@ async def run_liveness(request: web.Request) -> web.Response:
     }, headers={"Cache-Control": "no-store"})
 
 
-def routes(app: web.Application) -> None:
-    """Add the console's page, files and liveness endpoint to `app`."""
+def page_app() -> web.Application:
+    """The page and its files, relative to PAGE_PREFIX."""
+    app = web.Application()
     for path in _FILES:
-        app.router.add_get(path, console_file)
-    app.router.add_get("/v1/console/threads/{thread_id}/run", run_liveness)
+        app.router.add_get(path.removeprefix(PAGE_PREFIX), console_file)
+    return app
+
+
+def api_app() -> web.Application:
+    """The console's endpoint, relative to API_PREFIX."""
+    app = web.Application()
+    app.router.add_get("/threads/{thread_id}/run", run_liveness)
+    return app
