@@ -52,12 +52,17 @@ function newChat(id) {
 const lastAssistant = (chat) => [...chat.messages].reverse().find((m) => m.role === "assistant");
 // The text of the attempt that answered: a superseded attempt's text parts stay in
 // the message, tagged with their attempt (docs/clients.md).
+// The answer: the text of the attempt `finish` names, and of that attempt's newest
+// execution (a worker restarted in place runs the same attempt again).
 function answerText(message) {
   if (!message) return null;
   const attempt = message.metadata && message.metadata.attempt;
-  return message.parts
+  const texts = message.parts
     .filter((p) => p.type === "text")
-    .filter((p) => attempt == null || !p.providerMetadata || p.providerMetadata.threadline.attempt === attempt)
+    .filter((p) => attempt == null || !p.providerMetadata || p.providerMetadata.threadline.attempt === attempt);
+  const tagged = texts.filter((p) => p.providerMetadata);
+  const newest = tagged.length ? tagged[tagged.length - 1].providerMetadata.threadline.execution : null;
+  return texts.filter((p) => newest == null || !p.providerMetadata || p.providerMetadata.threadline.execution === newest)
     .map((p) => p.text).join("");
 }
 
@@ -132,9 +137,11 @@ const scenarios = {
              stored: await stored(chat.id) };
   },
 
-  // The worker killed mid-answer: the next attempt starts over. The SDK cannot take
-  // text back, so the superseded attempt's text part stays, tagged with its attempt;
-  // the answer is the text of the attempt `finish` names.
+  // The worker killed mid-answer: a new execution starts over (the same attempt when the
+  // worker is back before the heartbeat timeout, the next one after it). The SDK cannot
+  // take text back, so the superseded execution's text part stays, tagged with its
+  // attempt and execution; the answer is the newest execution's text of the attempt
+  // `finish` names.
   async worker() {
     const chat = newChat(`node-worker-${Date.now()}`);
     const sending = chat.sendMessage({ text: "[slow] survive a worker kill" });
@@ -145,6 +152,7 @@ const scenarios = {
     return { chatId: chat.id, status: chat.status, text: answerText(message), id: message.id,
              metadata: message.metadata, errors: chat.errors, parts: message.parts.map((p) => p.type),
              attempts: message.parts.filter((p) => p.type === "text").map((p) => p.providerMetadata.threadline.attempt),
+             executions: message.parts.filter((p) => p.type === "text").map((p) => p.providerMetadata.threadline.execution),
              stored: await stored(chat.id) };
   },
 
