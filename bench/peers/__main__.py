@@ -81,6 +81,7 @@ async def one_system(cls: type[System], folder: Path, size: Size, with_recovery:
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    """Every round, every system in turn (the order rotated each round); the results."""
     size = QUICK if args.quick else Size()
     names = args.only or list(SYSTEMS)
     base = VAR / f"bench-peers-{time.strftime('%H%M%S')}"

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+from typing_extensions import override
 
 from bench.peers import install
 from bench.peers.procs import Proc, free_port, wait_port
@@ -32,6 +33,7 @@ class Dbos(System):
             return args
         return ["runuser", "-u", "postgres", "--", *args]
 
+    @override
     async def start(self, session: aiohttp.ClientSession) -> None:
         self.pg = install.postgres_bin()
         self.python = install.venv_python("dbos")
@@ -61,6 +63,7 @@ class Dbos(System):
                                  self.folder / "dbos-app.log").start()
         await asyncio.to_thread(wait_port, self.app_port, 90, list(self.procs.values()))
 
+    @override
     async def run(self, session: aiohttp.ClientSession, slot: str, key: str, delay_s: float,
                   deadline: float, ids: dict[str, str]) -> float | None:
         ids[key] = key
@@ -82,21 +85,25 @@ class Dbos(System):
                                "-Atc", query], capture_output=True, text=True, check=False,
                               timeout=30).stdout.strip().replace("\n", ", ")
 
+    @override
     def version(self) -> str:
         dbos = subprocess.run([str(self.python), "-c", "import importlib.metadata as m; "
                                "print(m.version('dbos'))"], capture_output=True, text=True,
                               check=False).stdout.strip()
         return f"dbos {dbos}, PostgreSQL {self._sql('SHOW server_version')} (Debian)"
 
+    @override
     def durability(self) -> str:
         return (f"PostgreSQL fsync={self._sql('SHOW fsync')}, synchronous_commit="
                 f"{self._sql('SHOW synchronous_commit')}, wal_level={self._sql('SHOW wal_level')}, "
                 "no replica; each step's result committed to the system database before the next")
 
+    @override
     def settings(self) -> str:
         return ("shipped defaults of dbos and PostgreSQL (initdb, trust auth on 127.0.0.1); "
                 "the HTTP front is the stdlib ThreadingHTTPServer, backlog 1024")
 
+    @override
     async def stop(self) -> None:
         await super().stop()
         shutil.rmtree(self.folder / "pgdata", ignore_errors=True)

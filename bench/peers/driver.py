@@ -23,8 +23,15 @@ import aiohttp
 
 from bench.peers.procs import tree_cpu
 from bench.peers.system import System
-from bench.peers.workload import (STEPS, calls_by_run, moving_again, parse, percentile,
-                                  repeated_calls, step_overheads_ms)
+from bench.peers.workload import (
+    STEPS,
+    calls_by_run,
+    moving_again,
+    parse,
+    percentile,
+    repeated_calls,
+    step_overheads_ms,
+)
 
 __all__ = ["Size", "measure_round", "recovery"]
 

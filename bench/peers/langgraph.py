@@ -14,12 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from typing_extensions import override
 
 from bench.peers import install
 from bench.peers.procs import Proc, free_port, wait_port
 from bench.peers.system import System, retry_pause
 from bench.peers.workload import SHARED_LOG_ENV
 
+# `langgraph dev` runs 1 job at a time by default (langgraph_api.cli); as Threadline's
+# worker concurrency, raised so that 200 runs at once are not run one by one.
+JOBS = 256
 GRAPH = Path(__file__).parent / "apps" / "langgraph_graph.py"
 
 
@@ -29,6 +33,7 @@ class LangGraph(System):
     name = "LangGraph dev"
     roles = ("server",)
 
+    @override
     async def start(self, session: aiohttp.ClientSession) -> None:
         self.python = install.venv_python("langgraph")
         project = self.folder / "project"
@@ -40,7 +45,7 @@ class LangGraph(System):
         cli = self.python.parent / "langgraph"
         self.procs["server"] = Proc("langgraph-dev", [
             str(cli), "dev", "--port", str(self.port), "--host", "127.0.0.1", "--no-browser",
-            "--no-reload", "--config", str(project / "langgraph.json")],
+            "--no-reload", "--n-jobs-per-worker", str(JOBS), "--config", str(project / "langgraph.json")],
             {SHARED_LOG_ENV: str(self.tool_log), "LANGSMITH_TRACING": "false",
              "LANGCHAIN_TRACING_V2": "false", "LANGGRAPH_CLI_NO_ANALYTICS": "1"},
             self.folder / "langgraph-dev.log", cwd=project).start()
@@ -61,6 +66,7 @@ class LangGraph(System):
         """The server's URL."""
         return f"http://127.0.0.1:{self.port}"
 
+    @override
     async def prepare(self, session: aiohttp.ClientSession, count: int) -> list[str]:
         gate = asyncio.Semaphore(16)
 
@@ -71,6 +77,7 @@ class LangGraph(System):
 
         return list(await asyncio.gather(*(one() for _ in range(count))))
 
+    @override
     async def run(self, session: aiohttp.ClientSession, slot: str, key: str, delay_s: float,
                   deadline: float, ids: dict[str, str]) -> float | None:
         ids[key] = key
@@ -111,6 +118,7 @@ class LangGraph(System):
         except (aiohttp.ClientError, json.JSONDecodeError):
             return "busy"
 
+    @override
     def version(self) -> str:
         out = subprocess.run([str(self.python), "-c", "import importlib.metadata as m; print(', '"
                               ".join(p + ' ' + m.version(p) for p in ('langgraph', 'langgraph-api',"
@@ -118,9 +126,12 @@ class LangGraph(System):
                              capture_output=True, text=True, check=False)
         return out.stdout.strip()
 
+    @override
     def durability(self) -> str:
         return ("in-memory runtime: runs, threads and checkpoints in the server's memory, "
                 "pickled to .langgraph_api/ from time to time (no fsync); no replica")
 
+    @override
     def settings(self) -> str:
-        return "shipped defaults (`langgraph dev --no-browser --no-reload`, 10 jobs per worker)"
+        return (f"shipped defaults, except --n-jobs-per-worker {JOBS} (default 1 run at a time); "
+                "`langgraph dev --no-browser --no-reload`")

@@ -4,6 +4,7 @@ process tree read from /proc."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -97,10 +98,8 @@ class Proc:
         """SIGKILL the whole process group, as a crash would, and reap the leader."""
         if self.proc is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait()
 
     def stop(self, timeout: float = 15) -> None:
@@ -108,14 +107,10 @@ class Proc:
         if self.proc is None:
             return
         if self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
         self.kill9()
 
     def tail(self, n: int = 25) -> str:

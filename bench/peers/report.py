@@ -36,7 +36,7 @@ def _span(rounds: list[dict[str, Any]], key: str, digits: int = 3) -> str:
         return "n/a"
     if len(values) == 1:
         return _f(values[0], digits)
-    return f"{_f(min(values), digits)}–{_f(max(values), digits)}"
+    return f"{_f(min(values), digits)} to {_f(max(values), digits)}"
 
 
 def _loads(rounds: list[dict[str, Any]], key: str) -> str:
@@ -105,7 +105,7 @@ def section(results: dict[str, Any], plotted: bool) -> str:
              "Step overhead: a call's `done` to the next call's `begin` (Threadline's log has "
              "whole milliseconds, the peers' a fraction). CPU: user + system time of every "
              "process of the system (its process trees: Threadline's broker JVM included), "
-             "over the throughput batch, per run answered. A range is the rounds' lowest–highest.",
+             "over the throughput batch, per run answered. A range is the rounds' lowest to highest.",
              "- repeated calls: a completed call (its `done` written) whose `begin` appears again.",
              ""]
     lines += tables(results)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+from typing_extensions import override
 
 from bench.peers import install
 from bench.peers.procs import Proc, free_port, wait_port
@@ -29,6 +30,7 @@ class Restate(System):
     name = "Restate"
     roles = ("server", "service")
 
+    @override
     async def start(self, session: aiohttp.ClientSession) -> None:
         self.binary = install.restate_server()
         self.python = install.venv_python("restate")
@@ -73,6 +75,7 @@ class Restate(System):
             if not await retry_pause(deadline, 0.2):
                 raise RuntimeError("the ingress never answered /restate/health")
 
+    @override
     async def run(self, session: aiohttp.ClientSession, slot: str, key: str, delay_s: float,
                   deadline: float, ids: dict[str, str]) -> float | None:
         ids[key] = key
@@ -89,6 +92,7 @@ class Restate(System):
             if not await retry_pause(deadline):
                 return None
 
+    @override
     def version(self) -> str:
         server = subprocess.run([str(self.binary), "--version"], capture_output=True, text=True,
                                 check=False).stdout.strip()
@@ -97,6 +101,7 @@ class Restate(System):
                              check=False).stdout.strip()
         return f"{server}, restate-sdk {sdk} (Python, hypercorn, h2c)"
 
+    @override
     def durability(self) -> str:
         dump = subprocess.run([str(self.binary), "--dump-config"], capture_output=True, text=True,
                               check=False).stdout
@@ -107,6 +112,7 @@ class Restate(System):
         return ("one node (every role), its own log (bifrost) and partition store in RocksDB; "
                 + "; ".join(re.sub(r"\s+", " ", s) for s in seen))
 
+    @override
     def settings(self) -> str:
         return ("shipped defaults; ports moved off 8080/9070/5122, telemetry off; "
                 "the service's hypercorn as the SDK's harness configures it")

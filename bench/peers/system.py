@@ -34,7 +34,7 @@ class System(abc.ABC):
     async def start(self, session: aiohttp.ClientSession) -> None:
         """Start every process of the system and wait until it serves."""
 
-    async def set_delay(self, session: aiohttp.ClientSession, delay_s: float) -> None:
+    async def set_delay(self, session: aiohttp.ClientSession, delay_s: float) -> None:  # noqa: B027
         """Make each tool call take `delay_s` from now on (most systems take it per run)."""
 
     async def prepare(self, session: aiohttp.ClientSession, count: int) -> list[str]:

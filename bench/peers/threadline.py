@@ -23,6 +23,7 @@ import uuid
 from typing import Any
 
 import aiohttp
+from typing_extensions import override
 
 from bench.peers.procs import free_port
 from bench.peers.system import System, retry_pause
@@ -43,6 +44,7 @@ class Threadline(System):
     name = "Threadline"
     roles = ("worker", "processor")
 
+    @override
     async def start(self, session: aiohttp.ClientSession) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.broker = EmbeddedKafka(self.folder / "kafka", port=0)
@@ -83,6 +85,7 @@ class Threadline(System):
         """The gateway's URL."""
         return f"http://127.0.0.1:{self.port}"
 
+    @override
     async def set_delay(self, session: aiohttp.ClientSession, delay_s: float) -> None:
         if self.env["THREADLINE_AGENT_TOOL_DELAY_S"] == str(delay_s):
             return
@@ -93,6 +96,7 @@ class Threadline(System):
                                               die_with_parent=True).start()
         await self._healthy(session)
 
+    @override
     async def prepare(self, session: aiohttp.ClientSession, count: int) -> list[str]:
         gate = asyncio.Semaphore(32)
 
@@ -106,6 +110,7 @@ class Threadline(System):
 
         return list(await asyncio.gather(*(one(i) for i in range(count))))
 
+    @override
     async def run(self, session: aiohttp.ClientSession, slot: str, key: str, delay_s: float,
                   deadline: float, ids: dict[str, str]) -> float | None:
         run_id = ""
@@ -135,23 +140,28 @@ class Threadline(System):
             if not await retry_pause(deadline, 0.05):
                 return None
 
+    @override
     def pids(self) -> list[int]:
         out = [c.pid for c in self.children.values() if c.alive()]
         if self.broker.process is not None and self.broker.process.poll() is None:
             out.append(self.broker.process.pid)
         return out
 
+    @override
     async def kill(self, role: str) -> None:
         await asyncio.to_thread(self.children[role].kill9)
 
+    @override
     async def restart(self, role: str) -> None:
         self.children[role].start()
 
+    @override
     async def stop(self) -> None:
         for child in self.children.values():
             await asyncio.to_thread(child.stop)
         await asyncio.to_thread(self.broker.stop)
 
+    @override
     def version(self) -> str:
         import subprocess
 
@@ -162,11 +172,13 @@ class Threadline(System):
                                capture_output=True, text=True, check=False).stdout.strip()
         return f"Threadline {head}{'+' if dirty else ''}, Apache Kafka {KAFKA_VERSION} (KRaft, one node)"
 
+    @override
     def durability(self) -> str:
         return ("Kafka: replication 1 (THREADLINE_REPLICATION_FACTOR default), min.insync 1, "
                 "acks=all (idempotent, transactional producers: exactly-once), no fsync per write "
                 "(Kafka's default log.flush.*: the page cache, durability by replication)")
 
+    @override
     def settings(self) -> str:
         return ("code defaults, except " + ", ".join(f"{k}={v}" for k, v in RAISED.items())
                 + "; builtin agent THREADLINE_AGENT_TOOLS=4, THREADLINE_AGENT_TOKENS_PER_S=0")

@@ -15,6 +15,7 @@ never to make twice.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -93,7 +94,7 @@ def step_overheads_ms(runs: Mapping[str, list[Call]]) -> list[float]:
     """From each call's first `done` to the next call's first `begin`, every run."""
     out: list[float] = []
     for run_calls in runs.values():
-        for before, after in zip(run_calls, run_calls[1:], strict=False):
+        for before, after in itertools.pairwise(run_calls):
             done = before.first_done
             if done is not None:
                 out.append(after.first_begin - done)

@@ -20,6 +20,7 @@ LOG = os.environ["PEERS_TOOL_LOG"]
 
 
 def side_effect(what: str, key: str) -> None:
+    """Append one line to the side-effect log in one write."""
     fd = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, f"{what} {key} {os.getpid()} {time.time() * 1000:.3f}\n".encode())
@@ -29,6 +30,7 @@ def side_effect(what: str, key: str) -> None:
 
 @DBOS.step()
 def tool(key: str, delay: float) -> str:
+    """One tool call: `begin`, the work, `done`."""
     side_effect("begin", key)
     if delay > 0:
         time.sleep(delay)
@@ -38,14 +40,18 @@ def tool(key: str, delay: float) -> str:
 
 @DBOS.workflow()
 def agent(run: str, steps: int, delay: float) -> str:
+    """One run: the tool calls in a row, then the answer."""
     facts = [tool(f"{run}:{step}", delay) for step in range(1, steps + 1)]
     return "answer: " + "; ".join(facts)
 
 
 class Handler(BaseHTTPRequestHandler):
+    """`POST /run`: start (or join) the run's workflow and answer its result."""
+
     protocol_version = "HTTP/1.1"
 
     def do_POST(self) -> None:
+        """Start or join the workflow, wait for its result."""
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         with SetWorkflowID(body["run"]):
             handle = DBOS.start_workflow(agent, body["run"], int(body["steps"]),
@@ -58,10 +64,13 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(out)
 
     def log_message(self, format: str, *args: object) -> None:
+        """No access log."""
         return
 
 
 class Server(ThreadingHTTPServer):
+    """One thread a request, a deep accept queue."""
+
     daemon_threads = True
     request_queue_size = 1024
 

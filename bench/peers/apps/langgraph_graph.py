@@ -4,7 +4,6 @@ Input `{"run", "steps", "delay"}`: the node `tool` runs `steps` times in a row
 (each a super-step, checkpointed), then `answer` answers.
 """
 
-import asyncio
 import os
 import time
 from typing import TypedDict
@@ -13,15 +12,18 @@ from langgraph.graph import END, START, StateGraph
 
 
 class State(TypedDict, total=False):
+    """The graph's state."""
+
     run: str
     steps: int
     delay: float
     step: int
-    facts: list
+    facts: list[str]
     answer: str
 
 
 def side_effect(what: str, key: str) -> None:
+    """Append one line to the side-effect log in one write."""
     fd = os.open(os.environ["PEERS_TOOL_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, f"{what} {key} {os.getpid()} {time.time() * 1000:.3f}\n".encode())
@@ -29,21 +31,26 @@ def side_effect(what: str, key: str) -> None:
         os.close(fd)
 
 
-async def tool(state: State) -> State:
+def tool(state: State) -> State:
+    """One tool call: `begin`, the work, `done`."""
+    # A sync node: the dev server runs it in a thread (it refuses blocking calls,
+    # such as the log's write, in an async one).
     step = state.get("step", 0) + 1
     key = f"{state['run']}:{step}"
     side_effect("begin", key)
     if state["delay"] > 0:
-        await asyncio.sleep(state["delay"])
+        time.sleep(state["delay"])
     side_effect("done", key)
     return {"step": step, "facts": [*state.get("facts", []), f"fact {key}"]}
 
 
 def route(state: State) -> str:
+    """The next tool call, or the answer."""
     return "tool" if state["step"] < state["steps"] else "answer"
 
 
 def answer(state: State) -> State:
+    """The run's answer."""
     return {"answer": "answer: " + "; ".join(state["facts"])}
 
 

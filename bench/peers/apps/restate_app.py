@@ -10,6 +10,7 @@ import asyncio
 import os
 import sys
 import time
+from typing import Any
 
 import restate
 from hypercorn.asyncio import serve
@@ -19,6 +20,7 @@ LOG = os.environ["PEERS_TOOL_LOG"]
 
 
 def side_effect(what: str, key: str) -> None:
+    """Append one line to the side-effect log in one write."""
     fd = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, f"{what} {key} {os.getpid()} {time.time() * 1000:.3f}\n".encode())
@@ -30,6 +32,7 @@ agent = restate.Service("Agent")
 
 
 async def tool(key: str, delay: float) -> str:
+    """One tool call: `begin`, the work, `done`."""
     side_effect("begin", key)
     if delay > 0:
         await asyncio.sleep(delay)
@@ -38,7 +41,8 @@ async def tool(key: str, delay: float) -> str:
 
 
 @agent.handler()
-async def run(ctx: restate.Context, req: dict) -> str:
+async def run(ctx: restate.Context, req: dict[str, Any]) -> str:
+    """One run: the tool calls in a row, each journaled, then the answer."""
     facts = []
     for step in range(1, int(req["steps"]) + 1):
         key = f"{req['run']}:{step}"
