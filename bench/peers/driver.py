@@ -133,6 +133,8 @@ async def measure_round(system: System, session: aiohttp.ClientSession, size: Si
         "latency p99 s": percentile(paced.latencies_s, 99),
         "latency answered": f"{paced.answered}/{paced.runs}", "latency load": paced.load,
         "step p50 ms": percentile(overheads, 50), "step p99 ms": percentile(overheads, 99),
+        "step p50 ms (burst)": percentile(burst.overheads_ms, 50),
+        "step p99 ms (burst)": percentile(burst.overheads_ms, 99),
         "step p50 ms (paced)": percentile(paced.overheads_ms, 50),
         "step p99 ms (paced)": percentile(paced.overheads_ms, 99),
         "steps measured": len(overheads),

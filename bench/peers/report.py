@@ -39,6 +39,12 @@ def _span(rounds: list[dict[str, Any]], key: str, digits: int = 3) -> str:
     return f"{_f(min(values), digits)} to {_f(max(values), digits)}"
 
 
+def _burst(rounds: list[dict[str, Any]], q: str) -> str:
+    if all(f"step {q} ms (burst)" in r for r in rounds):
+        return _span(rounds, f"step {q} ms (burst)")
+    return _span(rounds, f"step {q} ms") + " (both workloads)"
+
+
 def _loads(rounds: list[dict[str, Any]], key: str) -> str:
     return "; ".join(str(r.get(key, "")).split()[0] for r in rounds if r.get(key)) or "-"
 
@@ -47,21 +53,23 @@ def tables(results: dict[str, Any]) -> list[str]:
     """The markdown lines of the section's tables."""
     systems: dict[str, dict[str, Any]] = results["systems"]
     out = ["| system | runs/s (200 at once) | CPU ms/run, whole system | latency p50 s "
-           "(50 at 10/s, 4x0.2 s tools) | latency p99 s | step overhead p50 ms | step p99 ms | "
+           "(50 at 10/s, 4x0.2 s tools) | latency p99 s | step overhead p50 ms (latency "
+           "workload) | step p99 ms | step p50 ms, 200 at once | step p99 ms, 200 at once | "
            "repeated calls | answered | load (1 min) throughput; latency |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, entry in systems.items():
         rounds = entry.get("rounds", [])
         if entry.get("missing") or not rounds:
             why = entry.get("missing") or "; ".join(entry.get("errors", [])) or "not run"
-            out.append(f"| {name} | **missing**: {why[:300]} |||||||||")
+            out.append(f"| {name} | **missing**: {why[:300]} |||||||||||")
             continue
         answered = ", ".join(f"{r['throughput answered']} + {r['latency answered']}"
                              for r in rounds)
         out.append(
             f"| {name} | {_span(rounds, 'runs/s')} | {_span(rounds, 'CPU ms/run')} | "
             f"{_span(rounds, 'latency p50 s')} | {_span(rounds, 'latency p99 s')} | "
-            f"{_span(rounds, 'step p50 ms')} | {_span(rounds, 'step p99 ms')} | "
+            f"{_span(rounds, 'step p50 ms (paced)')} | {_span(rounds, 'step p99 ms (paced)')} | "
+            f"{_burst(rounds, 'p50')} | {_burst(rounds, 'p99')} | "
             f"{sum(int(r['repeated calls']) for r in rounds)} | {answered} | "
             f"{_loads(rounds, 'throughput load')}; {_loads(rounds, 'latency load')} |")
     out += ["", "Recovery: runs in flight with 0.2 s tools; one role killed with SIGKILL and "
@@ -163,7 +171,8 @@ def plot(results: dict[str, Any]) -> bool:
               ("CPU ms per run", {"CPU": med("CPU ms/run")}),
               ("latency s, 4 x 0.2 s tools", {"p50": med("latency p50 s"),
                                               "p99": med("latency p99 s")}),
-              ("step overhead ms", {"p50": med("step p50 ms"), "p99": med("step p99 ms")})]
+              ("step overhead ms, latency workload", {"p50": med("step p50 ms (paced)"),
+                                                     "p99": med("step p99 ms (paced)")})]
     fig, axes = plt.subplots(1, 4, figsize=(16, 4))
     for ax, (title, series) in zip(axes, panels, strict=True):
         width = 0.8 / len(series)
