@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.peers.procs import tree_cpu
+from bench.peers.procs import cpu_by_root, cpu_used
 from bench.peers.system import System
 from bench.peers.workload import (
     STEPS,
@@ -71,7 +71,7 @@ class Batch:
     overheads_ms: list[float]
     repeated: int
     restarted: int
-    cpu_s: float
+    cpu_s: dict[str, float]
     load: str
     ids: dict[str, str] = field(default_factory=dict)
     answered_at: dict[str, float] = field(default_factory=dict)
@@ -94,7 +94,7 @@ async def batch(system: System, session: aiohttp.ClientSession, count: int, dela
     answered: dict[str, float] = {}
     deadline = time.monotonic() + RUN_TIMEOUT_S + (count / rate if rate else 0)
     load = load_text()
-    cpu0 = tree_cpu(system.pids())
+    cpu0 = cpu_by_root(system.roots())
     t0 = time.time()
 
     async def one(i: int) -> None:
@@ -107,8 +107,7 @@ async def batch(system: System, session: aiohttp.ClientSession, count: int, dela
 
     await asyncio.gather(*(one(i) for i in range(count)))
     t1 = max(answered.values(), default=time.time())
-    cpu1 = tree_cpu(system.pids())
-    cpu = sum(v - cpu0.get(pid, 0.0) for pid, v in cpu1.items())
+    cpu = cpu_used(cpu0, cpu_by_root(system.roots()))
     runs = calls_by_run(parse(_log_lines(system)), ids.values())
     repeated, late, restarted = repeated_calls(runs)
     return Batch(count, len(answered), t1 - t0,
@@ -127,7 +126,9 @@ async def measure_round(system: System, session: aiohttp.ClientSession, size: Si
     overheads = burst.overheads_ms + paced.overheads_ms
     return {
         "runs/s": burst.answered / burst.seconds if burst.seconds > 0 else float("nan"),
-        "CPU ms/run": burst.cpu_s / max(burst.answered, 1) * 1000,
+        "CPU ms/run": sum(burst.cpu_s.values()) / max(burst.answered, 1) * 1000,
+        "CPU ms/run by process": {name: round(s / max(burst.answered, 1) * 1000, 2)
+                                  for name, s in burst.cpu_s.items()},
         "throughput answered": f"{burst.answered}/{burst.runs}", "throughput load": burst.load,
         "latency p50 s": percentile(paced.latencies_s, 50),
         "latency p99 s": percentile(paced.latencies_s, 99),

@@ -96,15 +96,20 @@ class LangGraph(System):
             resume = await self._resume_input(session, slot)
             if resume == "done":
                 return time.time()
+            if resume == "lost":
+                return None
             if resume == "busy":
                 continue
             payload = None if resume == "resume" else payload
 
     async def _resume_input(self, session: aiohttp.ClientSession, slot: str) -> str:
         """What posting again should do: "done", "busy" (a run is active: wait),
-        "resume" (continue from the checkpoint) or "again" (no checkpoint: the input)."""
+        "resume" (continue from the checkpoint), "again" (no checkpoint: the input) or
+        "lost" (the thread itself is gone: the dev server had not saved it)."""
         try:
             async with session.get(f"{self.base}/threads/{slot}/state") as r:
+                if r.status == 404:
+                    return "lost"
                 state = await r.json(content_type=None)
             if isinstance(state, dict) and (state.get("values") or {}).get("answer"):
                 return "done"

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["Proc", "free_port", "tree_cpu", "tree_pids"]
+__all__ = ["Proc", "cpu_by_root", "cpu_used", "free_port", "tree_cpu", "tree_pids"]
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -65,6 +65,19 @@ def _cpu(pid: int) -> float:
 def tree_cpu(roots: Iterable[int]) -> dict[int, float]:
     """CPU seconds (user + system, reaped children included) of every process of the trees."""
     return {pid: _cpu(pid) for pid in tree_pids(roots)}
+
+
+def cpu_by_root(roots: dict[str, int]) -> dict[str, dict[int, float]]:
+    """`tree_cpu` of each named root apart."""
+    return {name: tree_cpu([pid]) for name, pid in roots.items()}
+
+
+def cpu_used(before: dict[str, dict[int, float]], after: dict[str, dict[int, float]]) \
+        -> dict[str, float]:
+    """CPU seconds each named tree used between two `cpu_by_root` readings (a process
+    that appeared between them counts from zero)."""
+    return {name: sum(v - before.get(name, {}).get(pid, 0.0) for pid, v in tree.items())
+            for name, tree in after.items()}
 
 
 class Proc:

@@ -72,6 +72,17 @@ def tables(results: dict[str, Any]) -> list[str]:
             f"{_burst(rounds, 'p50')} | {_burst(rounds, 'p99')} | "
             f"{sum(int(r['repeated calls']) for r in rounds)} | {answered} | "
             f"{_loads(rounds, 'throughput load')}; {_loads(rounds, 'latency load')} |")
+    split = []
+    for name, entry in systems.items():
+        parts: dict[str, list[float]] = {}
+        for r in entry.get("rounds", []):
+            for proc, ms in (r.get("CPU ms/run by process") or {}).items():
+                parts.setdefault(proc, []).append(ms)
+        if parts:
+            split.append(f"{name}: " + ", ".join(
+                f"{proc} {statistics.median(v):.3g}" for proc, v in parts.items()))
+    if split:
+        out += ["", "CPU ms per run by process (median of the rounds): " + "; ".join(split) + "."]
     out += ["", "Recovery: runs in flight with 0.2 s tools; one role killed with SIGKILL and "
             "started again at once, in place. Times from the kill.", "",
             "| system | killed | serving again s (first call begun after the kill) | "

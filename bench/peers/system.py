@@ -49,9 +49,9 @@ class System(abc.ABC):
         the run's name in the side-effect log as soon as it is known. Survives the system's
         processes being killed and restarted meanwhile (posting again idempotently)."""
 
-    def pids(self) -> list[int]:
-        """The root processes of the system (their trees are measured)."""
-        return [p.pid for p in self.procs.values() if p.alive()]
+    def roots(self) -> dict[str, int]:
+        """The root process of each part of the system, by name (their trees are measured)."""
+        return {name: p.pid for name, p in self.procs.items() if p.alive()}
 
     async def kill(self, role: str) -> None:
         """SIGKILL `role`."""

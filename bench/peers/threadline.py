@@ -141,10 +141,10 @@ class Threadline(System):
                 return None
 
     @override
-    def pids(self) -> list[int]:
-        out = [c.pid for c in self.children.values() if c.alive()]
+    def roots(self) -> dict[str, int]:
+        out = {name: c.pid for name, c in self.children.items() if c.alive()}
         if self.broker.process is not None and self.broker.process.poll() is None:
-            out.append(self.broker.process.pid)
+            out["broker"] = self.broker.process.pid
         return out
 
     @override
@@ -165,11 +165,13 @@ class Threadline(System):
     def version(self) -> str:
         import subprocess
 
-        from bench.report import git_head
+        def git(*args: str) -> str:
+            return subprocess.run(["git", *args], capture_output=True, text=True,
+                                  check=False).stdout.strip()
 
-        head = git_head()
-        dirty = subprocess.run(["git", "status", "--porcelain", "streams", "gateway"],
-                               capture_output=True, text=True, check=False).stdout.strip()
+        # The code that ran: the last commit of its own folders (the bench's own commits aside).
+        head = git("log", "-1", "--format=%h", "--", "streams", "gateway", "schemas")
+        dirty = git("status", "--porcelain", "streams", "gateway", "schemas")
         return f"Threadline {head}{'+' if dirty else ''}, Apache Kafka {KAFKA_VERSION} (KRaft, one node)"
 
     @override
