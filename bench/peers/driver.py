@@ -75,6 +75,8 @@ class Batch:
     load: str
     ids: dict[str, str] = field(default_factory=dict)
     answered_at: dict[str, float] = field(default_factory=dict)
+    to_first_call_ms: list[float] = field(default_factory=list)  # post -> first `begin`
+    last_call_to_answer_ms: list[float] = field(default_factory=list)  # last `done` -> answer
 
 
 def _log_lines(system: System) -> str:
@@ -110,9 +112,17 @@ async def batch(system: System, session: aiohttp.ClientSession, count: int, dela
     cpu = cpu_used(cpu0, cpu_by_root(system.roots()))
     runs = calls_by_run(parse(_log_lines(system)), ids.values())
     repeated, late, restarted = repeated_calls(runs)
+    first, last = [], []
+    for key, run in ids.items():
+        calls = runs.get(run)
+        if calls and key in posted:
+            first.append(calls[0].first_begin - posted[key] * 1000)
+        done = calls[-1].first_done if calls else None
+        if done is not None and key in answered:
+            last.append(answered[key] * 1000 - done)
     return Batch(count, len(answered), t1 - t0,
                  [answered[k] - posted[k] for k in answered], step_overheads_ms(runs),
-                 repeated + late, restarted, cpu, load, ids, answered)
+                 repeated + late, restarted, cpu, load, ids, answered, first, last)
 
 
 async def measure_round(system: System, session: aiohttp.ClientSession, size: Size) \
@@ -139,6 +149,8 @@ async def measure_round(system: System, session: aiohttp.ClientSession, size: Si
         "step p50 ms (paced)": percentile(paced.overheads_ms, 50),
         "step p99 ms (paced)": percentile(paced.overheads_ms, 99),
         "steps measured": len(overheads),
+        "post to first call p50 ms (paced)": percentile(paced.to_first_call_ms, 50),
+        "last call to answer p50 ms (paced)": percentile(paced.last_call_to_answer_ms, 50),
         "repeated calls": burst.repeated + paced.repeated,
     }
 

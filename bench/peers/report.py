@@ -83,6 +83,12 @@ def tables(results: dict[str, Any]) -> list[str]:
                 f"{proc} {statistics.median(v):.3g}" for proc, v in parts.items()))
     if split:
         out += ["", "CPU ms per run by process (median of the rounds): " + "; ".join(split) + "."]
+    ends = [f"{name}: post to first call {_span(e['rounds'], 'post to first call p50 ms (paced)')}"
+            f" ms, last call to answer {_span(e['rounds'], 'last call to answer p50 ms (paced)')}"
+            " ms" for name, e in systems.items()
+            if any("post to first call p50 ms (paced)" in r for r in e.get("rounds", []))]
+    if ends:
+        out += ["", "The run's ends, latency workload, p50: " + "; ".join(ends) + "."]
     out += ["", "Recovery: runs in flight with 0.2 s tools; one role killed with SIGKILL and "
             "started again at once, in place. Times from the kill.", "",
             "| system | killed | serving again s (first call begun after the kill) | "
