@@ -160,6 +160,7 @@ async def recovery(system: System, session: aiohttp.ClientSession, role: str, si
     """`size.inflight` runs in flight; `role` killed with SIGKILL and restarted in place."""
     await system.set_delay(session, size.delay)
     slots = await system.prepare(session, size.inflight)
+    await asyncio.sleep(system.settle_s)
     keys = [f"kill-{role}-{uuid.uuid4().hex[:6]}-{i}" for i in range(size.inflight)]
     ids: dict[str, str] = {}
     answered: dict[str, float] = {}
@@ -202,6 +203,7 @@ async def recovery(system: System, session: aiohttp.ClientSession, role: str, si
         "repeated completed calls": repeated, "repeated, done after the kill": late,
         "calls cut off and made again": restarted,
         "completed calls": done_calls, "expected calls": STEPS * size.inflight, "load": load,
+        "milestones": system.milestones(role, kill_ms),
     }
 
 

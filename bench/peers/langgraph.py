@@ -32,6 +32,10 @@ class LangGraph(System):
 
     name = "LangGraph dev"
     roles = ("server",)
+    # The in-memory runtime writes its state to disk every 10 s
+    # (langgraph_runtime_inmem._persistence): the threads of a recovery test are given
+    # that long to be on disk, so the test shows what a kill does to the runs.
+    settle_s = 11.0
 
     @override
     async def start(self, session: aiohttp.ClientSession) -> None:
@@ -139,4 +143,5 @@ class LangGraph(System):
     @override
     def settings(self) -> str:
         return (f"shipped defaults, except --n-jobs-per-worker {JOBS} (default 1 run at a time); "
-                "`langgraph dev --no-browser --no-reload`")
+                "`langgraph dev --no-browser --no-reload`; in the recovery test the threads "
+                f"are created {self.settle_s:.0f} s before the runs (its flush period is 10 s)")

@@ -106,6 +106,13 @@ def tables(results: dict[str, Any]) -> list[str]:
         if entry.get("rounds") and not entry.get("recovery"):
             out.append(f"| {name} | not measured: {'; '.join(entry.get('errors', []))[:200]} "
                        "||||||||")
+    marks = [f"{name}, {rec['role']} killed: " + ", ".join(
+                 f"{label} {at:.3g} s" for label, at in rec["milestones"].items())
+             for name, entry in systems.items() for rec in entry.get("recovery", [])
+             if rec.get("milestones")]
+    if marks:
+        out += ["", "What the restarted role logged, seconds after the kill: " + "; ".join(marks)
+                + "."]
     out += ["", "| system | versions | durability as run | settings |", "|---|---|---|---|"]
     for name, entry in systems.items():
         out.append(f"| {name} | {entry.get('version', '-')} | {entry.get('durability', '-')} | "

@@ -24,6 +24,7 @@ class System(abc.ABC):
 
     name: str = ""
     roles: tuple[str, ...] = ()  # the roles the recovery test kills, one at a time
+    settle_s: float = 0.0  # wait after `prepare` before a recovery test's runs are posted
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -60,6 +61,10 @@ class System(abc.ABC):
     async def restart(self, role: str) -> None:
         """Start `role` again in place, as a supervisor would."""
         self.procs[role].start()
+
+    def milestones(self, role: str, kill_ms: float) -> dict[str, float]:
+        """What the restarted `role` logged after the kill: event -> seconds after it."""
+        return {}
 
     @abc.abstractmethod
     def version(self) -> str:

@@ -34,6 +34,15 @@ from streams.testing.process import RoleProcess
 
 AUTH = {"Authorization": "Bearer bench"}
 ROLES = ("processor", "worker", "gateway")
+# What a restarted role logs on its way back, in order: label, text of the line.
+MILESTONES = {
+    "worker": (("process up, joining the group", "(Re-)joining group"),
+               ("joined the group", "Joined group"),
+               ("dispatch partitions assigned", "assigned dispatch partitions")),
+    "processor": (("process up", "started on"),
+                  ("first partition restored", "restored in"),
+                  ("every partition restored, processing", "threadline.kafka.loop")),
+}
 RAISED = {"THREADLINE_TENANT_POSTS_PER_S": "0", "THREADLINE_TENANT_MAX_ACTIVE_RUNS": "0",
           "THREADLINE_WORKER_CONCURRENCY": "256"}
 
@@ -160,6 +169,27 @@ class Threadline(System):
         for child in self.children.values():
             await asyncio.to_thread(child.stop)
         await asyncio.to_thread(self.broker.stop)
+
+    @override
+    def milestones(self, role: str, kill_ms: float) -> dict[str, float]:
+        marks = MILESTONES.get(role, ())
+        out: dict[str, float] = {}
+        try:
+            lines = self.children[role].log.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return out
+        for line in lines:
+            try:
+                at = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) \
+                    + int(line[20:23]) / 1000
+            except ValueError:
+                continue
+            if at * 1000 < kill_ms - 1:  # the log's clock has milliseconds only
+                continue
+            for label, needle in marks:
+                if needle in line:
+                    out.setdefault(label, round(at - kill_ms / 1000, 2))
+        return out
 
     @override
     def version(self) -> str:
