@@ -2,7 +2,8 @@
 processor, worker and gateway, each `threadline <role>` in a process of its own
 (so each can be killed alone), on fresh topics. The builtin agent's tool mode is
 the workload (`[tools=4]` in the message; its `lookup` tool writes the side-effect
-log). A run is a POST of a user message, then the run's SSE events until `done`.
+log). A run is a POST of a user message, with the thread's SSE stream opened
+first (as a client would), read until the run's `done`.
 
 Set apart from the defaults, and why (listed in the report):
 - THREADLINE_TENANT_POSTS_PER_S=0, THREADLINE_TENANT_MAX_ACTIVE_RUNS=0: one tenant
@@ -122,6 +123,16 @@ class Threadline(System):
     @override
     async def run(self, session: aiohttp.ClientSession, slot: str, key: str, delay_s: float,
                   deadline: float, ids: dict[str, str]) -> float | None:
+        # As a client would: watch the thread, then post (the stream is live, and takes
+        # the run in from its `run_accepted`); the run's own events are the fallback.
+        watch: aiohttp.ClientResponse | None = None
+        try:
+            watch = await session.get(f"{self.base}/v1/threads/{slot}/stream", headers=AUTH)
+            if watch.status != 200:
+                watch.release()
+                watch = None
+        except aiohttp.ClientError:
+            watch = None
         run_id = ""
         while not run_id:
             try:
@@ -135,8 +146,19 @@ class Threadline(System):
             except aiohttp.ClientError:
                 pass
             if not run_id and not await retry_pause(deadline):
+                if watch is not None:
+                    watch.release()
                 return None
         ids[key] = run_id
+        if watch is not None:
+            try:
+                async for raw in watch.content:
+                    if raw.startswith(b"event: done"):
+                        return time.time()
+            except aiohttp.ClientError:
+                pass
+            finally:
+                watch.release()
         while True:
             try:
                 async with session.get(f"{self.base}/v1/runs/{run_id}/events", headers=AUTH) as r:
