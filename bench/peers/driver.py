@@ -104,6 +104,7 @@ async def batch(system: System, session: aiohttp.ClientSession, count: int, dela
             await asyncio.sleep(max(0.0, t0 + i / rate - time.time()))
         posted[keys[i]] = time.time()
         done = await system.run(session, slots[i], keys[i], delay_s, deadline, ids)
+        posted[keys[i]] = system.posted_at.get(keys[i], posted[keys[i]])
         if done is not None:
             answered[keys[i]] = done
 

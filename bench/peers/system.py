@@ -30,6 +30,9 @@ class System(abc.ABC):
         self.folder = folder
         self.tool_log = folder / "side-effects.log"
         self.procs: dict[str, Proc] = {}
+        # When a run was posted, where `run` does more than post first (a client's
+        # stream opened before): the driver's clock starts here then.
+        self.posted_at: dict[str, float] = {}
 
     @abc.abstractmethod
     async def start(self, session: aiohttp.ClientSession) -> None:

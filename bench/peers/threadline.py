@@ -134,6 +134,7 @@ class Threadline(System):
         except aiohttp.ClientError:
             watch = None
         run_id = ""
+        self.posted_at[key] = time.time()
         while not run_id:
             try:
                 async with session.post(
