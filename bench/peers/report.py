@@ -103,7 +103,7 @@ def tables(results: dict[str, Any]) -> list[str]:
                        f"{rec['answered']} | {rec['repeated completed calls']} | "
                        f"{rec.get('repeated, done after the kill', '-')} | "
                        f"{rec['calls cut off and made again']} | {rec['load'].split()[0]} |")
-        if entry.get("rounds") and not entry.get("recovery"):
+        if entry.get("rounds") and not entry.get("recovery") and entry.get("errors"):
             out.append(f"| {name} | not measured: {'; '.join(entry.get('errors', []))[:200]} "
                        "||||||||")
     marks = [f"{name}, {rec['role']} killed: " + ", ".join(
@@ -139,6 +139,10 @@ def section(results: dict[str, Any], plotted: bool) -> str:
              "process of the system (its process trees: Threadline's broker JVM included), "
              "over the throughput batch, per run answered. A range is the rounds' lowest to highest.",
              "- repeated calls: a completed call (its `done` written) whose `begin` appears again.",
+             "- Threadline's builtin agent journals a model turn before each tool call (its "
+             "tool mode: `Step i: looking up ...`, then the call), so a step gap holds two "
+             "durable writes; the peers journal the call alone. *Restate, model turn + call* "
+             "journals a stand-in model turn before each call too: the same durable steps.",
              ""]
     lines += tables(results)
     if plotted:

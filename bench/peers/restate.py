@@ -28,7 +28,8 @@ class Restate(System):
     """The Restate server and its Python service, each a process of its own."""
 
     name = "Restate"
-    roles = ("server", "service")
+    roles: tuple[str, ...] = ("server", "service")
+    turns = False  # a journaled model turn before each tool call
 
     @override
     async def start(self, session: aiohttp.ClientSession) -> None:
@@ -79,7 +80,7 @@ class Restate(System):
     async def run(self, session: aiohttp.ClientSession, slot: str, key: str, delay_s: float,
                   deadline: float, ids: dict[str, str]) -> float | None:
         ids[key] = key
-        body = {"run": key, "steps": 4, "delay": delay_s}
+        body = {"run": key, "steps": 4, "delay": delay_s, "turns": self.turns}
         while True:
             try:
                 async with session.post(f"http://127.0.0.1:{self.ingress}/Agent/run", json=body,
@@ -116,3 +117,12 @@ class Restate(System):
     def settings(self) -> str:
         return ("shipped defaults; ports moved off 8080/9070/5122, telemetry off; "
                 "the service's hypercorn as the SDK's harness configures it")
+
+
+class RestateTurns(Restate):
+    """Restate journaling a model turn before each tool call, as Threadline's builtin
+    agent does (two journal entries a call): the workload's durable steps matched."""
+
+    name = "Restate, model turn + call"
+    roles = ()
+    turns = True

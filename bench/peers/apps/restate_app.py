@@ -40,12 +40,20 @@ async def tool(key: str, delay: float) -> str:
     return f"fact {key}"
 
 
+async def model_turn(key: str) -> str:
+    """A stand-in for a model's turn (no side effect): its output is journaled."""
+    return f"looking up {key}"
+
+
 @agent.handler()
 async def run(ctx: restate.Context, req: dict[str, Any]) -> str:
-    """One run: the tool calls in a row, each journaled, then the answer."""
+    """One run: the tool calls in a row, each journaled, then the answer. With
+    `turns`, each call follows a journaled model turn, as Threadline's builtin agent does."""
     facts = []
     for step in range(1, int(req["steps"]) + 1):
         key = f"{req['run']}:{step}"
+        if req.get("turns"):
+            await ctx.run_typed(f"turn-{step}", model_turn, restate.RunOptions(), key)
         facts.append(await ctx.run_typed(f"tool-{step}", tool, restate.RunOptions(),
                                          key, float(req["delay"])))
     return "answer: " + "; ".join(facts)
