@@ -207,7 +207,7 @@ def plot(results: dict[str, Any]) -> bool:
         for i, (label, values) in enumerate(series.items()):
             ax.bar([x + i * width for x in range(len(names))], values, width, label=label)
         ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(names))])
-        ax.set_xticklabels(names, fontsize=8)
+        ax.set_xticklabels([n.replace(", ", ",\n") for n in names], fontsize=7)
         ax.set_title(title, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
         if len(series) > 1:
