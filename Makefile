@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test frontends chaos bench lint clean
+.PHONY: install run test frontends chaos bench bench-peers lint clean
 
 $(STAMP): pyproject.toml infra/kafka/pom.xml infra/registry/pom.xml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,15 @@ chaos: install
 bench: install
 	$(PY) -c 'import matplotlib, pyinstrument, faust' 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'
 	$(PY) -m bench $(BENCH_ARGS)
+	$(PY) -m bench.peers $(PEERS_ARGS)
+
+# Threadline side by side with Restate, DBOS and the LangGraph dev server (bench/peers/):
+# installs the peers (npm, PyPI, Debian's postgresql) under ~/.cache/threadline/peers,
+# runs them one at a time, alternating; writes its section of docs/benchmarks.md.
+# PEERS_ARGS=--quick is a smoke check that writes nothing.
+bench-peers: install
+	$(PY) -c 'import matplotlib' 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) -m bench.peers $(PEERS_ARGS)
 
 lint: install
 	$(PY) -m ruff check .

@@ -207,7 +207,13 @@ def write_report(figures: list[Figure], meta: dict[str, object]) -> None:
         parts += [f"## {TITLES.get(bench, bench)}", "", _markdown_table(groups[bench]), ""]
     if NOTES.exists():
         parts += [NOTES.read_text()]
-    (DOCS / "benchmarks.md").write_text("\n".join(parts).rstrip() + "\n")
+    path = DOCS / "benchmarks.md"
+    new = "\n".join(parts).rstrip() + "\n"
+    if path.exists():  # the peers' section is written by `make bench-peers`: kept
+        from bench.peers.report import keep_section
+
+        new = keep_section(path.read_text(), new)
+    path.write_text(new)
     print(f"wrote {DOCS / 'benchmarks.md'}" + (f" and {PNG}" if plotted else ""))
 
 

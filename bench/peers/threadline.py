@@ -1,0 +1,239 @@
+"""Threadline with its shipped defaults: an embedded Kafka 3.9 broker and the
+processor, worker and gateway, each `threadline <role>` in a process of its own
+(so each can be killed alone), on fresh topics. The builtin agent's tool mode is
+the workload (`[tools=4]` in the message; its `lookup` tool writes the side-effect
+log). A run is a POST of a user message, with the thread's SSE stream opened
+first (as a client would), read until the run's `done`.
+
+Set apart from the defaults, and why (listed in the report):
+- THREADLINE_TENANT_POSTS_PER_S=0, THREADLINE_TENANT_MAX_ACTIVE_RUNS=0: one tenant
+  stands for every client here, and 200 runs at once would be refused (429) by the
+  per-tenant limits that docs/security.md sizes for one tenant of many;
+- THREADLINE_WORKER_CONCURRENCY=256: one worker for 200 runs at once (the default
+  16 a worker; docs/operations.md: add workers, or concurrency, when saturated);
+- the builtin agent: THREADLINE_AGENT_TOOLS=4, THREADLINE_AGENT_TOKENS_PER_S=0 (its
+  simulated model streams as fast as it can: the peers have no model either),
+  THREADLINE_AGENT_TOOL_DELAY_S and THREADLINE_AGENT_TOOL_LOG (the workload).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+from typing_extensions import override
+
+from bench.peers.procs import free_port
+from bench.peers.system import System, retry_pause
+from streams.config import Settings
+from streams.devbroker import KAFKA_VERSION, EmbeddedKafka
+from streams.kafka.topics import ensure_topics
+from streams.testing.process import RoleProcess
+
+AUTH = {"Authorization": "Bearer bench"}
+ROLES = ("processor", "worker", "gateway")
+# What a restarted role logs on its way back, in order: label, text of the line.
+MILESTONES = {
+    "worker": (("process up, joining the group", "(Re-)joining group"),
+               ("joined the group", "Joined group"),
+               ("dispatch partitions assigned", "assigned dispatch partitions")),
+    "processor": (("process up", "started on"),
+                  ("first partition restored", "restored in"),
+                  ("every partition restored, processing", "threadline.kafka.loop")),
+}
+RAISED = {"THREADLINE_TENANT_POSTS_PER_S": "0", "THREADLINE_TENANT_MAX_ACTIVE_RUNS": "0",
+          "THREADLINE_WORKER_CONCURRENCY": "256"}
+
+
+class Threadline(System):
+    """The broker and the three roles."""
+
+    name = "Threadline"
+    roles = ("worker", "processor")
+
+    @override
+    async def start(self, session: aiohttp.ClientSession) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.broker = EmbeddedKafka(self.folder / "kafka", port=0)
+        await asyncio.to_thread(self.broker.start)
+        self.port = free_port()
+        self.env = {
+            "KAFKA_BOOTSTRAP_SERVERS": self.broker.bootstrap,
+            "THREADLINE_TOPIC_PREFIX": f"p{uuid.uuid4().hex[:8]}.",
+            "THREADLINE_DATA_DIR": str(self.folder / "data"),
+            "THREADLINE_HTTP_PORT": str(self.port), "THREADLINE_API_KEYS": "bench=bench",
+            **RAISED, "THREADLINE_AGENT_TOOLS": "4", "THREADLINE_AGENT_TOKENS_PER_S": "0",
+            "THREADLINE_AGENT_TOOL_DELAY_S": "0", "THREADLINE_AGENT_TOOL_LOG": str(self.tool_log),
+        }
+        await asyncio.to_thread(ensure_topics, Settings.from_env(self.env))
+        self.children = {role: RoleProcess(role, self.env, self.folder / f"{role}.log",
+                                           die_with_parent=True).start() for role in ROLES}
+        await self._healthy(session)
+
+    async def _healthy(self, session: aiohttp.ClientSession, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while True:
+            for name, child in self.children.items():
+                if not child.alive():
+                    raise RuntimeError(f"{name} exited:\n{child.tail()}")
+            try:
+                async with session.get(f"{self.base}/healthz") as r:
+                    if r.status == 200:
+                        return
+                    last = await r.text()
+            except aiohttp.ClientError as exc:
+                last = str(exc)
+            if not await retry_pause(deadline, 0.3):
+                raise RuntimeError(f"not healthy after {timeout} s: {last[:500]}")
+
+    @property
+    def base(self) -> str:
+        """The gateway's URL."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @override
+    async def set_delay(self, session: aiohttp.ClientSession, delay_s: float) -> None:
+        if self.env["THREADLINE_AGENT_TOOL_DELAY_S"] == str(delay_s):
+            return
+        self.env["THREADLINE_AGENT_TOOL_DELAY_S"] = str(delay_s)
+        worker = self.children["worker"]
+        await asyncio.to_thread(worker.stop)  # SIGTERM: it leaves its group at once
+        self.children["worker"] = RoleProcess("worker", self.env, worker.log,
+                                              die_with_parent=True).start()
+        await self._healthy(session)
+
+    @override
+    async def prepare(self, session: aiohttp.ClientSession, count: int) -> list[str]:
+        gate = asyncio.Semaphore(32)
+
+        async def one(i: int) -> str:
+            async with gate, session.post(f"{self.base}/v1/threads", json={"title": f"t{i}"},
+                                          headers=AUTH) as r:
+                body: dict[str, Any] = await r.json()
+                if r.status not in (201, 202):
+                    raise RuntimeError(f"create thread: {r.status} {body}")
+                return str(body["thread_id"])
+
+        return list(await asyncio.gather(*(one(i) for i in range(count))))
+
+    @override
+    async def run(self, session: aiohttp.ClientSession, slot: str, key: str, delay_s: float,
+                  deadline: float, ids: dict[str, str]) -> float | None:
+        # As a client would: watch the thread, then post (the stream is live, and takes
+        # the run in from its `run_accepted`); the run's own events are the fallback.
+        watch: aiohttp.ClientResponse | None = None
+        try:
+            watch = await session.get(f"{self.base}/v1/threads/{slot}/stream", headers=AUTH)
+            if watch.status != 200:
+                watch.release()
+                watch = None
+        except aiohttp.ClientError:
+            watch = None
+        run_id = ""
+        self.posted_at[key] = time.time()
+        while not run_id:
+            try:
+                async with session.post(
+                        f"{self.base}/v1/threads/{slot}/user_message",
+                        json={"input_text": f"{key} [tools=4]"},
+                        headers={**AUTH, "Idempotency-Key": key}) as r:
+                    body = await r.json()
+                    if r.status == 202:
+                        run_id = str(body["run_id"])
+            except aiohttp.ClientError:
+                pass
+            if not run_id and not await retry_pause(deadline):
+                if watch is not None:
+                    watch.release()
+                return None
+        ids[key] = run_id
+        if watch is not None:
+            try:
+                async for raw in watch.content:
+                    if raw.startswith(b"event: done"):
+                        return time.time()
+            except aiohttp.ClientError:
+                pass
+            finally:
+                watch.release()
+        while True:
+            try:
+                async with session.get(f"{self.base}/v1/runs/{run_id}/events", headers=AUTH) as r:
+                    if r.status == 200:
+                        async for raw in r.content:
+                            if raw.startswith(b"event: done"):
+                                return time.time()
+            except aiohttp.ClientError:
+                pass
+            if not await retry_pause(deadline, 0.05):
+                return None
+
+    @override
+    def roots(self) -> dict[str, int]:
+        out = {name: c.pid for name, c in self.children.items() if c.alive()}
+        if self.broker.process is not None and self.broker.process.poll() is None:
+            out["broker"] = self.broker.process.pid
+        return out
+
+    @override
+    async def kill(self, role: str) -> None:
+        await asyncio.to_thread(self.children[role].kill9)
+
+    @override
+    async def restart(self, role: str) -> None:
+        self.children[role].start()
+
+    @override
+    async def stop(self) -> None:
+        for child in self.children.values():
+            await asyncio.to_thread(child.stop)
+        await asyncio.to_thread(self.broker.stop)
+
+    @override
+    def milestones(self, role: str, kill_ms: float) -> dict[str, float]:
+        marks = MILESTONES.get(role, ())
+        out: dict[str, float] = {}
+        try:
+            lines = self.children[role].log.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return out
+        for line in lines:
+            try:
+                at = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) \
+                    + int(line[20:23]) / 1000
+            except ValueError:
+                continue
+            if at * 1000 < kill_ms - 1:  # the log's clock has milliseconds only
+                continue
+            for label, needle in marks:
+                if needle in line:
+                    out.setdefault(label, round(at - kill_ms / 1000, 2))
+        return out
+
+    @override
+    def version(self) -> str:
+        import subprocess
+
+        def git(*args: str) -> str:
+            return subprocess.run(["git", *args], capture_output=True, text=True,
+                                  check=False).stdout.strip()
+
+        # The code that ran: the last commit of its own folders (the bench's own commits aside).
+        head = git("log", "-1", "--format=%h", "--", "streams", "gateway", "schemas")
+        dirty = git("status", "--porcelain", "streams", "gateway", "schemas")
+        return f"Threadline {head}{'+' if dirty else ''}, Apache Kafka {KAFKA_VERSION} (KRaft, one node)"
+
+    @override
+    def durability(self) -> str:
+        return ("Kafka: replication 1 (THREADLINE_REPLICATION_FACTOR default), min.insync 1, "
+                "acks=all (idempotent, transactional producers: exactly-once), no fsync per write "
+                "(Kafka's default log.flush.*: the page cache, durability by replication)")
+
+    @override
+    def settings(self) -> str:
+        return ("code defaults, except " + ", ".join(f"{k}={v}" for k, v in RAISED.items())
+                + "; builtin agent THREADLINE_AGENT_TOOLS=4, THREADLINE_AGENT_TOKENS_PER_S=0")
