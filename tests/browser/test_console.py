@@ -154,11 +154,15 @@ def _drive(page: Any, processes: ProcessStack, axe_js: Path) -> None:
     _wait_answers(page, "completed", 2)
     _shot(page, "04-resumed.png")
 
-    # The worker killed mid-answer: its attempt is rescheduled, the answer starts
-    # over and ends equal to the stored one.
+    # The worker killed mid-answer and away long enough for its heartbeats to time out
+    # (a worker restarted at once takes its dispatch back, same attempt): the attempt
+    # is rescheduled, the answer starts over and ends equal to the stored one.
     third = _send(page, "[slow] a third question, through a worker crash")
     _wait_streaming_text(page)
-    processes.restart(processes.worker)
+    processes.worker.kill9()
+    page.wait_for_function("document.querySelector('#timeline').textContent.includes('retry scheduled')",
+                           timeout=WAIT_MS)
+    processes.worker.start()
     _wait_answers(page, "completed", 3)
     page.wait_for_function("document.querySelector('#timeline').textContent.includes('heartbeat')",
                            timeout=WAIT_MS)

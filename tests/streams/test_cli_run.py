@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -96,6 +98,23 @@ def _children(pid: int) -> dict[str, int]:
     return found
 
 
+def _free_port_pair() -> int:
+    """A port free now whose next port is free too, outside the range the kernel hands
+    out to client sockets (a Kafka client's own port sat on `free_port() + 1` once)."""
+    low, high = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    candidates = [*range(20_000, low - 1, 2), *range(high + 1, 65_534, 2)]
+    port: int
+    for port in random.sample(candidates, len(candidates)):  # concurrent runs pick apart
+        try:
+            with socket.socket() as first, socket.socket() as second:
+                first.bind(("127.0.0.1", port))
+                second.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise AssertionError("no two free ports in a row outside the ephemeral range")
+
+
 @pytest.fixture
 def stack(test_env: dict[str, str], tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
     """A whole `threadline run` stack on a free port, stopped with SIGTERM afterwards."""
@@ -104,7 +123,7 @@ def stack(test_env: dict[str, str], tmp_path: Path) -> Iterator[tuple[subprocess
            "THREADLINE_API_KEYS": "", "THREADLINE_AGENT_TOKENS_PER_S": "0",
            "THREADLINE_DECISION_TIMEOUT_S": "20",
            # metrics: the processor on this port, the worker on the next (docs/operations.md)
-           "THREADLINE_METRICS_PORT": str(free_port())}
+           "THREADLINE_METRICS_PORT": str(_free_port_pair())}
     log = tmp_path / "run.log"
     proc = _threadline_run(env, log, tmp_path)
     try:

@@ -186,8 +186,9 @@ def test_a_new_attempt_replays_the_journal_from_its_dispatch_with_the_openai_age
     test_env: dict[str, str], tmp_path: Path
 ) -> None:
     """With the example OpenAI agent against the scripted server, a worker killed inside a
-    tool call is timed out and retried: the new attempt's dispatch carries the journal, the
-    completed tickets are not opened again, and the answer quotes every ticket."""
+    tool call, and away until its heartbeats time out, is retried: the new attempt's
+    dispatch carries the journal, the completed tickets are not opened again, and the
+    answer quotes every ticket."""
     log = tmp_path / "tickets.log"
     port_file = tmp_path / "openai.port"
     server = ChildProcess("openai", ["-m", "streams.testing.openai_server", "--port-file",
@@ -209,7 +210,11 @@ def test_a_new_attempt_replays_the_journal_from_its_dispatch_with_the_openai_age
                 assert call is not None
                 name = _victim(stack, call.pid)
                 if name is not None:
+                    # Away until its attempt is timed out and retried: a worker back at
+                    # once would take its dispatch back and run the same attempt again.
                     stack.workers[name].kill9()
+                    _events(stack.settings, _retried_since(call.run_id, int(time.time() * 1000)),
+                            timeout=120)
                     stack.workers[name].start()
             events = _completed(stack, [r for _, r in posted], timeout=240)
             assert any(isinstance(e, RetryScheduled) for e in events)
@@ -218,6 +223,13 @@ def test_a_new_attempt_replays_the_journal_from_its_dispatch_with_the_openai_age
                 assert f"Answer to {message}: " in completed.message.text
     finally:
         server.kill9()
+
+
+def _retried_since(run: str, since_ms: int) -> Callable[[list[Event]], bool]:
+    """An `until` for the events: `run`'s attempt timed out or failed, and a retry was
+    scheduled, at `since_ms` or later."""
+    return lambda events: any(isinstance(e, RetryScheduled) and e.run_id == run
+                              and e.at_ms >= since_ms for e in events)
 
 
 def _check_run_tickets(stack: Stack, events: list[Event], run: str, message: str,
