@@ -16,6 +16,7 @@ from pathlib import Path
 
 from streams.config import Settings
 from streams.devbroker import EmbeddedCluster, EmbeddedKafka, free_port
+from streams.kafka.faults import FAULT_ENV
 from streams.kafka.topics import ensure_topics
 from streams.testing.process import RoleProcess
 from streams.testing.stack import fresh_env, unique_prefix
@@ -68,6 +69,12 @@ class Stack:
     cluster: EmbeddedCluster | None = None
     env: dict[str, str] = field(default_factory=dict)
     processing_guarantee: str = "exactly_once"  # of the processors
+    fault: bool = False  # arm the processors' fault point (streams.kafka.faults) with one trigger
+
+    @property
+    def fault_trigger(self) -> Path | None:
+        """The file that arms the processors' fault point, if they have one."""
+        return self.folder / "fault-trigger" if self.fault else None
 
     @property
     def owns_broker(self) -> bool:
@@ -115,6 +122,8 @@ class Stack:
         for i in range(2):
             env = {**self.env, "THREADLINE_DATA_DIR": str(self.folder / f"processor-{i}"),
                    "THREADLINE_PROCESSING_GUARANTEE": self.processing_guarantee}
+            if self.fault_trigger is not None:
+                env[FAULT_ENV] = str(self.fault_trigger)
             self.processors.append(Proc("processor", env, logs / f"processor-{i}.log", name=f"processor-{i}",
                                         die_with_parent=True))
             env = {**self.env, "THREADLINE_INSTANCE_ID": f"worker-{i}"}
