@@ -9,7 +9,6 @@ on free ports), so restarting it harms no other test; with
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,14 +109,7 @@ class Stack:
             self.cluster = EmbeddedCluster(self.folder / "cluster", size=self.brokers).start()
             bootstrap = self.cluster.bootstrap
         self.env = chaos_env(bootstrap, self.folder, 3 if self.cluster is not None else 1)
-        for attempt in range(5):  # a cluster just started may still be electing its leaders
-            try:
-                ensure_topics(self.settings)
-                break
-            except Exception:
-                if attempt == 4:
-                    raise
-                time.sleep(3)
+        ensure_topics(self.settings)  # waits while a cluster just started elects its leaders
         logs = self.folder / "logs"
         for i in range(2):
             env = {**self.env, "THREADLINE_DATA_DIR": str(self.folder / f"processor-{i}"),

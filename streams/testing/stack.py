@@ -24,8 +24,11 @@ from streams.devbroker import EmbeddedKafka
 from streams.kafka.topics import ensure_topics
 from streams.testing.process import RoleProcess
 
-__all__ = ["broker_bootstrap", "fresh_env", "running_roles", "start_roles", "unique_prefix",
-           "wait_healthy", "wait_healthy_async"]
+__all__ = ["SUITE_TOPIC_STALL_S", "broker_bootstrap", "fresh_env", "running_roles", "start_roles",
+           "unique_prefix", "wait_healthy", "wait_healthy_async"]
+
+
+SUITE_TOPIC_STALL_S = "90"  # THREADLINE_TOPIC_STALL_S of test stacks (streams/kafka/topics.py)
 
 
 @contextmanager
@@ -79,6 +82,9 @@ def fresh_env(bootstrap: str, folder: Path, *, prefix: str | None = None, partit
         "THREADLINE_PARTITIONS": str(partitions),
         "THREADLINE_DATA_DIR": str(folder / "data"),
         "THREADLINE_SESSION_TIMEOUT_S": "6",
+        # Brokers on a shared, loaded test machine can go long without getting anywhere
+        # (GC, a starved JVM): the topic waits fail after this long without progress.
+        "THREADLINE_TOPIC_STALL_S": SUITE_TOPIC_STALL_S,
         **extra,
     }
 

@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from streams.config import Settings
 from streams.devbroker import EmbeddedCluster
 from streams.kafka.topics import ensure_topics
+from streams.testing.stack import SUITE_TOPIC_STALL_S
 
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
 
@@ -36,6 +37,7 @@ def test_three_nodes_replicate_and_survive_one_broker_killed(tmp_path: Path) -> 
         settings = Settings.from_env({
             "KAFKA_BOOTSTRAP_SERVERS": cluster.bootstrap, "THREADLINE_PARTITIONS": "3",
             "THREADLINE_REPLICATION_FACTOR": "3", "THREADLINE_DATA_DIR": str(tmp_path / "d"),
+            "THREADLINE_TOPIC_STALL_S": SUITE_TOPIC_STALL_S,
         })
         ensure_topics(settings)
         md = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "md"}).list_topics(timeout=10)
