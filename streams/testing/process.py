@@ -127,16 +127,20 @@ class ChildProcess:
             return ""
 
     def wait_for_log(self, marker: str, timeout: float = 60.0) -> None:
-        """Wait until the current start writes `marker`; fail at once if it exits first."""
-        deadline = time.monotonic() + timeout
-        while marker not in self.output():
+        """Wait until the current start writes `marker`, while it makes progress: fail
+        once it wrote nothing for `timeout` seconds, or at once if it exits first."""
+        since, written = time.monotonic(), -1
+        while marker not in (output := self.output()):
             if self.exited() is not None:
                 if marker in self.output():  # written just before it ended
                     return
                 raise AssertionError(f"{self.name} exited ({self.exited()}) before {marker!r}:\n"
                                      f"{self.tail()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name}: no {marker!r} within {timeout}s:\n{self.tail()}")
+            if len(output) > written:  # a starting role logs each step it gets through
+                since, written = time.monotonic(), len(output)
+            elif time.monotonic() - since > timeout:
+                raise AssertionError(f"{self.name}: no {marker!r}, and nothing logged for {timeout}s:\n"
+                                     f"{self.tail()}")
             time.sleep(0.05)
 
     def tail(self, n: int = 40) -> str:

@@ -5,7 +5,6 @@ gateway says it is healthy."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import time
@@ -111,22 +110,36 @@ def running_roles(env: Mapping[str, str], folder: Path, roles: Iterable[str],
 
 
 def wait_healthy(url: str, timeout: float = 90) -> None:
-    """Wait until GET `url` (a gateway's /healthz) answers 200."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(urllib.error.URLError, OSError), \
-                urllib.request.urlopen(url, timeout=5) as response:
-            if response.status == 200:
-                return
+    """Wait until GET `url` (a gateway's /healthz) answers 200, while it makes progress:
+    fail once `timeout` seconds went by without an answer not seen before (a
+    component up, a group member more, the read model further along)."""
+    seen: set[bytes] = set()
+    since = time.monotonic()
+    body = b""
+    while time.monotonic() - since < timeout:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+                body = response.read()
+        except urllib.error.HTTPError as exc:  # 503: not yet, and why
+            body = exc.read()
+        except (urllib.error.URLError, OSError) as exc:
+            body = str(exc).encode()
+        if body not in seen:
+            seen.add(body)
+            since = time.monotonic()
         time.sleep(0.3)
-    raise AssertionError(f"{url} not healthy in {timeout}s")
+    raise AssertionError(f"{url} not healthy, no progress in {timeout}s: {body.decode(errors='replace')}")
 
 
 async def wait_healthy_async(session: aiohttp.ClientSession, url: str, timeout: float = 90) -> None:
-    """Wait until GET `url` (a gateway's /healthz) answers 200, without blocking the loop."""
-    deadline = time.monotonic() + timeout
+    """Wait until GET `url` (a gateway's /healthz) answers 200, without blocking the
+    loop, while it makes progress (see `wait_healthy`)."""
+    seen: set[str] = set()
+    since = time.monotonic()
     body: Any = None
-    while time.monotonic() < deadline:
+    while time.monotonic() - since < timeout:
         try:
             async with session.get(url) as response:
                 body = await response.json()
@@ -134,5 +147,8 @@ async def wait_healthy_async(session: aiohttp.ClientSession, url: str, timeout: 
                     return
         except aiohttp.ClientError as exc:
             body = str(exc)
+        if repr(body) not in seen:
+            seen.add(repr(body))
+            since = time.monotonic()
         await asyncio.sleep(0.3)
-    raise AssertionError(f"gateway not healthy in {timeout}s: {body}")
+    raise AssertionError(f"gateway not healthy, no progress in {timeout}s: {body}")
