@@ -30,8 +30,10 @@ PRESETS = {
     "small": Preset(6, 55.0, {"processor": 2, "worker": 2, "gateway": 2, "broker": 1}),
     # make chaos: every kind killed at least three times
     "full": Preset(12, 240.0, {"processor": 4, "worker": 4, "gateway": 4, "broker": 1}),
-    # the controls of make test: one processor kill, by the fault point (--fault-point)
+    # the controls of make test: one processor kill, by the fault point (--fault-point);
+    # the positive one also restarts the broker under the roles
     "control": Preset(3, 15.0, {"processor": 1}),
+    "control-restart": Preset(3, 25.0, {"processor": 1, "broker": 1}),
     # three brokers, one of them killed for good mid-run
     "cluster": Preset(4, 50.0, {"processor": 1, "worker": 1, "gateway": 1, "broker": 1}, 3),
 }

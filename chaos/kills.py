@@ -234,7 +234,8 @@ class Chaos:
             producer.produce(settings.topics.commands,
                              CODEC.encode_command(command, new_meta(thread_id, "chaos", now + i)),
                              thread_id.encode())
-        producer.flush(30)
+        while producer.flush(5):  # through a broker restart, too
+            pass
 
     async def _faulted(self, record: KillRecord) -> None:
         """A processor kill made by the processors' own fault point (`--fault-point
