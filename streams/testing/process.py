@@ -28,15 +28,26 @@ def role_args(role: str) -> list[str]:
     return ["-m", "gateway"] if role == "gateway" else ["-m", "streams.cli", role]
 
 
-def wait_for(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.1) -> T:
-    """Poll `predicate` until it returns something true, and return that; fail after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def wait_for(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.1,
+             progress: Callable[[], object] | None = None) -> T:
+    """Poll `predicate` until it returns something true, and return that; fail after
+    `timeout`. With `progress`, the wait is bounded by progress instead: it fails
+    once `progress()` returned no value not seen before for `timeout` seconds."""
+    since, seen = time.monotonic(), set()
+    while True:
         value = predicate()
         if value:
             return value
+        if progress is not None:
+            now = repr(progress())
+            if now not in seen:
+                since = time.monotonic()
+                seen.add(now)
+        if time.monotonic() - since > timeout:
+            break
         time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
+    raise AssertionError(f"condition not met, no progress in {timeout}s" if progress is not None
+                         else f"condition not met within {timeout}s")
 
 
 class ChildProcess:

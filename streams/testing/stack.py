@@ -20,11 +20,12 @@ import aiohttp
 
 from streams.config import Settings
 from streams.devbroker import EmbeddedKafka
+from streams.kafka.clients import librdkafka_config
 from streams.kafka.topics import ensure_topics
-from streams.testing.process import RoleProcess
+from streams.testing.process import RoleProcess, wait_for
 
 __all__ = ["SUITE_TOPIC_STALL_S", "broker_bootstrap", "fresh_env", "running_roles", "start_roles",
-           "unique_prefix", "wait_healthy", "wait_healthy_async"]
+           "unique_prefix", "wait_for_group", "wait_healthy", "wait_healthy_async"]
 
 
 SUITE_TOPIC_STALL_S = "90"  # THREADLINE_TOPIC_STALL_S of test stacks (streams/kafka/topics.py)
@@ -152,3 +153,30 @@ async def wait_healthy_async(session: aiohttp.ClientSession, url: str, timeout: 
             since = time.monotonic()
         await asyncio.sleep(0.3)
     raise AssertionError(f"gateway not healthy, no progress in {timeout}s: {body}")
+
+
+def wait_for_group(settings: Settings, group: str, members: int, timeout: float = 60) -> None:
+    """Wait until consumer group `group` is stable with `members` members, while it
+    makes progress: fail once its description (state, members, their assignments)
+    showed nothing not seen before for `timeout` seconds."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(librdkafka_config(settings, log_level=0))
+    last: list[object] = [None]
+
+    def ready() -> bool:
+        try:
+            found = admin.describe_consumer_groups([group], request_timeout=5)[group].result()
+        except Exception as exc:
+            last[0] = type(exc).__name__
+            return False
+        last[0] = (found.state.name, sorted(
+            (m.member_id, sorted((tp.topic, tp.partition) for tp in m.assignment.topic_partitions))
+            for m in found.members))
+        return len(found.members) == members and found.state.name == "STABLE"
+
+    try:
+        wait_for(ready, timeout, interval=0.3, progress=lambda: last[0])
+    except AssertionError:
+        raise AssertionError(f"group {group}: not stable with {members} members, no progress in "
+                             f"{timeout}s; last seen {last[0]}") from None
