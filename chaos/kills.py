@@ -292,20 +292,26 @@ class Chaos:
 
     async def until_healthy(self, bases: list[str], timeout: float = 180) -> None:
         """Each gateway answers /healthz 200: broker, processors, workers, read model.
-        TimeoutError if one does not within `timeout`."""
-        deadline = time.monotonic() + timeout
+        Bounded by progress: TimeoutError once a gateway gave no answer not seen
+        before (a component up, a member more, the read model further) for `timeout`."""
         async with aiohttp.ClientSession() as session:
             for base in bases:
+                seen: set[str] = set()
+                since = time.monotonic()
                 while True:
                     try:  # a per-request timeout: a gateway still starting may not answer
                         async with session.get(base + "/healthz",
                                                timeout=aiohttp.ClientTimeout(total=15)) as r:
                             if r.status == 200:
                                 break
-                    except (aiohttp.ClientError, TimeoutError):
-                        pass
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"{base} not healthy in {timeout}s")
+                            body = await r.text()
+                    except (aiohttp.ClientError, TimeoutError) as exc:
+                        body = type(exc).__name__
+                    if body not in seen:
+                        seen.add(body)
+                        since = time.monotonic()
+                    if time.monotonic() - since > timeout:
+                        raise TimeoutError(f"{base} not healthy, no progress in {timeout}s: {body}")
                     await asyncio.sleep(0.2)
 
     async def _until_serving(self, bases: list[str], timeout: float = 180) -> None:
@@ -346,10 +352,18 @@ class Chaos:
         return next((m for m, c in members.items() if c == client), None)
 
     async def _until_group_back(self, role: str, dead: str | None, timeout: float = 180) -> None:
-        deadline = time.monotonic() + timeout
+        """The role's group is stable with two members, neither of them `dead`; given up
+        (the audit finds what never recovered) once the group's state and members
+        showed nothing new for `timeout`."""
         await asyncio.sleep(1.0)  # let the poller see the kill
-        while time.monotonic() < deadline:
+        seen: set[str] = set()
+        since = time.monotonic()
+        while time.monotonic() - since < timeout:
             state, members = self.groups.get(role, ("", {}))
             if state == "stable" and len(members) == 2 and dead not in members:
                 return
+            now = repr((state, sorted(members)))
+            if now not in seen:
+                seen.add(now)
+                since = time.monotonic()
             await asyncio.sleep(0.25)

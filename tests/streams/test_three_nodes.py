@@ -3,6 +3,7 @@ transactional produce that survives the loss of one broker."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
@@ -23,10 +24,12 @@ def _committed_values(bootstrap: str, topic: str, partitions: int, want: int) ->
                          "enable.auto.commit": False, "log_level": 0})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     values: list[bytes] = []
-    for _ in range(300):
-        values += [m.value() or b"" for m in consumer.consume(100, 0.1) if not m.error()]
-        if len(values) >= want:
-            break
+    since = time.monotonic()  # bounded by progress: 30 s without a new record ends the read
+    while len(values) < want and time.monotonic() - since < 30:
+        more = [m.value() or b"" for m in consumer.consume(100, 0.1) if not m.error()]
+        if more:
+            values += more
+            since = time.monotonic()
     consumer.close()
     return values
 
