@@ -43,6 +43,7 @@ def _chaos(tmp_path: Path, *args: str, timeout: float, passes: bool = True,
     return {"stdout": proc.stdout, **dict(zip(names, values, strict=True))}
 
 
+@pytest.mark.timeout(600)  # a safety net: the run itself waits on progress, not the clock
 def test_the_topic_audit_fails_an_at_least_once_processor_killed_before_its_commit(
         tmp_path: Path, kafka_bootstrap: str) -> None:
     """The negative control: a processor in at_least_once mode ended by the fault
@@ -50,23 +51,25 @@ def test_the_topic_audit_fails_an_at_least_once_processor_killed_before_its_comm
     committed replays the batch, and the topic audit finds its records twice (the
     answers audit alone would pass such a run)."""
     row = _chaos(tmp_path, "--preset", "control", "--seed", "7", "--fault-point", "before-commit",
-                 "--processing-guarantee", "at_least_once", timeout=280, passes=False,
+                 "--processing-guarantee", "at_least_once", timeout=580, passes=False,
                  bootstrap=kafka_bootstrap)
     assert row["aimed kills"] == "1", row["stdout"]  # the fault point fired
     assert "committed records with identity" in row["stdout"], row["stdout"]
 
 
+@pytest.mark.timeout(600)
 def test_the_same_fault_point_passes_every_audit_under_exactly_once(
         tmp_path: Path, kafka_bootstrap: str) -> None:
     """The positive control: the same fault point under exactly_once leaves the
     step's transaction open; the restart aborts it (the audit counts its records
     as aborted, none visible) and the replay's copy is the only one."""
     row = _chaos(tmp_path, "--preset", "control", "--seed", "7", "--fault-point", "before-commit",
-                 timeout=280, bootstrap=kafka_bootstrap)
+                 timeout=580, bootstrap=kafka_bootstrap)
     assert row["aimed kills"] == "1", row["stdout"]
     assert int(row["aborted records"]) > 0, row["stdout"]  # the fault landed inside a transaction
 
 
+@pytest.mark.timeout(600)
 @pytest.mark.skipif(bool(os.environ.get("KAFKA_BOOTSTRAP_SERVERS")),
                     reason="the broker restarted is the chaos program's own")
 def test_the_fault_point_and_a_broker_restart_under_exactly_once_pass_every_audit(
@@ -75,7 +78,7 @@ def test_the_fault_point_and_a_broker_restart_under_exactly_once_pass_every_audi
     of its own, a processor ended inside a transaction by the fault point and the
     broker killed and started again under every role, and every audit passes."""
     row = _chaos(tmp_path, "--preset", "control-restart", "--seed", "7",
-                 "--fault-point", "before-commit", timeout=280)
+                 "--fault-point", "before-commit", timeout=580)
     assert row["aimed kills"] == "1", row["stdout"]
     assert row["kills p/w/g/b"] == "1/0/0/1", row["stdout"]
 
