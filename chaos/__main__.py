@@ -30,6 +30,10 @@ PRESETS = {
     "small": Preset(6, 55.0, {"processor": 2, "worker": 2, "gateway": 2, "broker": 1}),
     # make chaos: every kind killed at least three times
     "full": Preset(12, 240.0, {"processor": 4, "worker": 4, "gateway": 4, "broker": 1}),
+    # the controls of make test: one processor kill, by the fault point (--fault-point);
+    # the positive one also restarts the broker under the roles
+    "control": Preset(3, 15.0, {"processor": 1}),
+    "control-restart": Preset(3, 25.0, {"processor": 1, "broker": 1}),
     # three brokers, one of them killed for good mid-run
     "cluster": Preset(4, 50.0, {"processor": 1, "worker": 1, "gateway": 1, "broker": 1}, 3),
 }
@@ -80,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
                              "whose run the topic audit must fail")
     parser.add_argument("--no-aim", dest="aim", action="store_false",
                         help="kill processors at random moments, not inside a burst's batches")
+    parser.add_argument("--fault-point", choices=("before-commit",),
+                        help="processor kills are made by the processors' fault point: "
+                             "each exits between a step's write and its commit, every time "
+                             "(streams/kafka/faults.py)")
     args = parser.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so the stack is stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -91,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         duration_s=args.duration or preset.duration_s, kills=dict(preset.kills),
         brokers=preset.brokers, bootstrap=os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None,
         folder=args.folder, keep=args.keep, processing_guarantee=args.processing_guarantee,
-        aim=args.aim)
+        aim=args.aim, fault=args.fault_point == "before-commit")
     outcome = run(config)
     print(HEADER)
     print("|" + "---|" * (HEADER.count("|") - 1))

@@ -36,6 +36,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
@@ -45,6 +46,7 @@ from chaos.stack import Proc, Stack
 from gateway.kafka import partition_for
 from streams.config import Settings
 from streams.domain import PostUserMessage
+from streams.kafka.faults import FAULT_EXIT_STATUS, arm
 from streams.processor import instance_id_for
 from streams.wire import Codec, new_meta
 
@@ -59,6 +61,7 @@ AIM_BURST = 1500  # posts; at 500 commands a batch, three batches of work
 # machine restarts processors slowly), or has decided nothing of its burst by then.
 AIM_OWNER_TIMEOUT_S = 120.0
 AIM_DECISION_TIMEOUT_S = 60.0
+FAULT_BURST = 48  # posts, one to each of as many new threads: the fault point needs one
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,8 @@ class Chaos:
             self.records.append(record)
             if kill.kind == "broker":
                 self._tasks.append(asyncio.create_task(self._broker(record)))
+            elif kill.kind == "processor" and self.stack.fault_trigger is not None:
+                self._tasks.append(asyncio.create_task(self._faulted(record)))
             elif kill.kind == "processor" and self.aim:  # the burst must not delay other kills
                 self._tasks.append(asyncio.create_task(self._aimed(record)))
             else:
@@ -201,20 +206,10 @@ class Chaos:
         watcher = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": prefix,
                             "isolation.level": "read_uncommitted", "enable.auto.commit": False,
                             "fetch.wait.max.ms": 5, "log_level": 0})
-        producer = Producer({"bootstrap.servers": settings.bootstrap, "log_level": 0,
-                             "partitioner": "murmur2_random", "enable.idempotence": True,
-                             "linger.ms": 5})
         try:
             watcher.assign([TopicPartition(settings.topics.events, p, OFFSET_END) for p in owned])
             watcher.consume(1, timeout=1.0)  # the assignment takes effect at the end
-            now = int(time.time() * 1000)
-            for i in range(AIM_BURST):
-                thread_id = threads[i % len(threads)]
-                command = PostUserMessage(thread_id, "chaos", f"{prefix}m{i}", "aim", None, now + i)
-                producer.produce(settings.topics.commands,
-                                 CODEC.encode_command(command, new_meta(thread_id, "chaos", now + i)),
-                                 thread_id.encode())
-            producer.flush(30)
+            self._post(prefix, threads, AIM_BURST)
             deadline = time.monotonic() + AIM_DECISION_TIMEOUT_S
             while time.monotonic() < deadline:
                 for msg in watcher.consume(100, timeout=0.05):
@@ -225,24 +220,98 @@ class Chaos:
         finally:
             watcher.close()
 
+    def _post(self, prefix: str, threads: list[str], count: int) -> None:
+        """Post `count` messages, round robin, to `threads` (none of which exists), as
+        any client could: each is decided into one `RunRejected` and no state."""
+        settings = self.stack.settings
+        producer = Producer({"bootstrap.servers": settings.bootstrap, "log_level": 0,
+                             "partitioner": "murmur2_random", "enable.idempotence": True,
+                             "linger.ms": 5})
+        now = int(time.time() * 1000)
+        for i in range(count):
+            thread_id = threads[i % len(threads)]
+            command = PostUserMessage(thread_id, "chaos", f"{prefix}m{i}", "aim", None, now + i)
+            producer.produce(settings.topics.commands,
+                             CODEC.encode_command(command, new_meta(thread_id, "chaos", now + i)),
+                             thread_id.encode())
+        while producer.flush(5):  # through a broker restart, too
+            pass
+
+    async def _faulted(self, record: KillRecord) -> None:
+        """A processor kill made by the processors' own fault point (`--fault-point
+        before-commit`, streams.kafka.faults): arm it, post FAULT_BURST messages to
+        threads that do not exist, and the processor whose step writes the first of
+        their decisions exits between that write and its commit. Deterministic, not
+        timed: every such kill lands inside a batch. The fired one is restarted as a
+        killed one would be."""
+        trigger = self.stack.fault_trigger
+        assert trigger is not None, "the stack was started without the fault point"
+        async with self._aim_lock:
+            procs = self.stack.procs("processor")
+            await self._until_group_back("processor", None)
+            self._down.update(p.name for p in procs)  # the supervisor leaves them to us now
+            prefix = f"fault-{uuid.uuid4().hex[:12]}-"
+            arm(trigger, prefix)
+            threads = [f"{prefix}{i}" for i in range(FAULT_BURST)]
+            await asyncio.to_thread(self._post, prefix, threads, FAULT_BURST)
+            fired = await self._until_fired(trigger, procs)
+            for proc in procs:
+                if proc is not fired:
+                    self._down.discard(proc.name)
+            record.at = time.monotonic()
+            self.aimed += 1
+            log.info("%s exited at its fault point (kill %d of the run)", fired.name,
+                     self.records.index(record) + 1)
+            await self._restart(fired, record, self._member_of(fired))
+
+    async def _until_fired(self, trigger: Path, procs: list[Proc]) -> Proc:
+        """The processor that took the armed `trigger`, once it has exited. No clock:
+        the burst's commands stay on the topic until a processor decides them, and
+        the first to write a decision of theirs fires. A processor that exits
+        otherwise meanwhile is restarted (a self-exit)."""
+        while True:
+            for fired in trigger.parent.glob(f"{trigger.name}.fired-*"):
+                pid = int(fired.name.rsplit("-", 1)[1])
+                proc = next((p for p in procs if p.proc is not None and p.proc.pid == pid), None)
+                if proc is not None and proc.proc is not None:
+                    status = await asyncio.to_thread(proc.proc.wait)
+                    fired.unlink()
+                    if status != FAULT_EXIT_STATUS:
+                        log.warning("%s took the fault trigger and exited with %s", proc.name, status)
+                    return proc
+            if trigger.exists():
+                for proc in procs:
+                    exited = proc.exited()
+                    if exited is not None:
+                        log.warning("%s exited by itself with %s; restarting it", proc.name, exited)
+                        self.self_exits[proc.name] += 1
+                        proc.start()
+            await asyncio.sleep(0.05)
+
     # --- is it back? -----------------------------------------------------------------
 
     async def until_healthy(self, bases: list[str], timeout: float = 180) -> None:
         """Each gateway answers /healthz 200: broker, processors, workers, read model.
-        TimeoutError if one does not within `timeout`."""
-        deadline = time.monotonic() + timeout
+        Bounded by progress: TimeoutError once a gateway gave no answer not seen
+        before (a component up, a member more, the read model further) for `timeout`."""
         async with aiohttp.ClientSession() as session:
             for base in bases:
+                seen: set[str] = set()
+                since = time.monotonic()
                 while True:
                     try:  # a per-request timeout: a gateway still starting may not answer
                         async with session.get(base + "/healthz",
                                                timeout=aiohttp.ClientTimeout(total=15)) as r:
                             if r.status == 200:
                                 break
-                    except (aiohttp.ClientError, TimeoutError):
-                        pass
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"{base} not healthy in {timeout}s")
+                            body = await r.text()
+                    except (aiohttp.ClientError, TimeoutError) as exc:
+                        body = type(exc).__name__
+                    if body not in seen:
+                        seen.add(body)
+                        since = time.monotonic()
+                    if time.monotonic() - since > timeout:
+                        raise TimeoutError(f"{base} not healthy, no progress in {timeout}s: {body}")
                     await asyncio.sleep(0.2)
 
     async def _until_serving(self, bases: list[str], timeout: float = 180) -> None:
@@ -283,10 +352,18 @@ class Chaos:
         return next((m for m, c in members.items() if c == client), None)
 
     async def _until_group_back(self, role: str, dead: str | None, timeout: float = 180) -> None:
-        deadline = time.monotonic() + timeout
+        """The role's group is stable with two members, neither of them `dead`; given up
+        (the audit finds what never recovered) once the group's state and members
+        showed nothing new for `timeout`."""
         await asyncio.sleep(1.0)  # let the poller see the kill
-        while time.monotonic() < deadline:
+        seen: set[str] = set()
+        since = time.monotonic()
+        while time.monotonic() - since < timeout:
             state, members = self.groups.get(role, ("", {}))
             if state == "stable" and len(members) == 2 and dead not in members:
                 return
+            now = repr((state, sorted(members)))
+            if now not in seen:
+                seen.add(now)
+                since = time.monotonic()
             await asyncio.sleep(0.25)

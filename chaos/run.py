@@ -49,6 +49,9 @@ class Config:
     # control: the topic audit must then find duplicates.
     processing_guarantee: str = "exactly_once"
     aim: bool = True  # processor kills land inside a batch (see chaos/kills.py)
+    # Processor kills are made by the processors' own fault point instead, between a
+    # step's write and its commit every time (streams/kafka/faults.py, chaos/kills.py).
+    fault: bool = False
 
 
 @dataclass
@@ -239,7 +242,7 @@ def run(config: Config) -> Outcome:
     folder = config.folder / f"seed{config.seed}-{uuid.uuid4().hex[:6]}"
     folder.mkdir(parents=True, exist_ok=True)
     stack = Stack(folder.resolve(), brokers=config.brokers, bootstrap=config.bootstrap,
-                  processing_guarantee=config.processing_guarantee)
+                  processing_guarantee=config.processing_guarantee, fault=config.fault)
     started = time.monotonic()
     try:
         stack.start()

@@ -9,13 +9,13 @@ on free ports), so restarting it harms no other test; with
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from streams.config import Settings
 from streams.devbroker import EmbeddedCluster, EmbeddedKafka, free_port
+from streams.kafka.faults import FAULT_ENV
 from streams.kafka.topics import ensure_topics
 from streams.testing.process import RoleProcess
 from streams.testing.stack import fresh_env, unique_prefix
@@ -68,6 +68,12 @@ class Stack:
     cluster: EmbeddedCluster | None = None
     env: dict[str, str] = field(default_factory=dict)
     processing_guarantee: str = "exactly_once"  # of the processors
+    fault: bool = False  # arm the processors' fault point (streams.kafka.faults) with one trigger
+
+    @property
+    def fault_trigger(self) -> Path | None:
+        """The file that arms the processors' fault point, if they have one."""
+        return self.folder / "fault-trigger" if self.fault else None
 
     @property
     def owns_broker(self) -> bool:
@@ -103,18 +109,13 @@ class Stack:
             self.cluster = EmbeddedCluster(self.folder / "cluster", size=self.brokers).start()
             bootstrap = self.cluster.bootstrap
         self.env = chaos_env(bootstrap, self.folder, 3 if self.cluster is not None else 1)
-        for attempt in range(5):  # a cluster just started may still be electing its leaders
-            try:
-                ensure_topics(self.settings)
-                break
-            except Exception:
-                if attempt == 4:
-                    raise
-                time.sleep(3)
+        ensure_topics(self.settings)  # waits while a cluster just started elects its leaders
         logs = self.folder / "logs"
         for i in range(2):
             env = {**self.env, "THREADLINE_DATA_DIR": str(self.folder / f"processor-{i}"),
                    "THREADLINE_PROCESSING_GUARANTEE": self.processing_guarantee}
+            if self.fault_trigger is not None:
+                env[FAULT_ENV] = str(self.fault_trigger)
             self.processors.append(Proc("processor", env, logs / f"processor-{i}.log", name=f"processor-{i}",
                                         die_with_parent=True))
             env = {**self.env, "THREADLINE_INSTANCE_ID": f"worker-{i}"}

@@ -128,6 +128,9 @@ class Settings:
     kafka_security: Mapping[str, str] = field(default_factory=dict)
     worker_concurrency: int = 16  # attempts one worker process runs at once
     migration_batch: int = 200  # legacy threads migrated per transaction, at most
+    # Topic creation and leader election wait while the brokers make progress, and
+    # fail once they made none for this long (streams/kafka/topics.py).
+    topic_stall_s: float = 30.0
     observability: ObservabilitySettings = field(default_factory=ObservabilitySettings)
 
     @property
@@ -210,5 +213,6 @@ class Settings:
             kafka_security=security_from_env(env),
             worker_concurrency=_int(env, "THREADLINE_WORKER_CONCURRENCY", 16),
             migration_batch=max(1, _int(env, "THREADLINE_MIGRATION_BATCH", 200)),
+            topic_stall_s=_float(env, "THREADLINE_TOPIC_STALL_S", 30.0),
             observability=ObservabilitySettings.from_env(env),
         )

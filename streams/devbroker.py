@@ -282,13 +282,18 @@ class EmbeddedKafka:
         return self
 
     def wait_ready(self, wait_s: float = 90.0) -> None:
-        """Wait until the broker answers with a controller, or raise BrokerError if it exits or times out."""
+        """Wait until the broker answers with a controller, or raise BrokerError if it
+        exits or makes no progress (writes nothing to its log) for `wait_s`."""
         from confluent_kafka.admin import AdminClient
 
-        deadline = time.monotonic() + wait_s
+        since, logged = time.monotonic(), (-1, -1)
         admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0, **self.client_security})
         last: Exception | None = None
-        while time.monotonic() < deadline:
+        while time.monotonic() - since < wait_s:
+            with contextlib.suppress(FileNotFoundError):
+                st = self.log_file.stat()
+                if (st.st_size, st.st_mtime_ns) != logged:  # a starting broker logs each step
+                    since, logged = time.monotonic(), (st.st_size, st.st_mtime_ns)
             if self.process is not None and self.process.poll() is not None:
                 raise BrokerError(f"broker exited with {self.process.returncode}; see {self.log_file}")
             try:
@@ -299,7 +304,8 @@ class EmbeddedKafka:
                 last = exc
             time.sleep(0.2)
         raise BrokerError(
-            f"broker on {self.bootstrap} not ready after {wait_s}s ({last}); see {self.log_file}")
+            f"broker on {self.bootstrap} not ready, nothing logged for {wait_s}s ({last}); "
+            f"see {self.log_file}")
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop the broker with SIGTERM, or SIGKILL after `timeout_s`; nothing if it is not running."""

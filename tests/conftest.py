@@ -67,10 +67,17 @@ def settings(make_settings: SettingsFactory) -> Settings:
     return make_settings()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the pure tests first, then those marked `kafka` or `chaos`."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the pure tests first, then those marked `kafka` or `chaos`; skip those
+    marked `chaos_sized` unless the run selects `-m chaos`."""
     # Fast, pure tests first: a broken core fails the run before any broker work.
     items.sort(key=lambda i: 1 if i.get_closest_marker("kafka") or i.get_closest_marker("chaos") else 0)
+    if "chaos" not in (config.getoption("markexpr") or ""):
+        skip = pytest.mark.skip(reason="chaos-sized: runs with -m chaos; docs/chaos.md names "
+                                       "the test of make test that stands for it")
+        for item in items:
+            if item.get_closest_marker("chaos_sized"):
+                item.add_marker(skip)
 
 
 # --- hypothesis: a random seed every session, CI included, printed to replay a failure ---

@@ -43,9 +43,9 @@ def connector_topic_specs(settings: Settings, audit_retention_ms: int) -> list[T
 
 
 def ensure_connector_topics(settings: Settings, audit_retention_ms: int,
-                            timeout_s: float = 30.0) -> list[TopicSpec]:
+                            stall_s: float | None = None) -> list[TopicSpec]:
     """The core topics (`streams.kafka.topics.ensure_topics`), then the connector's, on
     the same terms: TopicMismatch if an existing one disagrees, and only once every
     partition has a serving leader (a query in the gap answers NOT_LEADER)."""
-    ensure_topics(settings, timeout_s)
-    return ensure_specs(settings, connector_topic_specs(settings, audit_retention_ms), timeout_s)
+    ensure_topics(settings, stall_s)
+    return ensure_specs(settings, connector_topic_specs(settings, audit_retention_ms), stall_s)

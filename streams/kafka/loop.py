@@ -37,6 +37,9 @@ hangs far past its own timeout ends the process.
 
 Without a transactional producer (at_least_once, benchmarks only), 3-5 become:
 produce, flush, commit the offsets; a crash between flush and commit repeats the batch.
+The chaos program's controls crash there on purpose: a fault point
+(`streams.kafka.faults`, off unless armed) ends the process after 3-4 (flushed),
+before 5.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from streams.kafka.faults import commit_fault
 from streams.kafka.watchdog import Watchdog
 
 __all__ = ["BATCH", "TXN_TIMEOUT_S", "Output", "TableLoop", "TableRole", "record_position"]
@@ -121,6 +125,7 @@ class TableLoop:
         self._positions: dict[int, int] = {}  # owned partition -> committed input offset (<0: none)
         self._paused_until = 0.0
         self.on_commit: Callable[[float], None] | None = None  # seconds a transaction took
+        self.fault = commit_fault()  # None unless the chaos program armed it (streams.kafka.faults)
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -225,11 +230,15 @@ class TableLoop:
                 with self.watchdog.guard("send_offsets_to_transaction"):
                     self.producer.send_offsets_to_transaction(
                         offsets, self.consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
+            if self.fault is not None:
+                self.fault(outputs, self.producer)
             self._commit_transaction()
         else:  # at least once: a crash between flush and commit repeats the batch
             self._produce(outputs)
             if self.producer.flush(TXN_TIMEOUT_S):
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "flush timed out"))
+            if self.fault is not None:
+                self.fault(outputs, self.producer)
             if offsets:
                 self.consumer.commit(offsets=offsets, asynchronous=False)
 

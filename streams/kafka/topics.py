@@ -13,6 +13,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     ConfigResource,
     NewTopic,
+    TopicMetadata,
 )
 
 from streams.config import Settings
@@ -35,22 +36,53 @@ def _admin(settings: Settings) -> AdminClient:
     return AdminClient(librdkafka_config(settings, log_level=0))
 
 
-def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[TopicSpec]:
+class _Progress:
+    """A wait bounded by progress, not by the clock: it fails only once `stall_s` went
+    by without any of its counts growing. On a loaded machine the brokers create
+    topics and elect leaders slowly, but they keep getting somewhere; a broker that
+    is gone, or a request that can never succeed, gets nowhere."""
+
+    def __init__(self, stall_s: float) -> None:
+        self.stall_s = stall_s
+        self._best: dict[str, int] = {}
+        self._since = time.monotonic()
+
+    def advance(self, what: str, done: int) -> None:
+        """`done` of `what` are done now; more than ever before restarts the clock."""
+        if done > self._best.get(what, -1):
+            self._best[what] = done
+            self._since = time.monotonic()
+
+    def stalled(self) -> bool:
+        """Whether `stall_s` passed since the last advance."""
+        return time.monotonic() - self._since > self.stall_s
+
+    def remaining(self) -> float:
+        """Seconds left before the wait counts as stalled (at least 1, for a request's timeout)."""
+        return max(1.0, self.stall_s - (time.monotonic() - self._since))
+
+
+def ensure_topics(settings: Settings, stall_s: float | None = None) -> list[TopicSpec]:
     """Create missing topics; raise TopicMismatch if an existing one disagrees."""
-    return ensure_specs(settings, topic_specs(settings), timeout_s)
+    return ensure_specs(settings, topic_specs(settings), stall_s)
 
 
-def ensure_specs(settings: Settings, specs: list[TopicSpec], timeout_s: float = 30.0) -> list[TopicSpec]:
+def ensure_specs(settings: Settings, specs: list[TopicSpec], stall_s: float | None = None) -> list[TopicSpec]:
     """Create the missing topics of `specs`, check the existing ones against them,
-    and return once every partition has a serving leader."""
+    and return once every partition has a serving leader.
+
+    Each wait goes on while the brokers make progress (a topic created, shown in
+    metadata or described, a partition given a leader or served) and fails once
+    none was made for `stall_s` seconds (default: the `THREADLINE_TOPIC_STALL_S`
+    setting)."""
+    progress = _Progress(settings.topic_stall_s if stall_s is None else stall_s)
     admin = _admin(settings)
-    existing = admin.list_topics(timeout=timeout_s).topics
+    existing = _metadata(admin, progress)
     missing = [s for s in specs if s.name not in existing]
-    deadline = time.monotonic() + timeout_s
     while missing:
         futures = admin.create_topics(
             [NewTopic(s.name, s.partitions, s.replication_factor, config=s.config) for s in missing],
-            operation_timeout=timeout_s,
+            operation_timeout=progress.remaining(),
         )
         again = []
         for spec, fut in zip(missing, futures.values(), strict=True):
@@ -59,13 +91,14 @@ def ensure_specs(settings: Settings, specs: list[TopicSpec], timeout_s: float = 
             except Exception as exc:  # a racing creator is fine
                 if "TOPIC_ALREADY_EXISTS" in str(exc):
                     continue
-                if not _transient(exc) or time.monotonic() > deadline:
+                if not _transient(exc) or progress.stalled():
                     raise
                 again.append(spec)  # e.g. a connection to a broker dropped under load
         missing = again
+        progress.advance("created", len(specs) - len(missing))
         if missing:
             time.sleep(0.5)
-    _verify(admin, specs, timeout_s, settings)
+    _verify(admin, specs, progress, settings)
     return specs
 
 
@@ -82,6 +115,19 @@ def record_limit(settings: Settings, timeout_s: float = 30.0) -> int:
     return limit - _BATCH_OVERHEAD
 
 
+def _metadata(admin: AdminClient, progress: _Progress) -> dict[str, TopicMetadata]:
+    """The cluster's topics; a request that fails on the way is tried again until the
+    wait stalls (a broker just started or under load may not answer at once)."""
+    while True:
+        try:
+            topics: dict[str, TopicMetadata] = admin.list_topics(timeout=progress.remaining()).topics
+            return topics
+        except KafkaException:
+            if progress.stalled():
+                raise
+            time.sleep(0.5)
+
+
 def _transient(exc: Exception) -> bool:
     """A creation that failed on the way (the connection, not the request): retry it."""
     err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
@@ -89,62 +135,97 @@ def _transient(exc: Exception) -> bool:
         KafkaError._DESTROY_BROKER, KafkaError._TRANSPORT, KafkaError._TIMED_OUT))
 
 
-def _cleanup_policy(admin: AdminClient, topic: str, deadline: float) -> str:
+def _cleanup_policy(admin: AdminClient, topic: str, progress: _Progress) -> str:
     # A broker that has not yet heard of a new topic answers UNKNOWN_TOPIC_OR_PART.
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     while True:
         try:
-            value: str = admin.describe_configs([resource])[resource].result()["cleanup.policy"].value
+            future = admin.describe_configs([resource], request_timeout=progress.remaining())[resource]
+            value: str = future.result()["cleanup.policy"].value
             return value
         except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+            if not (exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART or _transient(exc)) \
+                    or progress.stalled():
                 raise
             time.sleep(0.2)
 
 
-def _verify(admin: AdminClient, specs: list[TopicSpec], timeout_s: float, settings: Settings) -> None:
-    deadline = time.monotonic() + timeout_s
+def _verify(admin: AdminClient, specs: list[TopicSpec], progress: _Progress, settings: Settings) -> None:
     while True:
-        topics = admin.list_topics(timeout=timeout_s).topics
-        if all(s.name in topics and not topics[s.name].error for s in specs):
+        topics = _metadata(admin, progress)
+        shown = [s for s in specs if s.name in topics and not topics[s.name].error]
+        progress.advance("in metadata", len(shown))
+        if len(shown) == len(specs):
             break
-        if time.monotonic() > deadline:
-            raise TopicMismatch("topics did not appear in metadata in time")
+        if progress.stalled():
+            absent = [s.name for s in specs if s not in shown]
+            raise TopicMismatch(f"{len(absent)} topics not in metadata, none appeared in "
+                                f"{progress.stall_s:.0f}s, e.g. {absent[0]}")
         time.sleep(0.1)
     problems = []
     for s in specs:
         n = len(topics[s.name].partitions)
         if n != s.partitions:
             problems.append(f"{s.name}: has {n} partitions, the contract says {s.partitions}")
-    for spec in specs:
-        actual = _cleanup_policy(admin, spec.name, deadline)
+    for i, spec in enumerate(specs):
+        actual = _cleanup_policy(admin, spec.name, progress)
+        progress.advance("described", i + 1)
         if set(actual.split(",")) != set(spec.config["cleanup.policy"].split(",")):
             problems.append(f"{spec.name}: cleanup.policy={actual}, the contract says "
                             f"{spec.config['cleanup.policy']}")
     if problems:
         raise TopicMismatch("existing topics disagree with the contract:\n  " + "\n  ".join(problems))
-    _wait_until_served(settings, specs, deadline)
+    _wait_until_served(admin, settings, specs, progress)
 
 
-def _wait_until_served(settings: Settings, specs: list[TopicSpec], deadline: float) -> None:
+def _wait_until_served(admin: AdminClient, settings: Settings, specs: list[TopicSpec],
+                       progress: _Progress) -> None:
     """Wait until every partition's leader has created its log. Metadata shows a new
     topic before that; a produce in the gap fails and, seen on a loaded machine,
     librdkafka's idempotent producer can then take the retry for a duplicate and
-    report success for records never written."""
+    report success for records never written. Progress: a partition given a leader
+    (metadata), or served (its leader answers a watermark query)."""
     probe = Consumer(librdkafka_config(settings, **{"group.id": "threadline-topics", "log_level": 0}))
     try:
         pending = [TopicPartition(s.name, p) for s in specs for p in range(s.partitions)]
+        served = 0
         while pending:
+            led = _with_leader(admin, pending, progress)
+            progress.advance("with a leader", served + len(led))
             waiting = []
             for tp in pending:
+                if (tp.topic, tp.partition) not in led:
+                    waiting.append(tp)
+                    continue
                 try:
-                    probe.get_watermark_offsets(tp, timeout=5)
+                    probe.get_watermark_offsets(tp, timeout=min(5.0, progress.remaining()))
                 except KafkaException:
                     waiting.append(tp)
-            if waiting and time.monotonic() > deadline:
-                raise TopicMismatch(f"{len(waiting)} partitions have no serving leader, e.g. {waiting[0]}")
+                    continue
+                served += 1
+                progress.advance("served", served)
             pending = waiting
+            if pending and progress.stalled():
+                raise TopicMismatch(
+                    f"{len(pending)} partitions have no serving leader, and none got one in "
+                    f"{progress.stall_s:.0f}s, e.g. {pending[0]}")
             if pending:
                 time.sleep(0.2)
     finally:
         probe.close()
+
+
+def _with_leader(admin: AdminClient, partitions: list[TopicPartition], progress: _Progress,
+                 ) -> set[tuple[str, int]]:
+    """Which of `partitions` the cluster metadata shows with a leader."""
+    try:
+        topics = admin.list_topics(timeout=progress.remaining()).topics
+    except KafkaException:
+        return set()
+    led = set()
+    for tp in partitions:
+        topic = topics.get(tp.topic)
+        meta = topic.partitions.get(tp.partition) if topic is not None else None
+        if meta is not None and meta.error is None and meta.leader >= 0:
+            led.add((tp.topic, tp.partition))
+    return led

@@ -28,15 +28,26 @@ def role_args(role: str) -> list[str]:
     return ["-m", "gateway"] if role == "gateway" else ["-m", "streams.cli", role]
 
 
-def wait_for(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.1) -> T:
-    """Poll `predicate` until it returns something true, and return that; fail after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def wait_for(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.1,
+             progress: Callable[[], object] | None = None) -> T:
+    """Poll `predicate` until it returns something true, and return that; fail after
+    `timeout`. With `progress`, the wait is bounded by progress instead: it fails
+    once `progress()` returned no value not seen before for `timeout` seconds."""
+    since, seen = time.monotonic(), set()
+    while True:
         value = predicate()
         if value:
             return value
+        if progress is not None:
+            now = repr(progress())
+            if now not in seen:
+                since = time.monotonic()
+                seen.add(now)
+        if time.monotonic() - since > timeout:
+            break
         time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
+    raise AssertionError(f"condition not met, no progress in {timeout}s" if progress is not None
+                         else f"condition not met within {timeout}s")
 
 
 class ChildProcess:
@@ -127,16 +138,20 @@ class ChildProcess:
             return ""
 
     def wait_for_log(self, marker: str, timeout: float = 60.0) -> None:
-        """Wait until the current start writes `marker`; fail at once if it exits first."""
-        deadline = time.monotonic() + timeout
-        while marker not in self.output():
+        """Wait until the current start writes `marker`, while it makes progress: fail
+        once it wrote nothing for `timeout` seconds, or at once if it exits first."""
+        since, written = time.monotonic(), -1
+        while marker not in (output := self.output()):
             if self.exited() is not None:
                 if marker in self.output():  # written just before it ended
                     return
                 raise AssertionError(f"{self.name} exited ({self.exited()}) before {marker!r}:\n"
                                      f"{self.tail()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name}: no {marker!r} within {timeout}s:\n{self.tail()}")
+            if len(output) > written:  # a starting role logs each step it gets through
+                since, written = time.monotonic(), len(output)
+            elif time.monotonic() - since > timeout:
+                raise AssertionError(f"{self.name}: no {marker!r}, and nothing logged for {timeout}s:\n"
+                                     f"{self.tail()}")
             time.sleep(0.05)
 
     def tail(self, n: int = 40) -> str:

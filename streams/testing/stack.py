@@ -5,7 +5,6 @@ gateway says it is healthy."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import time
@@ -21,11 +20,15 @@ import aiohttp
 
 from streams.config import Settings
 from streams.devbroker import EmbeddedKafka
+from streams.kafka.clients import librdkafka_config
 from streams.kafka.topics import ensure_topics
-from streams.testing.process import RoleProcess
+from streams.testing.process import RoleProcess, wait_for
 
-__all__ = ["broker_bootstrap", "fresh_env", "running_roles", "start_roles", "unique_prefix",
-           "wait_healthy", "wait_healthy_async"]
+__all__ = ["SUITE_TOPIC_STALL_S", "broker_bootstrap", "fresh_env", "running_roles", "start_roles",
+           "unique_prefix", "wait_for_group", "wait_healthy", "wait_healthy_async"]
+
+
+SUITE_TOPIC_STALL_S = "90"  # THREADLINE_TOPIC_STALL_S of test stacks (streams/kafka/topics.py)
 
 
 @contextmanager
@@ -79,6 +82,9 @@ def fresh_env(bootstrap: str, folder: Path, *, prefix: str | None = None, partit
         "THREADLINE_PARTITIONS": str(partitions),
         "THREADLINE_DATA_DIR": str(folder / "data"),
         "THREADLINE_SESSION_TIMEOUT_S": "6",
+        # Brokers on a shared, loaded test machine can go long without getting anywhere
+        # (GC, a starved JVM): the topic waits fail after this long without progress.
+        "THREADLINE_TOPIC_STALL_S": SUITE_TOPIC_STALL_S,
         **extra,
     }
 
@@ -105,22 +111,36 @@ def running_roles(env: Mapping[str, str], folder: Path, roles: Iterable[str],
 
 
 def wait_healthy(url: str, timeout: float = 90) -> None:
-    """Wait until GET `url` (a gateway's /healthz) answers 200."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(urllib.error.URLError, OSError), \
-                urllib.request.urlopen(url, timeout=5) as response:
-            if response.status == 200:
-                return
+    """Wait until GET `url` (a gateway's /healthz) answers 200, while it makes progress:
+    fail once `timeout` seconds went by without an answer not seen before (a
+    component up, a group member more, the read model further along)."""
+    seen: set[bytes] = set()
+    since = time.monotonic()
+    body = b""
+    while time.monotonic() - since < timeout:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+                body = response.read()
+        except urllib.error.HTTPError as exc:  # 503: not yet, and why
+            body = exc.read()
+        except (urllib.error.URLError, OSError) as exc:
+            body = str(exc).encode()
+        if body not in seen:
+            seen.add(body)
+            since = time.monotonic()
         time.sleep(0.3)
-    raise AssertionError(f"{url} not healthy in {timeout}s")
+    raise AssertionError(f"{url} not healthy, no progress in {timeout}s: {body.decode(errors='replace')}")
 
 
 async def wait_healthy_async(session: aiohttp.ClientSession, url: str, timeout: float = 90) -> None:
-    """Wait until GET `url` (a gateway's /healthz) answers 200, without blocking the loop."""
-    deadline = time.monotonic() + timeout
+    """Wait until GET `url` (a gateway's /healthz) answers 200, without blocking the
+    loop, while it makes progress (see `wait_healthy`)."""
+    seen: set[str] = set()
+    since = time.monotonic()
     body: Any = None
-    while time.monotonic() < deadline:
+    while time.monotonic() - since < timeout:
         try:
             async with session.get(url) as response:
                 body = await response.json()
@@ -128,5 +148,35 @@ async def wait_healthy_async(session: aiohttp.ClientSession, url: str, timeout: 
                     return
         except aiohttp.ClientError as exc:
             body = str(exc)
+        if repr(body) not in seen:
+            seen.add(repr(body))
+            since = time.monotonic()
         await asyncio.sleep(0.3)
-    raise AssertionError(f"gateway not healthy in {timeout}s: {body}")
+    raise AssertionError(f"gateway not healthy, no progress in {timeout}s: {body}")
+
+
+def wait_for_group(settings: Settings, group: str, members: int, timeout: float = 60) -> None:
+    """Wait until consumer group `group` is stable with `members` members, while it
+    makes progress: fail once its description (state, members, their assignments)
+    showed nothing not seen before for `timeout` seconds."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(librdkafka_config(settings, log_level=0))
+    last: list[object] = [None]
+
+    def ready() -> bool:
+        try:
+            found = admin.describe_consumer_groups([group], request_timeout=5)[group].result()
+        except Exception as exc:
+            last[0] = type(exc).__name__
+            return False
+        last[0] = (found.state.name, sorted(
+            (m.member_id, sorted((tp.topic, tp.partition) for tp in m.assignment.topic_partitions))
+            for m in found.members))
+        return len(found.members) == members and found.state.name == "STABLE"
+
+    try:
+        wait_for(ready, timeout, interval=0.3, progress=lambda: last[0])
+    except AssertionError:
+        raise AssertionError(f"group {group}: not stable with {members} members, no progress in "
+                             f"{timeout}s; last seen {last[0]}") from None

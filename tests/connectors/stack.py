@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from streams.config import Settings
 from streams.connectors.ids import message_id_for
@@ -25,7 +24,7 @@ from streams.devbroker import free_port
 from streams.domain import Event, RunAccepted, RunCompleted
 from streams.ids import outbox_id_for, run_id_for
 from streams.testing.process import RoleProcess, wait_for
-from streams.testing.stack import fresh_env
+from streams.testing.stack import fresh_env, wait_for_group
 from streams.wire import Codec
 from streams.wire.connector import decode_outbox
 from tests.connectors.chat_double import SIGNING_SECRET, TEAM, ChatDouble
@@ -102,18 +101,9 @@ class Stack:
         return run
 
     def wait_for_group(self, members: int, timeout: float = 40) -> None:
-        """Wait until the connector consumer group is stable with `members` members."""
-        admin = AdminClient({"bootstrap.servers": self.settings.bootstrap, "log_level": 0})
-        group = f"{self.settings.topic_prefix}connector"
-
-        def ready() -> bool:
-            try:
-                found = admin.describe_consumer_groups([group])[group].result(timeout=5)
-            except Exception:
-                return False
-            return len(found.members) == members and found.state.name == "STABLE"
-
-        wait_for(ready, timeout, interval=0.3)
+        """Wait until the connector consumer group is stable with `members` members,
+        while its description keeps changing (`wait_for_group`)."""
+        wait_for_group(self.settings, f"{self.settings.topic_prefix}connector", members, timeout)
 
     def events(self, until: Callable[[list[Event]], bool], timeout: float = 60) -> list[Event]:
         """Decoded records of the events topic, read from the start until `until` holds."""

@@ -33,6 +33,7 @@ from streams.domain import (
     ThreadCreated,
 )
 from streams.ids import run_id_for
+from streams.kafka.faults import FAULT_ENV, FAULT_EXIT_STATUS, arm
 from streams.kafka.topics import ensure_topics
 from streams.testing.process import RoleProcess
 from streams.wire import Codec, EnvelopeMeta, new_meta
@@ -195,17 +196,34 @@ def _kill_on_output(settings: Settings, proc: RoleProcess, rng: random.Random, k
         consumer.close()
 
 
+def _fault_on_output(proc: RoleProcess, trigger: Path, prefix: str, kills: int) -> None:
+    """End the processor `kills` times at its fault point (streams/kafka/faults.py):
+    each time in the first step that writes a decision of the burst's threads,
+    after its records reached the broker and before its offsets are committed.
+    Not timed: every kill lands in the window where the two guarantees differ."""
+    for _ in range(kills):
+        arm(trigger, prefix)
+        assert proc.wait(timeout=3600) == FAULT_EXIT_STATUS, proc.tail()  # the burst keeps it writing
+        proc.start()
+
+
 def _kill_9_and_restart_mid_burst(test_env: dict[str, str], tmp_path: Path, seed: int,
-                                  kills: int = 3) -> list[str]:
-    """The burst, with kills and restarts of the processor as it writes; the audit's problems."""
+                                  kills: int = 3, fault: bool = False) -> list[str]:
+    """The burst, with kills and restarts of the processor as it writes (SIGKILL, or
+    with `fault` its fault point); the audit's problems."""
     settings = Settings.from_env(test_env)
     ensure_topics(settings)
-    proc = RoleProcess("processor", test_env, tmp_path / "p.log").start()
+    trigger = tmp_path / "fault-trigger"
+    env = {**test_env, FAULT_ENV: str(trigger)} if fault else test_env
+    proc = RoleProcess("processor", env, tmp_path / "p.log").start()
     expected: list[tuple[str, str]] = []
     sender = threading.Thread(target=lambda: expected.extend(_burst(settings, seed, 6.0)))
     try:
         sender.start()
-        _kill_on_output(settings, proc, random.Random(seed), kills)
+        if fault:
+            _fault_on_output(proc, trigger, f"crash-{seed}-", kills)
+        else:
+            _kill_on_output(settings, proc, random.Random(seed), kills)
         sender.join()
         return audit(settings, expected, _send_markers(settings, str(seed)))
     finally:
@@ -224,11 +242,12 @@ def test_kill_9_and_restart_mid_burst_loses_and_duplicates_nothing(
 def test_the_audit_catches_at_least_once_processing_under_the_same_kills(
     test_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """The negative control: the same burst and kills with the processor in
-    at-least-once mode, where a crash between writing a batch and committing its
-    offsets repeats the batch. The audit must see it."""
+    """The negative control: the same burst with the processor in at-least-once
+    mode, ended by its fault point between writing a batch and committing its
+    offsets (a SIGKILL lands there only by chance), which repeats the batch. The
+    audit must see it."""
     test_env["THREADLINE_PROCESSING_GUARANTEE"] = "at_least_once"
-    problems = _kill_9_and_restart_mid_burst(test_env, tmp_path, 1)
+    problems = _kill_9_and_restart_mid_burst(test_env, tmp_path, 1, fault=True)
     assert problems, "the audit passed an at-least-once run"
 
 

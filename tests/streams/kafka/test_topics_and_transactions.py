@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 import uuid
+from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]  # exported, not in its __all__
     AdminClient,
     ConfigResource,
@@ -13,6 +15,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # exported, n
 )
 
 from streams.config import Settings
+from streams.devbroker import free_port
 from streams.kafka.topics import TopicMismatch, ensure_topics
 
 pytestmark = pytest.mark.kafka
@@ -89,3 +92,14 @@ def test_transactional_produce_is_invisible_until_commit_and_gone_after_abort(
     producer.commit_transaction(30)
 
     assert _read_all(settings.bootstrap, topic, "read_committed", 1) == [b"committed"]
+
+
+def test_a_topic_wait_that_gets_nowhere_fails_once_stalled(tmp_path: Path) -> None:
+    """The topic waits are bounded by progress: with no broker to answer, nothing
+    advances, and ensure_topics fails once `THREADLINE_TOPIC_STALL_S` went by."""
+    settings = Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
+                                  "THREADLINE_DATA_DIR": str(tmp_path), "THREADLINE_TOPIC_STALL_S": "2"})
+    started = time.monotonic()
+    with pytest.raises(KafkaException):
+        ensure_topics(settings)
+    assert time.monotonic() - started >= 2

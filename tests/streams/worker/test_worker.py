@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from streams.agents import AgentCitations, AgentOutput, AgentStep, TextChunk
 from streams.agents.builtin import reply_for
@@ -52,6 +51,7 @@ from streams.records import (
     TextEnd,
 )
 from streams.testing.process import RoleProcess, wait_for
+from streams.testing.stack import wait_for_group
 from streams.wire import Codec, EnvelopeMeta, new_meta
 from streams.worker import SHUTDOWN_ERROR, Worker
 from tests.kafka_helpers import (
@@ -337,17 +337,7 @@ class Stack:
 
 
 def _wait_for_workers(settings: Settings, count: int, timeout: float = 40) -> None:
-    admin = AdminClient({"bootstrap.servers": settings.bootstrap, "log_level": 0})
-    group = f"{settings.topic_prefix}worker"
-
-    def ready() -> bool:
-        try:
-            description = admin.describe_consumer_groups([group])[group].result(timeout=5)
-        except Exception:
-            return False
-        return len(description.members) == count and description.state.name == "STABLE"
-
-    wait_for(ready, timeout, interval=0.3)
+    wait_for_group(settings, f"{settings.topic_prefix}worker", count, timeout)
 
 
 @contextmanager
