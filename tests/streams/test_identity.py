@@ -4,10 +4,10 @@ different for two folders even at the same path, overridable."""
 from __future__ import annotations
 
 import multiprocessing
-import os
 import shutil
 import signal
-import time
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,9 +95,25 @@ def test_starts_racing_on_one_empty_folder_agree_on_one_id(tmp_path: Path) -> No
     assert ids == {(tmp_path / "var" / ID_FILE).read_text().strip()}
 
 
-def _claim_and_report(data_dir: str, out: multiprocessing.SimpleQueue) -> None:  # type: ignore[type-arg]
-    out.put(claim_member_id(_settings(Path(data_dir)), "w"))
-    time.sleep(3600)  # holds its slot until killed
+_CLAIM = """
+import sys, time
+from pathlib import Path
+from streams.config import Settings
+from streams.identity import claim_member_id
+settings = Settings.from_env({"THREADLINE_DATA_DIR": sys.argv[1], "THREADLINE_INSTANCE_ID": ""})
+print(claim_member_id(settings, "w"), flush=True)
+time.sleep(3600)  # holds its slot until killed
+"""
+
+
+def _claimer(folder: Path) -> tuple[subprocess.Popen[str], str]:
+    """A process that claims a worker member id in `folder` and holds it; and the id."""
+    child = subprocess.Popen([sys.executable, "-c", _CLAIM, str(folder)], stdout=subprocess.PIPE,
+                             text=True, cwd=Path(__file__).resolve().parents[2])
+    assert child.stdout is not None
+    line = child.stdout.readline().strip()  # "" if it died first: fails below, never hangs
+    assert line, f"the claiming process ended with {child.wait()}"
+    return child, line
 
 
 def test_a_worker_member_id_is_its_dead_selfs_and_never_a_live_processs(tmp_path: Path) -> None:
@@ -105,24 +121,17 @@ def test_a_worker_member_id_is_its_dead_selfs_and_never_a_live_processs(tmp_path
     live processes never to be: a slot is held by a live process only, and freed by
     the kernel when the process is killed with SIGKILL."""
     folder = tmp_path / "var"
-    context = multiprocessing.get_context("spawn")
-    out = context.SimpleQueue()
-    holder = context.Process(target=_claim_and_report, args=(str(folder), out))
-    holder.start()
+    holder, held = _claimer(folder)
     try:
-        held = out.get()
         mine = claim_member_id(_settings(folder), "w")  # a second live process: its own slot
         assert mine != held and held.endswith("-0") and mine.endswith("-1")
-        os.kill(holder.pid or 0, signal.SIGKILL)
-        holder.join()
-        restarted = context.Process(target=_claim_and_report, args=(str(folder), out))
-        restarted.start()
-        try:
-            assert out.get() == held  # the dead process's slot, so its member id
-        finally:
-            restarted.kill()
-            restarted.join()
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        restarted, again = _claimer(folder)
+        restarted.kill()
+        restarted.wait()
+        assert again == held  # the dead process's slot, so its member id
     finally:
         holder.kill()
-        holder.join()
+        holder.wait()
     assert claim_member_id(_settings(folder, THREADLINE_INSTANCE_ID="pod-3"), "w") == "pod-3"

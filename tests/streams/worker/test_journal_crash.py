@@ -123,10 +123,17 @@ def _kill_among_runs(stack: Stack, log: Path, runs: Sequence[str], kills: int) -
 
 def _completed(stack: Stack, runs: Sequence[str], timeout: float) -> list[Event]:
     settings = stack.settings
-    _events(settings, lambda e: all(any(isinstance(x, RunCompleted | RunFailed)
-                                        for x in _of_run(e, r)) for r in runs), timeout=timeout)
+
+    def ended(events: list[Event]) -> bool:
+        return all(any(isinstance(x, RunCompleted | RunFailed) for x in _of_run(events, r))
+                   for r in runs)
+
+    _events(settings, ended, timeout=timeout)
     thread = stack.post("marker thread")[0]  # any thread: a marker after every decision so far
-    return _events(settings, marked(send_marker(stack.producer, settings, thread)))
+    marker = marked(send_marker(stack.producer, settings, thread))
+    # The marker is on one partition: a read that stops at it may not have reached the
+    # others' ends yet, so it reads on until every run's end is in it too.
+    return _events(settings, lambda events: marker(events) and ended(events))
 
 
 def _check_run(stack: Stack, events: list[Event], run: str, text: str, tool_steps: Sequence[int],
