@@ -16,7 +16,7 @@ from typing_extensions import override
 
 from bench.peers import install
 from bench.peers.procs import Proc, free_port, wait_port
-from bench.peers.system import System, retry_pause
+from bench.peers.system import System, answered_ok
 from bench.peers.workload import SHARED_LOG_ENV
 
 APP = Path(__file__).parent / "apps" / "dbos_app.py"
@@ -68,16 +68,9 @@ class Dbos(System):
                   deadline: float, ids: dict[str, str]) -> float | None:
         ids[key] = key
         body = {"run": key, "steps": 4, "delay": delay_s}
-        while True:
-            try:
-                async with session.post(f"http://127.0.0.1:{self.app_port}/run", json=body) as r:
-                    await r.read()
-                    if r.status == 200:
-                        return time.time()
-            except aiohttp.ClientError:
-                pass
-            if not await retry_pause(deadline):
-                return None
+        ok = await answered_ok(session, "POST", f"http://127.0.0.1:{self.app_port}/run", deadline,
+                               json=body)
+        return time.time() if ok else None
 
     def _sql(self, query: str) -> str:
         psql = self.pg / "psql"

@@ -18,7 +18,7 @@ from typing_extensions import override
 
 from bench.peers import install
 from bench.peers.procs import Proc, free_port, wait_port
-from bench.peers.system import System, retry_pause
+from bench.peers.system import System, answered_ok, retry_pause
 from bench.peers.workload import SHARED_LOG_ENV
 
 # `langgraph dev` runs 1 job at a time by default (langgraph_api.cli); as Threadline's
@@ -55,15 +55,8 @@ class LangGraph(System):
             self.folder / "langgraph-dev.log", cwd=project).start()
         await asyncio.to_thread(wait_port, self.port, 120, [self.procs["server"]])
         deadline = time.monotonic() + 60
-        while True:
-            try:
-                async with session.get(f"{self.base}/ok") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            if not await retry_pause(deadline, 0.3):
-                raise RuntimeError(f"langgraph dev not ready:\n{self.procs['server'].tail()}")
+        if not await answered_ok(session, "GET", f"{self.base}/ok", deadline, pause_s=0.3):
+            raise RuntimeError(f"langgraph dev not ready:\n{self.procs['server'].tail()}")
 
     @property
     def base(self) -> str:

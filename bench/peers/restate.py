@@ -16,7 +16,7 @@ from typing_extensions import override
 
 from bench.peers import install
 from bench.peers.procs import Proc, free_port, wait_port
-from bench.peers.system import System, retry_pause
+from bench.peers.system import System, answered_ok, retry_pause
 from bench.peers.workload import SHARED_LOG_ENV
 
 APP = Path(__file__).parent / "apps" / "restate_app.py"
@@ -66,32 +66,18 @@ class Restate(System):
         await self._ingress_ready(session, deadline)
 
     async def _ingress_ready(self, session: aiohttp.ClientSession, deadline: float) -> None:
-        while True:
-            try:
-                async with session.get(f"http://127.0.0.1:{self.ingress}/restate/health") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            if not await retry_pause(deadline, 0.2):
-                raise RuntimeError("the ingress never answered /restate/health")
+        if not await answered_ok(session, "GET", f"http://127.0.0.1:{self.ingress}/restate/health",
+                                 deadline):
+            raise RuntimeError("the ingress never answered /restate/health")
 
     @override
     async def run(self, session: aiohttp.ClientSession, slot: str, key: str, delay_s: float,
                   deadline: float, ids: dict[str, str]) -> float | None:
         ids[key] = key
         body = {"run": key, "steps": 4, "delay": delay_s, "turns": self.turns}
-        while True:
-            try:
-                async with session.post(f"http://127.0.0.1:{self.ingress}/Agent/run", json=body,
-                                        headers={"idempotency-key": key}) as r:
-                    await r.read()
-                    if r.status == 200:
-                        return time.time()
-            except aiohttp.ClientError:
-                pass
-            if not await retry_pause(deadline):
-                return None
+        ok = await answered_ok(session, "POST", f"http://127.0.0.1:{self.ingress}/Agent/run",
+                               deadline, json=body, headers={"idempotency-key": key})
+        return time.time() if ok else None
 
     @override
     def version(self) -> str:

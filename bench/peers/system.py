@@ -7,6 +7,7 @@ import abc
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -85,6 +86,22 @@ class System(abc.ABC):
         """Stop every process (SIGTERM, then SIGKILL)."""
         for proc in reversed(list(self.procs.values())):
             await asyncio.to_thread(proc.stop)
+
+
+async def answered_ok(session: aiohttp.ClientSession, method: str, url: str, deadline: float, *,
+                     pause_s: float = 0.2, **request: Any) -> bool:
+    """Send the request until it is answered 200 (True), retrying after connection
+    errors and other statuses every `pause_s`; False once `deadline` (monotonic) passed."""
+    while True:
+        try:
+            async with session.request(method, url, **request) as response:
+                await response.read()
+                if response.status == 200:
+                    return True
+        except aiohttp.ClientError:
+            pass
+        if not await retry_pause(deadline, pause_s):
+            return False
 
 
 async def retry_pause(deadline: float, seconds: float = 0.2) -> bool:
