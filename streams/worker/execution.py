@@ -123,6 +123,9 @@ class Execution:
     timestamp_ms: int
     meta: EnvelopeMeta
     dispatch: Dispatch
+    # Delivered here first (`Worker.fresh_from`): no earlier execution of the attempt
+    # exists, the dispatch's journal is complete, and the barrier is passed at once.
+    fresh: bool = False
     execution_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     started: bool = False
     reporting: bool = False  # the agent is done; the outcome report is on its way
@@ -172,6 +175,8 @@ class Execution:
         self.last_progress = time.monotonic()
         queue: asyncio.Queue[object] = asyncio.Queue()
         self._synced = asyncio.get_running_loop().create_future()
+        if self.fresh:
+            self._synced.set_result([])
         pump = asyncio.create_task(self._pump(queue))
         beat = asyncio.create_task(self._heartbeat())
         try:
