@@ -12,8 +12,8 @@ $(STAMP): pyproject.toml infra/kafka/pom.xml infra/registry/pom.xml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
-	$(PY) -c "from streams.devbroker import ensure_jars; print('kafka jars:', ensure_jars())"
-	$(PY) -c "from streams.registry_server import ensure_registry; print('schema registry:', ensure_registry())"
+	$(PY) -c "from streams.devtools.broker import ensure_jars; print('kafka jars:', ensure_jars())"
+	$(PY) -c "from streams.devtools.registry_server import ensure_registry; print('schema registry:', ensure_registry())"
 	touch $@
 
 install: $(STAMP)

@@ -23,8 +23,8 @@ from bench.stack import AUTH, Stack, new_stack
 from bench.streamgen import TENANT, complete_frames, seed_threads
 from gateway.kafka import partition_for
 from gateway.tokens import ResumeTokens
-from streams.ids import answer_message_id_for
-from streams.records import MessageStart, RunLifecycle, StreamOutput, TextDelta, TextStart
+from streams.core.ids import answer_message_id_for
+from streams.core.records import MessageStart, RunLifecycle, StreamOutput, TextDelta, TextStart
 from streams.wire import Codec, new_meta
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry

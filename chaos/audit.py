@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 from chaos.tools_audit import audit_tools
 from chaos.topic_audit import TopicReads, audit_topics
-from streams.domain import (
+from streams.core.domain import (
     Event,
     MessageAccepted,
     PartialAnswerStored,
@@ -53,8 +53,8 @@ from streams.domain import (
     RunCompleted,
     RunFailed,
 )
-from streams.lifecycle import TERMINAL
-from streams.thread import INTERRUPTED, ROLLED_BACK
+from streams.core.lifecycle import TERMINAL
+from streams.core.thread import INTERRUPTED, ROLLED_BACK
 
 __all__ = ["Observations", "Post", "Report", "Seen", "WatchLog", "audit"]
 

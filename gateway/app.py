@@ -45,7 +45,7 @@ from gateway.read_model import ReadModel
 from gateway.ready import READY, Readiness, readyz
 from gateway.run_stream import STREAMS, RunStreams
 from streams.config import Settings
-from streams.domain import Event, ThreadCreated, ThreadDeleted
+from streams.core.domain import Event, ThreadCreated, ThreadDeleted
 from streams.kafka.clients import aiokafka_config
 from streams.kafka.topics import ensure_topics
 from streams.observability.tracing import setup_tracing

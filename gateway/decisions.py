@@ -27,7 +27,7 @@ from gateway.kafka import new_consumer, run_forever, stop_client, stop_task, top
 from gateway.problems import Problem
 from streams.clock import now_ms
 from streams.config import Settings
-from streams.domain import TERMINAL_EVENTS, Command, Event
+from streams.core.domain import TERMINAL_EVENTS, Command, Event
 from streams.kafka.clients import aiokafka_config
 from streams.observability.metrics import gateway_metrics
 from streams.observability.tracing import fresh_traceparent_in_current, publish_span, tracer

@@ -39,9 +39,9 @@ from gateway.read_model import ReadModel
 from gateway.sse import Position, RunTracker, SseEvent, make_events
 from gateway.tokens import ResumeTokens
 from streams.config import Settings
-from streams.lifecycle import Lifecycle
+from streams.core.lifecycle import Lifecycle
+from streams.core.records import RunLifecycle
 from streams.observability.metrics import gateway_metrics
-from streams.records import RunLifecycle
 from streams.wire import Codec, DecodeError
 
 __all__ = ["StreamFeed", "Subscriber"]

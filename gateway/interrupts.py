@@ -23,7 +23,7 @@ from gateway.plumbing import json_answer, read_json_body
 from gateway.problems import Problem
 from gateway.rest import own_run
 from streams.clock import now_ms
-from streams.domain import ResumeRun, RunCancelled, RunFailed, StepRecorded, ThreadState
+from streams.core.domain import ResumeRun, RunCancelled, RunFailed, StepRecorded, ThreadState
 
 __all__ = ["resume", "resume_run"]
 

@@ -65,10 +65,10 @@ from gateway.read_store import (
     run_status,
 )
 from streams.config import Settings
-from streams.domain import RunStatus, ThreadState
+from streams.core.domain import RunStatus, ThreadState
+from streams.core.records import MessageRecord
 from streams.heap import release_free_memory
 from streams.kafka.clients import librdkafka_config
-from streams.records import MessageRecord
 from streams.wire import Codec
 
 __all__ = ["ActiveRunStart", "ReadModel", "RunView", "store_folder"]

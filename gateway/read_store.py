@@ -44,9 +44,9 @@ from typing import Any
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
 
 from streams.clock import now_ms
-from streams.domain import ActiveRun, RunRecord, RunStatus, ThreadState
-from streams.history import message_key, parse_message_key
-from streams.records import MessageRecord
+from streams.core.domain import ActiveRun, RunRecord, RunStatus, ThreadState
+from streams.core.history import message_key, parse_message_key
+from streams.core.records import MessageRecord
 from streams.wire import (
     Codec,
     DecodeError,

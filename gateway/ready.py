@@ -34,7 +34,7 @@ from gateway.keys import FEED
 from gateway.read_model import ReadModel
 from streams.clock import now_ms
 from streams.config import Settings
-from streams.domain import CheckDeadlines
+from streams.core.domain import CheckDeadlines
 
 __all__ = ["READY", "Readiness", "probe_thread_id", "readyz"]
 

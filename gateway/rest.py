@@ -32,7 +32,7 @@ from gateway.plumbing import END_SEQ, json_answer, query_limit, read_json_body
 from gateway.problems import Problem
 from gateway.read_model import RunView
 from streams.clock import now_ms
-from streams.domain import (
+from streams.core.domain import (
     CancelRun,
     CreateThread,
     DeleteThread,
@@ -50,8 +50,8 @@ from streams.domain import (
     ThreadDeleted,
     ThreadState,
 )
-from streams.ids import idempotent_message_id_for, run_id_for, workflow_id_for
-from streams.records import MessageRecord
+from streams.core.ids import idempotent_message_id_for, run_id_for, workflow_id_for
+from streams.core.records import MessageRecord
 
 __all__ = ["MAX_MESSAGES_PAGE", "MAX_THREADS_PAGE", "MESSAGES_PAGE", "THREADS_PAGE",
            "cancel", "cancel_run", "create_thread", "decided_run", "delete_thread", "get_thread",

@@ -54,8 +54,8 @@ from gateway.replay import ReplayGone, replay
 from gateway.sse import Position, SseEvent
 from gateway.tokens import BadEventId
 from streams.config import Settings
-from streams.domain import ThreadState
-from streams.ids import answer_message_id_for
+from streams.core.domain import ThreadState
+from streams.core.ids import answer_message_id_for
 from streams.observability.metrics import gateway_metrics
 from streams.wire import Codec
 

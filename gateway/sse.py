@@ -21,9 +21,9 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 from gateway.tokens import ResumeTokens
-from streams.ids import answer_message_id_for
-from streams.lifecycle import TERMINAL, Lifecycle, RunFate, StreamEnd
-from streams.records import (
+from streams.core.ids import answer_message_id_for
+from streams.core.lifecycle import TERMINAL, Lifecycle, RunFate, StreamEnd
+from streams.core.records import (
     CitationsOutput,
     MessageEnd,
     MessageStart,

@@ -28,7 +28,7 @@ from gateway.read_model import RunView
 from gateway.run_stream import STREAMS, EventStream, Gone
 from gateway.sse import SseEvent, comment_frame, not_streaming_frame, retry_frame
 from streams.clock import now_ms
-from streams.domain import ThreadState
+from streams.core.domain import ThreadState
 
 __all__ = ["SSE_HEADERS", "Framing", "SseFraming", "run_events", "serve", "serve_run",
            "thread_stream", "write_now"]

@@ -1,6 +1,6 @@
 """The thread processor: commands in, decisions out, exactly once.
 
-A thin shell around `streams.thread`: for each command record it loads the
+A thin shell around `streams.core.thread`: for each command record it loads the
 thread's state from the partition's RocksDB table, calls `decide`, folds the
 events with `evolve`, and returns the events, the dispatches for workers and the
 new state (changelog) as the records of the step; the Kafka runtime's table loop
@@ -32,7 +32,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from streams.clock import now_ms
 from streams.config import Settings
-from streams.domain import (
+from streams.core.domain import (
     NOTHING_KNOWN,
     AttemptDispatched,
     CheckDeadlines,
@@ -51,7 +51,7 @@ from streams.domain import (
     RunFailed,
     ThreadState,
 )
-from streams.history import (
+from streams.core.history import (
     HistoryErased,
     HistoryWrite,
     MessagePut,
@@ -61,19 +61,10 @@ from streams.history import (
     history_writes,
     message_key,
 )
-from streams.ids import derived_envelope_id
-from streams.kafka.clients import librdkafka_config, table_consumer_config, table_producer_config
-from streams.kafka.loop import Output, TableLoop, record_position
-from streams.kafka.restore import ChangelogReader, restore_tables
-from streams.kafka.state_store import PartitionStore, TableStores
-from streams.kafka.topics import ensure_topics, record_limit
-from streams.lifecycle import dispatch_record, lifecycle_record
-from streams.message_store import ContextWindows, MessageStore
-from streams.migration import migrate_partition
-from streams.observability.processor import ProcessorObserver
-from streams.observability.tracing import header_of, record_traceparent
-from streams.records import DeadLetter, HistoryMessage, MessageRecord
-from streams.thread import (
+from streams.core.ids import derived_envelope_id
+from streams.core.lifecycle import dispatch_record, lifecycle_record
+from streams.core.records import DeadLetter, HistoryMessage, MessageRecord
+from streams.core.thread import (
     OUTPUT_TOO_LARGE,
     ROLLED_BACK,
     decide,
@@ -81,6 +72,15 @@ from streams.thread import (
     next_deadline_ms,
     output_bytes,
 )
+from streams.kafka.clients import librdkafka_config, table_consumer_config, table_producer_config
+from streams.kafka.loop import Output, TableLoop, record_position
+from streams.kafka.restore import ChangelogReader, restore_tables
+from streams.kafka.state_store import PartitionStore, TableStores
+from streams.kafka.topics import ensure_topics, record_limit
+from streams.message_store import ContextWindows, MessageStore
+from streams.migration import migrate_partition
+from streams.observability.processor import ProcessorObserver
+from streams.observability.tracing import header_of, record_traceparent
 from streams.wire import Codec, DecodeError, EnvelopeMeta
 
 __all__ = ["Processor", "ProcessorStats", "run_processor"]

@@ -37,8 +37,8 @@ from gateway.run_stream import Gone
 from gateway.sse import SseEvent
 from gateway.streaming import serve_run
 from streams.clock import now_ms
-from streams.domain import CreateThread, ThreadCreated, ThreadState
-from streams.ids import run_id_for
+from streams.core.domain import CreateThread, ThreadCreated, ThreadState
+from streams.core.ids import run_id_for
 
 __all__ = ["UiFraming", "cancel_chat", "chat", "chat_messages", "chat_thread_id", "resume_chat"]
 

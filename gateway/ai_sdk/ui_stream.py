@@ -40,7 +40,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from streams.records import MessageRecord
+from streams.core.records import MessageRecord
 
 __all__ = ["CHUNK_FIELDS", "DONE", "UI_STREAM_HEADERS", "UiMessageStream", "chunk_frame",
            "ui_message"]

@@ -41,7 +41,7 @@ from gateway.plumbing import END_SEQ, int_field, is_text, read_json_body
 from gateway.problems import Problem
 from gateway.read_model import RunView
 from streams.clock import now_ms
-from streams.domain import (
+from streams.core.domain import (
     CancelRun,
     Event,
     MessageAccepted,
@@ -51,7 +51,7 @@ from streams.domain import (
     RunRejected,
     ThreadState,
 )
-from streams.ids import run_id_for
+from streams.core.ids import run_id_for
 
 __all__ = ["cancel_run", "create_run", "get_run", "join_run", "join_stream", "list_runs",
            "stream_run", "wait_run"]

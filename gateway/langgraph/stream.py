@@ -29,8 +29,8 @@ from gateway.run_stream import STREAMS, EventStream, Gone, KeepAlive
 from gateway.sse import SseEvent
 from gateway.streaming import SSE_HEADERS
 from gateway.tokens import BadEventId
-from streams.domain import ThreadState
-from streams.lifecycle import StreamEnd
+from streams.core.domain import ThreadState
+from streams.core.lifecycle import StreamEnd
 
 __all__ = ["links", "stream_run_events", "wait_for_run"]
 

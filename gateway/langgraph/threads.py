@@ -28,7 +28,7 @@ from gateway.langgraph.views import (
 from gateway.plumbing import END_SEQ, int_field, is_text, read_json_body
 from gateway.problems import Problem
 from streams.clock import now_ms
-from streams.domain import CreateThread, ThreadCreated, ThreadState
+from streams.core.domain import CreateThread, ThreadCreated, ThreadState
 
 __all__ = ["ASSISTANT_NAMES", "MAX_OFFSET", "MAX_PAGE", "VALUES_CAP", "create_lg_thread",
            "create_thread", "find_thread", "get_assistant", "get_history", "get_state",

@@ -16,9 +16,9 @@ from typing import Any, Final
 
 from gateway.langgraph.events import GRAPH_ID, NODE, ai_message, human_message, lg_interrupt, task_id
 from gateway.sse import iso_ms
-from streams.domain import RunStatus, ThreadState
-from streams.journal import INTERRUPT
-from streams.records import MessageRecord
+from streams.core.domain import RunStatus, ThreadState
+from streams.core.journal import INTERRUPT
+from streams.core.records import MessageRecord
 
 __all__ = ["ASSISTANT_ID", "MAX_THREAD_ID_CHARS", "assistant", "conversation",
            "internal_thread_id", "interrupted_run", "lg_message", "lg_thread_id", "pending_interrupt",

@@ -32,8 +32,8 @@ from typing import Any
 
 from streams.agents import Agent, AgentCitations, AgentError, AgentOutput, AgentStep
 from streams.agents.tools import Tool, ToolContext, ToolError, ToolResult
-from streams.domain import Step
-from streams.journal import (
+from streams.core.domain import Step
+from streams.core.journal import (
     INTERRUPT,
     MODEL_TURN,
     STEP_TOO_LARGE,
@@ -44,7 +44,7 @@ from streams.journal import (
     idempotency_key,
     merge,
 )
-from streams.records import HistoryMessage
+from streams.core.records import HistoryMessage
 
 __all__ = ["MODEL_TURN", "InterruptRequested", "Recorder", "RunContext", "call_tool", "current",
            "drive", "interrupt", "model_turn_json"]
@@ -122,7 +122,7 @@ class RunContext:
         return entry
 
     def refusal(self, kind: str, name: str, input_json: str, output_json: str) -> str | None:
-        """Why a step like this could not be recorded next (see `streams.journal.admit`)."""
+        """Why a step like this could not be recorded next (see `streams.core.journal.admit`)."""
         entry = JournalEntry(self.cursor, kind, name, input_json, output_json, self.execution_id)
         return admit(tuple(self.journal), entry, self.limits)
 

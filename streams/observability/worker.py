@@ -24,17 +24,17 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from streams.agents import Agent, AgentError, AgentOutput, AgentStep, TextChunk
-from streams.domain import (
+from streams.core.domain import (
     Command,
     ReportAttemptCompleted,
     ReportAttemptFailed,
     ReportAttemptStarted,
     ReportHeartbeat,
 )
+from streams.core.records import HistoryMessage, StreamOutput, TextDelta
+from streams.core.thread import OUTPUT_TOO_LARGE
 from streams.observability import logs, tracing
 from streams.observability.metrics import worker_metrics
-from streams.records import HistoryMessage, StreamOutput, TextDelta
-from streams.thread import OUTPUT_TOO_LARGE
 from streams.wire import EnvelopeMeta
 from streams.worker.execution import SHUTDOWN_ERROR, Execution, Outlet
 

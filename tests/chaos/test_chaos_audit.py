@@ -21,7 +21,7 @@ from chaos.topic_audit import (
     event_identities,
     message_identities,
 )
-from streams.domain import (
+from streams.core.domain import (
     ActiveRun,
     AssistantMessage,
     AttemptDispatched,
@@ -38,9 +38,9 @@ from streams.domain import (
     StoredMessage,
     ThreadState,
 )
-from streams.history import message_key
-from streams.records import Dispatch, MessageRecord
-from streams.thread import INTERRUPTED, ROLLED_BACK
+from streams.core.history import message_key
+from streams.core.records import Dispatch, MessageRecord
+from streams.core.thread import INTERRUPTED, ROLLED_BACK
 
 THREAD, MESSAGE, RUN = "th-1", "msg-1", "run-1"
 ANSWER = "You said: hi. amber river."

@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 from gateway.ui_stream import CHUNK_FIELDS, DONE, UiMessageStream, chunk_frame, ui_message
-from streams.domain import Citation, Step, StoredMessage
-from streams.records import MessageRecord
+from streams.core.domain import Citation, Step, StoredMessage
+from streams.core.records import MessageRecord
 
 RUN, THREAD, MESSAGE = "run-1", "thread-1", "answer-1"
 

@@ -13,9 +13,9 @@ from gateway.kafka import partition_for
 from gateway.sse import RunTracker, SseEvent, iso_ms, make_events
 from gateway.tokens import BadEventId, EventId, ResumeTokens, derived_key
 from streams.config import Settings
-from streams.domain import AssistantMessage
-from streams.ids import idempotent_message_id_for
-from streams.records import MessageEnd, MessageStart, RunLifecycle, StreamOutput, TextDelta
+from streams.core.domain import AssistantMessage
+from streams.core.ids import idempotent_message_id_for
+from streams.core.records import MessageEnd, MessageStart, RunLifecycle, StreamOutput, TextDelta
 from streams.wire import new_meta
 
 RUN = "run-1"

@@ -8,8 +8,8 @@ import pytest
 
 from gateway.langgraph_events import VALUES, Part, Translator, modes_from
 from gateway.langgraph_views import conversation, internal_thread_id, lg_thread_id
-from streams.domain import StoredMessage, ThreadState
-from streams.records import MessageRecord
+from streams.core.domain import StoredMessage, ThreadState
+from streams.core.records import MessageRecord
 
 RUN, MSG = "run-1", "answer-1"
 

@@ -23,8 +23,8 @@ from gateway.langgraph_views import (
     thread_json,
     thread_status,
 )
-from streams.domain import AttemptDispatched, ResumeRun
-from streams.thread import apply, decide, initial_state
+from streams.core.domain import AttemptDispatched, ResumeRun
+from streams.core.thread import apply, decide, initial_state
 from tests.streams.test_interrupts import INTERRUPTED
 from tests.streams.test_thread import POLICY, RUN1, TENANT, T
 

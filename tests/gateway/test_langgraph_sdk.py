@@ -15,7 +15,7 @@ from langgraph_sdk.errors import ConflictError, NotFoundError, UnprocessableEnti
 from langgraph_sdk.schema import StreamPart
 
 from gateway import langgraph_threads
-from streams.devbroker import free_port
+from streams.devtools.broker import free_port
 from streams.testing.process import RoleProcess
 from streams.testing.stack import wait_healthy_async as wait_healthy
 from tests.gateway.conftest import Stack

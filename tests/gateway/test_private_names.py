@@ -12,10 +12,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("streams", "gateway")
 FIRST_PARTY = ("streams", "gateway", "schemas", "chaos", "bench", "tests")
-# Not yet fixed (issue #25), in files outside the gateway's part of the change:
-# devbroker's `_die_with_parent` wants a public name (supervisor.py has a copy).
-PENDING = frozenset({"streams/registry_server.py:23 streams.devbroker._die_with_parent",
-                     "streams/testing/process.py:17 streams.devbroker._die_with_parent"})
 
 
 def private_imports(source: str, where: str) -> list[str]:
@@ -38,7 +34,7 @@ def test_no_module_imports_another_modules_private_name() -> None:
     """Shared pieces have public names (e.g. gateway.plumbing), not borrowed private ones."""
     found = [hit for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))
              for hit in private_imports(path.read_text(), str(path.relative_to(ROOT)))]
-    assert [hit for hit in found if hit not in PENDING] == []
+    assert found == []
 
 
 def test_the_check_sees_a_seeded_private_import() -> None:

@@ -1,4 +1,4 @@
-"""Human in the loop, the pure rules (`streams.interrupts` through `decide`): given
+"""Human in the loop, the pure rules (`streams.core.interrupts` through `decide`): given
 events, when a command, then events; and the agent side (`interrupt()`) on its own."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from streams.agents import AgentError, TextChunk
 from streams.agents.builtin import BuiltinAgent
 from streams.agents.runtime import InterruptRequested, RunContext, call_tool, drive, interrupt
 from streams.agents.tools import Tool, ToolContext
-from streams.domain import (
+from streams.core.domain import (
     AttemptDispatched,
     AttemptStarted,
     CancelRun,
@@ -31,10 +31,10 @@ from streams.domain import (
     RunStatus,
     StepRecorded,
 )
-from streams.interrupts import INTERRUPT_TIMEOUT, RESUMED_BY
-from streams.journal import INTERRUPT, TOOL_CALL, JournalEntry
-from streams.lifecycle import dispatch_record, lifecycle_record
-from streams.thread import apply, decide, initial_state, next_deadline_ms
+from streams.core.interrupts import INTERRUPT_TIMEOUT, RESUMED_BY
+from streams.core.journal import INTERRUPT, TOOL_CALL, JournalEntry
+from streams.core.lifecycle import dispatch_record, lifecycle_record
+from streams.core.thread import apply, decide, initial_state, next_deadline_ms
 from tests.streams.test_thread import POLICY, RUN1, TENANT, T, accepted, created, given
 
 W = "worker-a"

@@ -23,7 +23,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from streams.domain import (
+from streams.core.domain import (
     AssistantMessage,
     AttemptDispatched,
     AttemptStarted,
@@ -62,8 +62,8 @@ from streams.domain import (
     ThreadDeleted,
     ThreadState,
 )
-from streams.ids import answer_message_id_for, run_id_for
-from streams.thread import (
+from streams.core.ids import answer_message_id_for, run_id_for
+from streams.core.thread import (
     INTERRUPTED,
     ROLLED_BACK,
     apply,

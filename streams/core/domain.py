@@ -1,7 +1,7 @@
 """The per-thread vocabulary: commands, events, state and policy.
 
 Pure data, no I/O. Everything that is not pure (the clock, ids, model output)
-arrives inside a command, so that `decide` and `evolve` (in `streams.thread`)
+arrives inside a command, so that `decide` and `evolve` (in `streams.core.thread`)
 are deterministic and a recorded command log always replays to the same events.
 
 Each command and event class has a matching Avro record in `schemas/` with the
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
-from streams.journal import JournalEntry, JournalLimits
+from streams.core.journal import JournalEntry, JournalLimits
 
 __all__ = [
     "NOTHING_KNOWN",
@@ -96,7 +96,7 @@ class Policy:
     max_idempotency_keys: int = 256
     # User messages a thread may hold queued behind its active run (enqueue).
     max_queued_messages: int = 16
-    # A run's step journal: caps on its steps, tool calls and bytes (streams.journal).
+    # A run's step journal: caps on its steps, tool calls and bytes (streams.core.journal).
     journal: JournalLimits = field(default_factory=JournalLimits)
     # How long an interrupted run waits for its resume before it fails; 0: forever.
     interrupt_timeout_ms: int = 0
@@ -569,7 +569,7 @@ class ActiveRun:
 
     @property
     def awaiting_resume(self) -> bool:
-        """Whether the run waits for a human's resume (`streams.interrupts`)."""
+        """Whether the run waits for a human's resume (`streams.core.interrupts`)."""
         return self.interrupt_json is not None
 
     @property
@@ -611,7 +611,7 @@ class ThreadState:
     """One thread's decision state; `None` in the table means the thread does not exist.
 
     Bounded: its size does not depend on how many messages or runs the thread has
-    had (the history is stored per message, see `streams.history`), only on the
+    had (the history is stored per message, see `streams.core.history`), only on the
     idempotency keys, which `Policy` caps by age and count, and on the queue of
     enqueued messages (ids and seqs, no text), capped by `Policy.max_queued_messages`."""
 

@@ -12,14 +12,14 @@ output is the value (`StepRecorded`) and dispatches the same attempt again
 returns the value. `Policy.interrupt_timeout_ms` (0: none) ends a run that waits
 longer `run_failed` `interrupt_timeout`.
 
-Pure: `streams.thread` calls these from `decide`, `evolve` and the deadlines.
+Pure: `streams.core.thread` calls these from `decide`, `evolve` and the deadlines.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from streams.domain import (
+from streams.core.domain import (
     ActiveRun,
     AttemptDispatched,
     Event,
@@ -32,7 +32,7 @@ from streams.domain import (
     StepRecorded,
     ThreadState,
 )
-from streams.journal import INTERRUPT, JournalEntry, admit
+from streams.core.journal import INTERRUPT, JournalEntry, admit
 
 __all__ = ["INTERRUPT_TIMEOUT", "RESUMED_BY", "interrupt_deadline_ms", "interrupted",
            "on_interrupted", "reported_interrupt", "resume_run", "timed_out"]

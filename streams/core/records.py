@@ -1,6 +1,6 @@
 """Records of the dispatch, stream and dead-letter topics.
 
-Pure data like `streams.domain`: the commands and events live there, these are
+Pure data like `streams.core.domain`: the commands and events live there, these are
 the other messages that cross Kafka. Each class has a matching Avro record in
 `schemas/` with the same name and fields; `streams.wire` owns the mapping.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from streams.domain import AssistantMessage, Citation, RunStatus, StoredMessage
-from streams.journal import JournalEntry
+from streams.core.domain import AssistantMessage, Citation, RunStatus, StoredMessage
+from streams.core.journal import JournalEntry
 
 __all__ = [
     "CitationsOutput",
@@ -42,7 +42,7 @@ class HistoryMessage:
 @dataclass(frozen=True, slots=True)
 class MessageRecord:
     """One stored message of a thread, a record of the messages topic (thread and
-    tenant are in the envelope; `streams.history` says what is written when)."""
+    tenant are in the envelope; `streams.core.history` says what is written when)."""
 
     seq: int
     message: StoredMessage

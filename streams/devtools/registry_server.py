@@ -20,12 +20,13 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from streams.devbroker import _die_with_parent, free_port
+from streams.devtools.broker import free_port
+from streams.supervisor import die_with_parent
 
 __all__ = ["APICURIO_VERSION", "EmbeddedRegistry", "RegistryServerError", "ensure_registry"]
 
 APICURIO_VERSION = "2.4.2.Final"
-POM = Path(__file__).resolve().parent.parent / "infra" / "registry" / "pom.xml"
+POM = Path(__file__).resolve().parents[2] / "infra" / "registry" / "pom.xml"
 CCOMPAT = "/apis/ccompat/v7"
 
 
@@ -84,7 +85,7 @@ class EmbeddedRegistry:
             self._proc = subprocess.Popen(
                 ["java", "-Xms64m", "-Xmx512m", "-XX:+ExitOnOutOfMemoryError", "-jar", str(runner)],
                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=runner.parent,
-                preexec_fn=_die_with_parent)
+                preexec_fn=die_with_parent)
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

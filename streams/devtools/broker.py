@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import os
 import re
 import secrets
@@ -31,6 +30,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from streams.supervisor import die_with_parent
+
 __all__ = [
     "KAFKA_VERSION",
     "BrokerError",
@@ -41,7 +42,7 @@ __all__ = [
 ]
 
 KAFKA_VERSION = "3.9.1"
-POM = Path(__file__).resolve().parent.parent / "infra" / "kafka" / "pom.xml"
+POM = Path(__file__).resolve().parents[2] / "infra" / "kafka" / "pom.xml"
 HEAP = os.environ.get("THREADLINE_KAFKA_HEAP", "-Xms256m -Xmx1g")
 SCRAM = "SCRAM-SHA-512"
 BROKER_USER = "threadline-broker"  # the broker's own SCRAM user, inter-broker and readiness
@@ -97,12 +98,6 @@ def _kafka_uuid() -> str:
         text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         if not text.startswith("-"):
             return text
-
-
-def _die_with_parent() -> None:
-    # PR_SET_PDEATHSIG = 1: the kernel sends SIGTERM to the JVM if the launcher dies.
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
 
 def _java(libs: Path, main: str, args: Sequence[str], log4j: Path, heap: str) -> list[str]:
@@ -274,7 +269,7 @@ class EmbeddedKafka:
         self.process = subprocess.Popen(
             _java(libs, "kafka.Kafka", [str(config)], log4j, self.heap),
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         out.close()
         if wait_s:

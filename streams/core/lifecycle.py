@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from streams.domain import (
+from streams.core.domain import (
     AttemptDispatched,
     Event,
     ExecutionStarted,
@@ -26,10 +26,10 @@ from streams.domain import (
     StepRecorded,
     ThreadState,
 )
-from streams.ids import answer_message_id_for, workflow_id_for
-from streams.journal import JournalEntry, entry_to_json
-from streams.records import Dispatch, HistoryMessage, RunLifecycle, StreamOutput
-from streams.thread import INTERRUPTED
+from streams.core.ids import answer_message_id_for, workflow_id_for
+from streams.core.journal import JournalEntry, entry_to_json
+from streams.core.records import Dispatch, HistoryMessage, RunLifecycle, StreamOutput
+from streams.core.thread import INTERRUPTED
 
 __all__ = [
     "TERMINAL",

@@ -1,4 +1,4 @@
-"""The per-thread decider: pure `decide` and `evolve` over `streams.domain`.
+"""The per-thread decider: pure `decide` and `evolve` over `streams.core.domain`.
 
 `decide(state, command, policy)` turns a command into events; `evolve(state, event)`
 folds one event into the state. Neither does I/O, reads the clock or draws random
@@ -32,7 +32,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import assert_never
 
-from streams.domain import (
+from streams.core.domain import (
     NOTHING_KNOWN,
     ActiveRun,
     AssistantMessage,
@@ -77,8 +77,8 @@ from streams.domain import (
     ThreadDeleted,
     ThreadState,
 )
-from streams.ids import answer_message_id_for, run_id_for, workflow_id_for
-from streams.interrupts import (
+from streams.core.ids import answer_message_id_for, run_id_for, workflow_id_for
+from streams.core.interrupts import (
     interrupt_deadline_ms,
     interrupted,
     on_interrupted,
@@ -86,7 +86,7 @@ from streams.interrupts import (
     resume_run,
     timed_out,
 )
-from streams.journal import INTERRUPT, admit
+from streams.core.journal import INTERRUPT, admit
 
 __all__ = [
     "ATTEMPT_TIMEOUT",

@@ -1,6 +1,6 @@
 """A thread's stored history: which message records each decision writes.
 
-Pure, like `streams.thread`. The decision state holds no messages (its size must
+Pure, like `streams.core.thread`. The decision state holds no messages (its size must
 not grow with the thread); each stored user or assistant message is its own record
 on the messages topic, keyed `<thread_id>/<seq as 20 digits>` and written in the
 same transaction as the decision that stores it. A seq key (not the message id)
@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from streams.domain import (
+from streams.core.domain import (
     Event,
     MessageAccepted,
     PartialAnswerStored,
@@ -36,9 +36,9 @@ from streams.domain import (
     ThreadDeleted,
     ThreadState,
 )
-from streams.ids import run_id_for
-from streams.records import HistoryMessage
-from streams.thread import ROLLED_BACK
+from streams.core.ids import run_id_for
+from streams.core.records import HistoryMessage
+from streams.core.thread import ROLLED_BACK
 
 __all__ = [
     "SEQ_DIGITS",
