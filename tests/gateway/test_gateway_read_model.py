@@ -20,7 +20,7 @@ from confluent_kafka import Producer
 from gateway.app import Options, create_app
 from gateway.kafka import partition_for
 from gateway.keys import READ_MODEL
-from gateway.read_model import ReadModel
+from gateway.model.read_model import ReadModel
 from streams.config import Settings
 from streams.core.domain import RunStatus, StoredMessage, ThreadState
 from streams.core.history import message_key, parse_message_key

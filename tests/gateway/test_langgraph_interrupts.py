@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.langgraph_events import (
+from gateway.adapters.langgraph.events import (
     Part,
     StateValues,
     Translator,
@@ -14,7 +14,7 @@ from gateway.langgraph_events import (
     lg_interrupt,
     task_id,
 )
-from gateway.langgraph_views import (
+from gateway.adapters.langgraph.views import (
     interrupted_run,
     pending_interrupt,
     resumed_interrupts,

@@ -12,7 +12,7 @@ from typing import Any
 
 import fastavro
 
-from gateway.read_store import MESSAGES, THREADS, ReadStore
+from gateway.model.read_store import MESSAGES, THREADS, ReadStore
 from streams.core.domain import ActiveRun, RunRecord, RunStatus, StoredMessage, ThreadState
 from streams.core.history import message_key
 from streams.core.records import MessageRecord

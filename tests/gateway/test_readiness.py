@@ -16,8 +16,8 @@ from aiohttp.test_utils import TestServer
 from confluent_kafka import Producer
 
 from gateway.app import Options, create_app
+from gateway.http.ready import READY, probe_thread_id
 from gateway.kafka import partition_for
-from gateway.ready import READY, probe_thread_id
 from streams.config import Settings
 from streams.core.domain import RunStatus, StoredMessage, ThreadState
 from streams.core.history import message_key

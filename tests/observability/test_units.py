@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from gateway.app import create_app
-from gateway.auth import PUBLIC_PATHS
+from gateway.http.auth import PUBLIC_PATHS
 from streams.agents import AgentOutput, AgentStep, TextChunk
 from streams.config import Settings
 from streams.core.domain import ReportAttemptCompleted, ReportAttemptFailed, Step
