@@ -11,6 +11,8 @@
     interrupts  human-in-the-loop rules, called by `thread`
     ids         every derived id
     records     the dispatch, stream, message and dead-letter records
+    reasons     the typed vocabulary: `CancelReason`, `FailureCode` (str-valued enums
+                whose values are the wire's strings)
 
 Time, ids and model output arrive inside commands. Nothing here imports Kafka
 clients, rocksdict, aiohttp, fastavro, `streams.clock`, the wire, the runtime or

@@ -67,6 +67,7 @@ __all__ = [
     "ThreadCreated",
     "ThreadDeleted",
     "ThreadState",
+    "WorkerReport",
 ]
 
 
@@ -292,19 +293,18 @@ class CheckDeadlines:
     now_ms: int
 
 
-Command = (
-    CreateThread
-    | PostUserMessage
-    | CancelRun
-    | ReportAttemptStarted
+# What a worker reports about an attempt, fenced by the attempt number (`thread.decide`).
+WorkerReport = (
+    ReportAttemptStarted
     | ReportHeartbeat
     | ReportAttemptCompleted
     | ReportAttemptFailed
-    | CheckDeadlines
-    | DeleteThread
     | ReportStepCompleted
-    | ResumeRun
     | ReportExecutionStarted
+)
+
+Command = (
+    CreateThread | PostUserMessage | CancelRun | WorkerReport | CheckDeadlines | DeleteThread | ResumeRun
 )
 
 
@@ -421,7 +421,7 @@ class RetryScheduled:
     failed_attempt: int
     next_attempt: int
     due_ms: int
-    reason: str  # "failed: ..." | "heartbeat_timeout" | "attempt_timeout"
+    reason: str  # "failed: ..." or a deadline's FailureCode (streams.core.reasons)
     at_ms: int
 
 

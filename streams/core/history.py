@@ -37,8 +37,8 @@ from streams.core.domain import (
     ThreadState,
 )
 from streams.core.ids import run_id_for
+from streams.core.reasons import CancelReason
 from streams.core.records import HistoryMessage
-from streams.core.thread import ROLLED_BACK
 
 __all__ = [
     "SEQ_DIGITS",
@@ -130,7 +130,7 @@ def history_writes(before: ThreadState | None, event: Event) -> list[HistoryWrit
                     *_run_ended(before, event.run_id, RunStatus.COMPLETED)]
         case RunFailed():
             return _run_ended(before, event.run_id, RunStatus.FAILED)
-        case RunCancelled() if event.reason == ROLLED_BACK:
+        case RunCancelled() if event.reason == CancelReason.ROLLED_BACK:
             run = before.active_run
             if run is None or run.run_id != event.run_id or run.message_seq < 0:
                 return []

@@ -33,11 +33,11 @@ from streams.core.domain import (
     ThreadState,
 )
 from streams.core.journal import INTERRUPT, JournalEntry, admit
+from streams.core.reasons import FailureCode
 
-__all__ = ["INTERRUPT_TIMEOUT", "RESUMED_BY", "interrupt_deadline_ms", "interrupted",
+__all__ = ["RESUMED_BY", "interrupt_deadline_ms", "interrupted",
            "on_interrupted", "reported_interrupt", "resume_run", "timed_out"]
 
-INTERRUPT_TIMEOUT = "interrupt_timeout"  # RunFailed.error when no resume came in time
 RESUMED_BY = "resume"  # JournalEntry.execution_id of an interrupt completed by ResumeRun
 
 
@@ -99,4 +99,4 @@ def timed_out(state: ThreadState, run: ActiveRun, now: int, policy: Policy) -> l
     if due is None or now < due:
         return []
     return [RunFailed(thread_id=state.thread_id, run_id=run.run_id, attempt=run.attempt,
-                      error=INTERRUPT_TIMEOUT, at_ms=now)]
+                      error=FailureCode.INTERRUPT_TIMEOUT, at_ms=now)]

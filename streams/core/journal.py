@@ -17,12 +17,11 @@ import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
+from streams.core.reasons import FailureCode
+
 __all__ = [
     "INTERRUPT",
     "MODEL_TURN",
-    "STEP_TOO_LARGE",
-    "TOO_MANY_STEPS",
-    "TOO_MANY_TOOL_CALLS",
     "TOOL_CALL",
     "JournalEntry",
     "JournalLimits",
@@ -37,11 +36,6 @@ __all__ = [
 MODEL_TURN = "model_turn"
 TOOL_CALL = "tool_call"
 INTERRUPT = "interrupt"
-
-# RunFailed.error / AgentError text when a cap ends a runaway agent.
-TOO_MANY_STEPS = "too_many_steps"
-TOO_MANY_TOOL_CALLS = "too_many_tool_calls"
-STEP_TOO_LARGE = "step_too_large"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,18 +84,18 @@ def admit(journal: tuple[JournalEntry, ...], entry: JournalEntry,
     The reason starts with `too_many_steps`, `too_many_tool_calls` or
     `step_too_large`; a caller that must end the run puts it in `RunFailed.error`."""
     if len(journal) >= limits.max_steps:
-        return f"{TOO_MANY_STEPS}: the run reached its cap of {limits.max_steps} steps"
+        return f"{FailureCode.TOO_MANY_STEPS}: the run reached its cap of {limits.max_steps} steps"
     if entry.kind == TOOL_CALL and \
             sum(e.kind == TOOL_CALL for e in journal) >= limits.max_tool_calls:
-        return (f"{TOO_MANY_TOOL_CALLS}: the run reached its cap of "
+        return (f"{FailureCode.TOO_MANY_TOOL_CALLS}: the run reached its cap of "
                 f"{limits.max_tool_calls} tool calls")
     size = entry_bytes(entry)
     if size > limits.max_entry_bytes:
-        return (f"{STEP_TOO_LARGE}: a {entry.kind} step of {size} bytes, the limit is "
+        return (f"{FailureCode.STEP_TOO_LARGE}: a {entry.kind} step of {size} bytes, the limit is "
                 f"{limits.max_entry_bytes}")
     total = size + sum(entry_bytes(e) for e in journal)
     if total > limits.max_journal_bytes:
-        return (f"{STEP_TOO_LARGE}: the journal would hold {total} bytes, the limit is "
+        return (f"{FailureCode.STEP_TOO_LARGE}: the journal would hold {total} bytes, the limit is "
                 f"{limits.max_journal_bytes}")
     return None
 

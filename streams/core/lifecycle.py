@@ -28,8 +28,8 @@ from streams.core.domain import (
 )
 from streams.core.ids import answer_message_id_for, workflow_id_for
 from streams.core.journal import JournalEntry, entry_to_json
+from streams.core.reasons import CancelReason
 from streams.core.records import Dispatch, HistoryMessage, RunLifecycle, StreamOutput
-from streams.core.thread import INTERRUPTED
 
 __all__ = [
     "TERMINAL",
@@ -98,7 +98,7 @@ class RunFate:
         elif event == Lifecycle.RETRY_SCHEDULED:  # `attempt` is the failed one
             self.min_attempt = max(self.min_attempt, attempt + 1)
         elif event in TERMINAL:
-            if event == Lifecycle.RUN_CANCELLED and detail == INTERRUPTED and not self.ended:
+            if event == Lifecycle.RUN_CANCELLED and detail == CancelReason.INTERRUPTED and not self.ended:
                 self.interrupted_attempt = attempt
             self.ended = True
         else:

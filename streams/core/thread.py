@@ -14,7 +14,7 @@ Double-texting (`PostUserMessage.multitask_strategy`, docs/multitask.md): a post
 while a run is active is rejected (`reject`, the default), queued behind it
 (`enqueue`: `MessageAccepted`, `MessageQueued`), or cancels it and runs
 (`interrupt` and `rollback`: `MessageAccepted`, `RunCancelled` with reason
-`INTERRUPTED` or `ROLLED_BACK`, `RunAccepted`, `AttemptDispatched`). Whatever ends
+`CancelReason.INTERRUPTED` or `ROLLED_BACK`, `RunAccepted`, `AttemptDispatched`). Whatever ends
 a run, the same decision starts the oldest queued message's run, so at most one
 run is active and queued messages run once each, in order: the queue is part of
 the state, committed with the decision that changes it.
@@ -76,6 +76,7 @@ from streams.core.domain import (
     ThreadCreated,
     ThreadDeleted,
     ThreadState,
+    WorkerReport,
 )
 from streams.core.ids import answer_message_id_for, run_id_for, workflow_id_for
 from streams.core.interrupts import (
@@ -87,14 +88,10 @@ from streams.core.interrupts import (
     timed_out,
 )
 from streams.core.journal import INTERRUPT, admit
+from streams.core.reasons import CancelReason, FailureCode
 
 __all__ = [
-    "ATTEMPT_TIMEOUT",
-    "HEARTBEAT_TIMEOUT",
-    "INTERRUPTED",
     "OUTPUT_TOO_LARGE",
-    "ROLLED_BACK",
-    "THREAD_DELETED",
     "apply",
     "decide",
     "evolve",
@@ -107,11 +104,8 @@ __all__ = [
 _DEFAULT_POLICY = Policy()
 
 _LIVE = frozenset({RunStatus.DISPATCHED, RunStatus.RUNNING})
+_DOUBLE_TEXT = frozenset({CancelReason.INTERRUPTED, CancelReason.ROLLED_BACK})
 
-_WorkerReport = (
-    ReportAttemptStarted | ReportHeartbeat | ReportAttemptCompleted | ReportAttemptFailed
-    | ReportStepCompleted | ReportExecutionStarted
-)
 _RunEvent = (
     AttemptDispatched
     | AttemptStarted
@@ -125,16 +119,8 @@ _RunEvent = (
     | ExecutionStarted
 )
 
-# RetryScheduled.reason and RunFailed.error when a deadline ends an attempt.
-HEARTBEAT_TIMEOUT = "heartbeat_timeout"
-ATTEMPT_TIMEOUT = "attempt_timeout"
-# RunFailed.error when a completed attempt's answer exceeds Policy.max_output_bytes.
-OUTPUT_TOO_LARGE = "output_too_large"
-# RunCancelled.reason when the thread is deleted under a live run.
-THREAD_DELETED = "thread deleted"
-# RunCancelled.reason when a post with multitask_strategy interrupt or rollback ends it.
-INTERRUPTED = "interrupted"
-ROLLED_BACK = "rolled_back"
+# The worker's name for it (streams/worker/execution.py imports it from here).
+OUTPUT_TOO_LARGE = FailureCode.OUTPUT_TOO_LARGE
 
 
 # --- fingerprints ----------------------------------------------------------------
@@ -265,7 +251,7 @@ def _delete_thread(state: ThreadState | None, command: DeleteThread) -> list[Eve
     events: list[Event] = []
     if state.active_run is not None:
         events.append(RunCancelled(thread_id=state.thread_id, run_id=state.active_run.run_id,
-                                   reason=THREAD_DELETED, at_ms=command.now_ms))
+                                   reason=CancelReason.THREAD_DELETED, at_ms=command.now_ms))
     events.append(ThreadDeleted(thread_id=state.thread_id, tenant=state.tenant,
                                 message_count=state.message_count, at_ms=command.now_ms))
     return events
@@ -339,8 +325,8 @@ def _post_user_message(
                                                 message_id=command.message_id,
                                                 ahead=len(state.queued), at_ms=command.now_ms)]
             case MultitaskStrategy.INTERRUPT | MultitaskStrategy.ROLLBACK:
-                reason = INTERRUPTED if command.multitask_strategy is MultitaskStrategy.INTERRUPT \
-                    else ROLLED_BACK
+                reason = CancelReason.INTERRUPTED \
+                    if command.multitask_strategy is MultitaskStrategy.INTERRUPT else CancelReason.ROLLED_BACK
                 cancelled = [RunCancelled(thread_id=state.thread_id, run_id=active.run_id,
                                           reason=reason, at_ms=command.now_ms)]
             case _:
@@ -394,9 +380,12 @@ def _cancel_run(state: ThreadState | None, command: CancelRun) -> list[Event]:
         RunCancelled(
             thread_id=state.thread_id,
             run_id=run.run_id,
-            # The two reasons a double text gives mean something (a rollback
-            # tombstones the run's message); a cancel's own reason never does.
-            reason=command.reason if command.reason not in (INTERRUPTED, ROLLED_BACK)
+            # A client's own reason never means what a double text's does (a rollback
+            # tombstones the run's message), but both travel in the one string
+            # RunCancelled.reason: a client's text equal to a double text's reason is
+            # carried as "cancel: <text>". Only a second field (a schema change) can
+            # carry it unchanged.
+            reason=command.reason if command.reason not in _DOUBLE_TEXT
             else f"cancel: {command.reason}",
             at_ms=command.now_ms,
         )
@@ -413,11 +402,11 @@ def _check_deadlines(
     if run.status in _LIVE:
         # Must agree with next_deadline_ms: strictly later than the timeout.
         if now > run.last_heartbeat_ms + policy.heartbeat_timeout_ms:
-            return _attempt_failed(
-                state, run, HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT, True, now, policy
-            )
+            return _attempt_failed(state, run, FailureCode.HEARTBEAT_TIMEOUT,
+                                   FailureCode.HEARTBEAT_TIMEOUT, True, now, policy)
         if now > run.attempt_started_ms + policy.attempt_timeout_ms:
-            return _attempt_failed(state, run, ATTEMPT_TIMEOUT, ATTEMPT_TIMEOUT, True, now, policy)
+            return _attempt_failed(state, run, FailureCode.ATTEMPT_TIMEOUT,
+                                   FailureCode.ATTEMPT_TIMEOUT, True, now, policy)
         return []
     if interrupted(run):
         return timed_out(state, run, now, policy)
@@ -448,7 +437,7 @@ def _check_deadlines(
     return []
 
 
-def _worker_report(state: ThreadState | None, report: _WorkerReport, policy: Policy) -> list[Event]:
+def _worker_report(state: ThreadState | None, report: WorkerReport, policy: Policy) -> list[Event]:
     if state is None:
         return []
     if isinstance(report, ReportAttemptCompleted) and _is_partial_answer(state, report, policy):
@@ -495,8 +484,8 @@ def _worker_report(state: ThreadState | None, report: _WorkerReport, policy: Pol
             ]
         case ReportAttemptCompleted():
             if output_bytes(report) > policy.max_output_bytes:
-                return [RunFailed(thread_id=state.thread_id, run_id=run.run_id,
-                                  attempt=run.attempt, error=OUTPUT_TOO_LARGE, at_ms=report.now_ms)]
+                return [RunFailed(thread_id=state.thread_id, run_id=run.run_id, attempt=run.attempt,
+                                  error=FailureCode.OUTPUT_TOO_LARGE, at_ms=report.now_ms)]
             answer = AssistantMessage(
                 message_id=answer_message_id_for(run.run_id),
                 text=report.final_text,
@@ -738,9 +727,9 @@ def _run_event(state: ThreadState, event: _RunEvent, policy: Policy) -> ThreadSt
             return _end_run(state, run, RunStatus.FAILED, event.at_ms)
         case RunCancelled():
             ended = _end_run(state, run, RunStatus.CANCELLED, event.at_ms)
-            if event.reason == INTERRUPTED:  # its worker reports what it had streamed
+            if event.reason == CancelReason.INTERRUPTED:  # its worker reports what it had streamed
                 return replace(ended, interrupted=ended.last_run)
-            if event.reason != ROLLED_BACK:
+            if event.reason != CancelReason.ROLLED_BACK:
                 return ended
             keep = max(policy.max_idempotency_keys, 1)
             return replace(ended, rolled_back=(*state.rolled_back, run.message_id)[-keep:])
