@@ -5,10 +5,18 @@ so an agent and its tools reach it with `current()` without passing it around):
 
 - `call_tool(tool, arguments)` replays a tool call the journal already holds (the
   function is not called again) or calls it with its idempotency key, records the
-  result before returning it, and streams the `tool_call` / `tool_result` steps
-  and the result's sources as citations;
+  result, and streams the `tool_call` / `tool_result` steps and the result's
+  sources as citations;
 - `replay(kind, name)` and `record(...)` are the same for any other step, e.g. a
   model turn (the OpenAI agent records each turn's text and tool calls);
+- `fence()` returns once every step recorded so far is durable.
+
+When a step is durable: `record()` returns once it is (it waits at the fence), but
+`call_tool` does not wait for its own result's record: the agent goes on (a model
+turn, say) while the report travels, and the next tool call waits at the fence
+before its function starts; so does the worker before it reports the outcome.
+The one window (docs/agents.md) stays one call wide, and a run pays one round trip
+between two tool calls, not two.
 - the caps of `JournalLimits` end a runaway agent with a non-retryable
   `AgentError` (`too_many_steps: ...`, `too_many_tool_calls: ...`); a tool result
   too large to record goes back to the model as an error instead.
@@ -49,6 +57,7 @@ from streams.core.records import HistoryMessage
 __all__ = ["MODEL_TURN", "InterruptRequested", "Recorder", "RunContext", "call_tool", "current",
            "drive", "interrupt", "model_turn_json"]
 
+# Sends an entry on its way; the fence (`RunContext.durable`) learns when it lands.
 Recorder = Callable[[JournalEntry], Awaitable[None]]
 
 
@@ -66,6 +75,10 @@ async def _in_memory(entry: JournalEntry) -> None:
     return None
 
 
+async def _at_once() -> None:
+    return None
+
+
 @dataclass(eq=False)
 class RunContext:
     """One execution's view of its run: the journal so far and where replay stands."""
@@ -76,6 +89,7 @@ class RunContext:
     journal: list[JournalEntry] = field(default_factory=list)
     limits: JournalLimits = field(default_factory=JournalLimits)
     recorder: Recorder = _in_memory
+    durable: Callable[[], Awaitable[None]] = _at_once  # every entry sent so far has landed
     emit: Callable[[AgentOutput], None] = lambda output: None
     cursor: int = 0  # the next step: below len(journal) it is replayed
     in_tool: bool = False  # a tool's function is running (the worker keeps beating)
@@ -126,9 +140,14 @@ class RunContext:
         entry = JournalEntry(self.cursor, kind, name, input_json, output_json, self.execution_id)
         return admit(tuple(self.journal), entry, self.limits)
 
+    async def fence(self) -> None:
+        """Wait until every step recorded so far is durable: before a side effect."""
+        await self.durable()
+
     async def record(self, kind: str, name: str, input_json: str,
-                     output_json: str) -> JournalEntry:
-        """Record the next step durably, then move on; a cap or size refusal raises a
+                     output_json: str, *, wait: bool = True) -> JournalEntry:
+        """Record the next step and move on, once it is durable unless `wait` is False
+        (then the next `fence()` waits for it); a cap or size refusal raises a
         non-retryable `AgentError` naming it."""
         if self.replaying:
             raise AgentError(f"step {self.cursor} is journaled already; replay it",
@@ -145,6 +164,8 @@ class RunContext:
         await self.recorder(entry)
         self.journal.append(entry)
         self.cursor += 1
+        if wait:
+            await self.durable()
         return entry
 
 
@@ -202,6 +223,7 @@ async def call_tool(tool: Tool, arguments: Mapping[str, Any] | str) -> ToolResul
         result = ToolResult(error=f"arguments refused: {reason}")
     context.emit(AgentStep(Step("tool_call", tool.name, args_json)))
     if result is None:
+        await context.fence()  # the calls before this one are recorded: the one window
         tool_context = ToolContext(context.run_id, context.cursor, context.next_key())
         context.in_tool = True
         try:
@@ -220,7 +242,7 @@ async def call_tool(tool: Tool, arguments: Mapping[str, Any] | str) -> ToolResul
         if context.refusal(TOOL_CALL, tool.name, args_json, output_json) is not None:
             result = ToolResult(error=FailureCode.STEP_TOO_LARGE.value)  # the shortest that says why
             output_json = result.to_json()
-    await context.record(TOOL_CALL, tool.name, args_json, output_json)
+    await context.record(TOOL_CALL, tool.name, args_json, output_json, wait=False)
     _emit_result(context, tool.name, result)
     return result
 

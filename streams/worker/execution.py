@@ -6,19 +6,21 @@ records (`streams.worker.answer`) on the dispatch record's partition number,
 reports `ReportHeartbeat` while the agent makes progress, and ends with
 `ReportAttemptCompleted` or `ReportAttemptFailed`, sent until the broker acks it.
 
-Steps: the agent runs in a `RunContext` holding the run's journal so far (the
-worker sets `journal` before `run`). Each step it completes is reported as
-`ReportStepCompleted`, and the agent goes on as soon as the broker acks the report:
-the step is durable from then on, because the processor decides the thread's
-commands in log order. An execution that takes the attempt over waits at its
-barrier (`ReportExecutionStarted`, decided after every earlier report of the
-thread) before its first new step, so it sees every step an earlier execution had
-acked, decided or not; a call whose report was never acked is the one window
-(docs/agents.md). What the processor decides of a step comes back through the
-lifecycle watch: recorded by another execution of the same attempt, this one is
-deposed and stops like a superseded one; refused because the attempt is over, the
-watch stops it anyway. A dead processor therefore does not stall a run between two
-steps, only at its barrier and its end. Heartbeats go on while a tool runs.
+Steps: the agent runs in a `RunContext` holding the run's journal so far (the worker
+sets `journal` before `run`). Each step it completes is reported as
+`ReportStepCompleted`; the step is durable once the broker acks the report, because
+the processor decides the thread's commands in log order. The agent goes on while
+the report travels and waits for the ack at the fence: before its next tool call
+starts and before the outcome is reported (`streams.agents.runtime`). An execution
+that takes the attempt over waits at its barrier (`ReportExecutionStarted`, decided
+after every earlier report of the thread) before its first new step, so it sees
+every step an earlier execution had acked, decided or not; a call whose report was
+never acked is the one window (docs/agents.md). What the processor decides of a step
+comes back through the lifecycle watch: recorded by another execution of the same
+attempt, this one is deposed and stops like a superseded one; refused because the
+attempt is over, the watch stops it anyway. A dead processor therefore does not
+stall a run between two steps, only at its barrier and its end. Heartbeats go on
+while a tool runs.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -120,6 +123,9 @@ class Execution:
     timestamp_ms: int
     meta: EnvelopeMeta
     dispatch: Dispatch
+    # Delivered here first (`Worker.fresh_from`): no earlier execution of the attempt
+    # exists, the dispatch's journal is complete, and the barrier is passed at once.
+    fresh: bool = False
     execution_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     started: bool = False
     reporting: bool = False  # the agent is done; the outcome report is on its way
@@ -133,6 +139,10 @@ class Execution:
     _reported: set[int] = field(default_factory=set)  # steps this execution reported
     _seen: dict[int, JournalEntry] = field(default_factory=dict)  # recorded since the start
     _synced: asyncio.Future[list[JournalEntry]] | None = None  # the barrier's journal
+    # Step reports sent and not yet acked, in order, with their deliveries.
+    _unacked: deque[tuple[ReportStepCompleted, asyncio.Future[Any]]] = \
+        field(default_factory=deque)
+    _fence_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
         settings = self.outlet.settings
@@ -165,6 +175,8 @@ class Execution:
         self.last_progress = time.monotonic()
         queue: asyncio.Queue[object] = asyncio.Queue()
         self._synced = asyncio.get_running_loop().create_future()
+        if self.fresh:
+            self._synced.set_result([])
         pump = asyncio.create_task(self._pump(queue))
         beat = asyncio.create_task(self._heartbeat())
         try:
@@ -221,7 +233,8 @@ class Execution:
             self.context = RunContext(self.dispatch.run_id, self.attempt, self.execution_id,
                                       journal=list(self.journal),
                                       limits=self.outlet.settings.policy.journal,
-                                      recorder=self._record_step, sync=self._sync)
+                                      recorder=self._record_step, durable=self._durable,
+                                      sync=self._sync)
             async for output in drive(self.outlet.agent, self.dispatch.history,
                                       self.dispatch.input_text, self.context):
                 self.last_progress = time.monotonic()
@@ -332,25 +345,44 @@ class Execution:
             self.stop(Stop.SUPERSEDED)
 
     async def _record_step(self, entry: JournalEntry) -> None:
-        """Report the step; it is durable once the broker acks the report, and the
-        agent goes on then (see the module's docstring)."""
+        """Send the step's report; `_durable` learns when the broker acks it (see the
+        module's docstring)."""
         seen = self._seen.get(entry.step)
         if seen is not None and seen.execution_id != self.execution_id:
             raise Deposed(f"step {entry.step} was recorded by execution {seen.execution_id}")
         report = ReportStepCompleted(self.meta.thread_id, self.dispatch.run_id, self.attempt,
                                      self.outlet.worker_id, entry, now_ms())
         self._reported.add(entry.step)
-        for attempt in range(OUTCOME_SEND_TRIES):
-            try:
-                await asyncio.shield(await self._report(report))
-                break
-            except KafkaError as exc:
-                log.warning("step report for run %s failed (%s); retrying", self.dispatch.run_id,
-                            exc)
-                await asyncio.sleep(0.5 * 2**attempt)
-        else:
-            raise AgentError(f"step {entry.step} could not be reported", retryable=True)
-        self.last_progress = time.monotonic()
+        self._unacked.append((report, await self._send_step(report)))
+
+    async def _durable(self) -> None:
+        """The fence: every step this execution reported is acked. A report that failed
+        is sent again with every one after it, in order: the processor drops a step
+        past a gap, so a later report's ack proves nothing about an earlier one."""
+        async with self._fence_lock:
+            for attempt in range(OUTCOME_SEND_TRIES):
+                try:
+                    while self._unacked:
+                        await asyncio.shield(self._unacked[0][1])
+                        self._unacked.popleft()
+                    self.last_progress = time.monotonic()
+                    return
+                except KafkaError as exc:
+                    log.warning("step report for run %s failed (%s); sending again",
+                                self.dispatch.run_id, exc)
+                    await asyncio.sleep(0.5 * 2**attempt)
+                    self._unacked = deque([(report, await self._send_step(report))
+                                           for report, _ in self._unacked])
+            raise AgentError("the run's steps could not be reported", retryable=True)
+
+    async def _send_step(self, report: ReportStepCompleted) -> asyncio.Future[Any]:
+        try:
+            return await self._report(report)
+        except KafkaError as exc:  # not even queued: the fence sends it again
+            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            failed.exception()  # retrieved: the fence deals with it
+            return failed
 
     async def _report(self, command: Command) -> asyncio.Future[Any]:
         meta = new_meta(self.meta.thread_id, self.meta.tenant, now_ms(),
@@ -359,7 +391,11 @@ class Execution:
 
     async def _outcome(self, command: ReportAttemptCompleted | ReportAttemptFailed
                        | ReportStepCompleted) -> None:
-        """Send the outcome report until the broker acks it."""
+        """Send the outcome report, after the steps', until the broker acks it."""
+        try:
+            await self._durable()
+        except AgentError as exc:  # the outcome goes anyway: it is the run's answer
+            log.warning("run %s attempt %d: %s", self.dispatch.run_id, self.attempt, exc)
         for attempt in range(OUTCOME_SEND_TRIES):
             try:
                 await asyncio.shield(await self._report(command))

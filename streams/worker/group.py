@@ -75,6 +75,10 @@ class Worker:
         # dispatch partitions back at once instead of after a rebalance.
         self.worker_id = worker_id or claim_member_id(settings, "w")
         self.partitions: dict[int, PartitionOffsets] = {}
+        # Per dispatch partition, the stable end offset when it was last assigned here: a
+        # record from there on came to no other member first, so no earlier execution of
+        # its attempt can exist and it skips the barrier (docs/agents.md).
+        self.fresh_from: dict[int, int] = {}
         self.executions: dict[tuple[int, int], Execution] = {}
         self.by_run: dict[str, set[Execution]] = {}
         self.producer = AIOKafkaProducer(
@@ -144,7 +148,8 @@ class Worker:
             offsets.finish(record.offset)
             return
         execution = Execution(self.outlet, partition, record.offset, offsets, record.timestamp,
-                              meta, dispatch)
+                              meta, dispatch,
+                              fresh=record.offset >= self.fresh_from.get(partition, 2**63))
         self.executions[(partition, record.offset)] = execution
         self.by_run.setdefault(dispatch.run_id, set()).add(execution)
         execution.task = asyncio.create_task(self._execute(execution),
@@ -262,8 +267,25 @@ class Worker:
             del self.partitions[partition]
         for partition in partitions - set(self.partitions):
             self.partitions[partition] = PartitionOffsets()
+        await self._mark_fresh(partitions)
         await self.watch.follow(partitions)
         log.info("assigned dispatch partitions %s", sorted(partitions))
+
+    async def _mark_fresh(self, partitions: set[int]) -> None:
+        """Where each assigned partition's fresh records begin: its last stable offset
+        now (read_committed), on every assignment, kept partitions too (a member that
+        was dropped from the group and let back in keeps them in its own eyes). The
+        previous owner stopped reading at its revocation or died; a record not yet
+        committed then was read by nobody. Unknown: every record waits at the barrier."""
+        self.fresh_from = {}
+        topic = self.settings.topics.dispatch
+        try:
+            ends = await self.consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
+        except KafkaError as exc:
+            log.warning("dispatch end offsets unknown (%s): every dispatch waits at its "
+                        "barrier until the next assignment", exc)
+            return
+        self.fresh_from = {tp.partition: offset for tp, offset in ends.items()}
 
     async def _shutdown(self) -> None:
         log.info("worker %s stopping: %d attempts in flight", self.worker_id, len(self.executions))

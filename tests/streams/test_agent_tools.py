@@ -4,6 +4,7 @@ replay of a journal cut at every step, and the per-run caps."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,7 +25,7 @@ from streams.agents.builtin import BuiltinAgent
 from streams.agents.example import create as create_example
 from streams.agents.example import ticket_tool
 from streams.agents.openai import OpenAIAgent
-from streams.agents.runtime import RunContext, drive
+from streams.agents.runtime import RunContext, call_tool, drive
 from streams.agents.tools import Tool, ToolContext, ToolResult
 from streams.config import Settings
 from streams.core.journal import MODEL_TURN, TOOL_CALL, JournalEntry, JournalLimits
@@ -90,6 +91,49 @@ async def test_builtin_tool_mode_journals_turns_and_calls_and_replays_them(tmp_p
         assert _steps(replayed) == _steps(outputs)
         assert again.journal == first.journal
         assert _log(log) == [f"{w} r:{s}" for s in (1, 3) if s >= cut for w in ("start", "done")]
+
+
+async def test_a_tool_call_starts_only_once_every_step_before_it_is_durable() -> None:
+    """`call_tool` goes on without waiting for its result's record (the report travels
+    while the agent thinks), but the next call's function starts only at the fence:
+    the one window stays one call wide. Without the fence, `b` starts before `a`'s
+    record has landed and the first assertion fails."""
+    sent: list[int] = []
+    landed = asyncio.Event()  # the broker's ack, when the test says so
+    durable_upto = 0
+    starts: list[tuple[int, int]] = []  # (step, steps durable when the function began)
+
+    async def recorder(entry: JournalEntry) -> None:
+        sent.append(entry.step)
+
+    async def durable() -> None:
+        nonlocal durable_upto
+        if durable_upto < len(sent):
+            await landed.wait()
+            durable_upto = len(sent)
+
+    async def work(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        starts.append((context.step, durable_upto))
+        return "ok"
+
+    tools = [Tool(name, "", {"type": "object"}, work) for name in ("a", "b")]
+
+    class TwoCalls:
+        async def run(self, history: Sequence[Any], message: str) -> Any:
+            for tool in tools:
+                await call_tool(tool, {})
+            yield TextChunk("done")
+
+    context = RunContext(run_id="r", recorder=recorder, durable=durable)
+    run = asyncio.create_task(_run(TwoCalls(), "go", context))
+    while not sent:  # a's result is on its way
+        await asyncio.sleep(0)
+    for _ in range(100):  # the loop turns: nothing but the fence holds b back
+        await asyncio.sleep(0)
+    assert starts == [(0, 0)], "b began before a's record was durable"
+    landed.set()
+    assert _text(await run) == "done"
+    assert starts == [(0, 0), (1, 1)] and sent == [0, 1]
 
 
 # --- the OpenAI agent against the scripted server ----------------------------------------
