@@ -12,8 +12,8 @@ $(STAMP): pyproject.toml infra/kafka/pom.xml infra/registry/pom.xml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
-	$(PY) -c "from streams.devbroker import ensure_jars; print('kafka jars:', ensure_jars())"
-	$(PY) -c "from streams.registry_server import ensure_registry; print('schema registry:', ensure_registry())"
+	$(PY) -c "from streams.devtools.broker import ensure_jars; print('kafka jars:', ensure_jars())"
+	$(PY) -c "from streams.devtools.registry_server import ensure_registry; print('schema registry:', ensure_registry())"
 	touch $@
 
 install: $(STAMP)
@@ -21,8 +21,8 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/threadline run
 
-# ruff (docstrings of public names included) and mypy --strict on the whole tree,
-# tests too, before a test runs: `make test` fails on either. A private temp folder
+# ruff (docstrings of public names included), mypy --strict on the whole tree, tests
+# too, and the import contracts, before a test runs: `make test` fails on any. A private temp folder
 # per run: pytest prunes old runs in the shared default folder, which would delete
 # a concurrent run's broker data.
 test: install lint
@@ -52,9 +52,11 @@ bench-peers: install
 	$(PY) -c 'import matplotlib' 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'
 	$(PY) -m bench.peers $(PEERS_ARGS)
 
+# ruff, mypy --strict, and the layers' import contracts (import-linter, pyproject.toml).
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m mypy streams gateway tests chaos bench
+	$(VENV)/bin/lint-imports --no-logo
 
 clean:
 	rm -rf var .pytest_cache .hypothesis

@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from bench.common import Figure, load_text, percentile
 from bench.stack import AUTH, Stack, new_stack
-from streams.domain import CreateThread, PostUserMessage
+from streams.core.domain import CreateThread, PostUserMessage
 from streams.wire import Codec, new_meta
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry

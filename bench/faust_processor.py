@@ -29,7 +29,7 @@ from streams.config import Settings
 def _app(settings: Settings, count: int, out: Path) -> Any:
     import faust
 
-    from streams.thread import apply, decide
+    from streams.core.thread import apply, decide
     from streams.wire import Codec
 
     codec = Codec()  # single-object, as the processor writes without a registry

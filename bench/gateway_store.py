@@ -35,11 +35,11 @@ from confluent_kafka import Producer
 from bench.common import ROOT, Figure, bench_env, broker, load_text
 from gateway.kafka import partition_for
 from streams.config import Settings
-from streams.devbroker import free_port
-from streams.domain import RunStatus, StoredMessage, ThreadState
-from streams.history import message_key
+from streams.core.domain import RunStatus, StoredMessage, ThreadState
+from streams.core.history import message_key
+from streams.core.records import MessageRecord
+from streams.devtools.broker import free_port
 from streams.kafka.topics import ensure_topics
-from streams.records import MessageRecord
 from streams.wire import Codec, new_meta
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry

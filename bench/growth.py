@@ -41,11 +41,11 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from bench.common import Figure, load_text, median, percentile, process_cpu_ns
 from bench.stack import AUTH, Stack, new_stack
+from gateway.http.ready import probe_thread_id
 from gateway.kafka import partition_for
-from gateway.ready import probe_thread_id
 from streams.config import Settings
-from streams.domain import CheckDeadlines, Command, CreateThread, PostUserMessage, ReportAttemptCompleted
-from streams.ids import run_id_for
+from streams.core.domain import CheckDeadlines, Command, CreateThread, PostUserMessage, ReportAttemptCompleted
+from streams.core.ids import run_id_for
 from streams.wire import Codec, new_meta
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry

@@ -27,7 +27,7 @@ from bench.common import VAR, Child, Figure, bench_env, cleanup, load_text, proc
 from bench.gateway_store import _write
 from bench.growth import Commands
 from streams.config import Settings
-from streams.devbroker import free_port
+from streams.devtools.broker import free_port
 from streams.kafka.topics import ensure_topics
 
 BENCH = "growth-gateway"

@@ -31,8 +31,8 @@ from typing import Any
 from bench.common import VAR, Figure, bench_env, cleanup, load_text, median, run_child_json
 from bench.processor_throughput import _child_threadline, payload, preload
 from streams.config import Settings
-from streams.devbroker import free_port
-from streams.domain import Command
+from streams.core.domain import Command
+from streams.devtools.broker import free_port
 from streams.kafka.topics import ensure_topics
 from streams.wire import Codec, new_meta
 
@@ -81,7 +81,7 @@ def hook_cost(records: int = 200_000, batch: int = 500) -> dict[str, float]:
     """CPU µs a record of the processor's observability hooks, measured in this process:
     what metrics add per command (staged counts, flushed once a batch), and what tracing
     adds per unsampled record (finding the parent and reading its sampled flag)."""
-    from streams.domain import MessageAccepted, RunAccepted
+    from streams.core.domain import MessageAccepted, RunAccepted
     from streams.observability import tracing
     from streams.observability.processor import ProcessorObserver
 

@@ -28,7 +28,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from bench.common import VAR, Figure, bench_env, cleanup, load_text, median, own_cpu
 from streams.config import Settings
-from streams.domain import (
+from streams.core.domain import (
     AttemptDispatched,
     Command,
     CreateThread,
@@ -38,14 +38,14 @@ from streams.domain import (
     StoredMessage,
     ThreadState,
 )
-from streams.history import MessagePut, RunStatusChanged, context_window, history_writes, message_key
-from streams.ids import derived_envelope_id as _derived_id
-from streams.ids import run_id_for
+from streams.core.history import MessagePut, RunStatusChanged, context_window, history_writes, message_key
+from streams.core.ids import derived_envelope_id as _derived_id
+from streams.core.ids import run_id_for
+from streams.core.lifecycle import lifecycle_record as _lifecycle
+from streams.core.records import Dispatch, MessageRecord
+from streams.core.thread import decide, evolve
 from streams.kafka.topics import ensure_topics
-from streams.lifecycle import lifecycle_record as _lifecycle
 from streams.processor import Processor
-from streams.records import Dispatch, MessageRecord
-from streams.thread import decide, evolve
 from streams.wire import Codec, EnvelopeMeta, new_meta
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry

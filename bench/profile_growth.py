@@ -22,7 +22,7 @@ from bench.common import VAR, bench_env, broker, cleanup
 from bench.growth import LONG_TURNS, SHORT_TURNS, TENANT, TURNS_EACH, Commands
 from bench.processor_throughput import _child_threadline
 from streams.config import Settings
-from streams.domain import CreateThread
+from streams.core.domain import CreateThread
 from streams.kafka.topics import ensure_topics
 
 THREADS = 60  # a side: 300 turns, 600 commands

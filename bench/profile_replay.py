@@ -1,4 +1,4 @@
-"""Profile the gateway's Kafka replay (`gateway.replay.replay`) in-process.
+"""Profile the gateway's Kafka replay (`gateway.live.replay.replay`) in-process.
 
     python -m bench.profile_replay [--events 10000]
 
@@ -20,8 +20,8 @@ from bench.common import broker
 from bench.replay import _write_run
 from bench.stack import Stack, new_stack
 from bench.streamgen import seed_threads
-from gateway.replay import replay
-from gateway.tokens import ResumeTokens
+from gateway.live.replay import replay
+from gateway.live.tokens import ResumeTokens
 from streams.wire import Codec
 
 

@@ -4,7 +4,7 @@ bare seek-and-consume of the same range, in the same run.
 One gateway process; one thread whose run has 10,000 SSE events in the stream
 topic (`run_accepted`, `message_start`, `text_start`, then deltas), written before
 the gateway starts, so the feed's window does not hold them and the gateway reads
-them from Kafka (`gateway.replay`), then continues from its window. The client
+them from Kafka (`gateway.live.replay`), then continues from its window. The client
 resumes after `message_start` and stops at the last event. Baselines: a
 confluent-kafka consumer that seeks to the same offset and reads the same records
 (raw, and decoding each). Each is repeated and the medians reported.
@@ -22,9 +22,9 @@ from bench.common import Figure, load_text, median
 from bench.stack import AUTH, Stack, new_stack
 from bench.streamgen import TENANT, complete_frames, seed_threads
 from gateway.kafka import partition_for
-from gateway.tokens import ResumeTokens
-from streams.ids import answer_message_id_for
-from streams.records import MessageStart, RunLifecycle, StreamOutput, TextDelta, TextStart
+from gateway.live.tokens import ResumeTokens
+from streams.core.ids import answer_message_id_for
+from streams.core.records import MessageStart, RunLifecycle, StreamOutput, TextDelta, TextStart
 from streams.wire import Codec, new_meta
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry

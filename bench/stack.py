@@ -14,7 +14,7 @@ import aiohttp
 
 from bench.common import VAR, Child, bench_env, cleanup
 from streams.config import Settings
-from streams.devbroker import free_port
+from streams.devtools.broker import free_port
 from streams.kafka.topics import ensure_topics
 
 AUTH = {"Authorization": "Bearer bench"}

@@ -28,9 +28,9 @@ from aiokafka import AIOKafkaProducer
 from confluent_kafka import Producer
 
 from streams.config import Settings
-from streams.domain import ThreadState
-from streams.ids import answer_message_id_for
-from streams.records import MessageStart, RunLifecycle, StreamOutput, TextDelta, TextStart
+from streams.core.domain import ThreadState
+from streams.core.ids import answer_message_id_for
+from streams.core.records import MessageStart, RunLifecycle, StreamOutput, TextDelta, TextStart
 from streams.wire import Codec, new_meta
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry

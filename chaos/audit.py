@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 from chaos.tools_audit import audit_tools
 from chaos.topic_audit import TopicReads, audit_topics
-from streams.domain import (
+from streams.core.domain import (
     Event,
     MessageAccepted,
     PartialAnswerStored,
@@ -53,8 +53,8 @@ from streams.domain import (
     RunCompleted,
     RunFailed,
 )
-from streams.lifecycle import TERMINAL
-from streams.thread import INTERRUPTED, ROLLED_BACK
+from streams.core.lifecycle import TERMINAL
+from streams.core.reasons import CancelReason
 
 __all__ = ["Observations", "Post", "Report", "Seen", "WatchLog", "audit"]
 
@@ -221,11 +221,11 @@ def _audit_double_texts(obs: Observations, accepted: dict[str, Post],
                 started.append(event.run_id)
             elif isinstance(event, RunCompleted | RunFailed | RunCancelled):
                 open_runs.discard(event.run_id)
-            if not isinstance(event, RunCancelled) or event.reason not in (INTERRUPTED,
-                                                                            ROLLED_BACK):
+            if not isinstance(event, RunCancelled) or event.reason not in (CancelReason.INTERRUPTED,
+                                                                            CancelReason.ROLLED_BACK):
                 continue
             superseded[event.run_id] = event.reason
-            if event.reason == ROLLED_BACK:
+            if event.reason == CancelReason.ROLLED_BACK:
                 report.rolled_back += 1
                 continue
             report.interrupted += 1
@@ -289,7 +289,7 @@ def _audit_stored(obs: Observations, accepted: dict[str, Post], report: Report,
         users = [m for m in messages if m.get("message_id") == post.message_id]
         replies = [m for m in messages if m.get("role") == "assistant"
                    and m.get("run_id") == post.run_id]
-        if superseded.get(post.run_id) == ROLLED_BACK:
+        if superseded.get(post.run_id) == CancelReason.ROLLED_BACK:
             if users or replies:  # answered-then-removed: the history no longer has it
                 report._fail(None, f"message {post.message_id} was rolled back but is stored")
             continue

@@ -45,7 +45,7 @@ from confluent_kafka.admin import AdminClient
 from chaos.stack import Proc, Stack
 from gateway.kafka import partition_for
 from streams.config import Settings
-from streams.domain import PostUserMessage
+from streams.core.domain import PostUserMessage
 from streams.kafka.faults import FAULT_EXIT_STATUS, arm
 from streams.processor import instance_id_for
 from streams.wire import Codec, new_meta

@@ -31,7 +31,7 @@ import aiohttp
 
 from chaos.audit import Post, Seen, WatchLog
 from chaos.sse import AUTH, IDLE, Api, GaveUp, iter_sse
-from streams.lifecycle import TERMINAL, StreamEnd
+from streams.core.lifecycle import TERMINAL, StreamEnd
 
 __all__ = ["Load", "LoadConfig"]
 

@@ -25,8 +25,8 @@ from chaos.topic_audit import (
     message_identities,
 )
 from streams.config import Settings
-from streams.domain import StepRecorded
-from streams.history import parse_message_key
+from streams.core.domain import StepRecorded
+from streams.core.history import parse_message_key
 from streams.wire import Codec, DecodeError
 
 __all__ = ["Raw", "read_topic", "topic_reads"]

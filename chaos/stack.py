@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streams.config import Settings
-from streams.devbroker import EmbeddedCluster, EmbeddedKafka, free_port
+from streams.devtools.broker import EmbeddedCluster, EmbeddedKafka, free_port
 from streams.kafka.faults import FAULT_ENV
 from streams.kafka.topics import ensure_topics
 from streams.testing.process import RoleProcess

@@ -23,8 +23,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from streams.domain import Event, StepRecorded
-from streams.journal import TOOL_CALL
+from streams.core.domain import Event, StepRecorded
+from streams.core.journal import TOOL_CALL
 
 __all__ = ["ToolFindings", "audit_tools"]
 

@@ -59,7 +59,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from streams.domain import (
+from streams.core.domain import (
     AttemptDispatched,
     AttemptStarted,
     Event,
@@ -80,7 +80,7 @@ from streams.domain import (
     ThreadDeleted,
     ThreadState,
 )
-from streams.records import DeadLetter, Dispatch, MessageRecord
+from streams.core.records import DeadLetter, Dispatch, MessageRecord
 
 __all__ = [
     "Findings",

@@ -1,43 +1,26 @@
 """The HTTP/SSE gateway: REST commands and reads, server-sent events, over Kafka.
 
-Modules, one concern each:
+Packages, one concern each:
 
-    app          create_app (routes, middlewares, AppKeys, cleanup_ctx, the adapters
-                 as sub-apps), run_gateway
-    plumbing     the HTTP pieces every API shares: JSON bodies and answers, integer
-                 parameters, END_SEQ, the readiness 503 (starting_middleware)
-    rest         JSON endpoints: threads (list, get, delete), user messages, cancel, messages
-    interrupts   human in the loop: resume an interrupted run
-    run_stream   the one in-process stream API: a thread's or a run's events from a
-                 position, replayed then live (every protocol serves from it)
-    streaming    the two SSE endpoints, and the SSE writer (`serve`, `Framing`)
-    feed         the one stream-topic consumer per process, per-thread windows, subscribers
-    replay       short-lived per-request reads of positions older than the window
-    sse          pure: frames, the superseded-execution filter (RunTracker)
-    tokens       pure: event ids as signed resume tokens; the one place a client's is read
-    limits       per-tenant limits: streams, replays, posts a second, active runs (429)
-    decisions    command producer and the events consumer that answers waiting requests
-    read_model   threads and messages from a local store, restored from the changelogs,
-                 with read-your-writes catch-up; read_store: that RocksDB store
-    auth         API keys to tenants; an access log that redacts access_token
-    problems     RFC 9457 problem+json for every error
-    health       /healthz (liveness); ready: /readyz (the processor decides on every
-                 partition); openapi: /openapi.json; keys: AppKeys and Options
-    kafka        aiokafka helpers: partitioning, group-less consumers, offsets queries
-    observability  /metrics, request metrics and server spans; demo: the /demo page
-
-Adapters, each a package mounted as an aiohttp sub-app (so the middlewares above,
-auth, readiness, limits and problem+json, apply to it), none importing another:
-
-    ai_sdk       the Vercel AI SDK's chat endpoints under /v1/ai (useChat's transport:
-                 chat, resume, cancel, messages); ui_stream: pure, our events as its chunks
-    langgraph    the LangGraph Platform runs API under /langgraph (threads, runs,
-                 stream, events: the pure mapping, views: its JSON objects)
-    console      /console, the web console (gateway/console/static), and its
-                 /v1/console liveness endpoint
-
-(`ai_chat`, `ui_stream`, `langgraph_events`, `langgraph_threads`, `langgraph_views`
-are the former names of adapter modules, kept for the imports that use them.)
+    app       create_app (routes, middlewares, AppKeys, cleanup_ctx, the adapters
+              as sub-apps), run_gateway; keys: the AppKeys and Options;
+              kafka: aiokafka helpers (partitioning, group-less consumers, offsets)
+    http/     the HTTP plumbing every API shares: auth, limits, problems (problem+json),
+              plumbing (JSON bodies, integer parameters, END_SEQ, the readiness 503),
+              ready (/readyz), health (/healthz), observability (/metrics, spans)
+    model/    the read model (read_model, its RocksDB read_store) and the command bus
+              (decisions: commands out, decisions back)
+    live/     live streams: run_stream (the one in-process stream API: a thread's or a
+              run's events from a position, replayed then live; every protocol serves
+              from it), feed, replay, sse and tokens (pure), streaming (the native SSE
+              endpoints and the SSE writer)
+    api/      the native JSON API: rest, interrupts (resume), openapi
+    adapters/ each a package mounted as an aiohttp sub-app (so auth, readiness, limits
+              and problem+json apply to it), none importing another:
+              ai_sdk (the Vercel AI SDK's chat under /v1/ai; ui_stream: pure, our
+              events as its chunks), langgraph (the LangGraph Platform runs API under
+              /langgraph; events: the pure mapping, views: its JSON objects), console
+              (/console and gateway/adapters/console/static), demo (the /demo page)
 
 Decisions. A write publishes a command (acks=all) carrying a fresh W3C traceparent;
 the processor copies it onto the events it decides, and the events consumer resolves
@@ -56,7 +39,7 @@ position whose run start is unknown (ids never carry that, in practice) filters 
 that position on and may let through output of an execution superseded earlier.
 
 Replay positions: `Last-Event-ID`, or `last_event_id` / `last_entry_id` (reference
-API) in the query, resume after that event. Each is a resume token (`gateway.tokens`):
+API) in the query, resume after that event. Each is a resume token (`gateway.live.tokens`):
 HMAC-signed by a key every gateway of the deployment shares, bound to its thread, and
 verified before anything is read; a replay that would read more than
 `replay_max_records` offsets is answered as a position that is gone. `last_message_id` (reference API) alone

@@ -18,12 +18,17 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from gateway import ai_sdk, console, interrupts, langgraph, rest, streaming
-from gateway.auth import RedactingAccessLogger, auth_middleware
-from gateway.decisions import CommandBus
-from gateway.demo import demo_page
-from gateway.feed import StreamFeed
-from gateway.health import HEALTH, HealthProbe, healthz
+from gateway.adapters import ai_sdk, console, langgraph
+from gateway.adapters.demo import demo_page
+from gateway.api import interrupts, rest
+from gateway.api.openapi import openapi
+from gateway.http.auth import RedactingAccessLogger, auth_middleware
+from gateway.http.health import HEALTH, HealthProbe, healthz
+from gateway.http.limits import TenantLimiter, post_rate_middleware
+from gateway.http.observability import observe_app, observe_middleware
+from gateway.http.plumbing import starting_middleware
+from gateway.http.problems import problem_middleware
+from gateway.http.ready import READY, Readiness, readyz
 from gateway.kafka import Offsets
 from gateway.keys import (
     BUS,
@@ -36,16 +41,13 @@ from gateway.keys import (
     SETTINGS,
     Options,
 )
-from gateway.limits import TenantLimiter, post_rate_middleware
-from gateway.observability import observe_app, observe_middleware
-from gateway.openapi import openapi
-from gateway.plumbing import starting_middleware
-from gateway.problems import problem_middleware
-from gateway.read_model import ReadModel
-from gateway.ready import READY, Readiness, readyz
-from gateway.run_stream import STREAMS, RunStreams
+from gateway.live import streaming
+from gateway.live.feed import StreamFeed
+from gateway.live.run_stream import STREAMS, RunStreams
+from gateway.model.decisions import CommandBus
+from gateway.model.read_model import ReadModel
 from streams.config import Settings
-from streams.domain import Event, ThreadCreated, ThreadDeleted
+from streams.core.domain import Event, ThreadCreated, ThreadDeleted
 from streams.kafka.clients import aiokafka_config
 from streams.kafka.topics import ensure_topics
 from streams.observability.tracing import setup_tracing

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gateway.decisions import CommandBus
-from gateway.feed import StreamFeed
+from gateway.http.limits import TenantLimiter
 from gateway.kafka import Offsets
-from gateway.limits import TenantLimiter
-from gateway.read_model import ReadModel
+from gateway.live.feed import StreamFeed
+from gateway.model.decisions import CommandBus
+from gateway.model.read_model import ReadModel
 from streams.config import Settings
 from streams.wire import Codec
 

@@ -30,7 +30,7 @@ from streams.observability.settings import DEFAULT_RUN_METRICS_PORT
 from streams.supervisor import ProcessChild, Supervisor
 
 if TYPE_CHECKING:
-    from streams.devbroker import EmbeddedKafka
+    from streams.devtools.broker import EmbeddedKafka
 
 __all__ = ["log_level_option", "main", "start_role"]
 
@@ -41,7 +41,7 @@ def _embedded_broker(settings: Settings) -> EmbeddedKafka:
     """The embedded broker of `settings`: with SASL/SCRAM-SHA-512 on its listener when
     the clients are given SCRAM credentials (THREADLINE_KAFKA_SASL_USERNAME/_PASSWORD),
     that user then being created when its storage is first formatted."""
-    from streams.devbroker import SCRAM, EmbeddedKafka
+    from streams.devtools.broker import SCRAM, EmbeddedKafka
 
     security = settings.kafka_security
     users: dict[str, str] = {}
@@ -54,7 +54,7 @@ def _embedded_broker(settings: Settings) -> EmbeddedKafka:
 
 
 def _broker(settings: Settings) -> int:
-    from streams.devbroker import KAFKA_VERSION
+    from streams.devtools.broker import KAFKA_VERSION
 
     broker = _embedded_broker(settings)
     broker.start()

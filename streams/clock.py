@@ -1,7 +1,7 @@
 """The wall clock, in the milliseconds every record and command carries.
 
-Its own module so that the pure modules (`streams.ids`, `streams.lifecycle`,
-`streams.thread`) never read the clock: time reaches them as an argument.
+Its own module so that the pure modules (`streams.core.ids`, `streams.core.lifecycle`,
+`streams.core.thread`) never read the clock: time reaches them as an argument.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from streams.domain import Policy
-from streams.journal import JournalLimits
+from streams.core.domain import Policy
+from streams.core.journal import JournalLimits
 from streams.observability.settings import ObservabilitySettings
 
 __all__ = ["GatewayLimits", "Settings", "TopicNames"]

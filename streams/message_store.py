@@ -32,10 +32,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 
-from streams.history import parse_message_key
-from streams.ids import run_id_for
+from streams.core.history import parse_message_key
+from streams.core.ids import run_id_for
+from streams.core.records import HistoryMessage, MessageRecord
 from streams.kafka.state_store import PartitionStore
-from streams.records import HistoryMessage, MessageRecord
 from streams.wire import Codec, DecodeError
 
 __all__ = ["ContextWindows", "MessageStore"]

@@ -20,13 +20,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from streams.clock import now_ms
-from streams.domain import RunRecord, StoredMessage, ThreadState
-from streams.history import message_key
-from streams.ids import uuid5_text
+from streams.core.domain import RunRecord, StoredMessage, ThreadState
+from streams.core.history import message_key
+from streams.core.ids import uuid5_text
+from streams.core.records import MessageRecord
 from streams.kafka.loop import Output
 from streams.kafka.state_store import PartitionStore
 from streams.message_store import MessageStore
-from streams.records import MessageRecord
 from streams.wire import EnvelopeMeta
 
 if TYPE_CHECKING:

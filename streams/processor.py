@@ -1,6 +1,6 @@
 """The thread processor: commands in, decisions out, exactly once.
 
-A thin shell around `streams.thread`: for each command record it loads the
+A thin shell around `streams.core.thread`: for each command record it loads the
 thread's state from the partition's RocksDB table, calls `decide`, folds the
 events with `evolve`, and returns the events, the dispatches for workers and the
 new state (changelog) as the records of the step; the Kafka runtime's table loop
@@ -32,7 +32,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from streams.clock import now_ms
 from streams.config import Settings
-from streams.domain import (
+from streams.core.domain import (
     NOTHING_KNOWN,
     AttemptDispatched,
     CheckDeadlines,
@@ -43,15 +43,12 @@ from streams.domain import (
     PostUserMessage,
     ReportAttemptCompleted,
     ReportAttemptFailed,
-    ReportAttemptStarted,
-    ReportExecutionStarted,
-    ReportHeartbeat,
-    ReportStepCompleted,
     RunCancelled,
     RunFailed,
     ThreadState,
+    WorkerReport,
 )
-from streams.history import (
+from streams.core.history import (
     HistoryErased,
     HistoryWrite,
     MessagePut,
@@ -61,26 +58,25 @@ from streams.history import (
     history_writes,
     message_key,
 )
-from streams.ids import derived_envelope_id
-from streams.kafka.clients import librdkafka_config, table_consumer_config, table_producer_config
-from streams.kafka.loop import Output, TableLoop, record_position
-from streams.kafka.restore import ChangelogReader, restore_tables
-from streams.kafka.state_store import PartitionStore, TableStores
-from streams.kafka.topics import ensure_topics, record_limit
-from streams.lifecycle import dispatch_record, lifecycle_record
-from streams.message_store import ContextWindows, MessageStore
-from streams.migration import migrate_partition
-from streams.observability.processor import ProcessorObserver
-from streams.observability.tracing import header_of, record_traceparent
-from streams.records import DeadLetter, HistoryMessage, MessageRecord
-from streams.thread import (
-    OUTPUT_TOO_LARGE,
-    ROLLED_BACK,
+from streams.core.ids import derived_envelope_id
+from streams.core.lifecycle import dispatch_record, lifecycle_record
+from streams.core.reasons import CancelReason, FailureCode
+from streams.core.records import DeadLetter, HistoryMessage, MessageRecord
+from streams.core.thread import (
     decide,
     evolve,
     next_deadline_ms,
     output_bytes,
 )
+from streams.kafka.clients import librdkafka_config, table_consumer_config, table_producer_config
+from streams.kafka.loop import Output, TableLoop, record_position
+from streams.kafka.restore import ChangelogReader, restore_tables
+from streams.kafka.state_store import PartitionStore, TableStores
+from streams.kafka.topics import ensure_topics, record_limit
+from streams.message_store import ContextWindows, MessageStore
+from streams.migration import migrate_partition
+from streams.observability.processor import ProcessorObserver
+from streams.observability.tracing import header_of, record_traceparent
 from streams.wire import Codec, DecodeError, EnvelopeMeta
 
 __all__ = ["Processor", "ProcessorStats", "run_processor"]
@@ -88,7 +84,6 @@ __all__ = ["Processor", "ProcessorStats", "run_processor"]
 log = logging.getLogger("threadline.processor")
 
 HISTORY_LIMIT = 50  # earlier messages handed to the agent with a dispatch, at most
-RECORD_TOO_LARGE = "record_too_large"  # RunFailed.error when a decision's record cannot fit
 TICK_INTERVAL_S = 0.1
 TICK_RESEND_MS = 2_000  # a due tick not yet acted on is sent again after this
 DEAD_LETTER_MAX_BYTES = 256 * 1024  # of a dead record's key and value kept in its dead letter
@@ -325,8 +320,8 @@ class Processor:
         if isinstance(command, ReportAttemptCompleted) and decision.too_large_output:
             # Kept for the operator: the answer that could not be stored.
             outputs.append(self._dead_letter(
-                msg, f"{OUTPUT_TOO_LARGE}: the answer is {output_bytes(command)} bytes, the limit "
-                f"is {self.policy.max_output_bytes}", "OutputTooLarge"))
+                msg, f"{FailureCode.OUTPUT_TOO_LARGE}: the answer is {output_bytes(command)} bytes, "
+                f"the limit is {self.policy.max_output_bytes}", "OutputTooLarge"))
         oversized = next((o for o in decision.outputs
                           if len(o.key) + len(o.value or b"") > self.max_record_bytes), None)
         if oversized is not None:
@@ -334,7 +329,7 @@ class Processor:
             # dead letters, and a run it was about ends instead of waiting forever.
             size = len(oversized.key) + len(oversized.value or b"")
             outputs.append(self._dead_letter(
-                msg, f"{RECORD_TOO_LARGE}: its decision needs a {size}-byte {oversized.topic} "
+                msg, f"{FailureCode.RECORD_TOO_LARGE}: its decision needs a {size}-byte {oversized.topic} "
                 f"record, the limit is {self.max_record_bytes}", "RecordTooLarge"))
             decision = self._fail_reported_run(state, command, meta, partition, key, history)
             if decision is None:
@@ -364,12 +359,10 @@ class Processor:
                            partition: int, key: bytes, history: MessageStore) -> _Decision | None:
         """The decision instead of one whose records cannot fit: a worker's report on
         the live attempt ends the run `record_too_large`; anything else decides nothing."""
-        if not isinstance(command, ReportAttemptCompleted | ReportAttemptStarted |
-                          ReportHeartbeat | ReportAttemptFailed | ReportStepCompleted |
-                          ReportExecutionStarted):
+        if not isinstance(command, WorkerReport):
             return None
         failed = ReportAttemptFailed(command.thread_id, command.run_id, command.attempt,
-                                     command.worker_id, RECORD_TOO_LARGE, False, command.now_ms)
+                                     command.worker_id, FailureCode.RECORD_TOO_LARGE, False, command.now_ms)
         decision = self._decide(state, failed, meta, partition, key, history)
         if decision is None or any(len(o.key) + len(o.value or b"") > self.max_record_bytes
                                    for o in decision.outputs):
@@ -402,7 +395,7 @@ class Processor:
             outputs.append(_Output(self.topics.events, key, self.codec.encode_event(event, event_meta)))
             if isinstance(event, MessageAccepted):
                 accepted[event.message_id] = event.text
-            if isinstance(event, RunCancelled) and event.reason == ROLLED_BACK and \
+            if isinstance(event, RunCancelled) and event.reason == CancelReason.ROLLED_BACK and \
                     before is not None and before.active_run is not None:
                 removed.add(before.active_run.message_id)
             if isinstance(event, AttemptDispatched) and after is not None:
@@ -416,9 +409,9 @@ class Processor:
                 self._history_outputs(write, meta.thread_id, event_meta, history, outputs, writes)
             before = after
         self.observer.events(events)
+        too_large = any(isinstance(e, RunFailed) and e.error == FailureCode.OUTPUT_TOO_LARGE for e in events)
         return _Decision(before, outputs, writes, deleted=state is not None and before is None,
-                         too_large_output=any(isinstance(e, RunFailed) and e.error == OUTPUT_TOO_LARGE
-                                              for e in events), events=tuple(events))
+                         too_large_output=too_large, events=tuple(events))
 
     def _history_outputs(self, write: HistoryWrite, thread_id: str, meta: EnvelopeMeta,
                          history: MessageStore, outputs: list[_Output],

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["Backoff", "Child", "ProcessChild", "Supervisor", "describe_exit"]
+__all__ = ["Backoff", "Child", "ProcessChild", "Supervisor", "describe_exit", "die_with_parent"]
 
 log = logging.getLogger("threadline.supervisor")
 
@@ -78,9 +78,10 @@ class Child(Protocol):
         """Wait for it to exit; kill it if it is still running after `timeout_s`."""
 
 
-def _die_with_parent() -> None:
-    # PR_SET_PDEATHSIG = 1 (Linux): the kernel sends the child SIGTERM if the
-    # supervisor itself dies, so a killed `threadline run` leaves no orphan role.
+def die_with_parent() -> None:
+    """Ask the kernel to send this process SIGTERM when its parent dies (Linux's
+    PR_SET_PDEATHSIG; elsewhere nothing): a child's `preexec_fn`, so a killed
+    launcher leaves no orphan role, broker or registry."""
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
@@ -97,7 +98,7 @@ class ProcessChild:
     def start(self) -> int:
         """Start the child process and return its pid."""
         self.process = subprocess.Popen(list(self.argv), env=self.env, stdin=subprocess.DEVNULL,
-                                        preexec_fn=_die_with_parent)
+                                        preexec_fn=die_with_parent)
         return self.process.pid
 
     def poll(self) -> int | None:

@@ -35,7 +35,7 @@ def schema_registry_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
     if os.environ.get("THREADLINE_TEST_SCHEMA_REGISTRY_URL"):
         yield os.environ["THREADLINE_TEST_SCHEMA_REGISTRY_URL"]
         return
-    from streams.registry_server import EmbeddedRegistry
+    from streams.devtools.registry_server import EmbeddedRegistry
 
     with EmbeddedRegistry(tmp_path_factory.mktemp("registry") / "registry.log") as registry:
         yield registry.url

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from streams.config import Settings
-from streams.domain import Command, Event, PostUserMessage, RunRejected
+from streams.core.domain import Command, Event, PostUserMessage, RunRejected
 from streams.wire import Codec, new_meta
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry

@@ -29,7 +29,7 @@ from typing_extensions import override
 from bench.peers.procs import free_port
 from bench.peers.system import System, retry_pause
 from streams.config import Settings
-from streams.devbroker import KAFKA_VERSION, EmbeddedKafka
+from streams.devtools.broker import KAFKA_VERSION, EmbeddedKafka
 from streams.kafka.topics import ensure_topics
 from streams.testing.process import RoleProcess
 

@@ -28,8 +28,8 @@ from importlib.metadata import entry_points
 from typing import Any, Protocol, cast
 
 from streams.config import Settings
-from streams.domain import Citation, Step
-from streams.records import HistoryMessage
+from streams.core.domain import Citation, Step
+from streams.core.records import HistoryMessage
 
 __all__ = [
     "Agent",

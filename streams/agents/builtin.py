@@ -47,9 +47,9 @@ from streams.agents import AgentCitations, AgentError, AgentOutput, AgentStep, T
 from streams.agents.runtime import call_tool, current, interrupt, model_turn_json
 from streams.agents.tools import Tool, ToolContext, ToolResult, log_side_effect
 from streams.config import Settings
-from streams.domain import Citation, Step
-from streams.journal import MODEL_TURN
-from streams.records import HistoryMessage
+from streams.core.domain import Citation, Step
+from streams.core.journal import MODEL_TURN
+from streams.core.records import HistoryMessage
 
 __all__ = ["BuiltinAgent", "lookup_tool", "reply_for"]
 

@@ -20,7 +20,7 @@ from typing import Any
 from streams.agents.openai import OpenAIAgent
 from streams.agents.tools import Tool, ToolContext, ToolError, ToolResult, log_side_effect
 from streams.config import Settings
-from streams.domain import Citation
+from streams.core.domain import Citation
 
 __all__ = ["create", "ticket_tool"]
 

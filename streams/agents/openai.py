@@ -38,8 +38,8 @@ from streams.agents import AgentError, AgentOutput, TextChunk
 from streams.agents.runtime import call_tool, current, model_turn_json
 from streams.agents.tools import Tool, ToolContext, ToolError, by_name
 from streams.config import Settings
-from streams.journal import MODEL_TURN
-from streams.records import HistoryMessage
+from streams.core.journal import MODEL_TURN
+from streams.core.records import HistoryMessage
 
 __all__ = ["OpenAIAgent", "TURN_STEP_NAME"]
 

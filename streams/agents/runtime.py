@@ -40,11 +40,10 @@ from typing import Any
 
 from streams.agents import Agent, AgentCitations, AgentError, AgentOutput, AgentStep
 from streams.agents.tools import Tool, ToolContext, ToolError, ToolResult
-from streams.domain import Step
-from streams.journal import (
+from streams.core.domain import Step
+from streams.core.journal import (
     INTERRUPT,
     MODEL_TURN,
-    STEP_TOO_LARGE,
     TOOL_CALL,
     JournalEntry,
     JournalLimits,
@@ -52,7 +51,8 @@ from streams.journal import (
     idempotency_key,
     merge,
 )
-from streams.records import HistoryMessage
+from streams.core.reasons import FailureCode
+from streams.core.records import HistoryMessage
 
 __all__ = ["MODEL_TURN", "InterruptRequested", "Recorder", "RunContext", "call_tool", "current",
            "drive", "interrupt", "model_turn_json"]
@@ -136,7 +136,7 @@ class RunContext:
         return entry
 
     def refusal(self, kind: str, name: str, input_json: str, output_json: str) -> str | None:
-        """Why a step like this could not be recorded next (see `streams.journal.admit`)."""
+        """Why a step like this could not be recorded next (see `streams.core.journal.admit`)."""
         entry = JournalEntry(self.cursor, kind, name, input_json, output_json, self.execution_id)
         return admit(tuple(self.journal), entry, self.limits)
 
@@ -217,7 +217,7 @@ async def call_tool(tool: Tool, arguments: Mapping[str, Any] | str) -> ToolResul
         result = ToolResult(error=str(exc))
     # The caps come before the call: a runaway agent is stopped before a side effect.
     reason = context.refusal(TOOL_CALL, tool.name, args_json, "")
-    if reason is not None and not reason.startswith(STEP_TOO_LARGE):
+    if reason is not None and not reason.startswith(FailureCode.STEP_TOO_LARGE):
         raise AgentError(reason, retryable=False)
     if reason is not None:
         result = ToolResult(error=f"arguments refused: {reason}")
@@ -235,12 +235,12 @@ async def call_tool(tool: Tool, arguments: Mapping[str, Any] | str) -> ToolResul
             context.in_tool = False
     output_json = result.to_json()
     reason = context.refusal(TOOL_CALL, tool.name, args_json, output_json)
-    if reason is not None and reason.startswith(STEP_TOO_LARGE):
+    if reason is not None and reason.startswith(FailureCode.STEP_TOO_LARGE):
         # Refused with a clear error to the agent; the model may ask for less.
         result = ToolResult(error=f"result refused: {reason}")
         output_json = result.to_json()
         if context.refusal(TOOL_CALL, tool.name, args_json, output_json) is not None:
-            result = ToolResult(error=STEP_TOO_LARGE)  # the shortest that says why
+            result = ToolResult(error=FailureCode.STEP_TOO_LARGE.value)  # the shortest that says why
             output_json = result.to_json()
     await context.record(TOOL_CALL, tool.name, args_json, output_json, wait=False)
     _emit_result(context, tool.name, result)

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from streams.domain import Citation
+from streams.core.domain import Citation
 
 __all__ = ["Tool", "ToolContext", "ToolError", "ToolResult", "log_side_effect"]
 

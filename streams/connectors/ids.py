@@ -10,7 +10,7 @@ the processor's duplicate rule turns into one turn.
 
 Outbox ids are opaque uuid5s of the triggering event's id and the role of the
 outbound message; they travel in the chat message's metadata and as a webhook's
-`Idempotency-Key`; `outbox_id_for` is in `streams.ids`, with every other derived id.
+`Idempotency-Key`; `outbox_id_for` is in `streams.core.ids`, with every other derived id.
 """
 
 from __future__ import annotations

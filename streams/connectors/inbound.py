@@ -34,7 +34,7 @@ from streams.connectors.config import ConnectorConfig
 from streams.connectors.slack_events import Turn, turn_of, verify
 from streams.connectors.stats import ConnectorStats
 from streams.connectors.topics import audit_topic
-from streams.domain import CreateThread, PostUserMessage
+from streams.core.domain import CreateThread, PostUserMessage
 from streams.kafka.clients import librdkafka_config
 from streams.wire import Codec, new_meta
 from streams.wire.connector import encode_audit

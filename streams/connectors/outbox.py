@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from streams.connectors.ids import address_of, message_ref_of
-from streams.domain import (
+from streams.core.domain import (
     Event,
     RejectReason,
     RunAccepted,
@@ -40,7 +40,7 @@ from streams.domain import (
     RunFailed,
     RunRejected,
 )
-from streams.ids import outbox_id_for
+from streams.core.ids import outbox_id_for
 
 __all__ = [
     "ANSWER",

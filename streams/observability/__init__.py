@@ -4,5 +4,5 @@
 and the port that serves them), `tracing` (the tracer and the trace context on Kafka
 records), `logs` (the JSON line format), and one module per role that wires them in
 with as few lines as possible in the role itself: `processor`, `worker` (with the
-agent wrapper). The gateway's are in gateway/observability.py. See docs/operations.md.
+agent wrapper). The gateway's are in gateway/http/observability.py. See docs/operations.md.
 """

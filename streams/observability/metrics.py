@@ -170,7 +170,7 @@ class WorkerMetrics:
 
 
 class GatewayMetrics:
-    """The gateway's metrics (gateway/observability.py)."""
+    """The gateway's metrics (gateway/http/observability.py)."""
 
     def __init__(self) -> None:
         self.requests = LabelCache(_counter(

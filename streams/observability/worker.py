@@ -24,17 +24,17 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from streams.agents import Agent, AgentError, AgentOutput, AgentStep, TextChunk
-from streams.domain import (
+from streams.core.domain import (
     Command,
     ReportAttemptCompleted,
     ReportAttemptFailed,
     ReportAttemptStarted,
     ReportHeartbeat,
 )
+from streams.core.reasons import FailureCode
+from streams.core.records import HistoryMessage, StreamOutput, TextDelta
 from streams.observability import logs, tracing
 from streams.observability.metrics import worker_metrics
-from streams.records import HistoryMessage, StreamOutput, TextDelta
-from streams.thread import OUTPUT_TOO_LARGE
 from streams.wire import EnvelopeMeta
 from streams.worker.execution import SHUTDOWN_ERROR, Execution, Outlet
 
@@ -48,8 +48,8 @@ def outcome_reason(command: ReportAttemptCompleted | ReportAttemptFailed) -> tup
         return "completed", "ok"
     if command.error == SHUTDOWN_ERROR:
         return "failed", "shutdown"
-    if command.error == OUTPUT_TOO_LARGE:
-        return "failed", "output_too_large"
+    if command.error == FailureCode.OUTPUT_TOO_LARGE:
+        return "failed", FailureCode.OUTPUT_TOO_LARGE.value
     return "failed", "agent_error_retryable" if command.retryable else "agent_error"
 
 

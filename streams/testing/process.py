@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-from streams.devbroker import _die_with_parent
+from streams.supervisor import die_with_parent
 
 __all__ = ["ROOT", "ChildProcess", "RoleProcess", "role_args", "wait_for"]
 
@@ -69,7 +69,7 @@ class ChildProcess:
             hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
             resource.setrlimit(resource.RLIMIT_NOFILE, (min(self.nofile, hard), hard))
         if self.die_with_parent:
-            _die_with_parent()  # a killed launcher leaves no orphans
+            die_with_parent()  # a killed launcher leaves no orphans
 
     def start(self) -> Self:
         """Start the process (again); its output is appended to the log."""

@@ -2,7 +2,7 @@
 
 A history is JSON: the policy it was decided with, an optional starting state, and
 each event with the state `evolve` made of it when it was recorded. `replay` folds
-the events through today's `streams.thread.evolve` and compares every state with the
+the events through today's `streams.core.thread.evolve` and compares every state with the
 recorded one, so a change to the core that would misread old history fails loudly.
 The JSON form is this module's own (`to_json`/`from_json`, driven by the dataclasses'
 type hints), independent of the Avro wire format, so it changes only on purpose.
@@ -21,9 +21,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from streams import domain
-from streams.domain import Event, Policy, ThreadState
-from streams.thread import evolve
+from streams.core import domain
+from streams.core.domain import Event, Policy, ThreadState
+from streams.core.thread import evolve
 
 __all__ = ["History", "ReplayMismatch", "Step", "from_json", "load_history", "replay",
            "save_history", "to_json"]

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 
 from streams.config import Settings
-from streams.devbroker import EmbeddedKafka
+from streams.devtools.broker import EmbeddedKafka
 from streams.kafka.clients import librdkafka_config
 from streams.kafka.topics import ensure_topics
 from streams.testing.process import RoleProcess, wait_for

@@ -1,7 +1,7 @@
 """All Avro bytes of Threadline; nothing else touches them.
 
 The contract is `schemas/` (`streams.wire.schemas`). Records mirror the
-dataclasses of `streams.domain`, `streams.records` and `streams.connectors` field
+dataclasses of `streams.core.domain`, `streams.core.records` and `streams.connectors` field
 for field; the mapping is derived from the dataclass fields once per class
 (`binding`), and records of this build's schemas are read by a reader compiled
 per schema (`reader`). Two wire formats, told apart by the first byte (`frame`):

@@ -1,7 +1,7 @@
 """The dataclass <-> Avro record binding, derived once per class.
 
-Records mirror their dataclasses field for field (`streams.domain`,
-`streams.records`, `streams.connectors`): a field fastavro takes as it is is
+Records mirror their dataclasses field for field (`streams.core.domain`,
+`streams.core.records`, `streams.connectors`): a field fastavro takes as it is is
 copied; tuples, frozen maps, optionals, enums, nested records and unions of
 records are converted. A union of records is written in fastavro's
 `("threadline.<Class>", record)` tuple notation, which is what the compiled

@@ -21,8 +21,8 @@ from fastavro.schema import parse_schema
 from fastavro.types import Schema
 
 from streams.config import Settings, TopicNames
-from streams.domain import Command, Event, RunRecord, StoredMessage, ThreadState
-from streams.records import DeadLetter, Dispatch, MessageRecord, StreamOutput
+from streams.core.domain import Command, Event, RunRecord, StoredMessage, ThreadState
+from streams.core.records import DeadLetter, Dispatch, MessageRecord, StreamOutput
 from streams.wire.binding import binding_of, record_union
 from streams.wire.envelope import EnvelopeMeta
 from streams.wire.errors import DecodeError, RegistryError, SerializationError

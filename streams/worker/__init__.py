@@ -34,7 +34,7 @@ partition then.
 
 Supersession: a second, group-less consumer follows the lifecycle records the
 processor mirrors into the stream topic (`RunLifecycle`) on the partitions this
-worker owns, and folds them into each run's fate (`streams.lifecycle.RunFate`).
+worker owns, and folds them into each run's fate (`streams.core.lifecycle.RunFate`).
 An attempt whose run ended (completed, failed, cancelled) or whose attempt number
 is past (retry_scheduled for it, attempt_dispatched for a later one) is stopped at
 once, reports nothing more and counts as finished. Before an attempt starts, the

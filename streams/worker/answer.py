@@ -10,8 +10,8 @@ records from 0.
 
 from __future__ import annotations
 
-from streams.domain import Citation, Step
-from streams.records import (
+from streams.core.domain import Citation, Step
+from streams.core.records import (
     CitationsOutput,
     MessageEnd,
     MessageStart,

@@ -41,7 +41,7 @@ from streams.agents import Agent, AgentCitations, AgentError, AgentOutput, Agent
 from streams.agents.runtime import InterruptRequested, RunContext, drive
 from streams.clock import now_ms
 from streams.config import Settings
-from streams.domain import (
+from streams.core.domain import (
     Citation,
     Command,
     ReportAttemptCompleted,
@@ -52,10 +52,10 @@ from streams.domain import (
     ReportStepCompleted,
     Step,
 )
-from streams.ids import answer_message_id_for
-from streams.journal import INTERRUPT, JournalEntry
-from streams.records import Dispatch, StreamOutput
-from streams.thread import OUTPUT_TOO_LARGE
+from streams.core.ids import answer_message_id_for
+from streams.core.journal import INTERRUPT, JournalEntry
+from streams.core.records import Dispatch, StreamOutput
+from streams.core.thread import OUTPUT_TOO_LARGE
 from streams.wire import Codec, EnvelopeMeta, new_meta
 from streams.worker.answer import Answer
 from streams.worker.offsets import PartitionOffsets

@@ -26,13 +26,13 @@ from streams.agents import Agent
 from streams.aio import stop_client
 from streams.clock import now_ms
 from streams.config import Settings
+from streams.core.journal import JournalEntry, merge
+from streams.core.lifecycle import RunFate
+from streams.core.records import DeadLetter
 from streams.identity import claim_member_id
-from streams.journal import JournalEntry, merge
 from streams.kafka.clients import aiokafka_config
 from streams.kafka.topics import ensure_topics
-from streams.lifecycle import RunFate
 from streams.observability.metrics import worker_metrics
-from streams.records import DeadLetter
 from streams.wire import Codec, DecodeError
 from streams.worker.execution import Execution, Outlet, Stop
 from streams.worker.offsets import PartitionOffsets

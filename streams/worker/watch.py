@@ -20,10 +20,10 @@ from aiokafka.errors import KafkaError
 from streams.aio import stop_client
 from streams.clock import now_ms
 from streams.config import Settings
-from streams.journal import JournalEntry, entry_from_json
+from streams.core.journal import JournalEntry, entry_from_json
+from streams.core.lifecycle import Lifecycle, RunFate
+from streams.core.records import RunLifecycle
 from streams.kafka.clients import aiokafka_config
-from streams.lifecycle import Lifecycle, RunFate
-from streams.records import RunLifecycle
 from streams.wire import Codec, DecodeError
 
 __all__ = ["LifecycleWatch"]

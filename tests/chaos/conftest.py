@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from streams.config import Settings
-from streams.devbroker import free_port
+from streams.devtools.broker import free_port
 from streams.testing.process import RoleProcess
 from streams.testing.stack import fresh_env, running_roles, unique_prefix, wait_healthy
 

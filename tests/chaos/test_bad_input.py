@@ -25,7 +25,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis.core.result import Ok
 from schemathesis.generation.modes import GenerationMode
 
-from streams.domain import CreateThread, ThreadCreated
+from streams.core.domain import CreateThread, ThreadCreated
 from streams.wire import Codec, new_meta
 from tests.chaos.conftest import AUTH, Live
 from tests.kafka_helpers import command_producer, read_topic, send_command

@@ -21,7 +21,7 @@ from chaos.topic_audit import (
     event_identities,
     message_identities,
 )
-from streams.domain import (
+from streams.core.domain import (
     ActiveRun,
     AssistantMessage,
     AttemptDispatched,
@@ -38,9 +38,9 @@ from streams.domain import (
     StoredMessage,
     ThreadState,
 )
-from streams.history import message_key
-from streams.records import Dispatch, MessageRecord
-from streams.thread import INTERRUPTED, ROLLED_BACK
+from streams.core.history import message_key
+from streams.core.reasons import CancelReason
+from streams.core.records import Dispatch, MessageRecord
 
 THREAD, MESSAGE, RUN = "th-1", "msg-1", "run-1"
 ANSWER = "You said: hi. amber river."
@@ -445,8 +445,8 @@ def _double_text(strategy: str, reason: str | None = None) -> Observations:
 
 
 @pytest.mark.parametrize(("strategy", "reason", "counter"), [
-    ("enqueue", None, "enqueued"), ("interrupt", INTERRUPTED, "interrupted"),
-    ("rollback", ROLLED_BACK, "rolled_back")])
+    ("enqueue", None, "enqueued"), ("interrupt", CancelReason.INTERRUPTED, "interrupted"),
+    ("rollback", CancelReason.ROLLED_BACK, "rolled_back")])
 def test_double_texts_pass_and_are_counted(strategy: str, reason: str | None,
                                            counter: str) -> None:
     """An enqueued message answered after the run before it, an interrupted run (its
@@ -461,15 +461,16 @@ def _swap_runs(o: Observations) -> None:
 
 
 DOUBLE_TEXT_BREAKAGES: dict[str, tuple[str, str | None, Breakage, str]] = {
-    "a run started while another was active": ("interrupt", INTERRUPTED, _swap_runs,
+    "a run started while another was active": ("interrupt", CancelReason.INTERRUPTED, _swap_runs,
                                                "duplicated"),
     "an interrupt nobody asked for": (
-        "interrupt", INTERRUPTED, lambda o: setattr(o.posts[1], "interrupts", None), "violations"),
+        "interrupt", CancelReason.INTERRUPTED, lambda o: setattr(o.posts[1], "interrupts", None),
+        "violations"),
     "an interrupted run with a stored answer": (
-        "interrupt", INTERRUPTED, lambda o: o.stored[THREAD].append(
+        "interrupt", CancelReason.INTERRUPTED, lambda o: o.stored[THREAD].append(
             {"message_id": "a1", "role": "assistant", "text": "x", "run_id": RUN}), "duplicated"),
     "a rolled-back message still stored": (
-        "rollback", ROLLED_BACK, lambda o: o.stored[THREAD].insert(
+        "rollback", CancelReason.ROLLED_BACK, lambda o: o.stored[THREAD].insert(
             0, {"message_id": MESSAGE, "role": "user", "text": "hi", "run_id": RUN}),
         "violations"),
     "queued messages answered out of order": (

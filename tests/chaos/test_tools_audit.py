@@ -4,8 +4,8 @@ repeated before its record is the documented window, and the counts add up."""
 from __future__ import annotations
 
 from chaos.tools_audit import audit_tools
-from streams.domain import StepRecorded
-from streams.journal import MODEL_TURN, TOOL_CALL, JournalEntry
+from streams.core.domain import StepRecorded
+from streams.core.journal import MODEL_TURN, TOOL_CALL, JournalEntry
 
 
 def _recorded(run: str, step: int, at: int, kind: str = TOOL_CALL) -> StepRecorded:

@@ -20,9 +20,9 @@ from streams.config import Settings
 from streams.connectors.ids import message_id_for
 from streams.connectors.outbox import ANSWER, ChatOutbox
 from streams.connectors.topics import ensure_connector_topics, outbox_topic
-from streams.devbroker import free_port
-from streams.domain import Event, RunAccepted, RunCompleted
-from streams.ids import outbox_id_for, run_id_for
+from streams.core.domain import Event, RunAccepted, RunCompleted
+from streams.core.ids import outbox_id_for, run_id_for
+from streams.devtools.broker import free_port
 from streams.testing.process import RoleProcess, wait_for
 from streams.testing.stack import fresh_env, wait_for_group
 from streams.wire import Codec

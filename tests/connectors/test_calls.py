@@ -28,9 +28,9 @@ from streams.connectors.outbox import (
 from streams.connectors.slack_api import SlackApi
 from streams.connectors.stats import ConnectorStats
 from streams.connectors.webhook import WebhookSink, sign, verify
-from streams.devbroker import free_port
-from streams.domain import AssistantMessage, RunAccepted, RunCompleted
-from streams.ids import outbox_id_for
+from streams.core.domain import AssistantMessage, RunAccepted, RunCompleted
+from streams.core.ids import outbox_id_for
+from streams.devtools.broker import free_port
 from tests.connectors.chat_double import ChatDouble
 from tests.connectors.webhook_receiver import WebhookReceiver
 

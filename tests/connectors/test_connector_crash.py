@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from streams.connectors.outbox import ANSWER, OutboxStatus
-from streams.ids import outbox_id_for
+from streams.core.ids import outbox_id_for
 from streams.testing.process import RoleProcess
 from tests.connectors.chat_double import ChatDouble
 from tests.connectors.stack import (

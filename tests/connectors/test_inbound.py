@@ -21,8 +21,8 @@ from streams.connectors.inbound import create_inbound_app
 from streams.connectors.slack_events import sign, turn_of, verify
 from streams.connectors.stats import ConnectorStats
 from streams.connectors.topics import audit_topic, ensure_connector_topics
-from streams.devbroker import free_port
-from streams.domain import CreateThread, PostUserMessage
+from streams.core.domain import CreateThread, PostUserMessage
+from streams.devtools.broker import free_port
 from streams.wire import Codec
 from streams.wire.connector import decode_audit
 from tests.connectors.chat_double import SIGNING_SECRET, ChatDouble, slack_signature

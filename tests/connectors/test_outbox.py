@@ -34,7 +34,7 @@ from streams.connectors.outbox import (
     plan,
     prune,
 )
-from streams.domain import (
+from streams.core.domain import (
     AssistantMessage,
     Event,
     RejectReason,
@@ -44,7 +44,7 @@ from streams.domain import (
     RunFailed,
     RunRejected,
 )
-from streams.ids import outbox_id_for
+from streams.core.ids import outbox_id_for
 from streams.wire import DecodeError
 from streams.wire.connector import decode_audit, decode_outbox, encode_audit, encode_outbox
 from streams.wire.schemas import CONNECTOR_SCHEMA_DIR

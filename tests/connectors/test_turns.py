@@ -14,8 +14,8 @@ from streams.connectors.audit import AuditKind
 from streams.connectors.outbox import ANSWER, PLACEHOLDER_TEXT, WEBHOOK, OutboxStatus
 from streams.connectors.topics import audit_topic
 from streams.connectors.webhook import verify
-from streams.domain import Event, RejectReason, RunAccepted, RunFailed, RunRejected
-from streams.ids import outbox_id_for
+from streams.core.domain import Event, RejectReason, RunAccepted, RunFailed, RunRejected
+from streams.core.ids import outbox_id_for
 from streams.wire.connector import decode_audit
 from tests.connectors.chat_double import ChatDouble
 from tests.connectors.stack import (

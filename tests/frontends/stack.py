@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streams.devbroker import free_port
+from streams.devtools.broker import free_port
 from streams.testing.process import RoleProcess
 from streams.testing.stack import fresh_env, running_roles, unique_prefix, wait_healthy
 

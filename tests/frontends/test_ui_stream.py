@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.ui_stream import CHUNK_FIELDS, DONE, UiMessageStream, chunk_frame, ui_message
-from streams.domain import Citation, Step, StoredMessage
-from streams.records import MessageRecord
+from gateway.adapters.ai_sdk.ui_stream import CHUNK_FIELDS, DONE, UiMessageStream, chunk_frame, ui_message
+from streams.core.domain import Citation, Step, StoredMessage
+from streams.core.records import MessageRecord
 
 RUN, THREAD, MESSAGE = "run-1", "thread-1", "answer-1"
 
@@ -142,7 +142,7 @@ def test_a_stored_answer_is_a_ui_message_with_its_tool_parts_and_sources() -> No
 
 def test_chat_ids_are_namespaced_per_tenant() -> None:
     """The same chat id of two tenants names two threads; one tenant's, always the same."""
-    from gateway.ai_chat import chat_thread_id
+    from gateway.adapters.ai_sdk.chat import chat_thread_id
 
     assert chat_thread_id("a", "chat-1") == chat_thread_id("a", "chat-1")
     assert chat_thread_id("a", "chat-1") != chat_thread_id("b", "chat-1")

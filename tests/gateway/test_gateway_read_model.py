@@ -20,12 +20,12 @@ from confluent_kafka import Producer
 from gateway.app import Options, create_app
 from gateway.kafka import partition_for
 from gateway.keys import READ_MODEL
-from gateway.read_model import ReadModel
+from gateway.model.read_model import ReadModel
 from streams.config import Settings
-from streams.domain import RunStatus, StoredMessage, ThreadState
-from streams.history import message_key, parse_message_key
+from streams.core.domain import RunStatus, StoredMessage, ThreadState
+from streams.core.history import message_key, parse_message_key
+from streams.core.records import MessageRecord
 from streams.kafka.topics import ensure_topics
-from streams.records import MessageRecord
 from streams.testing.sse import read_sse
 from streams.wire import Codec, new_meta
 from tests.gateway.conftest import AUTH_A, AUTH_B, Stack, gateway_env

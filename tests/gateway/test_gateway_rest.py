@@ -11,9 +11,9 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from gateway.api.openapi import SPEC
 from gateway.app import Options, create_app, max_body_bytes
 from gateway.keys import FEED
-from gateway.openapi import SPEC
 from streams.config import Settings
 from streams.testing.sse import read_sse
 from tests.gateway.conftest import AUTH_A, AUTH_B, KEYS, Stack, gateway_env

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestServer
 
 from gateway.app import Options, create_app
 from gateway.keys import FEED
-from streams.devbroker import free_port
+from streams.devtools.broker import free_port
 from streams.testing.process import RoleProcess
 from streams.testing.sse import SseEvent as Ev
 from streams.testing.sse import read_sse

@@ -122,7 +122,7 @@ async def test_a_replay_longer_than_the_cap_is_not_streamed(stack: Stack) -> Non
 async def test_a_replay_decodes_large_batches_off_the_event_loop(
         stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     """A replay decodes its large batches in a worker thread, not on the event loop."""
-    from gateway import replay as replay_module  # here: the test then fails, not the import
+    from gateway.live import replay as replay_module  # here: the test then fails, not the import
 
     threads: list[str] = []
     to_thread = asyncio.to_thread

@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient
 from gateway.app import Options, create_app
 from gateway.kafka import partition_for
 from streams.config import Settings
-from streams.domain import (
+from streams.core.domain import (
     ActiveRun,
     AssistantMessage,
     CreateThread,
@@ -29,10 +29,9 @@ from streams.domain import (
     StoredMessage,
     ThreadState,
 )
-from streams.history import message_key
-from streams.ids import answer_message_id_for, idempotent_message_id_for, run_id_for
-from streams.kafka.topics import ensure_topics
-from streams.records import (
+from streams.core.history import message_key
+from streams.core.ids import answer_message_id_for, idempotent_message_id_for, run_id_for
+from streams.core.records import (
     MessageEnd,
     MessageRecord,
     MessageStart,
@@ -40,6 +39,7 @@ from streams.records import (
     StreamOutput,
     TextDelta,
 )
+from streams.kafka.topics import ensure_topics
 from streams.testing.sse import SseEvent as Ev
 from streams.testing.sse import read_sse
 from streams.wire import Codec, new_meta

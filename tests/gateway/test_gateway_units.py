@@ -7,15 +7,15 @@ import json
 
 import pytest
 
-from gateway.auth import redact
-from gateway.feed import Subscriber
+from gateway.http.auth import redact
 from gateway.kafka import partition_for
-from gateway.sse import RunTracker, SseEvent, iso_ms, make_events
-from gateway.tokens import BadEventId, EventId, ResumeTokens, derived_key
+from gateway.live.feed import Subscriber
+from gateway.live.sse import RunTracker, SseEvent, iso_ms, make_events
+from gateway.live.tokens import BadEventId, EventId, ResumeTokens, derived_key
 from streams.config import Settings
-from streams.domain import AssistantMessage
-from streams.ids import idempotent_message_id_for
-from streams.records import MessageEnd, MessageStart, RunLifecycle, StreamOutput, TextDelta
+from streams.core.domain import AssistantMessage
+from streams.core.ids import idempotent_message_id_for
+from streams.core.records import MessageEnd, MessageStart, RunLifecycle, StreamOutput, TextDelta
 from streams.wire import new_meta
 
 RUN = "run-1"
@@ -238,7 +238,7 @@ async def test_an_attached_subscriber_writes_once_per_flush_queued_events_first(
 
 def test_the_aiohttp_internals_the_live_path_writes_through_are_there() -> None:
     """The aiohttp internals the live write path relies on still exist."""
-    # gateway.streaming._Writer.write_now writes with aiohttp's payload writer's own
+    # gateway.live.streaming._Writer.write_now writes with aiohttp's payload writer's own
     # framing; an aiohttp upgrade that moves it must fail here, not in production.
     from aiohttp.http_writer import StreamWriter
     from aiohttp.web import StreamResponse

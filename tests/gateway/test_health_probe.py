@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from gateway.health import HealthProbe
+from gateway.http.health import HealthProbe
 from streams.config import Settings
-from streams.devbroker import EmbeddedKafka
+from streams.devtools.broker import EmbeddedKafka
 from streams.kafka.topics import ensure_topics
 
 pytestmark = pytest.mark.kafka

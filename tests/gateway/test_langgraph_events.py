@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from gateway.langgraph_events import VALUES, Part, Translator, modes_from
-from gateway.langgraph_views import conversation, internal_thread_id, lg_thread_id
-from streams.domain import StoredMessage, ThreadState
-from streams.records import MessageRecord
+from gateway.adapters.langgraph.events import VALUES, Part, Translator, modes_from
+from gateway.adapters.langgraph.views import conversation, internal_thread_id, lg_thread_id
+from streams.core.domain import StoredMessage, ThreadState
+from streams.core.records import MessageRecord
 
 RUN, MSG = "run-1", "answer-1"
 

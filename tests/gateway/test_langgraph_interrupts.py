@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.langgraph_events import (
+from gateway.adapters.langgraph.events import (
     Part,
     StateValues,
     Translator,
@@ -14,7 +14,7 @@ from gateway.langgraph_events import (
     lg_interrupt,
     task_id,
 )
-from gateway.langgraph_views import (
+from gateway.adapters.langgraph.views import (
     interrupted_run,
     pending_interrupt,
     resumed_interrupts,
@@ -23,8 +23,8 @@ from gateway.langgraph_views import (
     thread_json,
     thread_status,
 )
-from streams.domain import AttemptDispatched, ResumeRun
-from streams.thread import apply, decide, initial_state
+from streams.core.domain import AttemptDispatched, ResumeRun
+from streams.core.thread import apply, decide, initial_state
 from tests.streams.test_interrupts import INTERRUPTED
 from tests.streams.test_thread import POLICY, RUN1, TENANT, T
 

@@ -14,8 +14,8 @@ from langgraph_sdk import get_client
 from langgraph_sdk.errors import ConflictError, NotFoundError, UnprocessableEntityError
 from langgraph_sdk.schema import StreamPart
 
-from gateway import langgraph_threads
-from streams.devbroker import free_port
+from gateway.adapters.langgraph import threads as langgraph_threads
+from streams.devtools.broker import free_port
 from streams.testing.process import RoleProcess
 from streams.testing.stack import wait_healthy_async as wait_healthy
 from tests.gateway.conftest import Stack

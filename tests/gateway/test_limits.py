@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.limits import TenantLimiter
-from gateway.problems import Problem
+from gateway.http.limits import TenantLimiter
+from gateway.http.problems import Problem
 from streams.config import GatewayLimits, Settings
 
 

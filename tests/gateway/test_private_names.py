@@ -1,7 +1,7 @@
 """No module of streams/ or gateway/ imports another module's private name.
 
 Ruff's PLC2701 finds a private name imported from another package only, and SLF001
-finds `module._name` used as an attribute; this finds `from gateway.rest import _body`
+finds `module._name` used as an attribute; this finds `from gateway.api.rest import _body`
 inside gateway/ as well (pyproject.toml's ruff config has the rest)."""
 
 from __future__ import annotations
@@ -12,10 +12,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("streams", "gateway")
 FIRST_PARTY = ("streams", "gateway", "schemas", "chaos", "bench", "tests")
-# Not yet fixed (issue #25), in files outside the gateway's part of the change:
-# devbroker's `_die_with_parent` wants a public name (supervisor.py has a copy).
-PENDING = frozenset({"streams/registry_server.py:23 streams.devbroker._die_with_parent",
-                     "streams/testing/process.py:17 streams.devbroker._die_with_parent"})
 
 
 def private_imports(source: str, where: str) -> list[str]:
@@ -35,22 +31,22 @@ def private_imports(source: str, where: str) -> list[str]:
 
 
 def test_no_module_imports_another_modules_private_name() -> None:
-    """Shared pieces have public names (e.g. gateway.plumbing), not borrowed private ones."""
+    """Shared pieces have public names (e.g. gateway.http.plumbing), not borrowed private ones."""
     found = [hit for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))
              for hit in private_imports(path.read_text(), str(path.relative_to(ROOT)))]
-    assert [hit for hit in found if hit not in PENDING] == []
+    assert found == []
 
 
 def test_the_check_sees_a_seeded_private_import() -> None:
     """A seeded private import is found, absolute or relative (so the check can fail);
     a dunder or a third-party private name is not this check's (ruff's PLC2701 is)."""
-    seeded = ("from gateway.rest import _string, __all__\nfrom .rest import _limit\n"
+    seeded = ("from gateway.api.rest import _string, __all__\nfrom .rest import _limit\n"
               "from fastavro._write import write_data\n")
     assert private_imports(seeded, "gateway/seeded.py") == [
-        "gateway/seeded.py:1 gateway.rest._string", "gateway/seeded.py:2 rest._limit"]
+        "gateway/seeded.py:1 gateway.api.rest._string", "gateway/seeded.py:2 rest._limit"]
 
 
-ADAPTERS = ("gateway.ai_sdk", "gateway.console", "gateway.langgraph")
+ADAPTERS = ("gateway.adapters.ai_sdk", "gateway.adapters.console", "gateway.adapters.langgraph")
 
 
 def adapter_imports(source: str, where: str, package: str) -> list[str]:
@@ -78,6 +74,7 @@ def test_adapters_do_not_import_each_other() -> None:
              for path in sorted((ROOT / package.replace(".", "/")).rglob("*.py"))
              for hit in adapter_imports(path.read_text(), str(path.relative_to(ROOT)), package)]
     assert found == []
-    seeded = "from gateway import langgraph\nfrom gateway.ai_sdk.chat import chat\n"
-    assert adapter_imports(seeded, "gateway/console/x.py", "gateway.console") == [
-        "gateway/console/x.py:1 gateway.langgraph", "gateway/console/x.py:2 gateway.ai_sdk"]
+    seeded = "from gateway.adapters import langgraph\nfrom gateway.adapters.ai_sdk.chat import chat\n"
+    assert adapter_imports(seeded, "gateway/adapters/console/x.py", "gateway.adapters.console") == [
+        "gateway/adapters/console/x.py:1 gateway.adapters.langgraph",
+        "gateway/adapters/console/x.py:2 gateway.adapters.ai_sdk"]

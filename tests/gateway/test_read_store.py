@@ -12,10 +12,10 @@ from typing import Any
 
 import fastavro
 
-from gateway.read_store import MESSAGES, THREADS, ReadStore
-from streams.domain import ActiveRun, RunRecord, RunStatus, StoredMessage, ThreadState
-from streams.history import message_key
-from streams.records import MessageRecord
+from gateway.model.read_store import MESSAGES, THREADS, ReadStore
+from streams.core.domain import ActiveRun, RunRecord, RunStatus, StoredMessage, ThreadState
+from streams.core.history import message_key
+from streams.core.records import MessageRecord
 from streams.wire import SCHEMA_DIR, Codec, new_meta, schema_fingerprint
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry

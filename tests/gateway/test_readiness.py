@@ -16,13 +16,13 @@ from aiohttp.test_utils import TestServer
 from confluent_kafka import Producer
 
 from gateway.app import Options, create_app
+from gateway.http.ready import READY, probe_thread_id
 from gateway.kafka import partition_for
-from gateway.ready import READY, probe_thread_id
 from streams.config import Settings
-from streams.domain import RunStatus, StoredMessage, ThreadState
-from streams.history import message_key
+from streams.core.domain import RunStatus, StoredMessage, ThreadState
+from streams.core.history import message_key
+from streams.core.records import MessageRecord
 from streams.kafka.topics import ensure_topics
-from streams.records import MessageRecord
 from streams.testing.process import RoleProcess
 from streams.wire import Codec, new_meta
 from tests.gateway.conftest import AUTH_A, gateway_env
@@ -131,7 +131,7 @@ async def test_a_cold_gateway_serves_livez_at_once_and_v1_once_its_read_model_lo
         kafka_bootstrap: str, tmp_path: Path) -> None:
     """A cold start reads every thread and message first: meanwhile the process is
     alive to a liveness probe, and /v1 says 503 with Retry-After, never a wrong 404."""
-    from streams.devbroker import free_port
+    from streams.devtools.broker import free_port
 
     env = {**gateway_env(kafka_bootstrap, tmp_path), "THREADLINE_HTTP_PORT": str(free_port())}
     settings = Settings.from_env(env)

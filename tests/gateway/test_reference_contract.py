@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.devbroker import free_port
+from streams.devtools.broker import free_port
 from streams.testing.process import RoleProcess
 from streams.testing.stack import wait_healthy_async as wait_healthy
 from tests.gateway.conftest import Stack

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.devbroker import free_port
+from streams.devtools.broker import free_port
 from streams.testing.process import ChildProcess, wait_for
 from streams.testing.stack import fresh_env, unique_prefix
 

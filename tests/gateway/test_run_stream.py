@@ -1,4 +1,4 @@
-"""The in-process run-stream API (`gateway.run_stream`) that every protocol serves
+"""The in-process run-stream API (`gateway.live.run_stream`) that every protocol serves
 from: pulled with `async for`, a run's events are the native SSE's, ids included; a
 thread stream resumed from an event goes on after it; a bad position is a Problem
 before anything is read."""
@@ -9,11 +9,11 @@ import asyncio
 
 import pytest
 
+from gateway.http.problems import Problem
 from gateway.keys import READ_MODEL
-from gateway.problems import Problem
-from gateway.read_model import RunView
-from gateway.run_stream import STREAMS, Gone, KeepAlive
-from gateway.sse import SseEvent
+from gateway.live.run_stream import STREAMS, Gone, KeepAlive
+from gateway.live.sse import SseEvent
+from gateway.model.read_model import RunView
 from streams.testing.sse import SseEvent as Ev
 from streams.testing.sse import read_sse
 from tests.gateway.conftest import AUTH_A, Stack

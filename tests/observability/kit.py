@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from streams.config import Settings
-from streams.devbroker import free_port
+from streams.devtools.broker import free_port
 from streams.kafka.topics import ensure_topics
 from streams.testing.process import RoleProcess
 from streams.testing.stack import fresh_env, unique_prefix, wait_healthy

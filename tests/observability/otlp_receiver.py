@@ -16,7 +16,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from streams.devbroker import free_port
+from streams.devtools.broker import free_port
 
 __all__ = ["OtlpReceiver", "ReceivedSpan"]
 

@@ -20,7 +20,8 @@ def _family(name: str) -> str:
 
 
 def _in_code() -> set[str]:
-    sources = [*(ROOT / "streams" / "observability").glob("*.py"), ROOT / "gateway" / "observability.py"]
+    sources = [*(ROOT / "streams" / "observability").glob("*.py"),
+               ROOT / "gateway" / "http" / "observability.py"]
     return {_family(n) for path in sources for n in NAME.findall(path.read_text())}
 
 

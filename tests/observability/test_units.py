@@ -14,16 +14,16 @@ import pytest
 from prometheus_client import REGISTRY
 
 from gateway.app import create_app
-from gateway.auth import PUBLIC_PATHS
+from gateway.http.auth import PUBLIC_PATHS
 from streams.agents import AgentOutput, AgentStep, TextChunk
 from streams.config import Settings
-from streams.domain import ReportAttemptCompleted, ReportAttemptFailed, Step
+from streams.core.domain import ReportAttemptCompleted, ReportAttemptFailed, Step
+from streams.core.records import HistoryMessage
+from streams.core.thread import OUTPUT_TOO_LARGE
 from streams.observability import logs, tracing
 from streams.observability.logs import JsonFormatter, redact
 from streams.observability.settings import ObservabilitySettings
 from streams.observability.worker import ObservedAgent, outcome_reason
-from streams.records import HistoryMessage
-from streams.thread import OUTPUT_TOO_LARGE
 from streams.worker.execution import SHUTDOWN_ERROR
 
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

@@ -3,7 +3,7 @@
     python -m tests.replay.record_histories
 
 Each scenario is a list of commands; the recorder decides each one with
-`streams.thread.decide`, folds the events with `evolve`, and writes every event with
+`streams.core.thread.decide`, folds the events with `evolve`, and writes every event with
 the state it made. Run it only on purpose, when a change of the recorded states is
 intended (then say so in the commit); the replay tests check today's core against
 what was recorded before.
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import MappingProxyType
 
-from streams.domain import (
+from streams.core.domain import (
     ActiveRun,
     CancelRun,
     CheckDeadlines,
@@ -38,11 +38,11 @@ from streams.domain import (
     StoredMessage,
     ThreadState,
 )
-from streams.ids import run_id_for
+from streams.core.ids import run_id_for
+from streams.core.thread import decide, evolve, next_deadline_ms
 from streams.migration import migrated
 from streams.testing.replay import History, save_history
 from streams.testing.replay import Step as Recorded
-from streams.thread import decide, evolve, next_deadline_ms
 
 HISTORIES = Path(__file__).resolve().parent / "histories"
 POLICY = Policy(max_attempts=3, backoff_initial_ms=1_000, heartbeat_timeout_ms=5_000,

@@ -1,5 +1,5 @@
 """Replay tests: every recorded history in tests/replay/histories/ folds, through
-today's `streams.thread.evolve`, to the states that were recorded; and a seeded fault
+today's `streams.core.thread.evolve`, to the states that were recorded; and a seeded fault
 in the core (a misread field) makes the replay fail, so these tests can fail."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from streams import thread
-from streams.domain import RetryScheduled, RunStatus
+from streams.core import thread
+from streams.core.domain import RetryScheduled, RunStatus
 from streams.testing.replay import History, ReplayMismatch, load_history, replay, to_json
 from tests.replay.record_histories import HISTORIES, histories
 

@@ -28,7 +28,7 @@ from streams.agents.openai import OpenAIAgent
 from streams.agents.runtime import RunContext, call_tool, drive
 from streams.agents.tools import Tool, ToolContext, ToolResult
 from streams.config import Settings
-from streams.journal import MODEL_TURN, TOOL_CALL, JournalEntry, JournalLimits
+from streams.core.journal import MODEL_TURN, TOOL_CALL, JournalEntry, JournalLimits
 from streams.testing.openai_server import ScriptedOpenAI, answer_for
 
 

@@ -28,7 +28,7 @@ from streams.agents import (
 from streams.agents.builtin import BuiltinAgent, reply_for
 from streams.agents.openai import OpenAIAgent
 from streams.config import Settings
-from streams.records import HistoryMessage
+from streams.core.records import HistoryMessage
 
 
 async def _collect(outputs: AsyncIterator[AgentOutput]) -> list[AgentOutput]:

@@ -22,7 +22,7 @@ import pytest
 
 from streams.cli import _BrokerChild, dev_keys_refusal, is_loopback_host
 from streams.config import Settings
-from streams.devbroker import EmbeddedKafka, free_port
+from streams.devtools.broker import EmbeddedKafka, free_port
 from streams.supervisor import Backoff, Supervisor
 from streams.testing.process import wait_for
 

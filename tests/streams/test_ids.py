@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.ids import (
+from streams.core.ids import (
     answer_message_id_for,
     derived_envelope_id,
     idempotent_message_id_for,

@@ -1,4 +1,4 @@
-"""Human in the loop, the pure rules (`streams.interrupts` through `decide`): given
+"""Human in the loop, the pure rules (`streams.core.interrupts` through `decide`): given
 events, when a command, then events; and the agent side (`interrupt()`) on its own."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from streams.agents import AgentError, TextChunk
 from streams.agents.builtin import BuiltinAgent
 from streams.agents.runtime import InterruptRequested, RunContext, call_tool, drive, interrupt
 from streams.agents.tools import Tool, ToolContext
-from streams.domain import (
+from streams.core.domain import (
     AttemptDispatched,
     AttemptStarted,
     CancelRun,
@@ -31,10 +31,11 @@ from streams.domain import (
     RunStatus,
     StepRecorded,
 )
-from streams.interrupts import INTERRUPT_TIMEOUT, RESUMED_BY
-from streams.journal import INTERRUPT, TOOL_CALL, JournalEntry
-from streams.lifecycle import dispatch_record, lifecycle_record
-from streams.thread import apply, decide, initial_state, next_deadline_ms
+from streams.core.interrupts import RESUMED_BY
+from streams.core.journal import INTERRUPT, TOOL_CALL, JournalEntry
+from streams.core.lifecycle import dispatch_record, lifecycle_record
+from streams.core.reasons import FailureCode
+from streams.core.thread import apply, decide, initial_state, next_deadline_ms
 from tests.streams.test_thread import POLICY, RUN1, TENANT, T, accepted, created, given
 
 W = "worker-a"
@@ -100,7 +101,7 @@ def test_the_optional_wait_timeout_fails_the_run() -> None:
     assert next_deadline_ms(state, policy) == 12_001
     given(INTERRUPTED, policy).when(CheckDeadlines(T, 12_000)).then([])
     given(INTERRUPTED, policy).when(CheckDeadlines(T, 12_001)).then(
-        [RunFailed(T, RUN1, 1, INTERRUPT_TIMEOUT, 12_001)])
+        [RunFailed(T, RUN1, 1, FailureCode.INTERRUPT_TIMEOUT, 12_001)])
 
 
 def test_an_interrupt_of_a_deposed_attempt_or_past_the_caps() -> None:

@@ -1,4 +1,4 @@
-"""The step journal's pure rules: `streams.journal` and the decider's handling of
+"""The step journal's pure rules: `streams.core.journal` and the decider's handling of
 `ReportStepCompleted` (given events, when a command, then events), with properties
 over random step reports and a seeded fault that proves the properties can fail."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given as hgiven
 from hypothesis import strategies as st
 
-from streams.domain import (
+from streams.core.domain import (
     AttemptDispatched,
     AttemptStarted,
     CheckDeadlines,
@@ -27,7 +27,7 @@ from streams.domain import (
     StepRecorded,
     ThreadState,
 )
-from streams.journal import (
+from streams.core.journal import (
     MODEL_TURN,
     TOOL_CALL,
     JournalEntry,
@@ -38,8 +38,8 @@ from streams.journal import (
     idempotency_key,
     merge,
 )
-from streams.lifecycle import dispatch_record
-from streams.thread import apply, decide, initial_state
+from streams.core.lifecycle import dispatch_record
+from streams.core.thread import apply, decide, initial_state
 from tests.streams.test_thread import POLICY, RUN1, T, accepted, created, given
 
 W = "worker-a"
@@ -199,7 +199,7 @@ def test_the_properties_catch_a_decider_that_records_anything() -> None:
         _journal_invariants(*_fold([(0, 1, "e1", True), (1, 1, "e1", False)], _records_anything))
 
 
-# --- streams.journal ---------------------------------------------------------------------
+# --- streams.core.journal ---------------------------------------------------------------------
 
 _ENTRIES = st.builds(JournalEntry, st.integers(0, 8), st.sampled_from([MODEL_TURN, TOOL_CALL]),
                      st.text(max_size=5), st.text(max_size=20), st.text(max_size=20),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.domain import (
+from streams.core.domain import (
     ActiveRun,
     AssistantMessage,
     AttemptDispatched,
@@ -17,8 +17,8 @@ from streams.domain import (
     RunStatus,
     ThreadState,
 )
-from streams.ids import answer_message_id_for, run_id_for, workflow_id_for
-from streams.lifecycle import (
+from streams.core.ids import answer_message_id_for, run_id_for, workflow_id_for
+from streams.core.lifecycle import (
     TERMINAL,
     Lifecycle,
     RunFate,
@@ -26,7 +26,7 @@ from streams.lifecycle import (
     dispatch_record,
     lifecycle_record,
 )
-from streams.records import Dispatch, HistoryMessage, RunLifecycle
+from streams.core.records import Dispatch, HistoryMessage, RunLifecycle
 
 T = "t-1"
 RUN = run_id_for(T, "m-1")

@@ -19,7 +19,7 @@ from confluent_kafka import Producer
 
 from gateway.kafka import partition_for
 from streams.config import Settings
-from streams.domain import (
+from streams.core.domain import (
     CreateThread,
     PostUserMessage,
     ReportAttemptCompleted,
@@ -28,12 +28,12 @@ from streams.domain import (
     RunStatus,
     ThreadState,
 )
-from streams.history import parse_message_key
-from streams.ids import run_id_for
+from streams.core.history import parse_message_key
+from streams.core.ids import run_id_for
+from streams.core.records import MessageRecord
+from streams.core.thread import OUTPUT_TOO_LARGE
 from streams.kafka.topics import ensure_topics
-from streams.records import MessageRecord
 from streams.testing.process import RoleProcess
-from streams.thread import OUTPUT_TOO_LARGE
 from streams.wire import Codec
 from tests.kafka_helpers import (
     command_producer,

@@ -8,12 +8,12 @@ from pathlib import Path
 import hypothesis
 from hypothesis import strategies as st
 
-from streams.domain import RunStatus, StoredMessage
-from streams.history import context_window, message_key
-from streams.ids import run_id_for
+from streams.core.domain import RunStatus, StoredMessage
+from streams.core.history import context_window, message_key
+from streams.core.ids import run_id_for
+from streams.core.records import HistoryMessage, MessageRecord
 from streams.kafka.state_store import PartitionStore
 from streams.message_store import ContextWindows, MessageStore, _context_row, _row
-from streams.records import HistoryMessage, MessageRecord
 from streams.wire import Codec, new_meta
 
 CODEC = Codec()

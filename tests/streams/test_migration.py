@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Producer
 
 from streams.config import Settings
-from streams.domain import (
+from streams.core.domain import (
     ActiveRun,
     IdempotencyRecord,
     PostUserMessage,
@@ -29,11 +29,11 @@ from streams.domain import (
     StoredMessage,
     ThreadState,
 )
-from streams.history import parse_message_key
-from streams.ids import answer_message_id_for, run_id_for
+from streams.core.history import parse_message_key
+from streams.core.ids import answer_message_id_for, run_id_for
+from streams.core.records import MessageRecord
 from streams.kafka.topics import ensure_topics
 from streams.migration import migrated
-from streams.records import MessageRecord
 from streams.testing.process import RoleProcess
 from streams.wire import SCHEMA_DIR, Codec, schema_fingerprint
 from tests.kafka_helpers import (

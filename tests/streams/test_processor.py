@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Producer
 
 from streams.config import Settings
-from streams.domain import (
+from streams.core.domain import (
     AttemptDispatched,
     CreateThread,
     PostUserMessage,
@@ -29,7 +29,7 @@ from streams.domain import (
     RunStatus,
     ThreadCreated,
 )
-from streams.ids import run_id_for
+from streams.core.ids import run_id_for
 from streams.kafka.topics import ensure_topics
 from streams.testing.process import RoleProcess
 from streams.wire import Codec, new_meta

@@ -22,7 +22,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from streams.config import Settings
-from streams.domain import (
+from streams.core.domain import (
     CreateThread,
     Event,
     MessageAccepted,
@@ -32,7 +32,7 @@ from streams.domain import (
     RunRejected,
     ThreadCreated,
 )
-from streams.ids import run_id_for
+from streams.core.ids import run_id_for
 from streams.kafka.faults import FAULT_ENV, FAULT_EXIT_STATUS, arm
 from streams.kafka.topics import ensure_topics
 from streams.testing.process import RoleProcess

@@ -12,17 +12,17 @@ import pytest
 from confluent_kafka import Message
 
 from streams.config import Settings
-from streams.domain import (
+from streams.core.domain import (
     CreateThread,
     MultitaskStrategy,
     PostUserMessage,
     ReportAttemptCompleted,
     RunStatus,
 )
-from streams.history import message_key
-from streams.ids import run_id_for
+from streams.core.history import message_key
+from streams.core.ids import run_id_for
+from streams.core.records import Dispatch, MessageRecord, RunLifecycle
 from streams.kafka.topics import ensure_topics
-from streams.records import Dispatch, MessageRecord, RunLifecycle
 from streams.testing.process import RoleProcess
 from streams.wire import Codec
 from tests.kafka_helpers import command_producer, read_messages, read_topic, send_command

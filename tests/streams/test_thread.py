@@ -23,7 +23,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from streams.domain import (
+from streams.core.domain import (
     AssistantMessage,
     AttemptDispatched,
     AttemptStarted,
@@ -62,10 +62,9 @@ from streams.domain import (
     ThreadDeleted,
     ThreadState,
 )
-from streams.ids import answer_message_id_for, run_id_for
-from streams.thread import (
-    INTERRUPTED,
-    ROLLED_BACK,
+from streams.core.ids import answer_message_id_for, run_id_for
+from streams.core.reasons import CancelReason
+from streams.core.thread import (
     apply,
     decide,
     evolve,
@@ -115,7 +114,7 @@ def known_for(history: Iterable[Event], command: Command) -> Known:
             stored.add(event.message_id)
         elif isinstance(event, RunAccepted):
             message_of_run[event.run_id] = event.message_id
-        elif isinstance(event, RunCancelled) and event.reason == ROLLED_BACK:
+        elif isinstance(event, RunCancelled) and event.reason == CancelReason.ROLLED_BACK:
             stored.discard(message_of_run.get(event.run_id, ""))  # tombstoned
         elif isinstance(event, ThreadDeleted):  # a deleted thread's history is gone with it
             stored.clear()
@@ -797,7 +796,8 @@ def test_a_full_queue_rejects_as_a_conflict() -> None:
         [rejected(RejectReason.CONFLICT, RUN1, "m-3")])
 
 
-@pytest.mark.parametrize(("strategy", "reason"), [(INTERRUPT, INTERRUPTED), (ROLLBACK, ROLLED_BACK)])
+@pytest.mark.parametrize(("strategy", "reason"), [(INTERRUPT, CancelReason.INTERRUPTED),
+                                                  (ROLLBACK, CancelReason.ROLLED_BACK)])
 def test_interrupt_and_rollback_cancel_the_active_run_before_the_new_one_starts(
         strategy: MultitaskStrategy, reason: str) -> None:
     """The active run ends run_cancelled (marked with why), then the new message runs."""
@@ -810,7 +810,7 @@ def test_interrupt_and_rollback_cancel_the_active_run_before_the_new_one_starts(
 
 
 INTERRUPTED_RUN1 = [*RUNNING, *accepted("m-2", at=2_000)[:1],
-                   RunCancelled(thread_id=T, run_id=RUN1, reason=INTERRUPTED, at_ms=2_000),
+                   RunCancelled(thread_id=T, run_id=RUN1, reason=CancelReason.INTERRUPTED, at_ms=2_000),
                    *accepted("m-2", at=2_000)[1:]]
 
 
@@ -878,7 +878,7 @@ def test_an_idempotent_repeat_decides_only_a_duplicate_whatever_the_strategy(
 def test_a_rolled_back_message_id_posted_again_is_a_duplicate() -> None:
     """Its record is tombstoned, so the history no longer knows it; the state does."""
     message, *run = accepted("m-2", at=2_000)
-    cancelled = RunCancelled(thread_id=T, run_id=RUN1, reason=ROLLED_BACK, at_ms=2_000)
+    cancelled = RunCancelled(thread_id=T, run_id=RUN1, reason=CancelReason.ROLLED_BACK, at_ms=2_000)
     history = [*RUNNING, message, cancelled, *run, completed_event(run_id=RUN2)]
     given(history).when(post("m-1", now=6_000)).then(
         [rejected(RejectReason.DUPLICATE, RUN1, "m-1", at=6_000)])
@@ -886,8 +886,8 @@ def test_a_rolled_back_message_id_posted_again_is_a_duplicate() -> None:
 
 def test_a_cancel_cannot_pass_for_a_rollback() -> None:
     """A CancelRun whose reason reads like a double text's is only a cancel."""
-    given(RUNNING).when(CancelRun(T, TENANT, RUN1, ROLLED_BACK, 4_000)).then(
-        [RunCancelled(thread_id=T, run_id=RUN1, reason=f"cancel: {ROLLED_BACK}", at_ms=4_000)])
+    given(RUNNING).when(CancelRun(T, TENANT, RUN1, "rolled_back", 4_000)).then(
+        [RunCancelled(thread_id=T, run_id=RUN1, reason="cancel: rolled_back", at_ms=4_000)])
 
 
 def test_deleting_a_thread_drops_its_queue() -> None:
@@ -1042,7 +1042,7 @@ class ThreadMachine(RuleBasedStateMachine):
             assert event.run_id in self.open_runs, "terminal event for a run that is not open"
             self.open_runs.remove(event.run_id)
             self.terminals[event.run_id] += 1
-            if isinstance(event, RunCancelled) and event.reason == INTERRUPTED:
+            if isinstance(event, RunCancelled) and event.reason == CancelReason.INTERRUPTED:
                 self.interrupted_at[event.run_id] = self.attempts[event.run_id]
         elif isinstance(event, PartialAnswerStored):
             assert event.run_id in self.interrupted_at, "a partial answer of a run not interrupted"

@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from streams.config import Settings
-from streams.devbroker import EmbeddedCluster
+from streams.devtools.broker import EmbeddedCluster
 from streams.kafka.topics import ensure_topics
 from streams.testing.stack import SUITE_TOPIC_STALL_S
 

@@ -30,7 +30,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # exported, n
 
 from gateway.app import create_app
 from streams.config import Settings
-from streams.devbroker import EmbeddedKafka
+from streams.devtools.broker import EmbeddedKafka
 from streams.kafka.clients import aiokafka_config, librdkafka_config
 from streams.kafka.topics import ensure_topics
 from streams.testing.process import ROOT, RoleProcess, wait_for

@@ -15,7 +15,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # exported, n
 )
 
 from streams.config import Settings
-from streams.devbroker import free_port
+from streams.devtools.broker import free_port
 from streams.kafka.topics import TopicMismatch, ensure_topics
 
 pytestmark = pytest.mark.kafka

@@ -28,9 +28,9 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from streams import ids, records
 from streams.config import Settings, TopicNames
-from streams.domain import (
+from streams.core import ids, records
+from streams.core.domain import (
     ActiveRun,
     AssistantMessage,
     AttemptDispatched,
@@ -75,8 +75,8 @@ from streams.domain import (
     ThreadDeleted,
     ThreadState,
 )
-from streams.journal import JournalEntry
-from streams.records import (
+from streams.core.journal import JournalEntry
+from streams.core.records import (
     CitationsOutput,
     DeadLetter,
     Dispatch,
@@ -903,7 +903,7 @@ def test_confluent_codec_needs_topic_names() -> None:
 
 
 def test_records_module_is_pure_data() -> None:
-    """streams.records holds only dataclasses and unions of them."""
+    """streams.core.records holds only dataclasses and unions of them."""
     # Only dataclasses and unions of them: the mapping to Avro is derived, not written.
     for name in records.__all__:
         value = getattr(records, name)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.domain import Citation, Step
-from streams.records import (
+from streams.core.domain import Citation, Step
+from streams.core.records import (
     CitationsOutput,
     MessageEnd,
     MessageStart,

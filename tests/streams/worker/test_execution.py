@@ -9,15 +9,15 @@ from typing import Any
 
 from streams.agents import AgentError, AgentOutput, TextChunk
 from streams.config import Settings
-from streams.domain import (
+from streams.core.domain import (
     Command,
     ReportAttemptCompleted,
     ReportAttemptFailed,
     ReportAttemptStarted,
     ReportExecutionStarted,
 )
-from streams.records import Dispatch, HistoryMessage, MessageEnd, MessageStart, StreamOutput
-from streams.thread import OUTPUT_TOO_LARGE
+from streams.core.records import Dispatch, HistoryMessage, MessageEnd, MessageStart, StreamOutput
+from streams.core.thread import OUTPUT_TOO_LARGE
 from streams.wire import EnvelopeMeta, new_meta
 from streams.worker.execution import SHUTDOWN_ERROR, Execution, Stop
 from streams.worker.offsets import PartitionOffsets

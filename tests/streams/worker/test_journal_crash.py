@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from streams.agents.builtin import BuiltinAgent
 from streams.agents.runtime import RunContext, drive
 from streams.config import Settings
-from streams.domain import (
+from streams.core.domain import (
     Event,
     ReportAttemptCompleted,
     ReportStepCompleted,
@@ -35,7 +35,7 @@ from streams.domain import (
     RunFailed,
     StepRecorded,
 )
-from streams.records import StepOutput
+from streams.core.records import StepOutput
 from streams.testing.openai_server import answer_for
 from streams.testing.process import ChildProcess, wait_for
 from tests.kafka_helpers import marked, read_messages, send_marker

@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from streams.agents import AgentCitations, AgentOutput, AgentStep, TextChunk
 from streams.agents.builtin import reply_for
 from streams.config import Settings
-from streams.domain import (
+from streams.core.domain import (
     AttemptDispatched,
     AttemptStarted,
     CancelRun,
@@ -36,9 +36,8 @@ from streams.domain import (
     RunFailed,
     Step,
 )
-from streams.ids import answer_message_id_for, run_id_for
-from streams.kafka.topics import ensure_topics
-from streams.records import (
+from streams.core.ids import answer_message_id_for, run_id_for
+from streams.core.records import (
     CitationsOutput,
     Dispatch,
     HistoryMessage,
@@ -50,6 +49,7 @@ from streams.records import (
     TextDelta,
     TextEnd,
 )
+from streams.kafka.topics import ensure_topics
 from streams.testing.process import RoleProcess, wait_for
 from streams.testing.stack import wait_for_group
 from streams.wire import Codec, EnvelopeMeta, new_meta

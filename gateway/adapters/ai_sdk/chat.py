@@ -1,0 +1,201 @@
+"""The Vercel AI SDK's chat endpoints (`useChat` with `DefaultChatTransport`).
+
+* `POST /v1/ai/chat` `{id, messages, trigger, messageId}`: `id` is the chat; its
+  thread is `chat_thread_id(tenant, id)`, so chat ids are namespaced per tenant and a
+  new one creates the thread. Only the newest user message is read (the history is
+  ours); its `id` is its idempotency key (or the `Idempotency-Key` header, which
+  wins), so a resend is answered with the original run and the same key with other
+  text gets `422`, as on `POST /v1/threads/{id}/user_message`; a post while a run is
+  active gets `409`. The answer is the run as the UI message stream
+  (`gateway.adapters.ai_sdk.ui_stream`).
+* `GET /v1/ai/chat/{chat_id}/stream`: the transport's reconnect. The active run,
+  replayed from its start out of Kafka and then live, or `204` when none is active.
+* `POST /v1/ai/chat/{chat_id}/cancel`: cancels the active run (the SDK's `stop()`
+  only aborts the fetch; a closed connection never cancels a run).
+* `GET /v1/ai/chat/{chat_id}/messages`: the stored messages as `UIMessage`s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from gateway.adapters.ai_sdk.ui_stream import (
+    DONE,
+    UI_STREAM_HEADERS,
+    UiMessageStream,
+    chunk_frame,
+    ui_message,
+)
+from gateway.api import rest
+from gateway.http.auth import TENANT
+from gateway.http.plumbing import END_SEQ, query_limit, read_json_body
+from gateway.http.problems import Problem
+from gateway.keys import BUS, READ_MODEL
+from gateway.live.run_stream import Gone
+from gateway.live.sse import SseEvent
+from gateway.live.streaming import serve_run
+from gateway.model.decisions import new_traceparent
+from gateway.model.read_model import RunView
+from streams.clock import now_ms
+from streams.core.domain import CreateThread, ThreadCreated, ThreadState
+from streams.core.ids import run_id_for
+
+__all__ = ["UiFraming", "cancel_chat", "chat", "chat_messages", "chat_thread_id", "resume_chat"]
+
+# Fixed forever: changing it moves every chat to a new thread.
+_CHAT_NAMESPACE = uuid.UUID("8f3b1a52-6f0e-4c1e-9d53-41d1c0a7e2b4")
+MAX_CHAT_ID_CHARS = 255
+TITLE_CHARS = 80
+RUN_WAIT_S = 10.0  # how long a post waits for its run to reach the read model
+
+
+def chat_thread_id(tenant: str, chat_id: str) -> str:
+    """The thread of a tenant's chat: another tenant's same chat id is another thread."""
+    return str(uuid.uuid5(_CHAT_NAMESPACE, f"{len(tenant)}:{tenant}:{chat_id}"))
+
+
+class UiFraming:
+    """`gateway.live.streaming.Framing` for the UI message stream: one per connection."""
+
+    headers = UI_STREAM_HEADERS
+
+    def __init__(self) -> None:
+        self.stream = UiMessageStream()
+
+    def encode(self, events: list[SseEvent]) -> bytes:
+        """The frames of the chunks these events map to."""
+        frames = []
+        for event in events:
+            fields = {} if event.terminal else json.loads(event.data)
+            frames += [chunk_frame(c) for c in self.stream.chunks(event.name, fields)]
+        return b"".join(frames)
+
+    def gone(self, gone: Gone) -> bytes:
+        """An `error` chunk: the run left the stream topic; its message is stored."""
+        return chunk_frame({"type": "error", "errorText": (
+            "this run's stream is no longer retained; its message is in GET "
+            f"/v1/threads/{gone.thread_id}/messages")}) + chunk_frame(DONE)
+
+
+def _chat_id(raw: object) -> str:
+    if not isinstance(raw, str) or not 1 <= len(raw) <= MAX_CHAT_ID_CHARS or \
+            not raw.isprintable():
+        raise Problem(422, "invalid-body", f"'id' must be 1 to {MAX_CHAT_ID_CHARS} printable "
+                      "characters", field="id")
+    return raw
+
+
+def _newest_user_message(messages: object) -> tuple[str, str]:
+    """(id, text) of the last message, which must be the user's."""
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        raise Problem(422, "invalid-body", "'messages' must end with the user's message",
+                      field="messages")
+    last: dict[str, Any] = messages[-1]
+    if last.get("role") != "user":
+        raise Problem(422, "invalid-body", "the last message must be the user's",
+                      field="messages")
+    parts = last.get("parts")
+    if not isinstance(parts, list):
+        raise Problem(422, "invalid-body", "the user message has no 'parts'", field="messages")
+    text = "".join(p["text"] for p in parts
+                   if isinstance(p, dict) and p.get("type") == "text"
+                   and isinstance(p.get("text"), str))
+    message_id = last.get("id")
+    return (message_id if isinstance(message_id, str) else ""), text
+
+
+async def _thread(request: web.Request, chat_id: str) -> ThreadState | None:
+    return await request.config_dict[READ_MODEL].thread(request[TENANT],
+                                                chat_thread_id(request[TENANT], chat_id))
+
+
+async def _create(request: web.Request, chat_id: str, title: str) -> ThreadState:
+    tenant = request[TENANT]
+    thread_id = chat_thread_id(tenant, chat_id)
+    read_model = request.config_dict[READ_MODEL]
+    read_model.note_write(thread_id)
+    event = await request.config_dict[BUS].decide(CreateThread(thread_id, tenant, title[:TITLE_CHARS],
+                                                       now_ms()),
+                                          tenant, new_traceparent(request.headers.get("traceparent")))
+    if isinstance(event, ThreadCreated):  # decided: no need to wait for the read model
+        return ThreadState(thread_id=thread_id, tenant=tenant, title=event.title,
+                           created_at_ms=event.at_ms)
+    # A thread created meanwhile (two first posts) decides nothing: the wait times
+    # out and the read below finds it.
+    state = await read_model.thread(tenant, thread_id, fresh=True)
+    if state is None:
+        raise Problem(503, "pending", "the chat's thread is being created; retry shortly",
+                      headers={"Retry-After": "2"})
+    return state
+
+
+async def _run(request: web.Request, run_id: str) -> RunView:
+    deadline = time.monotonic() + RUN_WAIT_S
+    while (run := await request.config_dict[READ_MODEL].run(request[TENANT], run_id)) is None:
+        if time.monotonic() > deadline:
+            raise Problem(503, "pending", "the message is queued; GET .../stream resumes its "
+                          "run", headers={"Retry-After": "2"}, run_id=run_id)
+        await asyncio.sleep(0.1)
+    return run
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    """POST /v1/ai/chat: post the newest user message, answer with its run's stream."""
+    body = await read_json_body(request, required=True)  # the same body rules as /v1
+    chat_id = _chat_id(body.get("id"))
+    trigger = body.get("trigger", "submit-message")
+    if trigger != "submit-message":
+        raise Problem(422, "unsupported-trigger", "only 'submit-message': a message is "
+                      "answered once, so it cannot be regenerated", field="trigger")
+    ui_id, text = _newest_user_message(body.get("messages"))
+    state = await _thread(request, chat_id)
+    if state is None:
+        if not text.strip():
+            raise Problem(422, "invalid-input", "the user message has no text", field="messages")
+        state = await _create(request, chat_id, text)
+    key = request.headers.get("Idempotency-Key") or ui_id or None
+    event, message_id = await rest.submit_user_message(request, state, text, key)
+    if event is None:
+        run_id = run_id_for(state.thread_id, message_id)
+    else:
+        run_id, _ = rest.decided_run(event, state.thread_id, message_id)
+    return await serve_run(request, await _run(request, run_id), UiFraming())
+
+
+async def resume_chat(request: web.Request) -> web.StreamResponse:
+    """GET /v1/ai/chat/{chat_id}/stream: the active run from its start, or 204."""
+    state = await _thread(request, request.match_info["chat_id"])
+    if state is None or state.active_run is None:
+        return web.Response(status=204)
+    run = await request.config_dict[READ_MODEL].run(request[TENANT], state.active_run.run_id)
+    if run is None or run.terminal:
+        return web.Response(status=204)
+    return await serve_run(request, run, UiFraming())
+
+
+async def cancel_chat(request: web.Request) -> web.Response:
+    """POST /v1/ai/chat/{chat_id}/cancel: cancel the active run (409 if none)."""
+    state = await _thread(request, request.match_info["chat_id"])
+    if state is None:
+        raise Problem(404, "not-found", "no such chat")
+    if state.active_run is None:
+        raise Problem(409, "no-active-run", "the chat has no active run")
+    return await rest.cancel(request, state, state.active_run.run_id, "stopped by the user")
+
+
+async def chat_messages(request: web.Request) -> web.Response:
+    """GET /v1/ai/chat/{chat_id}/messages?limit=: the newest stored messages, oldest
+    first, as `UIMessage`s (an unknown chat has none)."""
+    limit = query_limit(request, rest.MESSAGES_PAGE, rest.MAX_MESSAGES_PAGE)
+    state = await _thread(request, request.match_info["chat_id"])
+    if state is None:
+        return web.json_response({"messages": []})
+    page = request.config_dict[READ_MODEL].messages(state.thread_id, before=END_SEQ, limit=limit)
+    return web.json_response({"thread_id": state.thread_id,
+                              "messages": [ui_message(r) for r in page.records]})

@@ -1,0 +1,360 @@
+"""GET /openapi.json: the OpenAPI 3.1 description of every route, written by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+__all__ = ["SPEC", "openapi"]
+
+
+def _problem(description: str) -> dict[str, Any]:
+    return {"description": description,
+            "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+
+
+def _json(description: str, ref: str) -> dict[str, Any]:
+    return {"description": description,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}}}
+
+
+_THREAD_ID = {"name": "thread_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_UNAUTHORIZED = _problem("Missing or unknown API key")
+_CHAT_ID = {"name": "chat_id", "in": "path", "required": True, "schema": {"type": "string"},
+            "description": "The client's chat id (useChat's id), namespaced per tenant"}
+_NOT_FOUND = _problem("No such thread or run for this tenant")
+_POSTS = _problem("Too many posts a second for this tenant (Retry-After)")
+_STREAMS = _problem("Too many open streams or replays for this tenant (Retry-After)")
+_SSE_PARAMS = [
+    {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"},
+     "description": "Resume right after this event id."},
+    {"name": "last_event_id", "in": "query", "schema": {"type": "string"},
+     "description": "Same as Last-Event-ID, for clients that cannot set headers."},
+    {"name": "last_entry_id", "in": "query", "schema": {"type": "string"},
+     "description": "Reference-API name of last_event_id."},
+    {"name": "last_message_id", "in": "query", "schema": {"type": "string"},
+     "description": "Reference API: a message the client holds; alone, the stream starts "
+                    "as a fresh one (the run in progress, else live). With last_entry_id "
+                    "(both from the last event's data: id and seq): right after that event "
+                    "while the message streams, message_not_streaming once it ended."},
+    {"name": "access_token", "in": "query", "schema": {"type": "string"},
+     "description": "The API key, for EventSource clients (also the threadline_token cookie)."},
+]
+_LIMIT_MESSAGES = {"name": "limit", "in": "query",
+                   "schema": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100},
+                   "description": "Messages per page: 100 if absent, at most 1000."}
+_CURSORS = [
+    {"name": "after", "in": "query", "schema": {"type": "string"},
+     "description": "A next_cursor: the messages after it, oldest first."},
+    {"name": "before", "in": "query", "schema": {"type": "string"},
+     "description": "A cursor, or `end`: the messages just before it, oldest first within "
+                    "the page (alone, it pages backwards toward the start; `end` reads the "
+                    "newest messages)."},
+]
+_SSE = {"description": "text/event-stream. Events: message_start, text_start, text_delta, "
+                       "text_end, step, citations, message_end, run_accepted, "
+                       "attempt_dispatched, retry_scheduled, run_completed, run_failed, "
+                       "run_cancelled, done (data [DONE]) and message_not_streaming.",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+
+# The LangGraph Platform runs API (gateway/adapters/langgraph.py); its objects are LangGraph's own.
+_LG = "/langgraph"
+_LG_SECURITY: list[dict[str, list[str]]] = [{"bearer": []}, {"apiKey": []}]
+_LG_OBJECT = {"description": "A LangGraph object (see langgraph-sdk's schema)",
+              "content": {"application/json": {"schema": {"type": ["object", "array", "null"]}}}}
+_LG_BODY = {"required": False, "content": {"application/json": {"schema": {"type": "object"}}}}
+_LG_RUN_BODY = {"required": True, "content": {"application/json": {"schema": {
+    "type": "object", "required": ["input"], "properties": {
+        "assistant_id": {"type": "string", "description": "`agent` or the assistant's id"},
+        "input": {"type": "object", "description": '{"messages": [{"role": "user", '
+                                                   '"content": "..."}]}'},
+        "stream_mode": {"type": ["string", "array"],
+                        "description": "values, messages, messages-tuple, updates, custom"},
+        "multitask_strategy": {"type": "string", "enum": ["reject"],
+                               "description": "only reject (409 while a run is active)"},
+        "if_not_exists": {"type": "string", "enum": ["create", "reject"]}}}}}}
+_LG_SSE = {"description": "text/event-stream: metadata, then the parts of the stream modes, "
+                          "then end; each id: resumes with Last-Event-ID",
+           "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+_LG_ERRORS = {"401": _UNAUTHORIZED, "404": _NOT_FOUND,
+              "409": _problem("A run is active, the thread exists, or the run ended"),
+              "422": _problem("Unsupported or invalid field (e.g. multitask_strategy)")}
+
+
+def _lg(summary: str, ok: dict[str, Any], params: list[dict[str, Any]] | None = None,
+        body: dict[str, Any] | None = None) -> dict[str, Any]:
+    operation: dict[str, Any] = {"summary": summary, "security": _LG_SECURITY,
+                                 "parameters": params or [],
+                                 "responses": {"200": ok, **_LG_ERRORS}}
+    if body is not None:
+        operation["requestBody"] = body
+    return operation
+
+
+_LG_PATHS: dict[str, Any] = {
+    f"{_LG}/threads": {"post": _lg("Create a thread (thread_id: the client's, per tenant)",
+                                   _LG_OBJECT, body=_LG_BODY)},
+    f"{_LG}/threads/search": {"post": _lg("The tenant's threads, newest first", _LG_OBJECT,
+                                          body=_LG_BODY)},
+    f"{_LG}/threads/{{thread_id}}": {"get": _lg("A thread", _LG_OBJECT, [_THREAD_ID])},
+    f"{_LG}/threads/{{thread_id}}/state": {"get": _lg(
+        "The thread's state: the newest 50 messages; metadata.messages_before pages on",
+        _LG_OBJECT, [_THREAD_ID, {"name": "before", "in": "query", "schema": {
+            "type": "string"}, "description": "messages_before of a state"}])},
+    f"{_LG}/threads/{{thread_id}}/history": {"post": _lg(
+        "The current state only", _LG_OBJECT, [_THREAD_ID], _LG_BODY)},
+    f"{_LG}/assistants/search": {"post": _lg("The one assistant", _LG_OBJECT, body=_LG_BODY)},
+    f"{_LG}/assistants/{{assistant_id}}": {"get": _lg("The assistant (`agent`)", _LG_OBJECT, [
+        {"name": "assistant_id", "in": "path", "required": True, "schema": {"type": "string"}}])},
+    f"{_LG}/threads/{{thread_id}}/runs": {
+        "post": _lg("A background run", _LG_OBJECT, [_THREAD_ID], _LG_RUN_BODY),
+        "get": _lg("The thread's runs, newest first", _LG_OBJECT, [_THREAD_ID])},
+    f"{_LG}/threads/{{thread_id}}/runs/stream": {"post": _lg(
+        "A run, streamed", _LG_SSE, [_THREAD_ID], _LG_RUN_BODY)},
+    f"{_LG}/threads/{{thread_id}}/runs/wait": {"post": _lg(
+        "A run; answers the thread's values once it ended", _LG_OBJECT, [_THREAD_ID],
+        _LG_RUN_BODY)},
+    f"{_LG}/threads/{{thread_id}}/runs/{{run_id}}": {"get": _lg(
+        "A run", _LG_OBJECT, [_THREAD_ID, _RUN_ID])},
+    f"{_LG}/threads/{{thread_id}}/runs/{{run_id}}/join": {"get": _lg(
+        "The thread's values once the run ended", _LG_OBJECT, [_THREAD_ID, _RUN_ID])},
+    f"{_LG}/threads/{{thread_id}}/runs/{{run_id}}/stream": {"get": _lg(
+        "Join a run's stream from its start, or after Last-Event-ID", _LG_SSE,
+        [_THREAD_ID, _RUN_ID, {"name": "Last-Event-ID", "in": "header",
+                               "schema": {"type": "string"}}])},
+    f"{_LG}/threads/{{thread_id}}/runs/{{run_id}}/cancel": {"post": {
+        **_lg("Cancel a run (action=interrupt only)", _LG_OBJECT, [_THREAD_ID, _RUN_ID]),
+        "responses": {"202": {"description": "Cancelled"}, **_LG_ERRORS}}},
+}
+
+SPEC: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "Threadline gateway", "version": "1"},
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                            "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}},
+        "schemas": {
+            "Problem": {"type": "object", "required": ["type", "title", "status"], "properties": {
+                "type": {"type": "string"}, "title": {"type": "string"},
+                "status": {"type": "integer"}, "detail": {"type": "string"},
+                "instance": {"type": "string"}}},
+            "Thread": {"type": "object", "description": (
+                "A thread's bounded state. There is no list of its runs (it grew without "
+                "bound): `last_run` is the most recent run that ended, and each user "
+                "message carries its run's status (GET .../messages)."), "properties": {
+                "id": {"type": "string", "description": "Same as thread_id."},
+                "thread_id": {"type": "string"}, "title": {"type": "string"},
+                "created_at_ms": {"type": "integer"},
+                "updated_at_ms": {"type": "integer",
+                                  "description": "When the last event changed the thread."},
+                "workflow_id": {"type": "string"},
+                "message_count": {"type": "integer"}, "run_count": {"type": "integer"},
+                "active_run": {"type": ["object", "null"], "properties": {
+                    "run_id": {"type": "string"}, "message_id": {"type": "string"},
+                    "attempt": {"type": "integer"}, "status": {"type": "string"},
+                    "accepted_at_ms": {"type": ["integer", "null"]}}},
+                "last_run": {"type": ["object", "null"], "properties": {
+                    "run_id": {"type": "string"}, "message_id": {"type": "string"},
+                    "status": {"type": "string"}, "attempts": {"type": "integer"}}},
+                "status": {"type": "string", "enum": ["created", "pending"]}}},
+            "Threads": {"type": "object", "properties": {
+                "threads": {"type": "array", "items": {"$ref": "#/components/schemas/Thread"}},
+                "next_cursor": {"type": ["string", "null"],
+                                "description": "Pass as `cursor` for the next page; null "
+                                               "at the end."}}},
+            "RunStarted": {"type": "object", "required": ["workflow_id", "run_id", "message_id"],
+                           "properties": {
+                               "workflow_id": {"type": "string"}, "run_id": {"type": "string"},
+                               "message_id": {"type": "string"},
+                               "status": {"type": "string", "enum": ["accepted", "pending"]},
+                               "replayed": {"type": "boolean"}}},
+            "Messages": {"type": "object", "properties": {
+                "thread_id": {"type": "string"},
+                "messages": {"type": "array", "items": {"type": "object", "properties": {
+                    "seq": {"type": "integer", "description": "0-based position in the thread."},
+                    "message_id": {"type": "string"},
+                    "role": {"type": "string", "enum": ["user", "assistant"]},
+                    "text": {"type": "string"}, "run_id": {"type": "string"},
+                    "created_at_ms": {"type": "integer"}, "steps": {"type": "array"},
+                    "citations": {"type": "array"},
+                    "run_status": {"type": ["string", "null"], "description": (
+                        "User messages only: the status of the run the message started.")}}}},
+                "next_cursor": {"type": ["string", "null"], "description": (
+                    "Continues in the direction read: pass it as `after` (or as `before` "
+                    "if this page was read with `before`); null at the end.")}}},
+            "Resume": {"type": "object", "properties": {
+                "run_id": {"type": "string"},
+                "status": {"type": "string", "enum": ["resumed", "pending"]}}},
+            "Cancel": {"type": "object", "properties": {
+                "run_id": {"type": "string"},
+                "status": {"type": "string", "enum": ["cancelled", "pending"]}}},
+        },
+    },
+    "security": [{"bearer": []}],
+    "paths": {
+        "/livez": {"get": {"security": [], "summary": "Liveness: the process serves (even "
+                                                      "while its read model loads)",
+                           "responses": {"200": {"description": "alive"}}}},
+        "/healthz": {"get": {"security": [], "summary": "Health detail: the broker answers, the "
+                                                        "processor and worker groups have "
+                                                        "members, the read model is loaded",
+                             "responses": {"200": {"description": "healthy"},
+                                           "503": {"description": "something is missing"}}}},
+        "/readyz": {"get": {"security": [], "summary": (
+            "Readiness, what a load balancer should probe: 200 only when the processor "
+            "owns every partition, has restored it and decides (a probe command per "
+            "partition is processed); a success is reused for 5 s"),
+            "responses": {"200": {"description": "decisions are being made"},
+                          "503": {"description": "not yet (partitions_waiting)"}}}},
+        "/metrics": {"get": {"security": [], "summary": (
+            "Prometheus metrics of this gateway process, in the text exposition format "
+            "(THREADLINE_GATEWAY_METRICS=0 removes it; docs/operations.md)"),
+            "responses": {"200": {"description": "metrics",
+                                  "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+        "/openapi.json": {"get": {"security": [], "summary": "This document",
+                                  "responses": {"200": {"description": "OpenAPI 3.1"}}}},
+        "/demo": {"get": {"security": [], "summary": "A browser page watching a thread's stream "
+                                                     "(/demo#key=KEY&thread=ID)",
+                          "responses": {"200": {"description": "HTML"}}}},
+        "/v1/threads": {"get": {
+            "summary": "The tenant's threads, most recently updated first",
+            "parameters": [
+                {"name": "limit", "in": "query", "schema": {
+                    "type": "integer", "minimum": 1, "maximum": 200, "default": 50}},
+                {"name": "cursor", "in": "query", "schema": {"type": "string"},
+                 "description": "The previous page's next_cursor."}],
+            "responses": {"200": _json("A page of threads", "Threads"),
+                          "400": _problem("Bad limit or cursor"), "401": _UNAUTHORIZED}},
+            "post": {
+            "summary": "Create a thread",
+            "requestBody": {"content": {"application/json": {"schema": {
+                "type": "object", "properties": {"title": {"type": "string"}}}}}},
+            "responses": {"201": _json("Created", "Thread"),
+                          "202": _json("Queued, not decided yet", "Thread"),
+                          "400": _problem("Malformed JSON"), "401": _UNAUTHORIZED,
+                          "413": _problem("Body too large"), "422": _problem("Invalid body"),
+                          "429": _POSTS}}},
+        "/v1/threads/{thread_id}": {"get": {
+            "summary": "A thread", "parameters": [_THREAD_ID],
+            "responses": {"200": _json("The thread", "Thread"), "401": _UNAUTHORIZED,
+                          "404": _NOT_FOUND}},
+            "delete": {
+            "summary": "Delete a thread: its state and every message (a run in flight is "
+                       "cancelled first); then 404 everywhere, and its open streams end",
+            "parameters": [_THREAD_ID],
+            "responses": {"204": {"description": "Deleted"},
+                          "202": {"description": "Queued, not decided yet (status pending)",
+                                  "content": {"application/json": {"schema": {
+                                      "type": "object"}}}},
+                          "401": _UNAUTHORIZED, "404": _NOT_FOUND}}},
+        "/v1/threads/{thread_id}/messages": {"get": {
+            "summary": "Stored messages, user and assistant, oldest first, a page at a "
+                       "time (without limit: the first 100, with next_cursor)",
+            "parameters": [_THREAD_ID, _LIMIT_MESSAGES, *_CURSORS],
+            "responses": {"200": _json("A page of messages", "Messages"),
+                          "400": _problem("Bad limit or cursor"), "401": _UNAUTHORIZED,
+                          "404": _NOT_FOUND}}},
+        "/v1/threads/{thread_id}/user_message": {"post": {
+            "summary": "Post a user message: starts a run",
+            "parameters": [_THREAD_ID, {"name": "Idempotency-Key", "in": "header",
+                                        "schema": {"type": "string", "maxLength": 255}}],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "required": ["input_text"],
+                "properties": {"input_text": {"type": "string", "minLength": 1},
+                               "multitask_strategy": {
+                                   "type": "string", "default": "reject",
+                                   "enum": ["reject", "enqueue", "interrupt", "rollback"],
+                                   "description": "What to do if a run is active: 409, "
+                                   "queue behind it, cancel it and run, or cancel it and "
+                                   "remove its messages (docs/multitask.md)"}}}}}},
+            "responses": {"202": _json("Accepted, queued (enqueue), pending, or the original "
+                                       "run of a repeated Idempotency-Key", "RunStarted"),
+                          "400": _problem("Malformed JSON or Idempotency-Key"),
+                          "401": _UNAUTHORIZED, "404": _NOT_FOUND,
+                          "409": _problem("A run is active (active_run_id)"),
+                          "413": _problem("Body too large"),
+                          "422": _problem("Empty or too long input, bad body, or the "
+                                          "Idempotency-Key was used with another body"),
+                          "429": _problem("Too many posts a second, or runs in progress, "
+                                          "for this tenant (Retry-After)")}}},
+        "/v1/threads/{thread_id}/runs/{run_id}/cancel": {"post": {
+            "summary": "Cancel a run", "parameters": [_THREAD_ID, _RUN_ID],
+            "responses": {"202": _json("Cancelled or pending", "Cancel"), "401": _UNAUTHORIZED,
+                          "404": _NOT_FOUND, "409": _problem("The run already ended"),
+                          "429": _POSTS}}},
+        "/v1/threads/{thread_id}/runs/{run_id}/resume": {"post": {
+            "summary": "Resume an interrupted run: the agent's interrupt() returns `value`",
+            "parameters": [_THREAD_ID, _RUN_ID],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "required": ["value"], "properties": {"value": {}}}}}},
+            "responses": {"202": _json("Resumed or pending", "Resume"), "401": _UNAUTHORIZED,
+                          "404": _NOT_FOUND, "409": _problem("The run is not interrupted"),
+                          "413": _problem("The value is too large"),
+                          "422": _problem("No value, or not a JSON body"), "429": _POSTS}}},
+        "/v1/threads/{thread_id}/stream": {"get": {
+            "summary": "Every run of the thread as server-sent events",
+            "parameters": [_THREAD_ID, *_SSE_PARAMS],
+            "responses": {"200": _SSE, "400": _problem("Unusable Last-Event-ID"),
+                          "401": _UNAUTHORIZED, "404": _NOT_FOUND, "429": _STREAMS}}},
+        "/v1/runs/{run_id}/events": {"get": {
+            "summary": "One run from its start; closes after done",
+            "parameters": [_RUN_ID, *_SSE_PARAMS],
+            "responses": {"200": _SSE, "400": _problem("Unusable Last-Event-ID"),
+                          "401": _UNAUTHORIZED, "404": _NOT_FOUND, "429": _STREAMS}}},
+        # The Vercel AI SDK's UI message stream protocol (docs/clients.md).
+        "/v1/ai/chat": {"post": {
+            "summary": "useChat's HTTP transport: post the newest user message of chat `id` "
+                       "(a new id creates the chat's thread) and stream its run as the UI "
+                       "message stream (x-vercel-ai-ui-message-stream: v1)",
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "required": ["id", "messages"], "properties": {
+                    "id": {"type": "string"}, "messages": {"type": "array"},
+                    "trigger": {"type": "string", "enum": ["submit-message"]},
+                    "messageId": {"type": ["string", "null"]}}}}}},
+            "responses": {"200": {"description": "text/event-stream of UI message chunks, "
+                                                 "then data: [DONE]"},
+                          "401": _UNAUTHORIZED, "409": _problem("A run is active"),
+                          "422": _problem("Bad body, empty input, a reused message id with "
+                                          "other text, or a trigger other than "
+                                          "submit-message"),
+                          "429": _POSTS}}},
+        "/v1/ai/chat/{chat_id}/stream": {"get": {
+            "summary": "The transport's reconnect: the chat's active run from its start",
+            "parameters": [_CHAT_ID],
+            "responses": {"200": {"description": "text/event-stream of UI message chunks"},
+                          "204": {"description": "No run is active"},
+                          "401": _UNAUTHORIZED, "429": _STREAMS}}},
+        "/v1/ai/chat/{chat_id}/cancel": {"post": {
+            "summary": "Cancel the chat's active run (call it, then the SDK's stop())",
+            "parameters": [_CHAT_ID],
+            "responses": {"202": _json("Cancelled or pending", "Cancel"), "401": _UNAUTHORIZED,
+                          "404": _NOT_FOUND, "409": _problem("No run is active")}}},
+        "/v1/ai/chat/{chat_id}/messages": {"get": {
+            "summary": "The chat's newest stored messages as UIMessages (useChat's initial "
+                       "messages)",
+            "parameters": [_CHAT_ID, {"name": "limit", "in": "query", "schema": {
+                "type": "integer", "minimum": 1, "maximum": 1000, "default": 100}}],
+            "responses": {"200": {"description": "{thread_id, messages}"},
+                          "401": _UNAUTHORIZED}}},
+        "/console": {"get": {"security": [], "summary": "The web console (the key is asked "
+                                                        "for in the page)",
+                             "responses": {"200": {"description": "HTML"}}}},
+        "/console/console.js": {"get": {"security": [], "summary": "The console's script",
+                                        "responses": {"200": {"description": "JavaScript"}}}},
+        "/console/console.css": {"get": {"security": [], "summary": "The console's styles",
+                                         "responses": {"200": {"description": "CSS"}}}},
+        "/v1/console/threads/{thread_id}/run": {"get": {
+            "summary": "The active run's attempt, status and liveness (last_heartbeat_ms)",
+            "parameters": [_THREAD_ID],
+            "responses": {"200": {"description": "{thread_id, active_run, last_run}"},
+                          "401": _UNAUTHORIZED, "404": _NOT_FOUND}}},
+        **_LG_PATHS,
+    },
+}
+
+
+async def openapi(request: web.Request) -> web.Response:
+    """GET /openapi.json: the gateway's OpenAPI description."""
+    return web.json_response(SPEC)

@@ -1,0 +1,135 @@
+"""Per-tenant limits: what one tenant may cost the gateway and the workers.
+
+Four limits (`streams.config.GatewayLimits`, 0 turns one off), each refused with
+`429` problem+json and `Retry-After`:
+
+    streams       open SSE streams of the tenant, in this gateway process
+    replays       Kafka replays the tenant's streams run at once, in this process
+                  (each is a consumer of its own reading a partition)
+    posts         POSTs a second, a token bucket per tenant in this process
+                  (`post_burst` at once, then `posts_per_s`)
+    active runs   runs in progress across the deployment, from the threads read
+                  model: a user message beyond the cap is refused, so one tenant
+                  cannot fill every worker slot
+
+The first three are counted per process: N gateways admit up to N times as much.
+Active runs come from the read model, which lags the processor by a few
+milliseconds, so posts racing each other can pass the cap by the number in flight.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from gateway.http.auth import TENANT
+from gateway.http.problems import Handler, Problem
+from gateway.model.read_model import ReadModel
+from streams.config import GatewayLimits
+
+__all__ = ["TenantLimiter", "post_rate_middleware", "tenant_active_runs"]
+
+STREAM_RETRY_S = 5  # a stream slot frees when one of the tenant's streams ends
+REPLAY_RETRY_S = 1  # replays take a moment
+ACTIVE_RUN_RETRY_S = 5  # a run takes seconds
+
+
+def _too_many(slug: str, detail: str, retry_after_s: int, limit: float) -> Problem:
+    return Problem(429, slug, detail, headers={"Retry-After": str(max(1, retry_after_s))},
+                   limit=limit)
+
+
+@dataclass(slots=True)
+class _Bucket:
+    tokens: float
+    at: float  # when `tokens` was right
+
+
+class TenantLimiter:
+    """The per-tenant counters of one gateway process. Not thread-safe: the event loop's."""
+
+    def __init__(self, limits: GatewayLimits,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits = limits
+        self.clock = clock
+        self.streams: Counter[str] = Counter()
+        self.replays: Counter[str] = Counter()
+        self._buckets: dict[str, _Bucket] = {}
+
+    @contextmanager
+    def stream(self, tenant: str) -> Iterator[None]:
+        """Hold one of the tenant's stream slots for the `with` block, or raise 429."""
+        with self._slot(self.streams, tenant, self.limits.streams_per_tenant,
+                        "too-many-streams", "open streams", STREAM_RETRY_S):
+            yield
+
+    @contextmanager
+    def replay(self, tenant: str) -> Iterator[None]:
+        """Hold one of the tenant's replay slots for the `with` block, or raise 429."""
+        with self._slot(self.replays, tenant, self.limits.replays_per_tenant,
+                        "too-many-replays", "replays from Kafka at once", REPLAY_RETRY_S):
+            yield
+
+    @contextmanager
+    def _slot(self, held: Counter[str], tenant: str, limit: int, slug: str, what: str,
+              retry_after_s: int) -> Iterator[None]:
+        if limit > 0 and held[tenant] >= limit:
+            raise _too_many(slug, f"the tenant has {held[tenant]} {what}, the limit is {limit}",
+                            retry_after_s, limit)
+        held[tenant] += 1
+        try:
+            yield
+        finally:
+            held[tenant] -= 1
+            if held[tenant] <= 0:
+                del held[tenant]
+
+    def post(self, tenant: str) -> None:
+        """Take one token from the tenant's bucket, or raise 429 saying when one is back."""
+        rate, burst = self.limits.posts_per_s, max(1, self.limits.post_burst)
+        if rate <= 0:
+            return
+        now = self.clock()
+        bucket = self._buckets.get(tenant)
+        if bucket is None:
+            bucket = self._buckets[tenant] = _Bucket(float(burst), now)
+        bucket.tokens = min(float(burst), bucket.tokens + (now - bucket.at) * rate)
+        bucket.at = now
+        if bucket.tokens < 1.0:
+            wait = math.ceil((1.0 - bucket.tokens) / rate)
+            raise _too_many("too-many-posts", f"more than {rate:g} posts a second "
+                            f"(bursts of {burst})", wait, rate)
+        bucket.tokens -= 1.0
+
+    def admit_run(self, tenant: str, active: int) -> None:
+        """Raise 429 if a tenant with `active` runs in progress may not start another."""
+        limit = self.limits.active_runs_per_tenant
+        if limit > 0 and active >= limit:
+            raise _too_many("too-many-active-runs", f"the tenant has {active} runs in "
+                            f"progress, the limit is {limit}", ACTIVE_RUN_RETRY_S, limit)
+
+
+def tenant_active_runs(read_model: ReadModel, tenant: str) -> int:
+    """The tenant's runs in progress, as far as the read model has read (the one
+    place that knows how the read model counts them)."""
+    return read_model.active_run_count(tenant)
+
+
+def post_rate_middleware(limiter: TenantLimiter) -> Middleware:
+    """Every POST of an authenticated tenant takes a token (after `auth_middleware`)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        tenant = request.get(TENANT)
+        if request.method == "POST" and tenant is not None:
+            limiter.post(tenant)
+        return await handler(request)
+
+    return middleware

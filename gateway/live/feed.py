@@ -1,0 +1,412 @@
+"""The fan-out: one stream-topic consumer per gateway process feeds every SSE client.
+
+The consumer has no group: it reads every partition, read_committed. Each record
+goes through the `RunTracker` (the superseded-execution filter) as it is ingested,
+then into a bounded per-thread window of recent events and into the bounded queue
+of each subscriber of that thread. A subscriber that falls `queue_limit` events
+behind is closed; its client reconnects with Last-Event-ID.
+
+Coverage: a thread's window holds every event of that thread after
+`covered_after`; older positions are replayed from Kafka (`gateway.live.replay`).
+The feed starts at the end of each partition, or earlier where a run was active at
+start-up (found in the read model), so that it sees every active run from its
+`run_accepted` record and its filter state matches a replay from the run's start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from gateway.kafka import (
+    Offsets,
+    new_consumer,
+    partition_for,
+    run_forever,
+    stop_client,
+    stop_task,
+    topic_partitions,
+)
+from gateway.live.sse import Position, RunTracker, SseEvent, make_events
+from gateway.live.tokens import ResumeTokens
+from gateway.model.read_model import ReadModel
+from streams.config import Settings
+from streams.core.lifecycle import Lifecycle
+from streams.core.records import RunLifecycle
+from streams.observability.metrics import gateway_metrics
+from streams.wire import Codec, DecodeError
+
+__all__ = ["StreamFeed", "Subscriber"]
+
+log = logging.getLogger("threadline.gateway")
+
+
+class Subscriber:
+    """One SSE client's live events (of a thread, or of one run).
+
+    Queued until its stream has caught up (replay and window); then `attach`
+    gives it a sink, and the feed writes what each ingested batch brought to the
+    client's connection at the end of that batch, with no task wake-up or timer per
+    event: at 10k clients those were most of the gateway's CPU per delivered event
+    (docs/benchmarks.md). Under load batches grow, and so do the writes."""
+
+    __slots__ = ("_waiter", "closed", "limit", "pending", "run_id", "sink", "thread_id")
+
+    def __init__(self, thread_id: str, run_id: str | None, limit: int) -> None:
+        self.thread_id, self.run_id, self.limit = thread_id, run_id, limit
+        self.pending: deque[SseEvent] = deque()
+        self.closed: str | None = None  # why: "overflow" | "shutdown" | "done" | ...
+        self.sink: Callable[[list[SseEvent]], bool] | None = None
+        self._waiter: asyncio.Future[None] | None = None  # set while a wait is on
+
+    def push(self, event: SseEvent) -> bool:
+        """Queue `event`. True if it is the first one queued for an attached sink since
+        its last `flush`: the feed then flushes this subscriber at the end of the batch
+        it is ingesting, so a client gets one write per batch, not one per event."""
+        if self.closed is not None or (self.run_id is not None and event.run_id != self.run_id):
+            return False
+        if len(self.pending) >= self.limit:
+            self.close("overflow")
+            return False
+        self.pending.append(event)
+        if self.sink is None:
+            self._wake()
+            return False
+        return len(self.pending) == 1
+
+    def flush(self) -> None:
+        """Write what is queued through the attached sink."""
+        if self.sink is None or not self.pending or self.closed is not None:
+            return
+        batch = list(self.pending)
+        self.pending.clear()
+        try:
+            taken = self.sink(batch)
+        except Exception:  # one broken connection must not stop the feed for the rest
+            log.exception("writing to a subscriber of %s failed", self.thread_id)
+            taken = False
+        if not taken:
+            self.close("overflow")
+
+    def attach(self, sink: Callable[[list[SseEvent]], bool]) -> None:
+        """From now on, deliver through `sink` (the queued events at once): the feed
+        calls it once per ingested batch. `sink` returns False when the client cannot
+        take more (gone, or too far behind); the subscriber is then closed and its
+        client resumes."""
+        if self.closed is not None:
+            return
+        self.sink = sink
+        self.flush()
+
+    def close(self, reason: str) -> None:
+        """End this client's stream with a reason (the first reason given wins)."""
+        if self.closed is None:
+            self.closed = reason
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until there is something to take (queued events; none once attached) or
+        the subscriber is closed, or `timeout_s` passed."""
+        if self.pending or self.closed is not None:
+            return
+        # A bare future and a timer, not asyncio.wait_for: that makes a task per call.
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout_s, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+@dataclass(slots=True)
+class _Window:
+    partition: int
+    covered_after: Position
+    events: deque[SseEvent] = field(default_factory=deque)
+    subscribers: set[Subscriber] = field(default_factory=set)
+    active_run: str | None = None
+
+
+class StreamFeed:
+    """Reads the streams topic once and fans its events out to every SSE subscriber."""
+    def __init__(self, settings: Settings, read_model: ReadModel, offsets: Offsets, *,
+                 window_events: int = 2_000,
+                 max_windows: int = 20_000, queue_limit: int = 10_000,
+                 backfill_margin_ms: int = 60_000, codec: Codec | None = None) -> None:
+        self.settings = settings
+        # THREADLINE_SCHEMA_REGISTRY_URL: the Confluent format; else single-object.
+        self.codec = codec or Codec.from_settings(settings)
+        self.read_model = read_model
+        self.offsets = offsets
+        self.window_events = window_events
+        self.max_windows = max_windows
+        self.queue_limit = queue_limit
+        self.backfill_margin_ms = backfill_margin_ms
+        self.topic = settings.topics.stream
+        self.tokens = ResumeTokens.from_settings(settings)  # signs ids; replays and resumes share it
+        self.tracker = RunTracker()
+        self.start_offsets: dict[int, int] = {}
+        self.last_offsets: dict[int, int] = {}
+        self.subscribers: set[Subscriber] = set()
+        self._windows: OrderedDict[str, _Window] = OrderedDict()
+        self._dirty: list[Subscriber] = []  # attached subscribers with events to write
+        self._lag_ms: deque[float] = deque(maxlen=20_000)  # record CreateTime -> written
+        self._dropped_floor: dict[int, Position] = {}
+        self._consumer_: AIOKafkaConsumer | None = None  # made in start(): needs the loop
+        self._task: asyncio.Task[None] | None = None
+        self._started = asyncio.Event()
+
+    @property
+    def _consumer(self) -> AIOKafkaConsumer:
+        assert self._consumer_ is not None, "StreamFeed.start() first"
+        return self._consumer_
+
+    async def start(self, load_timeout_s: float = 120.0) -> None:
+        """Seek to where the active runs began, wait for the read model, and start reading the streams."""
+        consumer = self._consumer_ = new_consumer(self.settings)
+        await consumer.start()
+        tps = topic_partitions(self.settings, self.topic)
+        consumer.assign(tps)
+        ends = await self.offsets.end(tps)  # last stable offsets (read_committed)
+        begins = await self.offsets.beginning(tps)
+        # The read model must reflect at least every run accepted before `ends`.
+        if not await self.read_model.wait_loaded(load_timeout_s):
+            log.warning("stream feed: the threads read model did not load in time")
+        await self.read_model.catch_up()
+        earliest: dict[TopicPartition, int] = {}
+        for thread_id, _run_id, accepted_ms in self.read_model.active_runs():
+            tp = TopicPartition(self.topic, partition_for(thread_id, self.settings.partitions))
+            at = max(0, accepted_ms - self.backfill_margin_ms)
+            earliest[tp] = min(earliest.get(tp, at), at)
+        found = await self.offsets.for_times(earliest) if earliest else {}
+        for tp in tps:
+            start = ends[tp]
+            hit = found.get(tp)
+            if hit is not None:
+                start = min(start, hit.offset)
+            start = max(start, begins[tp])
+            consumer.seek(tp, start)
+            self.start_offsets[tp.partition] = start
+            self.last_offsets[tp.partition] = start - 1
+        log.info("stream feed starts at %s (ends %s)", self.start_offsets,
+                 {tp.partition: o for tp, o in ends.items()})
+        self._task = asyncio.create_task(run_forever("stream feed", self._step))
+        self._started.set()
+
+    @property
+    def started(self) -> bool:
+        """Whether the feed follows the stream: streams can be served."""
+        return self._task is not None
+
+    async def wait_started(self, timeout_s: float) -> bool:
+        """Whether the feed started within `timeout_s`."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._started.wait(), timeout_s)
+        return self.started
+
+    async def stop(self) -> None:
+        """Close every subscriber, then stop the reading task and its consumer."""
+        self.close_all("shutdown")
+        await stop_task(self._task)
+        if self._consumer_ is not None:
+            await stop_client(self._consumer_)
+
+    def close_all(self, reason: str) -> None:
+        """End every subscriber's stream with the same reason."""
+        for sub in list(self.subscribers):
+            sub.close(reason)
+
+    def drop_thread(self, thread_id: str) -> None:
+        """The thread was deleted: end its open streams and forget its window, so
+        nothing of it is sent again (new streams of it get 404 from the read model)."""
+        window = self._windows.pop(thread_id, None)
+        if window is None:
+            return
+        for sub in list(window.subscribers):
+            sub.close("deleted")
+        here = (self.last_offsets.get(window.partition, -1) + 1, -1)
+        self._dropped_floor[window.partition] = max(
+            here, self._dropped_floor.get(window.partition, here))
+
+    def partition_of(self, thread_id: str) -> int:
+        """The streams partition that holds this thread's records."""
+        return partition_for(thread_id, self.settings.partitions)
+
+    # --- subscribers ----------------------------------------------------------------
+
+    def subscribe(self, thread_id: str, run_id: str | None = None) -> \
+            tuple[Subscriber, list[SseEvent], Position]:
+        """Register a live subscriber; also return the window's events (filtered to
+        `run_id`) and the position after which the window is complete.
+
+        Synchronous, so nothing ingested falls between the snapshot and the queue."""
+        window = self._window(thread_id)
+        sub = Subscriber(thread_id, run_id, self.queue_limit)
+        window.subscribers.add(sub)
+        self.subscribers.add(sub)
+        snapshot = [e for e in window.events if e.position > window.covered_after
+                    and (run_id is None or e.run_id == run_id)]
+        return sub, snapshot, window.covered_after
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        """Forget a subscriber, and remove it from its thread's window."""
+        self.subscribers.discard(sub)
+        window = self._windows.get(sub.thread_id)
+        if window is not None:
+            window.subscribers.discard(sub)
+
+    async def end_offset(self, partition: int) -> int:
+        """The partition's last stable offset now."""
+        tp = TopicPartition(self.topic, partition)
+        return (await self.offsets.end([tp]))[tp]
+
+    async def catch_up(self, partition: int, timeout_s: float = 5.0) -> bool:
+        """Wait until the feed has ingested the partition up to its end now."""
+        tp = TopicPartition(self.topic, partition)
+        deadline = time.monotonic() + timeout_s
+        end = await self.end_offset(partition)
+        while await self._consumer.position(tp) < end:
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
+
+    def active_run(self, thread_id: str) -> tuple[str, int] | None:
+        """The thread's run in progress as the feed has seen it: (run id, start offset)."""
+        window = self._windows.get(thread_id)
+        if window is None or window.active_run is None:
+            return None
+        state = self.tracker.runs.get(window.active_run)
+        return None if state is None else (window.active_run, state.start)
+
+    def lags(self) -> dict[int, int]:
+        """Per partition, how many records the feed has yet to read, as far as its
+        consumer knows the partition's end (nothing before the feed started)."""
+        consumer = self._consumer_
+        if consumer is None or not self.started:
+            return {}
+        lags = {}
+        for tp in consumer.assignment():
+            high = consumer.highwater(tp)
+            if high is not None:
+                lags[tp.partition] = max(0, high - (self.last_offsets.get(tp.partition, -1) + 1))
+        return lags
+
+    def stats(self) -> dict[str, object]:
+        """Subscriber and window counts, read positions and write lag for /healthz."""
+        lag = sorted(self._lag_ms)
+        return {"subscribers": len(self.subscribers), "windows": len(self._windows),
+                "start_offsets": dict(self.start_offsets),
+                "positions": {p: o + 1 for p, o in self.last_offsets.items()},
+                # Over the last records ingested (at most 20,000): from their producer's
+                # CreateTime until their events were written to every caught-up client.
+                "write_lag_ms": {"records": len(lag),
+                                 "p50": round(lag[len(lag) // 2], 1) if lag else None,
+                                 "p99": round(lag[int(len(lag) * 0.99)], 1) if lag else None}}
+
+    # --- ingestion --------------------------------------------------------------------
+
+    def _window(self, thread_id: str) -> _Window:
+        window = self._windows.get(thread_id)
+        if window is not None:
+            self._windows.move_to_end(thread_id)
+            return window
+        partition = self.partition_of(thread_id)
+        floor = (self.start_offsets.get(partition, 0), -1)
+        window = _Window(partition, max(floor, self._dropped_floor.get(partition, floor)))
+        self._windows[thread_id] = window
+        if len(self._windows) > self.max_windows:
+            self._evict(keep=thread_id)
+        return window
+
+    def _evict(self, keep: str) -> None:
+        for thread_id, window in self._windows.items():
+            if not window.subscribers and thread_id != keep:
+                del self._windows[thread_id]
+                # A window made later for any thread of the partition covers only
+                # what comes after this point.
+                here = (self.last_offsets.get(window.partition, -1) + 1, -1)
+                self._dropped_floor[window.partition] = max(
+                    here, self._dropped_floor.get(window.partition, here))
+                return
+
+    async def _step(self) -> None:
+        batch = await self._consumer.getmany(timeout_ms=1000, max_records=2000)
+        await self.codec.prepare(r.value for rs in batch.values() for r in rs)
+        try:
+            for tp, records in batch.items():
+                for record in records:
+                    self.ingest(tp.partition, record)
+        finally:
+            self.flush()
+        # Written to every caught-up client by now: how long after its producer did.
+        now_ms = time.time() * 1000
+        write_lag = gateway_metrics().write_lag
+        for records in batch.values():
+            self._lag_ms.extend(now_ms - r.timestamp for r in records)
+            for record in records:
+                write_lag.observe(max(0.0, now_ms - record.timestamp) / 1000)
+
+    def flush(self) -> None:
+        """Write what the ingested records brought to every attached subscriber."""
+        dirty, self._dirty = self._dirty, []
+        for sub in dirty:
+            sub.flush()
+
+    def ingest(self, partition: int, record: ConsumerRecord[bytes, bytes]) -> None:
+        """Turn one streams record into SSE events, keep them in the thread's window and queue them."""
+        self.last_offsets[partition] = record.offset
+        try:
+            meta, output = self.codec.decode_stream(record.value or b"")
+        except DecodeError as exc:
+            log.warning("stream %d@%d is undecodable: %s", partition, record.offset, exc)
+            return
+        thread_id = meta.thread_id
+        state = self.tracker.admit(thread_id, record.offset, output)
+        if state is None:
+            if self.tracker.unknown:
+                # A run whose start the feed did not see: only Kafka can replay it. Its
+                # subscribers may need this record (one resumed inside that run, after a
+                # gateway restart whose feed started late): end their streams, so that
+                # they resume with Last-Event-ID and replay it (found by the chaos run).
+                window = self._window(thread_id)
+                window.covered_after = max(window.covered_after, (record.offset + 1, -1))
+                for sub in list(window.subscribers):
+                    if sub.run_id in (None, output.run_id):
+                        sub.close("unknown run")
+            return
+        window = self._window(thread_id)
+        for event in make_events(self.tokens, partition, record.offset, state.start, meta,
+                                 output):
+            window.events.append(event)
+            for sub in list(window.subscribers):
+                if sub.push(event):
+                    self._dirty.append(sub)
+        if isinstance(output.payload, RunLifecycle):
+            if output.payload.event == Lifecycle.RUN_ACCEPTED:
+                window.active_run = output.run_id
+            elif state.terminal and window.active_run == output.run_id:
+                window.active_run = None
+        while len(window.events) > self.window_events:
+            dropped = window.events.popleft()
+            window.covered_after = max(window.covered_after, dropped.position)

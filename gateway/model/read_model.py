@@ -1,0 +1,461 @@
+"""The read model: threads and their messages, from a local store kept up to date
+from the `threads` and `messages` changelogs.
+
+One consumer per process (no group, every partition of both topics,
+read_committed) applies each batch to a RocksDB store (`gateway.model.read_store`)
+together with the offsets it reaches. A restarted gateway opens its store and
+reads only what was written after its checkpoints (a warm start); a new one reads
+both topics from the start (a cold start). Either way the time it took and the
+records read are logged and shown by `/healthz`. Nothing per thread or per
+message stays in Python memory but the set of active runs.
+
+The store lives in `data_dir/gateway/<host>-<port>`; a second gateway process with
+the same settings on the same machine (the lock is taken) uses `<host>-<port>.1`,
+and so on. A store that was built for other topics, whose checkpoints do not fit
+the topics any more (recreated, or trimmed past them), or that was last written
+longer ago than the topics keep tombstones (`delete.retention.ms`: a deleted
+thread could survive in it) is started afresh.
+
+Read-your-writes: a read of a thread that the model does not know, that this gateway
+just wrote to, or that arrives before the initial load finished first waits until the
+model has reached the partition's current last stable offset on both topics
+(bounded by a timeout). A thread written through another gateway a moment ago may
+be read a few milliseconds stale; its own writer's reads are not.
+
+Consistency of a batch: `getmany` hands out records and advances the consumer's
+positions; the batch is applied and committed to RocksDB before the step awaits
+anything, so a coroutine that sees a position also sees the rows before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import IO, Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+
+from gateway.http.problems import Problem
+from gateway.kafka import (
+    Offsets,
+    new_consumer,
+    partition_for,
+    run_forever,
+    stop_client,
+    stop_task,
+    topic_partitions,
+)
+from gateway.model.read_store import (
+    MESSAGES,
+    THREADS,
+    ActiveRunStart,
+    MessagePage,
+    ReadStore,
+    ThreadPage,
+    run_status,
+)
+from streams.config import Settings
+from streams.core.domain import RunStatus, ThreadState
+from streams.core.records import MessageRecord
+from streams.heap import release_free_memory
+from streams.kafka.clients import librdkafka_config
+from streams.wire import Codec
+
+__all__ = ["ActiveRunStart", "ReadModel", "RunView", "store_folder"]
+
+log = logging.getLogger("threadline.gateway")
+
+RECENT_WRITE_S = 30.0  # how long after a local write reads of the thread wait to catch up
+_POLL_S = 0.005
+DEFAULT_DELETE_RETENTION_MS = 24 * 3600 * 1000  # Kafka's default delete.retention.ms
+TOUCH_S = 600.0  # an idle store's saved_at is renewed this often
+RESTORE_FETCH_BYTES = 4 << 20  # per fetch; 4 MiB reads ~10,000 records
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    """A run as the read model knows it."""
+
+    state: ThreadState
+    run_id: str
+    seq: int  # of its user message
+    message: MessageRecord | None
+    status: RunStatus | None
+
+    @property
+    def accepted_at_ms(self) -> int:
+        """When the run's user message was created (its acceptance time), 0 if unknown."""
+        return self.message.message.created_at_ms if self.message is not None else 0
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the run has ended (completed, failed or cancelled)."""
+        return self.status is not None and self.status.is_terminal
+
+
+def store_folder(settings: Settings) -> str:
+    """The store's name for a gateway with these settings (before lock fallbacks)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{settings.http_host}-{settings.http_port}")
+
+
+class ReadModel:
+    """The threads and messages topics kept in a local RocksDB store, for the REST reads."""
+    def __init__(self, settings: Settings, offsets: Offsets,
+                 catch_up_timeout_s: float = 5.0, store_name: str | None = None,
+                 codec: Codec | None = None) -> None:
+        self.settings = settings
+        # THREADLINE_SCHEMA_REGISTRY_URL: the Confluent format; else single-object.
+        self.codec = codec or Codec.from_settings(settings)
+        self.offsets = offsets
+        self.catch_up_timeout_s = catch_up_timeout_s
+        self.store_name = store_name or store_folder(settings)
+        self.on_deleted: Callable[[str], None] | None = None  # a thread's tombstone was read
+        self._topics = {settings.topics.threads: THREADS, settings.topics.messages: MESSAGES}
+        self._consumer_: AIOKafkaConsumer | None = None  # made in start(): needs the loop
+        self._store_: ReadStore | None = None
+        self._lock_file: IO[bytes] | None = None
+        self._recent: dict[str, float] = {}
+        self._created: dict[str, float] = {}  # threads decided created a moment ago
+        self._initial_end: dict[TopicPartition, int] = {}
+        self._checkpointed: dict[TopicPartition, int] = {}
+        self._loaded = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._started_at = 0.0
+        self._touched_at = time.monotonic()
+        self.mode = "cold"
+        self.restore_s: float | None = None
+        self.read_records = {THREADS: 0, MESSAGES: 0}  # since this process started
+        self.read_until_loaded = {THREADS: 0, MESSAGES: 0}
+
+    @property
+    def _consumer(self) -> AIOKafkaConsumer:
+        assert self._consumer_ is not None, "ReadModel.start() first"
+        return self._consumer_
+
+    @property
+    def store(self) -> ReadStore:
+        """The opened local store."""
+        assert self._store_ is not None, "ReadModel.start() first"
+        return self._store_
+
+    def _tps(self) -> list[TopicPartition]:
+        return [tp for topic in self._topics for tp in topic_partitions(self.settings, topic)]
+
+    async def start(self) -> None:
+        """Open (or start afresh) the local store and begin reading the threads and messages topics."""
+        self._started_at = time.monotonic()
+        path = await asyncio.to_thread(self._lock_store)
+        identity = {"topic_prefix": self.settings.topic_prefix,
+                    "partitions": self.settings.partitions}
+        self._store_ = await asyncio.to_thread(partial(ReadStore, codec=self.codec), path, identity)
+        retention_ms = await asyncio.to_thread(self._delete_retention_ms)
+        saved = self.store.saved_at_ms
+        if self.store.checkpoint(THREADS, 0) is not None and \
+                time.time() * 1000 - saved > retention_ms:
+            log.warning("read store %s was last written %.0f s ago, longer than tombstones "
+                        "are kept (%d ms): starting it afresh", path,
+                        time.time() - saved / 1000, retention_ms)
+            await asyncio.to_thread(self.store.wipe)
+        # Small fetches: the restore's working set, not the data, sets the peak memory.
+        self._consumer_ = new_consumer(self.settings, fetch_max_bytes=RESTORE_FETCH_BYTES)
+        await self._consumer.start()
+        tps = self._tps()
+        self._consumer.assign(tps)
+        begins = await self.offsets.beginning(tps)
+        ends = await self.offsets.end(tps)
+        starts = self._starts(tps, begins, ends)
+        if starts is None:
+            log.warning("read store %s does not fit the topics (recreated or trimmed): "
+                        "starting it afresh", path)
+            await asyncio.to_thread(self.store.wipe)
+            starts = {tp: begins[tp] for tp in tps}
+        warm = any(self.store.checkpoint(self._topics[tp.topic], tp.partition) is not None
+                   for tp in tps)
+        self.mode = "warm" if warm else "cold"
+        for tp in tps:
+            self._consumer.seek(tp, starts[tp])
+            self._checkpointed[tp] = starts[tp]
+        self._initial_end = ends
+        if all(starts[tp] >= ends[tp] for tp in tps):  # nothing new since the checkpoints
+            self._mark_loaded()
+        behind = sum(max(0, ends[tp] - starts[tp]) for tp in tps)
+        log.info("read model %s start from %s: at most %d records to read, %d active runs",
+                 self.mode, path, behind, len(self.store.active))
+        self._task = asyncio.create_task(run_forever("read model consumer", self._step))
+
+    def _starts(self, tps: list[TopicPartition], begins: dict[TopicPartition, int],
+                ends: dict[TopicPartition, int]) -> dict[TopicPartition, int] | None:
+        starts = {}
+        for tp in tps:
+            checkpoint = self.store.checkpoint(self._topics[tp.topic], tp.partition)
+            if checkpoint is None:
+                starts[tp] = begins[tp]
+            elif checkpoint > ends[tp] or checkpoint < begins[tp]:
+                return None
+            else:
+                starts[tp] = checkpoint
+        return starts
+
+    def _lock_store(self) -> Path:
+        """Take the first store folder of this name no other gateway holds."""
+        root = self.settings.data_dir / "gateway"
+        root.mkdir(parents=True, exist_ok=True)
+        for n in range(1000):
+            name = self.store_name if n == 0 else f"{self.store_name}.{n}"
+            handle = open(root / f"{name}.lock", "wb")  # noqa: SIM115 - held while running
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.close()
+                continue
+            handle.write(str(os.getpid()).encode())
+            handle.flush()
+            self._lock_file = handle
+            return root / name
+        raise RuntimeError(f"no free read store folder under {root}")
+
+    def _delete_retention_ms(self) -> int:
+        """How long the topics keep tombstones: a store older than that missed some."""
+        try:
+            admin = AdminClient(librdkafka_config(self.settings, log_level=0))
+            resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in self._topics]
+            found = []
+            for future in admin.describe_configs(resources, request_timeout=10).values():
+                entry = future.result(10).get("delete.retention.ms")
+                if entry is not None and entry.value is not None:
+                    found.append(int(entry.value))
+            return min(found) if found else DEFAULT_DELETE_RETENTION_MS
+        except Exception as exc:
+            log.warning("delete.retention.ms unknown (%s); assuming Kafka's default", exc)
+            return DEFAULT_DELETE_RETENTION_MS
+
+    async def stop(self) -> None:
+        """Stop reading, close the store and release its lock file."""
+        await stop_task(self._task)
+        if self._consumer_ is not None:
+            await stop_client(self._consumer_)
+        if self._store_ is not None:
+            self._store_.close()
+            self._store_ = None
+        if self._lock_file is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+            self._lock_file.close()
+            self._lock_file = None
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the store has caught up with the topics' ends once since start."""
+        return self._loaded.is_set()
+
+    async def wait_loaded(self, timeout_s: float) -> bool:
+        """Wait up to timeout_s for the first load; False if it did not finish."""
+        try:
+            await asyncio.wait_for(self._loaded.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def note_write(self, thread_id: str) -> None:
+        """Mark a thread as just written, so its next reads catch up with Kafka first."""
+        now = time.monotonic()
+        self._recent[thread_id] = now + RECENT_WRITE_S
+        if len(self._recent) > 10_000:
+            self._recent = {k: v for k, v in self._recent.items() if v > now}
+
+    def note_created(self, thread_id: str) -> None:
+        """Mark a thread as decided created: until the model reads its state, reads of
+        it wait (a transaction's commit marker reaches the threads partition after the
+        events partition, so the decision can be seen before the state is readable)."""
+        now = time.monotonic()
+        self._created[thread_id] = now + RECENT_WRITE_S
+        if len(self._created) > 10_000:
+            self._created = {k: v for k, v in self._created.items() if v > now}
+
+    def note_deleted(self, thread_id: str) -> None:
+        """Forget that a thread was created a moment ago: it is deleted now."""
+        self._created.pop(thread_id, None)
+
+    def _recently_written(self, thread_id: str) -> bool:
+        deadline = self._recent.get(thread_id)
+        return deadline is not None and deadline > time.monotonic()
+
+    def _any_recent_write(self) -> bool:
+        now = time.monotonic()
+        return any(deadline > now for deadline in self._recent.values())
+
+    async def catch_up(self, partitions: list[int] | None = None) -> bool:
+        """Wait until the model has read each partition of both topics up to its end now.
+
+        False if it could not: Kafka unreachable, or no progress for the catch-up
+        timeout (or six timeouts in all). A slow but moving consumer (a loaded
+        machine, a big backlog) is waited for: giving up on it would answer a thread
+        created a moment ago as unknown."""
+        parts = range(self.settings.partitions) if partitions is None else partitions
+        tps = [TopicPartition(topic, p) for topic in self._topics for p in parts]
+        started = time.monotonic()
+        try:
+            ends = await asyncio.wait_for(self.offsets.end(tps), self.catch_up_timeout_s)
+        except Exception as exc:  # Kafka unreachable: answer from what we have
+            log.warning("read model catch-up: end offsets unavailable: %s", exc)
+            return False
+        stalled_at = time.monotonic() + self.catch_up_timeout_s
+        give_up = started + 6 * self.catch_up_timeout_s
+        for tp in tps:
+            position = await self._consumer.position(tp)
+            while position < ends[tp]:
+                now = time.monotonic()
+                if now > stalled_at or now > give_up:
+                    log.warning("read model catch-up: %s at %d of %d after %.1f s", tp,
+                                position, ends[tp], now - started)
+                    return False
+                await asyncio.sleep(_POLL_S)
+                moved = await self._consumer.position(tp)
+                if moved > position:
+                    position, stalled_at = moved, time.monotonic() + self.catch_up_timeout_s
+        return True
+
+    # --- reads ---------------------------------------------------------------------
+
+    async def thread(self, tenant: str, thread_id: str, *, fresh: bool = False) -> \
+            ThreadState | None:
+        """The tenant's thread, or None (unknown, deleted, or another tenant's)."""
+        state = self.store.state(thread_id)
+        if fresh or state is None or not self.loaded or self._recently_written(thread_id):
+            partitions = [partition_for(thread_id, self.settings.partitions)]
+            caught_up = await self.catch_up(partitions)
+            state = self.store.state(thread_id)
+            deadline = time.monotonic() + self.catch_up_timeout_s
+            while state is None and self._created.get(thread_id, 0.0) > time.monotonic():
+                if time.monotonic() > deadline:
+                    raise _behind()
+                await asyncio.sleep(_POLL_S)
+                caught_up = await self.catch_up(partitions)
+                state = self.store.state(thread_id)
+            if state is None and not caught_up:
+                raise _behind()
+        return state if state is not None and state.tenant == tenant else None
+
+    async def run(self, tenant: str, run_id: str) -> RunView | None:
+        """The tenant's run (by the id of the run its user message started), or None."""
+        ref = self.store.run(run_id)
+        if ref is None:
+            caught_up = await self.catch_up()
+            ref = self.store.run(run_id)
+            if ref is None and not caught_up:
+                raise _behind()
+        if ref is None:
+            return None
+        state = await self.thread(tenant, ref.thread_id)
+        if state is None:
+            return None
+        record = self.store.message(ref.thread_id, ref.seq)
+        return RunView(state, run_id, ref.seq, record, run_status(state, run_id, record))
+
+    def messages(self, thread_id: str, *, after: int | None = None, before: int | None = None,
+                 limit: int = 100) -> MessagePage:
+        """One page of a thread's messages, by sequence number."""
+        return self.store.messages(thread_id, after=after, before=before, limit=limit)
+
+    def has_message(self, thread_id: str, message_id: str) -> bool:
+        """Whether the thread holds a message with this id."""
+        return self.store.message_seq(thread_id, message_id) is not None
+
+    async def threads(self, tenant: str, *, after: tuple[int, str] | None = None,
+                      limit: int = 50) -> ThreadPage:
+        """The tenant's threads, most recently updated first."""
+        if not self.loaded or self._any_recent_write():
+            await self.catch_up()
+        return self.store.threads(tenant, after=after, limit=limit)
+
+    def active_runs(self) -> list[ActiveRunStart]:
+        """Every active run with the time its user message was accepted."""
+        return self.store.active_runs()
+
+    def active_runs_of(self, tenant: str) -> list[ActiveRunStart]:
+        """The tenant's active runs (thread_id, run_id, accepted at), as far as the
+        model has read: `await catch_up()` first to include a run decided just now."""
+        return [(t, run, at) for t, (owner, run, at) in self.store.active.items()
+                if owner == tenant]
+
+    def active_run_count(self, tenant: str) -> int:
+        """How many runs of this tenant are accepted and not yet ended."""
+        return sum(1 for owner, _, _ in self.store.active.values() if owner == tenant)
+
+    def stats(self) -> dict[str, Any]:
+        """Load state, records read, active runs and RocksDB memory for /healthz."""
+        store = self._store_
+        return {"loaded": self.loaded, "mode": self.mode, "restore_s": self.restore_s,
+                "store": None if store is None else str(store.path),
+                "read_until_loaded": dict(self.read_until_loaded),
+                "read_since_start": dict(self.read_records),
+                "active_runs": 0 if store is None else len(store.active),
+                "message_rows_read": 0 if store is None else store.rows_read,
+                "rocksdb": {} if store is None else store.memory()}
+
+    # --- restore -------------------------------------------------------------------
+
+    async def _step(self) -> None:
+        batch = await self._consumer.getmany(timeout_ms=500, max_records=1000)
+        # Positions first: no await below suspends (known positions return at once),
+        # so nothing reads a position before the rows it covers are committed.
+        positions = {tp: await self._consumer.position(tp) for tp in self._checkpointed}
+        store = self.store
+        deleted: list[str] = []
+        for tp, records in batch.items():
+            kind = self._topics[tp.topic]
+            self.read_records[kind] += len(records)
+            for record in records:
+                key = record.key or b""
+                if kind == THREADS:
+                    gone = store.apply_state(key, record.value)
+                    if gone is not None:
+                        deleted.append(gone)
+                else:
+                    store.apply_message(key, record.value)
+        moved = {(self._topics[tp.topic], tp.partition): offset
+                 for tp, offset in positions.items() if offset != self._checkpointed[tp]}
+        # An idle store is still current: say so now and then, or a restart after a
+        # quiet day would take it for one that missed tombstones.
+        touch = time.monotonic() - self._touched_at > TOUCH_S
+        if moved or touch:
+            self._touched_at = time.monotonic()
+        store.commit(moved, touch=touch)
+        self._checkpointed.update(positions)
+        for thread_id in deleted:
+            if self.on_deleted is not None:
+                self.on_deleted(thread_id)
+        if not self._loaded.is_set():
+            if any(positions[tp] < end for tp, end in self._initial_end.items()):
+                return
+            self._mark_loaded()
+
+    def _mark_loaded(self) -> None:
+        store = self.store
+        self.restore_s = time.monotonic() - self._started_at
+        self.read_until_loaded = dict(self.read_records)
+        self._loaded.set()
+        # The restore's decoded batches are garbage now; without this the process keeps
+        # their peak resident for good (streams/heap.py).
+        release_free_memory()
+        log.info("read model loaded (%s start) in %.2f s: read %d thread states and %d "
+                 "message records; %d active runs", self.mode, self.restore_s,
+                 self.read_records[THREADS], self.read_records[MESSAGES],
+                 len(store.active))
+
+
+def _behind() -> Problem:
+    # Not caught up, the model cannot tell "unknown" from "not read yet": a 404 here
+    # would deny a thread or run created a moment ago.
+    return Problem(503, "read-model-behind", "this gateway has not yet read the "
+                   "thread's latest records; retry shortly", headers={"Retry-After": "1"})

@@ -1,0 +1,20 @@
+"""The pure core: the rules of a thread, with no I/O.
+
+    domain      commands, events, `ThreadState`, `Policy`, the run statuses
+    thread      the decider: `decide(state, command, policy, known) -> events`,
+                `evolve(state, event, policy) -> state`, the deadlines
+    history     which message records an event writes, the message keys, the
+                agent's context window
+    lifecycle   the lifecycle names on the wire, the records the processor mirrors,
+                and `RunFate`, the one fold of what happened to a run
+    journal     a run's step journal: entries, caps, merge
+    interrupts  human-in-the-loop rules, called by `thread`
+    ids         every derived id
+    records     the dispatch, stream, message and dead-letter records
+    reasons     the typed vocabulary: `CancelReason`, `FailureCode` (str-valued enums
+                whose values are the wire's strings)
+
+Time, ids and model output arrive inside commands. Nothing here imports Kafka
+clients, rocksdict, aiohttp, fastavro, `streams.clock`, the wire, the runtime or
+the gateway: import-linter's contracts in pyproject.toml fail `make lint` if it did.
+"""

@@ -1,0 +1,186 @@
+"""A thread's stored history: which message records each decision writes.
+
+Pure, like `streams.core.thread`. The decision state holds no messages (its size must
+not grow with the thread); each stored user or assistant message is its own record
+on the messages topic, keyed `<thread_id>/<seq as 20 digits>` and written in the
+same transaction as the decision that stores it. A seq key (not the message id)
+because it sorts in thread order, cannot collide whatever characters the ids hold
+(the last 20 characters are digits, the rest is the thread id), and lets a delete
+tombstone seq 0 .. message_count - 1 without reading anything.
+
+A user message's record carries the status of the run it started; it is rewritten
+when the run ends, so the history alone answers "what happened to this message".
+A run rolled back by a later post (multitask_strategy rollback) has its user
+message tombstoned instead (`MessageRemoved`); its events stay on the events topic.
+A run interrupted by a later post (multitask_strategy interrupt) keeps its user
+message (run status cancelled) and, once its worker reports what it had streamed,
+gets that partial answer as an assistant record marked with run status cancelled
+(`PartialAnswerStored`), at the next seq: after the interrupting question.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from streams.core.domain import (
+    Event,
+    MessageAccepted,
+    PartialAnswerStored,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunStatus,
+    StoredMessage,
+    ThreadDeleted,
+    ThreadState,
+)
+from streams.core.ids import run_id_for
+from streams.core.reasons import CancelReason
+from streams.core.records import HistoryMessage
+
+__all__ = [
+    "SEQ_DIGITS",
+    "HistoryErased",
+    "HistoryWrite",
+    "MessagePut",
+    "MessageRemoved",
+    "RunStatusChanged",
+    "context_window",
+    "history_writes",
+    "message_key",
+    "parse_message_key",
+]
+
+SEQ_DIGITS = 20  # a long in decimal
+
+
+@dataclass(frozen=True, slots=True)
+class MessagePut:
+    """Store `message` as the thread's message number `seq`."""
+
+    seq: int
+    message: StoredMessage
+    # user messages: their run's status; None for answers, CANCELLED for the partial
+    # answer of an interrupted run (PartialAnswerStored)
+    run_status: RunStatus | None
+    run_attempts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RunStatusChanged:
+    """The run of the user message `seq` ended: rewrite that record with its status."""
+
+    seq: int
+    run_status: RunStatus
+    run_attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryErased:
+    """The thread is deleted: tombstone messages 0 .. message_count - 1."""
+
+    message_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRemoved:
+    """A rolled-back run's message `seq` leaves the history: a tombstone of its key."""
+
+    seq: int
+
+
+HistoryWrite = MessagePut | RunStatusChanged | HistoryErased | MessageRemoved
+
+
+def message_key(thread_id: str, seq: int) -> bytes:
+    """The record key of message `seq` of `thread_id` on the messages topic."""
+    return f"{thread_id}/{seq:0{SEQ_DIGITS}d}".encode("utf-8", "surrogatepass")
+
+
+def parse_message_key(key: bytes) -> tuple[str, int]:
+    """(thread_id, seq) of a messages-topic key; ValueError if it is not one."""
+    text = key.decode("utf-8", "surrogatepass")
+    thread_id, slash, digits = text[: -SEQ_DIGITS - 1], text[-SEQ_DIGITS - 1], text[-SEQ_DIGITS:]
+    if slash != "/" or len(digits) != SEQ_DIGITS or not digits.isdigit():
+        raise ValueError(f"not a message key: {key[:80]!r}")
+    return thread_id, int(digits)
+
+
+def history_writes(before: ThreadState | None, event: Event) -> list[HistoryWrite]:
+    """What `event`, decided on `before`, writes to the thread's history."""
+    if before is None:
+        return []
+    match event:
+        case MessageAccepted():
+            message = StoredMessage(message_id=event.message_id, role="user", text=event.text,
+                                    run_id=run_id_for(before.thread_id, event.message_id),
+                                    created_at_ms=event.at_ms)
+            return [MessagePut(before.message_count, message, RunStatus.DISPATCHED)]
+        case RunCompleted():
+            run = before.active_run
+            if run is None or run.run_id != event.run_id:
+                return []
+            answer = StoredMessage(message_id=event.message.message_id, role="assistant",
+                                   text=event.message.text, run_id=run.run_id,
+                                   created_at_ms=event.at_ms, steps=event.message.steps,
+                                   citations=event.message.citations)
+            return [MessagePut(before.message_count, answer, None),
+                    *_run_ended(before, event.run_id, RunStatus.COMPLETED)]
+        case RunFailed():
+            return _run_ended(before, event.run_id, RunStatus.FAILED)
+        case RunCancelled() if event.reason == CancelReason.ROLLED_BACK:
+            run = before.active_run
+            if run is None or run.run_id != event.run_id or run.message_seq < 0:
+                return []
+            return [MessageRemoved(run.message_seq)]
+        case RunCancelled():
+            return _run_ended(before, event.run_id, RunStatus.CANCELLED)
+        case PartialAnswerStored():  # marked: an answer record whose run was cancelled
+            answer = StoredMessage(message_id=event.message.message_id, role="assistant",
+                                   text=event.message.text, run_id=event.run_id,
+                                   created_at_ms=event.at_ms, steps=event.message.steps,
+                                   citations=event.message.citations)
+            return [MessagePut(before.message_count, answer, RunStatus.CANCELLED,
+                               event.attempt)]
+        case ThreadDeleted():
+            return [HistoryErased(before.message_count)]
+        case _:
+            return []
+
+
+def _run_ended(before: ThreadState, run_id: str, status: RunStatus) -> list[HistoryWrite]:
+    run = before.active_run
+    if run is None or run.run_id != run_id or run.message_seq < 0:
+        return []
+    return [RunStatusChanged(run.message_seq, status, run.attempt)]
+
+
+class _Said(Protocol):
+    """A message as an agent sees it (a StoredMessage or a HistoryMessage)."""
+
+    @property
+    def message_id(self) -> str: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def text(self) -> str: ...
+
+
+def context_window(newest_first: Iterable[_Said], budget_chars: int,
+                   max_messages: int) -> tuple[HistoryMessage, ...]:
+    """The newest messages whose texts fit in `budget_chars` together (and at most
+    `max_messages` of them), oldest first: what an agent gets as context."""
+    picked: list[HistoryMessage] = []
+    used = 0
+    for message in newest_first:
+        if len(picked) >= max_messages:
+            break
+        used += len(message.text)
+        if used > budget_chars:
+            break
+        picked.append(message if isinstance(message, HistoryMessage)
+                      else HistoryMessage(message.message_id, message.role, message.text))
+    picked.reverse()
+    return tuple(picked)
