@@ -62,7 +62,12 @@ from streams.history import (
     message_key,
 )
 from streams.ids import derived_envelope_id
-from streams.kafka.clients import librdkafka_config, table_consumer_config, table_producer_config
+from streams.kafka.clients import (
+    librdkafka_config,
+    table_consumer_config,
+    table_producer_config,
+    takeover_for,
+)
 from streams.kafka.loop import Output, TableLoop, record_position
 from streams.kafka.restore import ChangelogReader, restore_tables
 from streams.kafka.state_store import PartitionStore, TableStores
@@ -179,7 +184,9 @@ class Processor:
             Producer(table_producer_config(
                 settings, client_id, linger_ms=2,
                 transactional_id=f"{self.group_id}-{self.instance_id}" if self.exactly_once else None)),
-            self.topics.commands, transactional=self.exactly_once)
+            self.topics.commands, transactional=self.exactly_once,
+            takeover=takeover_for(settings, self.group_id, f"{self.group_id}-{self.instance_id}",
+                                  self.instance_id) if self.exactly_once else None)
         self._step = _Step()
         self._next_tick = 0.0
         self.observer = ProcessorObserver(self.topics.commands)

@@ -18,9 +18,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from streams.config import Settings
+from streams.kafka.liveness import heartbeat_interval_ms, session_timeout_ms
+from streams.kafka.takeover import Takeover, Writer
 
 __all__ = ["aiokafka_config", "librdkafka_config", "restore_consumer_config", "security_from_env",
-           "table_consumer_config", "table_producer_config"]
+           "table_consumer_config", "table_producer_config", "takeover_for"]
 
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 
@@ -59,6 +61,7 @@ def table_consumer_config(settings: Settings, group_id: str, client_id: str, *,
                           group_instance_id: str | None = None) -> dict[str, Any]:
     """The table loop's group consumer: read_committed, offsets committed only with
     the transaction, range assignment (co-partitioned topics stay together)."""
+    session_ms = session_timeout_ms(settings)  # the broker's minimum, if higher
     config = librdkafka_config(settings, **{
         "log_level": 3,
         "client.id": client_id,
@@ -66,8 +69,8 @@ def table_consumer_config(settings: Settings, group_id: str, client_id: str, *,
         "enable.auto.commit": False,
         "auto.offset.reset": offset_reset,
         "isolation.level": "read_committed",
-        "session.timeout.ms": settings.session_timeout_ms,
-        "heartbeat.interval.ms": 1_000,
+        "session.timeout.ms": session_ms,
+        "heartbeat.interval.ms": heartbeat_interval_ms(session_ms),
         "fetch.wait.max.ms": 20,
         "partition.assignment.strategy": "range",
     })
@@ -98,6 +101,15 @@ def table_producer_config(settings: Settings, client_id: str, *, transactional_i
         # until it times out, unless the same instance restarts first.
         config["transaction.timeout.ms"] = 10_000
     return config
+
+
+def takeover_for(settings: Settings, group_id: str, transactional_id: str,
+                 member_id: str) -> Takeover:
+    """What fences the deposed writers of partitions this table loop takes over."""
+    return Takeover(Writer(transactional_id, member_id), group_id,
+                    librdkafka_config(settings, log_level=3),
+                    lambda deposed: table_producer_config(settings, f"fence-{member_id}",
+                                                          transactional_id=deposed, linger_ms=0))
 
 
 def restore_consumer_config(settings: Settings, group_id: str) -> dict[str, Any]:

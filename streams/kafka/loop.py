@@ -6,11 +6,16 @@ the records (`TableRole`); the loop owns the order of things, which is what make
 the whole exactly once (KIP-447):
 
 On assignment:
+  0. with a `Takeover`: fence the previous writers of the new partitions that are
+     gone from the group, so that their open transactions are aborted now, not when
+     the coordinator times them out (`streams.kafka.takeover`);
   1. read the new partitions' committed offsets: a read_committed consumer waits
      here for a deposed owner's pending transactional offsets, so the changelogs
      read next hold everything that owner committed;
   2. `role.assigned(partitions)`: the role restores its tables from their changelogs;
-  3. assign the partitions at the committed offsets.
+  3. assign the partitions at the committed offsets; with a `Takeover`, the next
+     step commits a transaction even if it has nothing to write, with the new
+     partitions' offsets: from then on their last committed writer is this instance.
 On revocation or loss: `role.revoked(partitions)`: the role drops those tables.
 
 Each step (`step`):
@@ -21,11 +26,12 @@ Each step (`step`):
   4. `send_offsets_to_transaction`: the offsets of the partitions read, and of the
      partitions written but not read (their committed offsets, unchanged: a step may
      only write, and must still prove that this instance owns the partition), with
-     the consumer's group metadata, so a deposed instance (stale generation) is refused;
+     the consumer's group metadata, so a deposed instance (stale generation) is refused,
+     and this instance's transactional id as their commit metadata (for step 0);
   5. commit the transaction; a retriable error is retried (up to three times);
   6. `role.committed()`: only now does the role move its staged writes into its
      stores and act on what the transaction recorded.
-A step with nothing read and nothing to write has no transaction. If 3-5 fail with
+A step with nothing read, nothing to write and no partition to claim has no transaction. If 3-5 fail with
 an error that requires an abort: abort the transaction, seek each partition of the
 batch back to its first record, then `role.aborted(error)`: the role drops what it
 staged, and may ask for a pause during which batches are consumed and rewound,
@@ -53,6 +59,7 @@ from typing import Protocol
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from streams.kafka.faults import commit_fault
+from streams.kafka.takeover import Takeover
 from streams.kafka.watchdog import Watchdog
 
 __all__ = ["BATCH", "TXN_TIMEOUT_S", "Output", "TableLoop", "TableRole", "record_position"]
@@ -115,14 +122,17 @@ class TableLoop:
     """The consume -> process -> produce -> commit loop of one role over one input topic."""
 
     def __init__(self, role: TableRole, consumer: Consumer, producer: Producer, topic: str, *,
-                 transactional: bool = True) -> None:
+                 transactional: bool = True, takeover: Takeover | None = None) -> None:
         self.role = role
+        self.takeover = takeover
+        self._metadata = takeover.me.metadata() if takeover is not None else None
         self.consumer = consumer
         self.producer = producer
         self.topic = topic
         self.transactional = transactional
         self.watchdog = Watchdog(TXN_HANG_EXIT_S)
         self._positions: dict[int, int] = {}  # owned partition -> committed input offset (<0: none)
+        self._unclaimed: set[int] = set()  # assigned, not yet committed by this instance
         self._paused_until = 0.0
         self.on_commit: Callable[[float], None] | None = None  # seconds a transaction took
         self.fault = commit_fault()  # None unless the chaos program armed it (streams.kafka.faults)
@@ -165,10 +175,14 @@ class TableLoop:
     # --- rebalance --------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self.takeover is not None:  # step 0: see the module doc
+            self.takeover.fence_deposed(self.topic, [tp.partition for tp in partitions])
         committed = consumer.committed(partitions, timeout=60)  # step 1: see the module doc
         self.role.assigned([tp.partition for tp in partitions])
         for tp in committed:
             self._positions[tp.partition] = tp.offset
+            if self.takeover is not None:
+                self._unclaimed.add(tp.partition)
         consumer.assign(committed)
         self._paused_until = 0.0
         log.info("assigned %s", sorted(tp.partition for tp in partitions))
@@ -177,6 +191,7 @@ class TableLoop:
         self.role.revoked([tp.partition for tp in partitions])
         for tp in partitions:
             self._positions.pop(tp.partition, None)
+            self._unclaimed.discard(tp.partition)
         log.info("revoked %s", sorted(tp.partition for tp in partitions))
 
     def _position(self, partition: int) -> int:
@@ -201,11 +216,13 @@ class TableLoop:
                 records.append(msg)
         read = {record_position(m)[1]: record_position(m)[2] + 1 for m in records}
         outputs = self.role.process(records)
-        if not outputs and not read:
+        if not outputs and not read and not self._unclaimed:
             return
-        written = {o.partition for o in outputs if o.partition in self._positions}
+        written = {o.partition for o in outputs if o.partition in self._positions} \
+            | self._unclaimed
         positions = {**{p: self._position(p) for p in written}, **read}
-        offsets = [TopicPartition(self.topic, p, o) for p, o in sorted(positions.items())]
+        offsets = [TopicPartition(self.topic, p, o, self._metadata)
+                   for p, o in sorted(positions.items())]
         started = time.perf_counter()
         try:
             self.commit(outputs, offsets)
@@ -215,6 +232,7 @@ class TableLoop:
         if self.on_commit is not None:
             self.on_commit(time.perf_counter() - started)
         self._positions.update(read)
+        self._unclaimed -= set(positions)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("committed %d records up to %s", len(records), sorted(read.items()))
         self.role.committed()

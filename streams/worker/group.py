@@ -29,6 +29,7 @@ from streams.config import Settings
 from streams.identity import claim_member_id
 from streams.journal import JournalEntry, merge
 from streams.kafka.clients import aiokafka_config
+from streams.kafka.liveness import heartbeat_interval_ms, session_timeout_ms
 from streams.kafka.topics import ensure_topics
 from streams.lifecycle import RunFate
 from streams.observability.metrics import worker_metrics
@@ -81,12 +82,13 @@ class Worker:
             **aiokafka_config(settings), client_id=f"worker-{self.worker_id}",
             acks="all", enable_idempotence=True,  # the default partitioner is murmur2
         )
+        session_ms = session_timeout_ms(settings)  # the broker's minimum, if higher
         self.consumer = AIOKafkaConsumer(
             **aiokafka_config(settings), client_id=f"worker-{self.worker_id}",
             group_id=f"{settings.topic_prefix}worker", enable_auto_commit=False,
             isolation_level="read_committed", auto_offset_reset="earliest",
-            group_instance_id=self.worker_id, session_timeout_ms=settings.session_timeout_ms,
-            heartbeat_interval_ms=max(100, min(1_000, settings.session_timeout_ms // 5)),
+            group_instance_id=self.worker_id, session_timeout_ms=session_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms(session_ms),
             fetch_max_wait_ms=100,
         )
         self.watch = LifecycleWatch(settings, f"worker-{self.worker_id}", self._on_fate,
