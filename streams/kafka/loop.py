@@ -28,7 +28,11 @@ Each step (`step`):
      only write, and must still prove that this instance owns the partition), with
      the consumer's group metadata, so a deposed instance (stale generation) is refused,
      and this instance's transactional id as their commit metadata (for step 0);
-  5. commit the transaction; a retriable error is retried (up to three times);
+  5. commit the transaction.
+Each transactional call that fails with a retriable error (a timeout while the
+broker restarts) is called again, for up to `TXN_RETRY_S`: the process stays up,
+warm, and carries on the moment the broker is back, instead of exiting into a
+cold start (seconds of imports and a restore on a loaded machine).
   6. `role.committed()`: only now does the role move its staged writes into its
      stores and act on what the transaction recorded.
 A step with nothing read, nothing to write and no partition to claim has no transaction. If 3-5 fail with
@@ -54,7 +58,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -67,9 +71,13 @@ __all__ = ["BATCH", "TXN_TIMEOUT_S", "Output", "TableLoop", "TableRole", "record
 log = logging.getLogger("threadline.kafka.loop")
 
 BATCH = 500  # records per step at most
-TXN_TIMEOUT_S = 30  # of each transactional call
-TXN_HANG_EXIT_S = TXN_TIMEOUT_S + 15  # a call this long ignored its timeout: exit
-COMMIT_ATTEMPTS = 3
+# Of each transactional call: the transaction's own timeout (transaction.timeout.ms,
+# streams.kafka.clients), past which the coordinator aborts it anyway.
+TXN_TIMEOUT_S = 10
+# A call this long ignored its timeout (librdkafka #5456: a coordinator request
+# waits for a broker state change that may never come): exit, a restart recovers.
+TXN_HANG_EXIT_S = TXN_TIMEOUT_S + 10
+TXN_RETRY_S = 120  # retriable errors of one call, for this long at most
 
 Delivered = Callable[[KafkaError | None, Message], None]
 
@@ -142,8 +150,7 @@ class TableLoop:
     def run(self, should_stop: Callable[[], bool]) -> None:
         """Join the group and step until `should_stop()`; the caller closes."""
         if self.transactional:
-            with self.watchdog.guard("init_transactions"):
-                self.producer.init_transactions(TXN_TIMEOUT_S)
+            self._call("init_transactions", self.producer.init_transactions, TXN_TIMEOUT_S)
         self.consumer.subscribe([self.topic], on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_revoke)
         while not should_stop():
@@ -221,7 +228,8 @@ class TableLoop:
         written = {o.partition for o in outputs if o.partition in self._positions} \
             | self._unclaimed
         positions = {**{p: self._position(p) for p in written}, **read}
-        offsets = [TopicPartition(self.topic, p, o, self._metadata)
+        offsets = [TopicPartition(self.topic, p, o) if self._metadata is None
+                   else TopicPartition(self.topic, p, o, self._metadata)
                    for p, o in sorted(positions.items())]
         started = time.perf_counter()
         try:
@@ -245,12 +253,12 @@ class TableLoop:
                 self.producer.begin_transaction()
             self._produce(outputs)
             if offsets:
-                with self.watchdog.guard("send_offsets_to_transaction"):
-                    self.producer.send_offsets_to_transaction(
-                        offsets, self.consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
+                self._call("send_offsets_to_transaction",
+                           self.producer.send_offsets_to_transaction, offsets,
+                           self.consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
             if self.fault is not None:
                 self.fault(outputs, self.producer)
-            self._commit_transaction()
+            self._call("commit_transaction", self.producer.commit_transaction, TXN_TIMEOUT_S)
         else:  # at least once: a crash between flush and commit repeats the batch
             self._produce(outputs)
             if self.producer.flush(TXN_TIMEOUT_S):
@@ -269,23 +277,28 @@ class TableLoop:
                 self.producer.produce(out.topic, out.value, out.key, partition=out.partition,
                                       on_delivery=out.on_delivery, headers=out.headers)
 
-    def _commit_transaction(self) -> None:
-        for attempt in range(COMMIT_ATTEMPTS):
+    def _call(self, what: str, call: Callable[..., None], *args: Any) -> None:
+        """A transactional call under the watchdog, called again while it fails with a
+        retriable error (for `TXN_RETRY_S` at most)."""
+        deadline = time.monotonic() + TXN_RETRY_S
+        while True:
             try:
-                with self.watchdog.guard("commit_transaction"):
-                    self.producer.commit_transaction(TXN_TIMEOUT_S)
+                with self.watchdog.guard(what):
+                    call(*args)
                 return
             except KafkaException as exc:
-                if not exc.args[0].retriable() or attempt == COMMIT_ATTEMPTS - 1:
+                error = exc.args[0]
+                if not (isinstance(error, KafkaError) and error.retriable()) \
+                        or time.monotonic() > deadline:
                     raise
+                log.warning("%s: %s; calling it again", what, error)
 
     def _recover(self, exc: KafkaException, starts: dict[int, int]) -> None:
         err = exc.args[0]
         if not (self.transactional and isinstance(err, KafkaError) and err.txn_requires_abort()):
             raise exc  # fatal (e.g. a newer instance with our transactional id): exit
         log.warning("aborting transaction: %s", err)
-        with self.watchdog.guard("abort_transaction"):
-            self.producer.abort_transaction(TXN_TIMEOUT_S)
+        self._call("abort_transaction", self.producer.abort_transaction, TXN_TIMEOUT_S)
         # Back to the batch's first records: the committed offsets would miss a
         # partition that never committed (no offset to seek to).
         self._rewind(starts)
