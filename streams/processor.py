@@ -63,6 +63,7 @@ from streams.history import (
 )
 from streams.ids import derived_envelope_id
 from streams.kafka.clients import (
+    brokers_reachable,
     librdkafka_config,
     table_consumer_config,
     table_producer_config,
@@ -186,7 +187,8 @@ class Processor:
                 transactional_id=f"{self.group_id}-{self.instance_id}" if self.exactly_once else None)),
             self.topics.commands, transactional=self.exactly_once,
             takeover=takeover_for(settings, self.group_id, f"{self.group_id}-{self.instance_id}",
-                                  self.instance_id) if self.exactly_once else None)
+                                  self.instance_id) if self.exactly_once else None,
+            reachable=brokers_reachable(settings))
         self._step = _Step()
         self._next_tick = 0.0
         self.observer = ProcessorObserver(self.topics.commands)

@@ -216,7 +216,7 @@ async def recovery(system: System, session: aiohttp.ClientSession, role: str, si
         "repeated completed calls": repeated, "repeated, done after the kill": late,
         "calls cut off and made again": restarted,
         "completed calls": done_calls, "expected calls": STEPS * size.inflight, "load": load,
-        "milestones": system.milestones(role, kill_ms),
+        "milestones": system.milestones(role, kill_ms), "killed at ms": kill_ms,
     }
 
 

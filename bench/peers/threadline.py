@@ -58,8 +58,8 @@ class Threadline(System):
     """The broker and the three roles."""
 
     name = "Threadline"
-    roles = ("worker", "processor")
-    lost_roles = ("worker", "processor")
+    roles: tuple[str, ...] = ("worker", "processor")
+    lost_roles: tuple[str, ...] = ("worker", "processor")
 
     @override
     async def start(self, session: aiohttp.ClientSession) -> None:

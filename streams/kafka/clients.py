@@ -14,15 +14,17 @@ clients (`streams.kafka.loop`) are built here too, once for every role.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import socket
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from streams.config import Settings
 from streams.kafka.liveness import heartbeat_interval_ms, session_timeout_ms
 from streams.kafka.takeover import Takeover, Writer
 
-__all__ = ["aiokafka_config", "librdkafka_config", "restore_consumer_config", "security_from_env",
-           "table_consumer_config", "table_producer_config", "takeover_for"]
+__all__ = ["aiokafka_config", "brokers_reachable", "librdkafka_config", "restore_consumer_config",
+           "security_from_env", "table_consumer_config", "table_producer_config", "takeover_for"]
 
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 
@@ -80,7 +82,7 @@ def table_consumer_config(settings: Settings, group_id: str, client_id: str, *,
 
 
 def table_producer_config(settings: Settings, client_id: str, *, transactional_id: str | None,
-                          linger_ms: int) -> dict[str, Any]:
+                          linger_ms: int, transaction_timeout_ms: int = 60_000) -> dict[str, Any]:
     """The table loop's producer: idempotent, and transactional unless
     `transactional_id` is None (at_least_once, benchmarks only)."""
     config = librdkafka_config(settings, **{
@@ -97,10 +99,30 @@ def table_producer_config(settings: Settings, client_id: str, *, transactional_i
         # backoff: at librdkafka's 100 ms, that was most of every decision's latency
         # (commits took 90-130 ms on a 2-core machine, 35-60 ms with 10 ms).
         config["retry.backoff.ms"] = 10
-        # A crashed instance's open transaction blocks read_committed readers
-        # until it times out, unless the same instance restarts first.
-        config["transaction.timeout.ms"] = 10_000
+        # A crashed instance's open transaction blocks read_committed readers until
+        # it is aborted: by the same instance restarting (init_transactions), by the
+        # one taking its partitions over (streams.kafka.takeover: the processor), or
+        # else by the coordinator after this long. The processor's 60 s outlast a
+        # broker restart (15-25 s on a loaded machine): the coordinator would abort
+        # the transaction in flight and fence the producer, a fatal error, and the
+        # process would start cold instead of carrying on. The connector, which
+        # fences nobody, keeps 10 s (streams.connectors.relay).
+        config["transaction.timeout.ms"] = transaction_timeout_ms
     return config
+
+
+def brokers_reachable(settings: Settings) -> Callable[[], bool]:
+    """A probe: whether any bootstrap server accepts a TCP connection now (1 s each)."""
+    addresses = [(host, int(port)) for host, _, port in
+                 (server.strip().rpartition(":") for server in settings.bootstrap.split(","))]
+
+    def probe() -> bool:
+        for address in addresses:
+            with contextlib.suppress(OSError), socket.create_connection(address, timeout=1.0):
+                return True
+        return False
+
+    return probe
 
 
 def takeover_for(settings: Settings, group_id: str, transactional_id: str,

@@ -71,11 +71,11 @@ __all__ = ["BATCH", "TXN_TIMEOUT_S", "Output", "TableLoop", "TableRole", "record
 log = logging.getLogger("threadline.kafka.loop")
 
 BATCH = 500  # records per step at most
-# Of each transactional call: the transaction's own timeout (transaction.timeout.ms,
-# streams.kafka.clients), past which the coordinator aborts it anyway.
+# Of each transactional call (a retriable timeout is called again, TXN_RETRY_S).
 TXN_TIMEOUT_S = 10
 # A call this long ignored its timeout (librdkafka #5456: a coordinator request
-# waits for a broker state change that may never come): exit, a restart recovers.
+# waits for a broker state change that may never come): exit, a restart recovers
+# (with a `reachable` probe, not while the brokers are down: see the watchdog).
 TXN_HANG_EXIT_S = TXN_TIMEOUT_S + 10
 TXN_RETRY_S = 120  # retriable errors of one call, for this long at most
 
@@ -130,7 +130,8 @@ class TableLoop:
     """The consume -> process -> produce -> commit loop of one role over one input topic."""
 
     def __init__(self, role: TableRole, consumer: Consumer, producer: Producer, topic: str, *,
-                 transactional: bool = True, takeover: Takeover | None = None) -> None:
+                 transactional: bool = True, takeover: Takeover | None = None,
+                 reachable: Callable[[], bool] | None = None) -> None:
         self.role = role
         self.takeover = takeover
         self._metadata = takeover.me.metadata() if takeover is not None else None
@@ -138,7 +139,9 @@ class TableLoop:
         self.producer = producer
         self.topic = topic
         self.transactional = transactional
-        self.watchdog = Watchdog(TXN_HANG_EXIT_S)
+        # `reachable`: whether the brokers accept connections (a call overdue while
+        # they are down goes on when they are back; streams.kafka.watchdog)
+        self.watchdog = Watchdog(TXN_HANG_EXIT_S, reachable)
         self._positions: dict[int, int] = {}  # owned partition -> committed input offset (<0: none)
         self._unclaimed: set[int] = set()  # assigned, not yet committed by this instance
         self._paused_until = 0.0
@@ -216,6 +219,8 @@ class TableLoop:
         for msg in batch:
             error = msg.error()
             if error is not None:
+                if error.fatal():  # e.g. a static member fenced: only a restart recovers
+                    raise KafkaException(error)
                 if error.code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error: %s", error)
                 continue
