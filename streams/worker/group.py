@@ -13,6 +13,7 @@ was acked, or that were superseded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -97,6 +98,10 @@ class Worker:
                                                       self.agent, self.worker_id)
         worker_metrics().in_flight.set_function(lambda: len(self.executions))
         self._background: set[asyncio.Task[None]] = set()
+        # The lifecycle watch following the assigned partitions: a task, not part of
+        # the rebalance callback, because aiokafka sends no heartbeat until that
+        # callback returns (a slow one past the session timeout costs the membership).
+        self._following: asyncio.Task[None] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run attempts until `stop` is set, then shut down as the module says."""
@@ -180,6 +185,8 @@ class Worker:
         try:
             try:
                 async with asyncio.timeout(PREPARE_TIMEOUT_S):
+                    if self._following is not None:
+                        await asyncio.shield(self._following)
                     await self.watch.prepare(execution.partition, execution.timestamp_ms)
             except TimeoutError:
                 log.warning("run %s attempt %d: lifecycle records not read in %.0fs; running it "
@@ -264,8 +271,18 @@ class Worker:
             del self.partitions[partition]
         for partition in partitions - set(self.partitions):
             self.partitions[partition] = PartitionOffsets()
-        await self.watch.follow(partitions)
+        self._following = asyncio.create_task(self._follow(partitions, self._following))
         log.info("assigned dispatch partitions %s", sorted(partitions))
+
+    async def _follow(self, partitions: set[int], previous: asyncio.Task[None] | None) -> None:
+        """The watch follows `partitions`, after the previous assignment's follow."""
+        if previous is not None:
+            with contextlib.suppress(Exception):
+                await previous
+        try:
+            await self.watch.follow(partitions)
+        except Exception:
+            log.exception("following lifecycle partitions %s", sorted(partitions))
 
     async def _shutdown(self) -> None:
         log.info("worker %s stopping: %d attempts in flight", self.worker_id, len(self.executions))
@@ -274,6 +291,10 @@ class Worker:
             execution.stop(Stop.SHUTDOWN)
         if tasks:
             await asyncio.wait(tasks, timeout=SHUTDOWN_TIMEOUT_S)
+        if self._following is not None:
+            self._following.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await self._following
         await self._commit()
         closers: tuple[Callable[[], Awaitable[None]], ...] = (
             partial(stop_client, self.consumer), self.watch.stop,
