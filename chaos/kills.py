@@ -78,6 +78,7 @@ class KillRecord:
     at: float  # monotonic
     restored_at: float | None = None
     owned: frozenset[int] | None = None  # the killed instance's partitions; None: all or unknown
+    back_at: float | None = None  # a restarted broker ready again
 
 
 def plan(rng: random.Random, counts: dict[str, int], start_s: float, end_s: float,
@@ -155,6 +156,7 @@ class Chaos:
         else:
             log.info("restarting the broker")
             await asyncio.to_thread(self.stack.restart_broker)
+            record.back_at = time.monotonic()
             log.info("the broker is back")
         await self._until_serving(self.stack.bases)
         await self._until_group_back("processor", None)

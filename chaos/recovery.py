@@ -7,9 +7,12 @@ Three figures, each from the kill (monotonic seconds), the worst per kind in a r
   stable with two members) or until every run in flight at the kill has ended,
   whichever is later;
 - **serving again**: the first event a client saw after the kill of a run on a
-  partition the killed instance owned (the processor's or worker's assignment
-  when it died: a decision or what a dispatch started); a gateway's restart, the
-  moment it answers /healthz 200; a broker's, the first event of any run;
+  partition the killed instance owned (its assignment when it died): for a
+  processor, a decision (a lifecycle event: tokens come from the workers); for a
+  worker, any event (what a dispatch started, or a decision); a gateway's restart,
+  the moment it answers /healthz 200; a broker's, the first event of any run seen
+  after the broker was back (what reached clients just after the kill was sent
+  before it);
 - **runs moving again**: every run in flight at the kill (a client had seen one of
   its events and not its end) has had a new event seen, or its end: its next step,
   token or terminal event, as its clients feel it.
@@ -36,6 +39,7 @@ class KillSpan:
     at: float  # monotonic
     owned: frozenset[int] | None  # partitions the killed instance owned; None: all
     restored_at: float | None = None  # the probes' "serving again" (gateway, broker)
+    back_at: float | None = None  # a restarted broker ready again
 
 
 def _first_after(times: list[float], at: float) -> float | None:
@@ -57,21 +61,23 @@ def serving_again(kill: KillSpan, seen_at: Mapping[str, list[float]],
     partitions (a gateway: its /healthz); None if none came."""
     if kill.kind == "gateway":
         return None if kill.restored_at is None else kill.restored_at - kill.at
+    since = kill.back_at if kill.kind == "broker" and kill.back_at is not None else kill.at
     firsts = [t for run in _runs_on(seen_at, kill.owned, partition_of)
-              if (t := _first_after(seen_at[run], kill.at)) is not None]
+              if (t := _first_after(seen_at[run], since)) is not None]
     return min(firsts) - kill.at if firsts else None
 
 
 def moving_again(kill: KillSpan, seen_at: Mapping[str, list[float]],
-                 ended_at: Mapping[str, float], drained_at: float) -> float:
+                 ended_at: Mapping[str, float], drained_at: float) -> float | None:
     """Seconds from the kill until every run in flight at it had a new event seen, or
-    ended; a run that never did counts until the drain ended."""
-    worst = 0.0
+    ended; a run that never did counts until the drain ended. None: no run was in flight."""
+    worst: float | None = None
     for run, times in seen_at.items():
         ended = ended_at.get(run)
         if not times or times[0] > kill.at or (ended is not None and ended <= kill.at):
             continue  # not started yet, or over, at the kill
         nxt = _first_after(times, kill.at)
         candidates = [t for t in (nxt, ended) if t is not None]
-        worst = max(worst, (min(candidates) if candidates else drained_at) - kill.at)
+        moved = (min(candidates) if candidates else drained_at) - kill.at
+        worst = moved if worst is None else max(worst, moved)
     return worst

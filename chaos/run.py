@@ -187,12 +187,14 @@ def _serving_and_moving(records: list[KillRecord], load: Load, drained_at: float
     for record in records:
         kind = record.kill.kind
         span = KillSpan(kind, record.at, None if kind == "broker" else record.owned,
-                        record.restored_at)
-        first = serving_again(span, load.seen_at, partition_of)
+                        record.restored_at, record.back_at)
+        seen = load.decided_at if kind == "processor" else load.seen_at
+        first = serving_again(span, seen, partition_of)
         if first is not None:
             serving[kind] = max(serving.get(kind, 0.0), first)
-        moving[kind] = max(moving.get(kind, 0.0),
-                           moving_again(span, load.seen_at, load.end_seen, drained_at))
+        moved = moving_again(span, load.seen_at, load.end_seen, drained_at)
+        if moved is not None:
+            moving[kind] = max(moving.get(kind, 0.0), moved)
     return serving, moving
 
 

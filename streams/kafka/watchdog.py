@@ -35,7 +35,7 @@ class Watchdog:
     """Exits the process when a guarded call overruns its limit."""
 
     def __init__(self, limit_s: float, reachable: Callable[[], bool] | None = None,
-                 grace_s: float = 10.0) -> None:
+                 grace_s: float = 3.0) -> None:
         self.limit_s = limit_s
         self.reachable = reachable
         self.grace_s = grace_s

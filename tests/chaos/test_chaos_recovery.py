@@ -19,6 +19,9 @@ def test_serving_again_is_the_first_event_on_the_dead_instances_partitions() -> 
     assert serving_again(kill, SEEN, PARTITIONS.get) == 2.0  # d's first event at 7
     assert serving_again(KillSpan("worker", 5.0, frozenset({1})), SEEN, PARTITIONS.get) == 1.0
     assert serving_again(KillSpan("broker", 5.0, None), SEEN, PARTITIONS.get) == 1.0
+    # a broker: the first event seen once it is back (what came just after the kill was sent before)
+    back = KillSpan("broker", 5.0, None, back_at=7.5)
+    assert serving_again(back, SEEN, PARTITIONS.get) == 3.0
 
 
 def test_a_gateway_serves_again_when_its_probe_says_so() -> None:
@@ -35,3 +38,8 @@ def test_moving_again_waits_for_every_run_in_flight_at_the_kill() -> None:
     stuck = {**SEEN, "e": [4.0]}
     assert moving_again(kill, stuck, ENDED, drained_at=100.0) == 95.0
     assert moving_again(kill, stuck, {**ENDED, "e": 5.5}, drained_at=100.0) == 4.0
+
+
+def test_no_run_in_flight_has_no_figure() -> None:
+    """A kill between runs has nothing to measure: None, not 0."""
+    assert moving_again(KillSpan("worker", 0.5, None), SEEN, ENDED, drained_at=100.0) is None
