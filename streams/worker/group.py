@@ -183,10 +183,10 @@ class Worker:
         run_id, attempt = execution.dispatch.run_id, execution.attempt
         observed.bind_attempt(execution)  # this task's log lines name the attempt (JSON logs)
         try:
+            if self._following is not None:  # as the rebalance callback was awaited before
+                await asyncio.shield(self._following)
             try:
                 async with asyncio.timeout(PREPARE_TIMEOUT_S):
-                    if self._following is not None:
-                        await asyncio.shield(self._following)
                     await self.watch.prepare(execution.partition, execution.timestamp_ms)
             except TimeoutError:
                 log.warning("run %s attempt %d: lifecycle records not read in %.0fs; running it "
