@@ -42,6 +42,12 @@ staged, and may ask for a pause during which batches are consumed and rewound,
 not processed. Any other Kafka error is fatal: it propagates, the process exits,
 and a restart recovers from Kafka.
 
+After a call failed that way, the next transaction starts on a new producer (with a
+`producer_factory`; the same transactional id, so `init_transactions` fences the old
+one): librdkafka can keep a dead broker as the group coordinator after a broker
+restart and wait on it forever in `send_offsets_to_transaction` (#5511, #5456), seen
+on the first transaction after every broker restart of `bench.broker_restart`.
+
 Every transactional call runs under a watchdog (`streams.kafka.watchdog`): one that
 hangs far past its own timeout ends the process.
 
@@ -71,8 +77,9 @@ __all__ = ["BATCH", "TXN_TIMEOUT_S", "Output", "TableLoop", "TableRole", "record
 log = logging.getLogger("threadline.kafka.loop")
 
 BATCH = 500  # records per step at most
-# Of each transactional call (a retriable timeout is called again, TXN_RETRY_S).
-TXN_TIMEOUT_S = 10
+# Of each transactional call (a retriable timeout is called again, TXN_RETRY_S):
+# short, because only a call that overruns it can be told from a hung one.
+TXN_TIMEOUT_S = 5
 # A call this long ignored its own timeout, which librdkafka otherwise keeps: it hangs
 # (#5456: a coordinator request waits for a broker state change that may never come;
 # seen after every broker restart of a chaos run). Exit, a restart recovers (with a
@@ -132,8 +139,11 @@ class TableLoop:
 
     def __init__(self, role: TableRole, consumer: Consumer, producer: Producer, topic: str, *,
                  transactional: bool = True, takeover: Takeover | None = None,
-                 reachable: Callable[[], bool] | None = None) -> None:
+                 reachable: Callable[[], bool] | None = None,
+                 producer_factory: Callable[[], Producer] | None = None) -> None:
         self.role = role
+        self.producer_factory = producer_factory
+        self._stale = False  # a transactional call timed out: a new producer next time
         self.takeover = takeover
         self._metadata = takeover.me.metadata() if takeover is not None else None
         self.consumer = consumer
@@ -255,6 +265,8 @@ class TableLoop:
         """Write `outputs` and commit them with the input `offsets` as one transaction
         (steps 3-5); raises KafkaException if that fails, having aborted nothing."""
         if self.transactional:
+            if self._stale and self.producer_factory is not None:
+                self._replace_producer()
             with self.watchdog.guard("begin_transaction"):
                 self.producer.begin_transaction()
             self._produce(outputs)
@@ -273,6 +285,15 @@ class TableLoop:
                 self.fault(outputs, self.producer)
             if offsets:
                 self.consumer.commit(offsets=offsets, asynchronous=False)
+
+    def _replace_producer(self) -> None:
+        """A new transactional producer with the same id, fresh caches (see the module doc)."""
+        assert self.producer_factory is not None
+        log.warning("a new transactional producer after a timed-out call (librdkafka #5511)")
+        self.producer.flush(0)
+        self.producer = self.producer_factory()
+        self._stale = False
+        self._call("init_transactions", self.producer.init_transactions, TXN_TIMEOUT_S)
 
     def _produce(self, outputs: list[Output]) -> None:
         for out in outputs:
@@ -297,6 +318,7 @@ class TableLoop:
                 if not (isinstance(error, KafkaError) and error.retriable()) \
                         or time.monotonic() > deadline:
                     raise
+                self._stale = True
                 log.warning("%s: %s; calling it again", what, error)
 
     def _recover(self, exc: KafkaException, starts: dict[int, int]) -> None:

@@ -47,7 +47,9 @@ __all__ = ["WRITER_TAG", "Takeover", "Writer", "parse_writer"]
 log = logging.getLogger("threadline.kafka.takeover")
 
 WRITER_TAG = "threadline-writer"
-REQUEST_TIMEOUT_S = 10.0
+# Short: right after a broker restart the group coordinator is still loading and
+# these requests wait for it, while the assignment waits for them (10 s was seen).
+REQUEST_TIMEOUT_S = 3.0
 
 
 @dataclass(frozen=True, slots=True)
