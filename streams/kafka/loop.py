@@ -271,9 +271,10 @@ class TableLoop:
                 self.producer.begin_transaction()
             self._produce(outputs)
             if offsets:
+                # Not called again on this producer: see _call's `fresh`.
                 self._call("send_offsets_to_transaction",
                            self.producer.send_offsets_to_transaction, offsets,
-                           self.consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
+                           self.consumer.consumer_group_metadata(), TXN_TIMEOUT_S, fresh=True)
             if self.fault is not None:
                 self.fault(outputs, self.producer)
             self._call("commit_transaction", self.producer.commit_transaction, TXN_TIMEOUT_S)
@@ -304,9 +305,12 @@ class TableLoop:
                 self.producer.produce(out.topic, out.value, out.key, partition=out.partition,
                                       on_delivery=out.on_delivery, headers=out.headers)
 
-    def _call(self, what: str, call: Callable[..., None], *args: Any) -> None:
+    def _call(self, what: str, call: Callable[..., None], *args: Any, fresh: bool = False) -> None:
         """A transactional call under the watchdog, called again while it fails with a
-        retriable error (for `TXN_RETRY_S` at most)."""
+        retriable error (for `TXN_RETRY_S` at most). `fresh` (with a producer factory):
+        instead, abort the transaction, so that the batch is done again on a new
+        producer: `send_offsets_to_transaction` called again on this one found the
+        dead coordinator and hung (librdkafka #5511)."""
         deadline = time.monotonic() + TXN_RETRY_S
         while True:
             try:
@@ -319,6 +323,9 @@ class TableLoop:
                         or time.monotonic() > deadline:
                     raise
                 self._stale = True
+                if fresh and self.producer_factory is not None:
+                    raise KafkaException(KafkaError(error.code(), str(error),
+                                                    txn_requires_abort=True)) from exc
                 log.warning("%s: %s; calling it again", what, error)
 
     def _recover(self, exc: KafkaException, starts: dict[int, int]) -> None:
