@@ -42,22 +42,25 @@ HEADER = ("| seed | threads | messages | accepted | 409s | enqueued | interrupte
           "| lost | duplicated | gaps "
           "| stuck | kills p/w/g/b | self-exits | watched runs (unwatched) | reconnects "
           "| streams cut short | aborted records | aimed kills | guarantee "
-          "| max recovery s p/w/g/b | longest run s | tool calls (dup) | wall s |")
+          "| max recovery s p/w/g/b | max serving again s p/w/g/b | max runs moving again s p/w/g/b "
+          "| longest run s | tool calls (dup) | wall s |")
 
 
 def table_row(outcome: Outcome) -> str:
     """One Markdown table row summarising a chaos run."""
     r = outcome.report
     kills = "/".join(str(outcome.kills.get(k, 0)) for k in KINDS)
-    recovery = "/".join(f"{outcome.recovery_s[k]:.1f}" if k in outcome.recovery_s else "-"
-                        for k in KINDS)
+    recovery, serving, moving = ("/".join(f"{figures[k]:.1f}" if k in figures else "-"
+                                          for k in KINDS)
+                                 for figures in (outcome.recovery_s, outcome.serving_s,
+                                                 outcome.moving_s))
     exits = sum(outcome.self_exits.values())
     return (f"| {outcome.config.seed} | {r.threads} | {r.messages} | {r.accepted} | "
             f"{r.conflicts} | {r.enqueued} | {r.interrupted} | {r.answered} | {r.lost} | "
             f"{r.duplicated} | {r.gaps} | {r.stuck} | "
             f"{kills} | {exits} | {r.watched_runs} ({r.unwatched}) | {outcome.reconnects} | "
             f"{r.cut_short} | {r.aborted} | {outcome.aimed} | "
-            f"{outcome.config.processing_guarantee} | {recovery} | "
+            f"{outcome.config.processing_guarantee} | {recovery} | {serving} | {moving} | "
             f"{outcome.max_run_s:.1f} | {r.tool_calls} ({r.tool_duplicates}) | "
             f"{outcome.wall_s:.0f} |")
 

@@ -77,6 +77,8 @@ class KillRecord:
     kill: Kill
     at: float  # monotonic
     restored_at: float | None = None
+    owned: frozenset[int] | None = None  # the killed instance's partitions; None: all or unknown
+    back_at: float | None = None  # a restarted broker ready again
 
 
 def plan(rng: random.Random, counts: dict[str, int], start_s: float, end_s: float,
@@ -99,6 +101,8 @@ class Chaos:
     records: list[KillRecord] = field(default_factory=list)
     aimed: int = 0  # processor kills fired on a decision of their burst
     owned: dict[str, set[int]] = field(default_factory=dict)  # processor client id -> partitions
+    # role -> client id -> its partitions, as last described (processor and worker)
+    assigned: dict[str, dict[str, set[int]]] = field(default_factory=dict)
     self_exits: Counter[str] = field(default_factory=Counter)
     groups: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)  # role -> state, members
     _down: set[str] = field(default_factory=set)  # killed on purpose, restart pending
@@ -126,6 +130,7 @@ class Chaos:
     def _kill(self, record: KillRecord) -> asyncio.Task[None]:
         proc = self.stack.procs(record.kill.kind)[record.kill.index]
         dead = self._member_of(proc)
+        record.owned = self._owned_by(proc)
         self._down.add(proc.name)
         proc.kill9()
         log.info("killed %s (kill %d of the run)", proc.name, self.records.index(record) + 1)
@@ -151,6 +156,7 @@ class Chaos:
         else:
             log.info("restarting the broker")
             await asyncio.to_thread(self.stack.restart_broker)
+            record.back_at = time.monotonic()
             log.info("the broker is back")
         await self._until_serving(self.stack.bases)
         await self._until_group_back("processor", None)
@@ -259,6 +265,7 @@ class Chaos:
                 if proc is not fired:
                     self._down.discard(proc.name)
             record.at = time.monotonic()
+            record.owned = self._owned_by(fired)
             self.aimed += 1
             log.info("%s exited at its fault point (kill %d of the run)", fired.name,
                      self.records.index(record) + 1)
@@ -333,9 +340,10 @@ class Chaos:
         except Exception:
             self._admin = None  # a fresh client next time
             return None
+        self.assigned[role] = {m.client_id: {tp.partition for tp in m.assignment.topic_partitions}
+                               for m in description.members if m.assignment is not None}
         if role == "processor":
-            self.owned = {m.client_id: {tp.partition for tp in m.assignment.topic_partitions}
-                          for m in description.members if m.assignment is not None}
+            self.owned = self.assigned[role]
         return (description.state.name.lower(),
                 {m.member_id: m.client_id for m in description.members})
 
@@ -343,6 +351,13 @@ class Chaos:
         if proc.role == "worker":
             return f"worker-{proc.env['THREADLINE_INSTANCE_ID']}"
         return f"processor-{instance_id_for(Settings.from_env(proc.env))}"
+
+    def _owned_by(self, proc: Proc) -> frozenset[int] | None:
+        """The partitions `proc` owned when last described (None for a gateway, or unknown)."""
+        if proc.role == "gateway":
+            return None
+        owned = self.assigned.get(proc.role, {}).get(self._client_of(proc))
+        return None if owned is None else frozenset(owned)
 
     def _member_of(self, proc: Proc) -> str | None:
         if proc.role == "gateway":

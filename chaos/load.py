@@ -31,7 +31,7 @@ import aiohttp
 
 from chaos.audit import Post, Seen, WatchLog
 from chaos.sse import AUTH, IDLE, Api, GaveUp, iter_sse
-from streams.core.lifecycle import TERMINAL, StreamEnd
+from streams.core.lifecycle import TERMINAL, Lifecycle, StreamEnd
 
 __all__ = ["Load", "LoadConfig"]
 
@@ -62,6 +62,11 @@ class Load:
     stuck: list[str] = field(default_factory=list)
     ended: defaultdict[str, asyncio.Event] = field(default_factory=lambda: defaultdict(asyncio.Event))
     end_seen: dict[str, float] = field(default_factory=dict)  # run -> when a client first saw it end
+    # run -> when a client first saw each of its events, in order (chaos/recovery.py)
+    seen_at: defaultdict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    # the same, of its lifecycle events only: the processor's decisions
+    decided_at: defaultdict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    _seen_ids: set[tuple[str, str]] = field(default_factory=set)
     server_errors: list[str] = field(default_factory=list)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -80,6 +85,14 @@ class Load:
                 await asyncio.gather(*self.tasks, return_exceptions=True)
         for post in self.posts:
             post.ended_at = self.end_seen.get(post.run_id)
+
+    def saw(self, run_id: str, event_id: str, event: str) -> None:
+        """Note when a client first saw this event of the run (and if it is a decision)."""
+        if (run_id, event_id) not in self._seen_ids:
+            self._seen_ids.add((run_id, event_id))
+            self.seen_at[run_id].append(time.monotonic())
+            if event in DECISIONS:
+                self.decided_at[run_id].append(time.monotonic())
 
     def saw_end(self, run_id: str) -> None:
         """Note that a client saw this run end (the first time counts)."""
@@ -264,6 +277,7 @@ class Load:
                             continue
                         run = run_of(seen)
                         log.runs[run].append(seen)
+                        self.saw(run, seen.id or f"{seen.event}:{len(log.runs[run])}", seen.event)
                         last_id = seen.id or last_id
                         if seen.event in TERMINAL:
                             self.saw_end(run)
@@ -282,6 +296,9 @@ class Load:
             if finished():
                 return
             await asyncio.sleep(rng.uniform(0.0, 0.2))
+
+
+DECISIONS = frozenset(Lifecycle)  # the lifecycle events: what the processor decided
 
 
 def uses_tools(thread: int, number: int, share: float) -> bool:

@@ -22,8 +22,10 @@ from chaos.audit import Observations, Report, Seen, audit
 from chaos.kills import Chaos, Kill, KillRecord, plan
 from chaos.load import Load, LoadConfig
 from chaos.read import topic_reads
+from chaos.recovery import KillSpan, moving_again, serving_again
 from chaos.sse import AUTH, Api, GaveUp, iter_sse
 from chaos.stack import Stack
+from gateway.kafka import partition_for
 
 __all__ = ["Config", "Outcome", "run"]
 
@@ -61,6 +63,8 @@ class Outcome:
     report: Report
     kills: dict[str, int] = field(default_factory=dict)
     recovery_s: dict[str, float] = field(default_factory=dict)  # kind -> max seconds
+    serving_s: dict[str, float] = field(default_factory=dict)  # kind -> max (chaos/recovery.py)
+    moving_s: dict[str, float] = field(default_factory=dict)  # kind -> max (chaos/recovery.py)
     self_exits: dict[str, int] = field(default_factory=dict)
     reconnects: int = 0
     cuts: int = 0
@@ -169,6 +173,31 @@ def _recovery(records: list[KillRecord], load: Load, drained_at: float) -> dict[
     return worst
 
 
+def _serving_and_moving(records: list[KillRecord], load: Load, drained_at: float,
+                        partitions: int) -> tuple[dict[str, float], dict[str, float]]:
+    """The worst "serving again" and "runs moving again" of each kind (chaos/recovery.py)."""
+    thread_of = {p.run_id: p.thread_id for p in load.posts}
+
+    def partition_of(run: str) -> int | None:
+        thread = thread_of.get(run)
+        return None if thread is None else partition_for(thread, partitions)
+
+    serving: dict[str, float] = {}
+    moving: dict[str, float] = {}
+    for record in records:
+        kind = record.kill.kind
+        span = KillSpan(kind, record.at, None if kind == "broker" else record.owned,
+                        record.restored_at, record.back_at)
+        seen = load.decided_at if kind == "processor" else load.seen_at
+        first = serving_again(span, seen, partition_of)
+        if first is not None:
+            serving[kind] = max(serving.get(kind, 0.0), first)
+        moved = moving_again(span, load.seen_at, load.end_seen, drained_at)
+        if moved is not None:
+            moving[kind] = max(moving.get(kind, 0.0), moved)
+    return serving, moving
+
+
 async def _monitor(load: Load, stack: Stack, until: asyncio.Event) -> None:
     """Log progress; when a run is stalled, save every process's stacks (with
     py-spy, if installed) next to the logs, for the post-mortem."""
@@ -222,6 +251,8 @@ async def _chaos(config: Config, stack: Stack) -> Outcome:
     outcome = Outcome(config, report, kills=dict(_count(k.kind for k in kills)),
                       recovery_s=_recovery(chaos.records, load, drained_at),
                       self_exits=dict(chaos.self_exits))
+    outcome.serving_s, outcome.moving_s = _serving_and_moving(
+        chaos.records, load, drained_at, stack.settings.partitions)
     outcome.reconnects = sum(max(0, w.connects - 1) for w in load.watchers)
     outcome.cuts = sum(w.cuts for w in load.watchers)
     outcome.aimed = chaos.aimed

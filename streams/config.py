@@ -206,7 +206,7 @@ class Settings:
             max_record_bytes=_int(env, "THREADLINE_MAX_RECORD_BYTES", 0) or None,
             agent=env.get("THREADLINE_AGENT", "builtin"),
             instance_id=env.get("THREADLINE_INSTANCE_ID") or None,
-            session_timeout_ms=_ms(env, "THREADLINE_SESSION_TIMEOUT_S", 6.0),
+            session_timeout_ms=_ms(env, "THREADLINE_SESSION_TIMEOUT_S", 2.0),
             processing_guarantee=guarantee,
             limits=GatewayLimits.from_env(env),
             extra={k: v for k, v in env.items() if k.startswith("THREADLINE_AGENT_")},

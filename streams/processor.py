@@ -68,7 +68,13 @@ from streams.core.thread import (
     next_deadline_ms,
     output_bytes,
 )
-from streams.kafka.clients import librdkafka_config, table_consumer_config, table_producer_config
+from streams.kafka.clients import (
+    brokers_reachable,
+    librdkafka_config,
+    table_consumer_config,
+    table_producer_config,
+    takeover_for,
+)
 from streams.kafka.loop import Output, TableLoop, record_position
 from streams.kafka.restore import ChangelogReader, restore_tables
 from streams.kafka.state_store import PartitionStore, TableStores
@@ -168,13 +174,22 @@ class Processor:
         self.max_record_bytes = 1_000_000  # until run() reads the topics' limit
         self.exactly_once = settings.processing_guarantee == "exactly_once"
         client_id = f"processor-{self.instance_id}"
+
+        def producer_factory() -> Producer:
+            return Producer(table_producer_config(
+                settings, client_id, linger_ms=2,
+                transactional_id=f"{self.group_id}-{self.instance_id}" if self.exactly_once
+                else None))
+
         self.loop = TableLoop(
             self, Consumer(table_consumer_config(settings, self.group_id, client_id,
                                                  group_instance_id=self.instance_id)),
-            Producer(table_producer_config(
-                settings, client_id, linger_ms=2,
-                transactional_id=f"{self.group_id}-{self.instance_id}" if self.exactly_once else None)),
-            self.topics.commands, transactional=self.exactly_once)
+            producer_factory(),
+            self.topics.commands, transactional=self.exactly_once,
+            takeover=takeover_for(settings, self.group_id, f"{self.group_id}-{self.instance_id}",
+                                  self.instance_id) if self.exactly_once else None,
+            reachable=brokers_reachable(settings),
+            producer_factory=producer_factory if self.exactly_once else None)
         self._step = _Step()
         self._next_tick = 0.0
         self.observer = ProcessorObserver(self.topics.commands)

@@ -62,10 +62,12 @@ async def one_system(cls: type[System], folder: Path, size: Size, with_recovery:
                 f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                 for k, v in figures.items()), flush=True)
             if with_recovery:
-                for role in system.roles:
-                    rec = await recovery(system, session, role, size)
+                kills = [(role, False) for role in system.roles] \
+                    + [(role, True) for role in system.lost_roles]
+                for role, lost in kills:
+                    rec = await recovery(system, session, role, size, lost)
                     entry["recovery"].append(rec)
-                    print(f"   {system.name} kill {role}: {rec}", flush=True)
+                    print(f"   {system.name} kill {rec['role']}: {rec}", flush=True)
         except Missing as exc:
             entry["missing"] = str(exc)
             print(f"   {system.name} MISSING: {exc}", flush=True)

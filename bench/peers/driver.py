@@ -7,7 +7,9 @@ Each round starts each system fresh, warms it up with a few runs, then measures:
 - latency: `paced` runs at `rate`/s, tools of `delay` s: post to answer, p50/p99;
 - step overhead (from both): a call's `done` to the next call's `begin` in the log;
 and in the last round, per role: `inflight` runs of `delay` s tools, the role killed
-with SIGKILL once every run has begun a call and restarted at once, in place.
+with SIGKILL once every run has begun a call and restarted at once, in place; and
+per role that can be lost for good: a second instance started first, the first
+one killed the same way and never restarted.
 """
 
 from __future__ import annotations
@@ -156,10 +158,13 @@ async def measure_round(system: System, session: aiohttp.ClientSession, size: Si
     }
 
 
-async def recovery(system: System, session: aiohttp.ClientSession, role: str, size: Size) \
-        -> dict[str, Any]:
-    """`size.inflight` runs in flight; `role` killed with SIGKILL and restarted in place."""
+async def recovery(system: System, session: aiohttp.ClientSession, role: str, size: Size,
+                   lost: bool = False) -> dict[str, Any]:
+    """`size.inflight` runs in flight; `role` killed with SIGKILL and restarted in place
+    (`lost`: with a second instance running, and never restarted)."""
     await system.set_delay(session, size.delay)
+    if lost:
+        await system.add_instance(role)
     slots = await system.prepare(session, size.inflight)
     await asyncio.sleep(system.settle_s)
     keys = [f"kill-{role}-{uuid.uuid4().hex[:6]}-{i}" for i in range(size.inflight)]
@@ -184,9 +189,13 @@ async def recovery(system: System, session: aiohttp.ClientSession, role: str, si
     await asyncio.sleep(size.delay / 2)
     kill_ms = time.time() * 1000
     await system.kill(role)
-    await system.restart(role)
+    if not lost:
+        await system.restart(role)
     restarted_ms = time.time() * 1000
     await asyncio.gather(*tasks)
+    serving = system.serving_again(role, kill_ms)
+    if lost:
+        await system.lost(role)
     runs = calls_by_run(parse(_log_lines(system)), ids.values())
     in_flight = [ids[k] for k in keys if k in ids and answered.get(k, 1e18) * 1000 > kill_ms]
     answered_ms = {ids[k]: t * 1000 for k, t in answered.items() if k in ids}
@@ -194,17 +203,20 @@ async def recovery(system: System, session: aiohttp.ClientSession, role: str, si
     last = max(answered_ms.values(), default=float("nan"))
     repeated, late, restarted = repeated_calls(runs, kill_ms)
     done_calls = sum(1 for calls in runs.values() for c in calls if c.first_done is not None)
+    if serving is None and first is not None:
+        serving = first / 1000
     return {
-        "role": role, "runs": size.inflight, "in flight at kill": len(in_flight),
-        "restarted after s": (restarted_ms - kill_ms) / 1000,
-        "serving again s": None if first is None else first / 1000,
+        "role": f"{role} lost for good" if lost else role, "runs": size.inflight,
+        "in flight at kill": len(in_flight),
+        "restarted after s": None if lost else (restarted_ms - kill_ms) / 1000,
+        "serving again s": serving,
         "runs moving again s": None if moving is None else moving / 1000,
         "every run done s": (last - kill_ms) / 1000 if len(answered) == size.inflight else None,
         "answered": f"{len(answered)}/{size.inflight}",
         "repeated completed calls": repeated, "repeated, done after the kill": late,
         "calls cut off and made again": restarted,
         "completed calls": done_calls, "expected calls": STEPS * size.inflight, "load": load,
-        "milestones": system.milestones(role, kill_ms),
+        "milestones": system.milestones(role, kill_ms), "killed at ms": kill_ms,
     }
 
 

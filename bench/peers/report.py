@@ -92,8 +92,11 @@ def tables(results: dict[str, Any]) -> list[str]:
     if ends:
         out += ["", "The run's ends, latency workload, p50: " + "; ".join(ends) + "."]
     out += ["", "Recovery: runs in flight with 0.2 s tools; one role killed with SIGKILL and "
-            "started again at once, in place. Times from the kill.", "",
-            "| system | killed | serving again s (first call begun after the kill) | "
+            "started again at once, in place, or *lost for good*: a second instance started "
+            "first, the killed one never restarted. Times from the kill. Serving again: the "
+            "first decision (an event) on a partition the killed processor owned, the first "
+            "call of a run the killed worker ran; for the peers, the first call begun.", "",
+            "| system | killed | serving again s | "
             "runs moving again s (every run in flight began a call or answered) | every run "
             "done s | answered | repeated: done before the kill | repeated: done after the kill "
             "(could not be recorded) | calls cut off, made again | load |",

@@ -25,6 +25,9 @@ class System(abc.ABC):
 
     name: str = ""
     roles: tuple[str, ...] = ()  # the roles the recovery test kills, one at a time
+    # The roles that can also be lost for good: a second instance is started, the
+    # first killed and not restarted (`add_instance`, `kill`, `lost`).
+    lost_roles: tuple[str, ...] = ()
     settle_s: float = 0.0  # wait after `prepare` before a recovery test's runs are posted
 
     def __init__(self, folder: Path) -> None:
@@ -65,6 +68,18 @@ class System(abc.ABC):
     async def restart(self, role: str) -> None:
         """Start `role` again in place, as a supervisor would."""
         self.procs[role].start()
+
+    async def add_instance(self, role: str) -> None:
+        """Start a second instance of `role` and wait until the two share its work."""
+        raise NotImplementedError(f"{self.name} cannot run a second {role}")
+
+    async def lost(self, role: str) -> None:  # noqa: B027
+        """`role` was killed for good: the second instance stands for it from now on."""
+
+    def serving_again(self, role: str, kill_ms: float) -> float | None:
+        """Seconds from the kill to the first decision or dispatch on the work the dead
+        `role` owned, when the system can tell (else None: the driver's first call begun)."""
+        return None
 
     def milestones(self, role: str, kill_ms: float) -> dict[str, float]:
         """What the restarted `role` logged after the kill: event -> seconds after it."""

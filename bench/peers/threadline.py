@@ -19,15 +19,19 @@ Set apart from the defaults, and why (listed in the report):
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from typing import Any
 
 import aiohttp
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from typing_extensions import override
 
 from bench.peers.procs import free_port
 from bench.peers.system import System, retry_pause
+from bench.peers.workload import calls_by_run, parse, runs_of
 from streams.config import Settings
 from streams.devtools.broker import KAFKA_VERSION, EmbeddedKafka
 from streams.kafka.topics import ensure_topics
@@ -44,6 +48,8 @@ MILESTONES = {
                   ("first partition restored", "restored in"),
                   ("every partition restored, processing", "threadline.kafka.loop")),
 }
+_ASSIGNED = re.compile(r"threadline\.kafka\.loop.*assigned \[([0-9, ]*)\]")
+GROUP_WAIT_S = 120.0
 RAISED = {"THREADLINE_TENANT_POSTS_PER_S": "0", "THREADLINE_TENANT_MAX_ACTIVE_RUNS": "0",
           "THREADLINE_WORKER_CONCURRENCY": "256"}
 
@@ -52,7 +58,8 @@ class Threadline(System):
     """The broker and the three roles."""
 
     name = "Threadline"
-    roles = ("worker", "processor")
+    roles: tuple[str, ...] = ("worker", "processor")
+    lost_roles: tuple[str, ...] = ("worker", "processor")
 
     @override
     async def start(self, session: aiohttp.ClientSession) -> None:
@@ -69,6 +76,7 @@ class Threadline(System):
             "THREADLINE_AGENT_TOOL_DELAY_S": "0", "THREADLINE_AGENT_TOOL_LOG": str(self.tool_log),
         }
         await asyncio.to_thread(ensure_topics, Settings.from_env(self.env))
+        self.killed: dict[str, tuple[str, list[int]]] = {}  # role -> (pid, partitions owned)
         self.children = {role: RoleProcess(role, self.env, self.folder / f"{role}.log",
                                            die_with_parent=True).start() for role in ROLES}
         await self._healthy(session)
@@ -181,7 +189,83 @@ class Threadline(System):
 
     @override
     async def kill(self, role: str) -> None:
-        await asyncio.to_thread(self.children[role].kill9)
+        child = self.children[role]
+        owned: list[int] = []
+        for line in child.output().splitlines():  # the last assignment of this start
+            if found := _ASSIGNED.search(line):
+                owned = [int(p) for p in found.group(1).split(",") if p.strip()]
+        self.killed[role] = (str(child.pid), owned)
+        await asyncio.to_thread(child.kill9)
+
+    @override
+    async def add_instance(self, role: str) -> None:
+        env = {**self.env, "THREADLINE_DATA_DIR": str(self.folder / f"data-{role}-2")}
+        self.children[f"{role}-2"] = RoleProcess(role, env, self.folder / f"{role}-2.log",
+                                                 die_with_parent=True).start()
+        await asyncio.to_thread(self._wait_group, role, 2)
+
+    def _wait_group(self, role: str, members: int) -> None:
+        """Until `role`'s group is stable with `members` members, each owning partitions,
+        and each processor has logged its (last) assignment."""
+        group = f"{self.env['THREADLINE_TOPIC_PREFIX']}{role}"
+        admin = AdminClient({"bootstrap.servers": self.broker.bootstrap, "log_level": 0})
+        deadline = time.monotonic() + GROUP_WAIT_S
+        last = ""
+        while time.monotonic() < deadline:
+            try:
+                found = \
+                    admin.describe_consumer_groups([group])[group].result(timeout=10)
+                owners = [m for m in found.members if m.assignment.topic_partitions]
+                last = f"{found.state} {len(found.members)} members, {len(owners)} owning"
+                stable = str(found.state).endswith("STABLE") \
+                    and len(owners) == members == len(found.members)
+                if stable and (role != "processor" or all(
+                        _ASSIGNED.search(c.output().rsplit("revoked", 1)[-1])
+                        for name, c in self.children.items() if name.startswith(role))):
+                    time.sleep(1.0)  # the assignment callbacks' last steps
+                    return
+            except Exception as exc:  # the group is rebalancing, or the broker busy
+                last = str(exc)
+            time.sleep(0.2)
+        raise RuntimeError(f"{group} not stable with {members} members: {last}")
+
+    @override
+    async def lost(self, role: str) -> None:
+        self.children[f"{role}-lost"] = self.children[role]
+        self.children[role] = self.children.pop(f"{role}-2")
+
+    @override
+    def serving_again(self, role: str, kill_ms: float) -> float | None:
+        pid, owned = self.killed[role]
+        if role == "worker":  # the first call begun, after the kill, of a run the dead one ran
+            runs = calls_by_run(parse(self.tool_log.read_text(errors="replace")))
+            dead = set(runs_of(runs, pid, kill_ms))
+            after = [b for run in dead for call in runs[run] for b in call.begins if b > kill_ms]
+            return (min(after) - kill_ms) / 1000 if after else None
+        return self._first_decision(owned, kill_ms) if owned else None
+
+    def _first_decision(self, partitions: list[int], kill_ms: float) -> float | None:
+        """Seconds from the kill to the first event decided (read_committed) on `partitions`."""
+        topic = f"{self.env['THREADLINE_TOPIC_PREFIX']}events"
+        consumer = Consumer({"bootstrap.servers": self.broker.bootstrap, "group.id": "bench-probe",
+                             "enable.auto.commit": False, "isolation.level": "read_committed",
+                             "log_level": 0})
+        try:
+            starts = consumer.offsets_for_times(
+                [TopicPartition(topic, p, int(kill_ms)) for p in partitions], timeout=30)
+            starts = [tp for tp in starts if tp.offset >= 0]
+            if not starts:
+                return None
+            consumer.assign(starts)
+            firsts: dict[int, float] = {}
+            deadline = time.monotonic() + 10
+            while len(firsts) < len(starts) and time.monotonic() < deadline:
+                for msg in consumer.consume(100, timeout=0.5):
+                    if msg.error() is None:
+                        firsts.setdefault(msg.partition() or 0, msg.timestamp()[1])
+            return (min(firsts.values()) - kill_ms) / 1000 if firsts else None
+        finally:
+            consumer.close()
 
     @override
     async def restart(self, role: str) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 __all__ = ["Call", "Line", "calls_by_run", "moving_again", "parse", "percentile",
-           "repeated_calls", "step_overheads_ms"]
+           "repeated_calls", "runs_of", "step_overheads_ms"]
 
 STEPS = 4  # tool calls per run
 SHARED_LOG_ENV = "PEERS_TOOL_LOG"  # where the peers' own tools append their lines
@@ -34,6 +34,7 @@ class Line:
     run: str
     step: str
     ms: float
+    pid: str = ""  # the process that wrote it
 
 
 @dataclass(slots=True)
@@ -44,6 +45,7 @@ class Call:
     step: str
     begins: list[float] = field(default_factory=list)
     dones: list[float] = field(default_factory=list)
+    begun_by: list[str] = field(default_factory=list)  # the pid of each `begin`, in step
 
     @property
     def first_begin(self) -> float:
@@ -68,7 +70,7 @@ def parse(text: str) -> list[Line]:
             ms = float(parts[3])
         except ValueError:
             continue
-        out.append(Line("done" if parts[0] == "done" else "begin", run, step, ms))
+        out.append(Line("done" if parts[0] == "done" else "begin", run, step, ms, parts[2]))
     return out
 
 
@@ -81,7 +83,11 @@ def calls_by_run(lines: Iterable[Line], runs: Iterable[str] | None = None) \
         if wanted is not None and line.run not in wanted:
             continue
         call = calls.setdefault((line.run, line.step), Call(line.run, line.step))
-        (call.begins if line.what == "begin" else call.dones).append(line.ms)
+        if line.what == "begin":
+            call.begins.append(line.ms)
+            call.begun_by.append(line.pid)
+        else:
+            call.dones.append(line.ms)
     out: dict[str, list[Call]] = {}
     for call in calls.values():
         out.setdefault(call.run, []).append(call)
@@ -139,6 +145,18 @@ def moving_again(runs: Mapping[str, list[Call]], in_flight: Iterable[str], kill_
     first = min(firsts) - kill_ms if firsts else None
     last = max(everyone, default=float("inf"))
     return first, (None if last == float("inf") else last - kill_ms)
+
+
+def runs_of(runs: Mapping[str, list[Call]], pid: str, before_ms: float) -> list[str]:
+    """The runs whose last call begun before `before_ms` was begun by process `pid`:
+    what that process was running then."""
+    out = []
+    for run, run_calls in runs.items():
+        begun = [(b, by) for call in run_calls for b, by in zip(call.begins, call.begun_by,
+                                                                strict=True) if b < before_ms]
+        if begun and max(begun)[1] == pid:
+            out.append(run)
+    return out
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -88,7 +88,9 @@ class Relay:
                                                  offset_reset=config.offset_reset,
                                                  group_instance_id=instance_id)),
             Producer(table_producer_config(settings, client_id, linger_ms=1,
-                                           transactional_id=f"{self.group_id}-{instance_id}")),
+                                           transactional_id=f"{self.group_id}-{instance_id}",
+                                           # no takeover fences a connector lost for good
+                                           transaction_timeout_ms=10_000)),
             self.events)
         # Records of things already done: not transactional (a fenced transaction
         # must not erase the evidence of a real call), never awaited.

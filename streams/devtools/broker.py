@@ -201,6 +201,9 @@ class EmbeddedKafka:
             "transaction.state.log.min.isr": isr,
             "transaction.state.log.num.partitions": 10,
             "group.initial.rebalance.delay.ms": 0,
+            # THREADLINE_SESSION_TIMEOUT_S is 2 s (docs/operations.md); a stock broker
+            # refuses any below 6 s.
+            "group.min.session.timeout.ms": 1000,
             # A crashed transactional producer's open transaction blocks read_committed
             # readers until it times out; check for such transactions often.
             "transaction.abort.timed.out.transaction.cleanup.interval.ms": 1000,

@@ -14,13 +14,17 @@ clients (`streams.kafka.loop`) are built here too, once for every role.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import socket
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from streams.config import Settings
+from streams.kafka.liveness import heartbeat_interval_ms, session_timeout_ms
+from streams.kafka.takeover import Takeover, Writer
 
-__all__ = ["aiokafka_config", "librdkafka_config", "restore_consumer_config", "security_from_env",
-           "table_consumer_config", "table_producer_config"]
+__all__ = ["aiokafka_config", "brokers_reachable", "librdkafka_config", "restore_consumer_config",
+           "security_from_env", "table_consumer_config", "table_producer_config", "takeover_for"]
 
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 
@@ -59,6 +63,7 @@ def table_consumer_config(settings: Settings, group_id: str, client_id: str, *,
                           group_instance_id: str | None = None) -> dict[str, Any]:
     """The table loop's group consumer: read_committed, offsets committed only with
     the transaction, range assignment (co-partitioned topics stay together)."""
+    session_ms = session_timeout_ms(settings)  # the broker's minimum, if higher
     config = librdkafka_config(settings, **{
         "log_level": 3,
         "client.id": client_id,
@@ -66,8 +71,8 @@ def table_consumer_config(settings: Settings, group_id: str, client_id: str, *,
         "enable.auto.commit": False,
         "auto.offset.reset": offset_reset,
         "isolation.level": "read_committed",
-        "session.timeout.ms": settings.session_timeout_ms,
-        "heartbeat.interval.ms": 1_000,
+        "session.timeout.ms": session_ms,
+        "heartbeat.interval.ms": heartbeat_interval_ms(session_ms),
         "fetch.wait.max.ms": 20,
         "partition.assignment.strategy": "range",
     })
@@ -77,7 +82,7 @@ def table_consumer_config(settings: Settings, group_id: str, client_id: str, *,
 
 
 def table_producer_config(settings: Settings, client_id: str, *, transactional_id: str | None,
-                          linger_ms: int) -> dict[str, Any]:
+                          linger_ms: int, transaction_timeout_ms: int = 60_000) -> dict[str, Any]:
     """The table loop's producer: idempotent, and transactional unless
     `transactional_id` is None (at_least_once, benchmarks only)."""
     config = librdkafka_config(settings, **{
@@ -98,10 +103,39 @@ def table_producer_config(settings: Settings, client_id: str, *, transactional_i
         # `python -m bench.txn_backoff` measures it side by side.
         config["retry.backoff.ms"] = 2
         config["retry.backoff.max.ms"] = 50
-        # A crashed instance's open transaction blocks read_committed readers
-        # until it times out, unless the same instance restarts first.
-        config["transaction.timeout.ms"] = 10_000
+        # A crashed instance's open transaction blocks read_committed readers until
+        # it is aborted: by the same instance restarting (init_transactions), by the
+        # one taking its partitions over (streams.kafka.takeover: the processor), or
+        # else by the coordinator after this long. The processor's 60 s outlast a
+        # broker restart (15-25 s on a loaded machine): the coordinator would abort
+        # the transaction in flight and fence the producer, a fatal error, and the
+        # process would start cold instead of carrying on. The connector, which
+        # fences nobody, keeps 10 s (streams.connectors.relay).
+        config["transaction.timeout.ms"] = transaction_timeout_ms
     return config
+
+
+def brokers_reachable(settings: Settings) -> Callable[[], bool]:
+    """A probe: whether any bootstrap server accepts a TCP connection now (1 s each)."""
+    addresses = [(host, int(port)) for host, _, port in
+                 (server.strip().rpartition(":") for server in settings.bootstrap.split(","))]
+
+    def probe() -> bool:
+        for address in addresses:
+            with contextlib.suppress(OSError), socket.create_connection(address, timeout=1.0):
+                return True
+        return False
+
+    return probe
+
+
+def takeover_for(settings: Settings, group_id: str, transactional_id: str,
+                 member_id: str) -> Takeover:
+    """What fences the deposed writers of partitions this table loop takes over."""
+    return Takeover(Writer(transactional_id, member_id), group_id,
+                    librdkafka_config(settings, log_level=3),
+                    lambda deposed: table_producer_config(settings, f"fence-{member_id}",
+                                                          transactional_id=deposed, linger_ms=0))
 
 
 def restore_consumer_config(settings: Settings, group_id: str) -> dict[str, Any]:

@@ -6,11 +6,16 @@ the records (`TableRole`); the loop owns the order of things, which is what make
 the whole exactly once (KIP-447):
 
 On assignment:
+  0. with a `Takeover`: fence the previous writers of the new partitions that are
+     gone from the group, so that their open transactions are aborted now, not when
+     the coordinator times them out (`streams.kafka.takeover`);
   1. read the new partitions' committed offsets: a read_committed consumer waits
      here for a deposed owner's pending transactional offsets, so the changelogs
      read next hold everything that owner committed;
   2. `role.assigned(partitions)`: the role restores its tables from their changelogs;
-  3. assign the partitions at the committed offsets.
+  3. assign the partitions at the committed offsets; with a `Takeover`, the next
+     step commits a transaction even if it has nothing to write, with the new
+     partitions' offsets: from then on their last committed writer is this instance.
 On revocation or loss: `role.revoked(partitions)`: the role drops those tables.
 
 Each step (`step`):
@@ -21,16 +26,27 @@ Each step (`step`):
   4. `send_offsets_to_transaction`: the offsets of the partitions read, and of the
      partitions written but not read (their committed offsets, unchanged: a step may
      only write, and must still prove that this instance owns the partition), with
-     the consumer's group metadata, so a deposed instance (stale generation) is refused;
-  5. commit the transaction; a retriable error is retried (up to three times);
+     the consumer's group metadata, so a deposed instance (stale generation) is refused,
+     and this instance's transactional id as their commit metadata (for step 0);
+  5. commit the transaction.
+Each transactional call that fails with a retriable error (a timeout while the
+broker restarts) is called again, for up to `TXN_RETRY_S`: the process stays up,
+warm, and carries on the moment the broker is back, instead of exiting into a
+cold start (seconds of imports and a restore on a loaded machine).
   6. `role.committed()`: only now does the role move its staged writes into its
      stores and act on what the transaction recorded.
-A step with nothing read and nothing to write has no transaction. If 3-5 fail with
+A step with nothing read, nothing to write and no partition to claim has no transaction. If 3-5 fail with
 an error that requires an abort: abort the transaction, seek each partition of the
 batch back to its first record, then `role.aborted(error)`: the role drops what it
 staged, and may ask for a pause during which batches are consumed and rewound,
 not processed. Any other Kafka error is fatal: it propagates, the process exits,
 and a restart recovers from Kafka.
+
+After a call failed that way, the next transaction starts on a new producer (with a
+`producer_factory`; the same transactional id, so `init_transactions` fences the old
+one): librdkafka can keep a dead broker as the group coordinator after a broker
+restart and wait on it forever in `send_offsets_to_transaction` (#5511, #5456), seen
+on the first transaction after every broker restart of `bench.broker_restart`.
 
 Every transactional call runs under a watchdog (`streams.kafka.watchdog`): one that
 hangs far past its own timeout ends the process.
@@ -48,11 +64,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from streams.kafka.faults import commit_fault
+from streams.kafka.takeover import Takeover
 from streams.kafka.watchdog import Watchdog
 
 __all__ = ["BATCH", "TXN_TIMEOUT_S", "Output", "TableLoop", "TableRole", "record_position"]
@@ -60,9 +77,15 @@ __all__ = ["BATCH", "TXN_TIMEOUT_S", "Output", "TableLoop", "TableRole", "record
 log = logging.getLogger("threadline.kafka.loop")
 
 BATCH = 500  # records per step at most
-TXN_TIMEOUT_S = 30  # of each transactional call
-TXN_HANG_EXIT_S = TXN_TIMEOUT_S + 15  # a call this long ignored its timeout: exit
-COMMIT_ATTEMPTS = 3
+# Of each transactional call (a retriable timeout is called again, TXN_RETRY_S):
+# short, because only a call that overruns it can be told from a hung one.
+TXN_TIMEOUT_S = 5
+# A call this long ignored its own timeout, which librdkafka otherwise keeps: it hangs
+# (#5456: a coordinator request waits for a broker state change that may never come;
+# seen after every broker restart of a chaos run). Exit, a restart recovers (with a
+# `reachable` probe, not while the brokers are down: see the watchdog).
+TXN_HANG_EXIT_S = TXN_TIMEOUT_S + 2
+TXN_RETRY_S = 120  # retriable errors of one call, for this long at most
 
 Delivered = Callable[[KafkaError | None, Message], None]
 
@@ -115,14 +138,23 @@ class TableLoop:
     """The consume -> process -> produce -> commit loop of one role over one input topic."""
 
     def __init__(self, role: TableRole, consumer: Consumer, producer: Producer, topic: str, *,
-                 transactional: bool = True) -> None:
+                 transactional: bool = True, takeover: Takeover | None = None,
+                 reachable: Callable[[], bool] | None = None,
+                 producer_factory: Callable[[], Producer] | None = None) -> None:
         self.role = role
+        self.producer_factory = producer_factory
+        self._stale = False  # a transactional call timed out: a new producer next time
+        self.takeover = takeover
+        self._metadata = takeover.me.metadata() if takeover is not None else None
         self.consumer = consumer
         self.producer = producer
         self.topic = topic
         self.transactional = transactional
-        self.watchdog = Watchdog(TXN_HANG_EXIT_S)
+        # `reachable`: whether the brokers accept connections (a call overdue while
+        # they are down goes on when they are back; streams.kafka.watchdog)
+        self.watchdog = Watchdog(TXN_HANG_EXIT_S, reachable)
         self._positions: dict[int, int] = {}  # owned partition -> committed input offset (<0: none)
+        self._unclaimed: set[int] = set()  # assigned, not yet committed by this instance
         self._paused_until = 0.0
         self.on_commit: Callable[[float], None] | None = None  # seconds a transaction took
         self.fault = commit_fault()  # None unless the chaos program armed it (streams.kafka.faults)
@@ -132,8 +164,7 @@ class TableLoop:
     def run(self, should_stop: Callable[[], bool]) -> None:
         """Join the group and step until `should_stop()`; the caller closes."""
         if self.transactional:
-            with self.watchdog.guard("init_transactions"):
-                self.producer.init_transactions(TXN_TIMEOUT_S)
+            self._call("init_transactions", self.producer.init_transactions, TXN_TIMEOUT_S)
         self.consumer.subscribe([self.topic], on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_revoke)
         while not should_stop():
@@ -165,10 +196,14 @@ class TableLoop:
     # --- rebalance --------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self.takeover is not None:  # step 0: see the module doc
+            self.takeover.fence_deposed(self.topic, [tp.partition for tp in partitions])
         committed = consumer.committed(partitions, timeout=60)  # step 1: see the module doc
         self.role.assigned([tp.partition for tp in partitions])
         for tp in committed:
             self._positions[tp.partition] = tp.offset
+            if self.takeover is not None:
+                self._unclaimed.add(tp.partition)
         consumer.assign(committed)
         self._paused_until = 0.0
         log.info("assigned %s", sorted(tp.partition for tp in partitions))
@@ -177,6 +212,7 @@ class TableLoop:
         self.role.revoked([tp.partition for tp in partitions])
         for tp in partitions:
             self._positions.pop(tp.partition, None)
+            self._unclaimed.discard(tp.partition)
         log.info("revoked %s", sorted(tp.partition for tp in partitions))
 
     def _position(self, partition: int) -> int:
@@ -194,6 +230,8 @@ class TableLoop:
         for msg in batch:
             error = msg.error()
             if error is not None:
+                if error.fatal():  # e.g. a static member fenced: only a restart recovers
+                    raise KafkaException(error)
                 if error.code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error: %s", error)
                 continue
@@ -201,11 +239,14 @@ class TableLoop:
                 records.append(msg)
         read = {record_position(m)[1]: record_position(m)[2] + 1 for m in records}
         outputs = self.role.process(records)
-        if not outputs and not read:
+        if not outputs and not read and not self._unclaimed:
             return
-        written = {o.partition for o in outputs if o.partition in self._positions}
+        written = {o.partition for o in outputs if o.partition in self._positions} \
+            | self._unclaimed
         positions = {**{p: self._position(p) for p in written}, **read}
-        offsets = [TopicPartition(self.topic, p, o) for p, o in sorted(positions.items())]
+        offsets = [TopicPartition(self.topic, p, o) if self._metadata is None
+                   else TopicPartition(self.topic, p, o, self._metadata)
+                   for p, o in sorted(positions.items())]
         started = time.perf_counter()
         try:
             self.commit(outputs, offsets)
@@ -215,6 +256,7 @@ class TableLoop:
         if self.on_commit is not None:
             self.on_commit(time.perf_counter() - started)
         self._positions.update(read)
+        self._unclaimed -= set(positions)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("committed %d records up to %s", len(records), sorted(read.items()))
         self.role.committed()
@@ -223,16 +265,19 @@ class TableLoop:
         """Write `outputs` and commit them with the input `offsets` as one transaction
         (steps 3-5); raises KafkaException if that fails, having aborted nothing."""
         if self.transactional:
+            if self._stale and self.producer_factory is not None:
+                self._replace_producer()
             with self.watchdog.guard("begin_transaction"):
                 self.producer.begin_transaction()
             self._produce(outputs)
             if offsets:
-                with self.watchdog.guard("send_offsets_to_transaction"):
-                    self.producer.send_offsets_to_transaction(
-                        offsets, self.consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
+                # Not called again on this producer: see _call's `fresh`.
+                self._call("send_offsets_to_transaction",
+                           self.producer.send_offsets_to_transaction, offsets,
+                           self.consumer.consumer_group_metadata(), TXN_TIMEOUT_S, fresh=True)
             if self.fault is not None:
                 self.fault(outputs, self.producer)
-            self._commit_transaction()
+            self._call("commit_transaction", self.producer.commit_transaction, TXN_TIMEOUT_S)
         else:  # at least once: a crash between flush and commit repeats the batch
             self._produce(outputs)
             if self.producer.flush(TXN_TIMEOUT_S):
@@ -241,6 +286,15 @@ class TableLoop:
                 self.fault(outputs, self.producer)
             if offsets:
                 self.consumer.commit(offsets=offsets, asynchronous=False)
+
+    def _replace_producer(self) -> None:
+        """A new transactional producer with the same id, fresh caches (see the module doc)."""
+        assert self.producer_factory is not None
+        log.warning("a new transactional producer after a timed-out call (librdkafka #5511)")
+        self.producer.flush(0)
+        self.producer = self.producer_factory()
+        self._stale = False
+        self._call("init_transactions", self.producer.init_transactions, TXN_TIMEOUT_S)
 
     def _produce(self, outputs: list[Output]) -> None:
         for out in outputs:
@@ -251,23 +305,35 @@ class TableLoop:
                 self.producer.produce(out.topic, out.value, out.key, partition=out.partition,
                                       on_delivery=out.on_delivery, headers=out.headers)
 
-    def _commit_transaction(self) -> None:
-        for attempt in range(COMMIT_ATTEMPTS):
+    def _call(self, what: str, call: Callable[..., None], *args: Any, fresh: bool = False) -> None:
+        """A transactional call under the watchdog, called again while it fails with a
+        retriable error (for `TXN_RETRY_S` at most). `fresh` (with a producer factory):
+        instead, abort the transaction, so that the batch is done again on a new
+        producer: `send_offsets_to_transaction` called again on this one found the
+        dead coordinator and hung (librdkafka #5511)."""
+        deadline = time.monotonic() + TXN_RETRY_S
+        while True:
             try:
-                with self.watchdog.guard("commit_transaction"):
-                    self.producer.commit_transaction(TXN_TIMEOUT_S)
+                with self.watchdog.guard(what):
+                    call(*args)
                 return
             except KafkaException as exc:
-                if not exc.args[0].retriable() or attempt == COMMIT_ATTEMPTS - 1:
+                error = exc.args[0]
+                if not (isinstance(error, KafkaError) and error.retriable()) \
+                        or time.monotonic() > deadline:
                     raise
+                self._stale = True
+                if fresh and self.producer_factory is not None:
+                    raise KafkaException(KafkaError(error.code(), str(error),
+                                                    txn_requires_abort=True)) from exc
+                log.warning("%s: %s; calling it again", what, error)
 
     def _recover(self, exc: KafkaException, starts: dict[int, int]) -> None:
         err = exc.args[0]
         if not (self.transactional and isinstance(err, KafkaError) and err.txn_requires_abort()):
             raise exc  # fatal (e.g. a newer instance with our transactional id): exit
         log.warning("aborting transaction: %s", err)
-        with self.watchdog.guard("abort_transaction"):
-            self.producer.abort_transaction(TXN_TIMEOUT_S)
+        self._call("abort_transaction", self.producer.abort_transaction, TXN_TIMEOUT_S)
         # Back to the batch's first records: the committed offsets would miss a
         # partition that never committed (no offset to seek to).
         self._rewind(starts)

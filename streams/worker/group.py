@@ -13,6 +13,7 @@ was acked, or that were superseded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -31,6 +32,7 @@ from streams.core.lifecycle import RunFate
 from streams.core.records import DeadLetter
 from streams.identity import claim_member_id
 from streams.kafka.clients import aiokafka_config
+from streams.kafka.liveness import heartbeat_interval_ms, session_timeout_ms
 from streams.kafka.topics import ensure_topics
 from streams.observability.metrics import worker_metrics
 from streams.wire import Codec, DecodeError
@@ -85,12 +87,13 @@ class Worker:
             **aiokafka_config(settings), client_id=f"worker-{self.worker_id}",
             acks="all", enable_idempotence=True,  # the default partitioner is murmur2
         )
+        session_ms = session_timeout_ms(settings)  # the broker's minimum, if higher
         self.consumer = AIOKafkaConsumer(
             **aiokafka_config(settings), client_id=f"worker-{self.worker_id}",
             group_id=f"{settings.topic_prefix}worker", enable_auto_commit=False,
             isolation_level="read_committed", auto_offset_reset="earliest",
-            group_instance_id=self.worker_id, session_timeout_ms=settings.session_timeout_ms,
-            heartbeat_interval_ms=max(100, min(1_000, settings.session_timeout_ms // 5)),
+            group_instance_id=self.worker_id, session_timeout_ms=session_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms(session_ms),
             fetch_max_wait_ms=100,
         )
         self.watch = LifecycleWatch(settings, f"worker-{self.worker_id}", self._on_fate,
@@ -99,6 +102,11 @@ class Worker:
                                                       self.agent, self.worker_id)
         worker_metrics().in_flight.set_function(lambda: len(self.executions))
         self._background: set[asyncio.Task[None]] = set()
+        # The lifecycle watch following the assigned partitions: a task, not part of
+        # the rebalance callback, because aiokafka sends no heartbeat until that
+        # callback returns (a slow one past the session timeout costs the membership).
+        self._following: asyncio.Task[None] | None = None
+        self._assignment = 0  # assignments so far: a late `_mark_fresh` writes nothing
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run attempts until `stop` is set, then shut down as the module says."""
@@ -181,6 +189,8 @@ class Worker:
         run_id, attempt = execution.dispatch.run_id, execution.attempt
         observed.bind_attempt(execution)  # this task's log lines name the attempt (JSON logs)
         try:
+            if self._following is not None:  # as the rebalance callback was awaited before
+                await asyncio.shield(self._following)
             try:
                 async with asyncio.timeout(PREPARE_TIMEOUT_S):
                     await self.watch.prepare(execution.partition, execution.timestamp_ms)
@@ -267,17 +277,34 @@ class Worker:
             del self.partitions[partition]
         for partition in partitions - set(self.partitions):
             self.partitions[partition] = PartitionOffsets()
-        await self._mark_fresh(partitions)
-        await self.watch.follow(partitions)
+        # The bounds of the last assignment no longer hold (see `_mark_fresh`): until
+        # the new ones are read, every dispatch waits at its barrier.
+        self.fresh_from = {}
+        self._assignment += 1
+        self._following = asyncio.create_task(
+            self._follow(partitions, self._following, self._assignment))
         log.info("assigned dispatch partitions %s", sorted(partitions))
 
-    async def _mark_fresh(self, partitions: set[int]) -> None:
+    async def _follow(self, partitions: set[int], previous: asyncio.Task[None] | None,
+                      assignment: int) -> None:
+        """After the previous assignment's follow: where fresh dispatches begin, then
+        the watch follows `partitions`."""
+        if previous is not None:
+            with contextlib.suppress(Exception):
+                await previous
+        await self._mark_fresh(partitions, assignment)
+        try:
+            await self.watch.follow(partitions)
+        except Exception:
+            log.exception("following lifecycle partitions %s", sorted(partitions))
+
+    async def _mark_fresh(self, partitions: set[int], assignment: int) -> None:
         """Where each assigned partition's fresh records begin: its last stable offset
-        now (read_committed), on every assignment, kept partitions too (a member that
-        was dropped from the group and let back in keeps them in its own eyes). The
-        previous owner stopped reading at its revocation or died; a record not yet
-        committed then was read by nobody. Unknown: every record waits at the barrier."""
-        self.fresh_from = {}
+        once assigned (read_committed; read later, it is only higher), on every
+        assignment, kept partitions too (a member that was dropped from the group and
+        let back in keeps them in its own eyes). The previous owner stopped reading at
+        its revocation or died; a record not yet committed then was read by nobody.
+        Unknown, or an assignment since: every record waits at the barrier."""
         topic = self.settings.topics.dispatch
         try:
             ends = await self.consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
@@ -285,7 +312,8 @@ class Worker:
             log.warning("dispatch end offsets unknown (%s): every dispatch waits at its "
                         "barrier until the next assignment", exc)
             return
-        self.fresh_from = {tp.partition: offset for tp, offset in ends.items()}
+        if assignment == self._assignment:
+            self.fresh_from = {tp.partition: offset for tp, offset in ends.items()}
 
     async def _shutdown(self) -> None:
         log.info("worker %s stopping: %d attempts in flight", self.worker_id, len(self.executions))
@@ -294,6 +322,10 @@ class Worker:
             execution.stop(Stop.SHUTDOWN)
         if tasks:
             await asyncio.wait(tasks, timeout=SHUTDOWN_TIMEOUT_S)
+        if self._following is not None:
+            self._following.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await self._following
         await self._commit()
         closers: tuple[Callable[[], Awaitable[None]], ...] = (
             partial(stop_client, self.consumer), self.watch.stop,

@@ -1,6 +1,13 @@
 """The peers benchmark's reading of a side-effect log (bench/peers/workload.py): pure."""
 
-from bench.peers.workload import calls_by_run, moving_again, parse, repeated_calls, step_overheads_ms
+from bench.peers.workload import (
+    calls_by_run,
+    moving_again,
+    parse,
+    repeated_calls,
+    runs_of,
+    step_overheads_ms,
+)
 
 LOG = """\
 start r1:2 11 1000
@@ -43,3 +50,11 @@ def test_moving_again_waits_for_every_run_in_flight() -> None:
     first, every = moving_again(runs, ["r1", "r2"], 1500, {"r1": 4000})
     assert (first, every) == (500, 2500)
     assert moving_again(runs, ["r1"], 1500, {}) == (None, None)
+
+
+def test_the_runs_of_a_process_are_those_whose_last_call_it_began() -> None:
+    """What a killed process was running: r2's last call before 2100 ms was begun by 13."""
+    runs = calls_by_run(parse(LOG))
+    assert runs_of(runs, "13", 2100) == ["r2"]
+    assert runs_of(runs, "12", 2100) == []
+    assert runs_of(runs, "12", 1300) == ["r2"]

@@ -1,6 +1,7 @@
 """kill -9 the processor mid-burst, against the real broker: no decision is
 duplicated and no command is lost, whether the same instance restarts or a
-second instance takes its partitions over.
+second instance takes its partitions over (and fences the transactional id of one
+that died for good inside a transaction).
 
 The kills are aimed at the window where exactly-once and at-least-once differ:
 just as a batch's output becomes visible, before it is committed. The audit is
@@ -35,6 +36,7 @@ from streams.core.domain import (
 from streams.core.ids import run_id_for
 from streams.kafka.faults import FAULT_ENV, FAULT_EXIT_STATUS, arm
 from streams.kafka.topics import ensure_topics
+from streams.processor import instance_id_for
 from streams.testing.process import RoleProcess
 from streams.wire import Codec, EnvelopeMeta, new_meta
 from tests.kafka_helpers import command_producer, flush_all, read_topic, send_command
@@ -274,5 +276,37 @@ def test_kill_9_with_a_second_instance_taking_over_loses_and_duplicates_nothing(
         assert audit(settings, expected + extra, markers | _send_markers(settings, "b")) == []
     finally:
         sender.join()
+        first.stop()
+        second.stop()
+
+
+def test_a_processor_lost_for_good_inside_a_transaction_is_fenced_by_the_one_taking_over(
+    test_env: dict[str, str], tmp_path: Path
+) -> None:
+    """One of two processors ends inside a transaction (its fault point: records and
+    offsets sent, no commit) and never comes back. The other takes its partitions
+    over after the session timeout and fences its transactional id, which aborts the
+    open transaction at once instead of after `transaction.timeout.ms`
+    (streams/kafka/takeover.py); no decision is lost or doubled."""
+    settings = Settings.from_env(test_env)
+    ensure_topics(settings)
+    trigger = tmp_path / "fault-trigger"
+    first = RoleProcess("processor", {**test_env, FAULT_ENV: str(trigger)}, tmp_path / "a.log")
+    env_b = {**test_env, "THREADLINE_DATA_DIR": str(tmp_path / "data-b")}
+    second = RoleProcess("processor", env_b, tmp_path / "b.log")
+    expected: list[tuple[str, str]] = []
+    sender = threading.Thread(target=lambda: expected.extend(_burst(settings, 9, 6.0)))
+    try:
+        first.start().wait_for_log("restored in")
+        second.start().wait_for_log("restored in")
+        arm(trigger, "crash-9-")
+        sender.start()
+        assert first.wait(timeout=3600) == FAULT_EXIT_STATUS, first.tail()  # not restarted
+        sender.join()
+        assert audit(settings, expected, _send_markers(settings, "lost")) == []
+        dead = f"{settings.topic_prefix}processor-{instance_id_for(settings)}"
+        assert f"fenced {dead} " in second.output(), second.tail()
+    finally:
+        sender.join() if sender.is_alive() else None
         first.stop()
         second.stop()

@@ -13,6 +13,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -249,3 +250,25 @@ def test_the_watchdog_ends_a_call_that_hangs_past_its_limit() -> None:
     assert done.returncode == HUNG_EXIT_STATUS
     assert time.monotonic() - started < 10
     assert "a call hung past its timeout" in done.stderr
+
+
+def test_the_watchdog_waits_while_the_broker_is_down(tmp_path: Path) -> None:
+    """A call overdue while the broker is down goes on when it is back (librdkafka
+    #5456): the watchdog asks its probe and waits; once the broker answers for its
+    grace time and the call still hangs, it ends the process."""
+    flag = tmp_path / "broker-up"
+    code = ("import sys, time, pathlib\nfrom streams.kafka.watchdog import Watchdog\n"
+            f"flag = pathlib.Path({str(flag)!r})\n"
+            "def probe():\n    print('probed', flag.exists(), flush=True)\n    return flag.exists()\n"
+            "with Watchdog(0.5, probe, grace_s=0.5).guard('a call'):\n    time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    try:
+        for _ in range(2):  # overdue, asked twice while the broker is down: still running
+            assert proc.stdout.readline() == "probed False\n", proc.stderr.read() if proc.stderr else ""
+        flag.touch()
+        assert proc.wait(timeout=60) == HUNG_EXIT_STATUS
+    finally:
+        proc.kill()
+        proc.wait()
