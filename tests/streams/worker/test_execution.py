@@ -7,7 +7,11 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiokafka.errors import KafkaTimeoutError
+
 from streams.agents import AgentError, AgentOutput, TextChunk
+from streams.agents.runtime import call_tool, current
+from streams.agents.tools import Tool, ToolContext
 from streams.config import Settings
 from streams.core.domain import (
     Command,
@@ -15,6 +19,7 @@ from streams.core.domain import (
     ReportAttemptFailed,
     ReportAttemptStarted,
     ReportExecutionStarted,
+    ReportStepCompleted,
 )
 from streams.core.records import Dispatch, HistoryMessage, MessageEnd, MessageStart, StreamOutput
 from streams.core.thread import OUTPUT_TOO_LARGE
@@ -54,6 +59,7 @@ class FakeOutlet:
     worker_id: str = "w-test"
     records: list[tuple[StreamOutput, int]] = field(default_factory=list)
     reports: list[Command] = field(default_factory=list)
+    fail_once: set[int] = field(default_factory=set)  # steps whose first report fails
 
     async def stream(self, output: StreamOutput, meta: EnvelopeMeta, partition: int) -> None:
         """Keeps the stream record with the partition it was sent to."""
@@ -63,17 +69,49 @@ class FakeOutlet:
         """Keeps the report and returns an already-acknowledged future."""
         self.reports.append(command)
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        done.set_result(None)
+        if isinstance(command, ReportStepCompleted) and command.entry.step in self.fail_once:
+            self.fail_once.discard(command.entry.step)
+            done.set_exception(KafkaTimeoutError())
+        else:
+            done.set_result(None)
         return done
 
 
-def _execution(agent: Script, **settings: Any) -> tuple[Execution, FakeOutlet]:
+def _execution(agent: Any, *, fresh: bool = False,
+               **settings: Any) -> tuple[Execution, FakeOutlet]:
     base = Settings.from_env({"THREADLINE_DELTA_COALESCE_MS": "0"})
     outlet = FakeOutlet(base.with_(**settings), agent)
     dispatch = Dispatch("r-1", "m-1", 1, "agent-t", "hi", (), 0)
     execution = Execution(outlet, 3, 7, PartitionOffsets(), 0,  # type: ignore[arg-type]
-                          new_meta("t", "acme", 0), dispatch)
+                          new_meta("t", "acme", 0), dispatch, fresh=fresh)
     return execution, outlet
+
+
+class ToolThenTurnThenTool:
+    """Calls `a`, records a model turn, calls `b`: the turn's record lands while `a`'s
+    report may still be in flight."""
+
+    def __init__(self, outlet_reports: list[Command]) -> None:
+        self.reports = outlet_reports  # what had been sent when each tool began
+        self.starts: list[list[int]] = []
+
+    async def run(self, history: Sequence[HistoryMessage],
+                  message: str) -> AsyncIterator[AgentOutput]:
+        """The three steps, then a word."""
+        for name in ("a", "b"):
+            await call_tool(Tool(name, "", {"type": "object"}, self._work), {})
+            if name == "a":
+                await current().record("model_turn", "m", "", "{}")
+        yield TextChunk("done")
+
+    async def _work(self, arguments: Any, context: ToolContext) -> str:
+        self.starts.append([r.entry.step for r in self.reports
+                            if isinstance(r, ReportStepCompleted)])
+        return "ok"
+
+    async def aclose(self) -> None:
+        """Nothing to close."""
+        return None
 
 
 async def test_a_completed_attempt_streams_its_answer_and_reports() -> None:
@@ -138,3 +176,18 @@ async def test_a_superseded_execution_reports_nothing_more() -> None:
     assert execution.finished and not execution.outcome_acked
 
 
+
+
+async def test_a_lost_step_report_is_sent_again_with_every_later_one_before_the_next_call() -> None:
+    """The fence: `a`'s report fails after the turn's was sent (and acked). The processor
+    drops a step past a gap, so the turn's ack proves nothing: both go again, in order,
+    before `b` starts; the outcome follows them."""
+    agent = ToolThenTurnThenTool([])
+    execution, outlet = _execution(agent, fresh=True)
+    agent.reports = outlet.reports
+    outlet.fail_once = {0}
+    await execution.run()
+    steps = [r.entry.step for r in outlet.reports if isinstance(r, ReportStepCompleted)]
+    assert steps == [0, 1, 0, 1, 2]
+    assert agent.starts == [[], [0, 1, 0, 1]], "b began before a's report was acked"
+    assert isinstance(outlet.reports[-1], ReportAttemptCompleted) and execution.outcome_acked
