@@ -6,6 +6,14 @@ the records (`TableRole`); the loop owns the order of things, which is what make
 the whole exactly once (KIP-447):
 
 On assignment:
+  -1. the first time (and only then): `init_transactions`, which aborts what this
+     instance's crashed self left open. Not at start: an instance restarting as
+     itself may be fenced by the one that took its partitions over while it was
+     away (step 0 there, `streams.kafka.takeover`), and a fence that lands after
+     our `init_transactions` is fatal. That takeover runs inside the other
+     instance's assignment, and this instance's first assignment comes only after
+     the other has finished it and joined again, so an `init_transactions` here
+     always comes last;
   0. with a `Takeover`: fence the previous writers of the new partitions that are
      gone from the group, so that their open transactions are aborted now, not when
      the coordinator times them out (`streams.kafka.takeover`);
@@ -144,6 +152,7 @@ class TableLoop:
         self.role = role
         self.producer_factory = producer_factory
         self._stale = False  # a transactional call timed out: a new producer next time
+        self._initialized = False  # init_transactions called (at the first assignment)
         self.takeover = takeover
         self._metadata = takeover.me.metadata() if takeover is not None else None
         self.consumer = consumer
@@ -163,8 +172,6 @@ class TableLoop:
 
     def run(self, should_stop: Callable[[], bool]) -> None:
         """Join the group and step until `should_stop()`; the caller closes."""
-        if self.transactional:
-            self._call("init_transactions", self.producer.init_transactions, TXN_TIMEOUT_S)
         self.consumer.subscribe([self.topic], on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_revoke)
         while not should_stop():
@@ -196,6 +203,9 @@ class TableLoop:
     # --- rebalance --------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self.transactional and not self._initialized:  # step -1: see the module doc
+            self._call("init_transactions", self.producer.init_transactions, TXN_TIMEOUT_S)
+            self._initialized = True
         if self.takeover is not None:  # step 0: see the module doc
             self.takeover.fence_deposed(self.topic, [tp.partition for tp in partitions])
         committed = consumer.committed(partitions, timeout=60)  # step 1: see the module doc

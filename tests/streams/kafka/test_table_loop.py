@@ -159,24 +159,51 @@ def _read_committed(settings: Settings, topic: str) -> list[bytes]:
         reader.close()
 
 
-def _run(settings: Settings, fail: dict[str, KafkaError], until: Callable[[CopyRole], bool]) \
-        -> tuple[Calls, CopyRole, TableLoop, str]:
+class FencedAsItJoinsConsumer(RecordingConsumer):
+    """A consumer that fences its loop's transactional id as it joins the group: an
+    instance restarting as itself while the one that took its partitions over fences
+    it (streams/kafka/takeover.py), at the worst moment, after the process started."""
+
+    def __init__(self, config: dict[str, Any], calls: Calls, fence: Callable[[], None]) -> None:
+        super().__init__(config, calls)
+        self.fence = fence
+
+    def subscribe(self, *args: Any, **kwargs: Any) -> None:
+        """Writes down "fenced" after fencing the loop's transactional id, then subscribes."""
+        self.fence()
+        self.calls.append("fenced")
+        super().subscribe(*args, **kwargs)
+
+
+def _run(settings: Settings, fail: dict[str, KafkaError], until: Callable[[CopyRole], bool],
+         *, fenced_as_it_joins: bool = False) -> tuple[Calls, CopyRole, TableLoop, str]:
     source, out = _topics(settings)
     _send(settings, source, [b"a", b"b", b"c"])
     calls: Calls = []
     group = f"{settings.topic_prefix}loop"
+    transactional_id = f"{group}-1"
     producer = RecordingProducer(table_producer_config(
-        settings, "loop-test", transactional_id=f"{group}-1", linger_ms=1), calls)
+        settings, "loop-test", transactional_id=transactional_id, linger_ms=1), calls)
     producer.fail_once.update(fail)
     role = CopyRole(out, calls)
-    loop = TableLoop(role, RecordingConsumer(table_consumer_config(settings, group, "loop-test"), calls),
-                     producer, source)
+    config = table_consumer_config(settings, group, "loop-test")
+    consumer = RecordingConsumer(config, calls) if not fenced_as_it_joins else \
+        FencedAsItJoinsConsumer(config, calls, lambda: _fence(settings, transactional_id))
+    loop = TableLoop(role, consumer, producer, source)
     deadline = time.monotonic() + 60
     try:
         loop.run(lambda: until(role) or time.monotonic() > deadline)
     finally:
         loop.close()
     return calls, role, loop, out
+
+
+def _fence(settings: Settings, transactional_id: str) -> None:
+    """What a takeover does to a deposed writer: `init_transactions` with its id."""
+    fencer = Producer(table_producer_config(settings, "fencer", transactional_id=transactional_id,
+                                            linger_ms=0))
+    fencer.init_transactions(30)
+    fencer.flush(0)
 
 
 def _committed_offset(settings: Settings, topic: str) -> int:
@@ -239,6 +266,19 @@ def test_a_fatal_error_propagates(settings: Settings) -> None:
     fatal = KafkaError(KafkaError._FENCED, "injected", fatal=True)
     with pytest.raises(KafkaException, match="injected"):
         _run(settings, {"send_offsets": fatal}, lambda r: False)
+
+
+def test_a_fence_before_the_first_assignment_costs_a_restarting_instance_nothing(
+        settings: Settings) -> None:
+    """Shows an instance fenced after it started but before it joined carries on: it
+    calls `init_transactions` at its first assignment, after any fence a takeover
+    could still make (before, it called it at start, and the fence made its first
+    commit fail fatally: chaos saw restarted processors exit by themselves)."""
+    calls, role, _, out = _run(settings, {}, lambda r: len(r.table) >= 3, fenced_as_it_joins=True)
+    assert calls[:2] == ["fenced", "assigned [0]"]
+    assert role.table == [b"a", b"b", b"c"]
+    assert _read_committed(settings, out) == [b"copy:a", b"copy:b", b"copy:c"]
+    assert _committed_offset(settings, f"{settings.topic_prefix}loop-in") == 3
 
 
 def test_the_watchdog_ends_a_call_that_hangs_past_its_limit() -> None:
