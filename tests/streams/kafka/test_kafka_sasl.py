@@ -31,6 +31,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # exported, n
 from gateway.app import create_app
 from streams.config import Settings
 from streams.devtools.broker import EmbeddedKafka
+from streams.kafka import liveness
 from streams.kafka.clients import aiokafka_config, librdkafka_config
 from streams.kafka.topics import ensure_topics
 from streams.testing.process import ROOT, RoleProcess, wait_for
@@ -262,6 +263,24 @@ def test_the_documented_acls_let_each_role_do_its_work_and_no_more(
         assert processor.alive(), processor.tail()
     finally:
         processor.stop()
+
+
+def test_the_roles_that_join_a_group_read_the_brokers_minimum_session_under_their_acls(
+        acl_broker: EmbeddedKafka, tmp_path: Path) -> None:
+    """The processor, the worker and the connector may describe the brokers' configuration
+    (docs/security.md), so each reads `group.min.session.timeout.ms` (1 s here) and asks
+    for it rather than a session the broker would refuse; analytics, which joins no
+    group, is granted nothing of the kind, and keeps its setting."""
+    operator = _env(acl_broker, tmp_path, "operator", "operator-secret")
+    ensure_topics(Settings.from_env(operator))
+    _apply_docs_acls(acl_broker, operator["THREADLINE_TOPIC_PREFIX"])
+    for user, expected_ms in (("processor", 1000), ("worker", 1000), ("connector", 1000),
+                              ("analytics", 500)):
+        liveness._broker_minimum.cache_clear()  # read once per process in a role
+        settings = Settings.from_env({**operator, "THREADLINE_KAFKA_SASL_USERNAME": user,
+                                      "THREADLINE_KAFKA_SASL_PASSWORD": f"{user}-secret",
+                                      "THREADLINE_SESSION_TIMEOUT_S": "0.5"})
+        assert liveness.session_timeout_ms(settings) == expected_ms, user
 
 
 async def test_the_gateway_runs_under_its_documented_acls(acl_broker: EmbeddedKafka, tmp_path: Path) -> None:
