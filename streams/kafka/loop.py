@@ -72,7 +72,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -94,6 +94,9 @@ TXN_TIMEOUT_S = 5
 # `reachable` probe, not while the brokers are down: see the watchdog).
 TXN_HANG_EXIT_S = TXN_TIMEOUT_S + 2
 TXN_RETRY_S = 120  # retriable errors of one call, for this long at most
+# A transaction slower than this is logged with where its time went: on a quiet
+# machine one takes 5-30 ms, and each one holds up every command behind it.
+SLOW_TRANSACTION_S = 0.5
 
 Delivered = Callable[[KafkaError | None, Message], None]
 
@@ -142,6 +145,14 @@ def record_position(msg: Message) -> tuple[str, int, int]:
     return topic, partition, offset
 
 
+class TransactionPhases(NamedTuple):
+    """Where a transaction's time went, in seconds (what a slow one is logged with)."""
+
+    begin_and_produce: float
+    send_offsets: float
+    commit: float
+
+
 class TableLoop:
     """The consume -> process -> produce -> commit loop of one role over one input topic."""
 
@@ -165,7 +176,9 @@ class TableLoop:
         self._positions: dict[int, int] = {}  # owned partition -> committed input offset (<0: none)
         self._unclaimed: set[int] = set()  # assigned, not yet committed by this instance
         self._paused_until = 0.0
-        self.on_commit: Callable[[float], None] | None = None  # seconds a transaction took
+        # Seconds a transaction took: in all, then begin and produce, send offsets, commit.
+        self.on_commit: Callable[[float, TransactionPhases], None] | None = None
+        self._phases = TransactionPhases(0.0, 0.0, 0.0)
         self.fault = commit_fault()  # None unless the chaos program armed it (streams.kafka.faults)
 
     # --- lifecycle ------------------------------------------------------------------
@@ -263,8 +276,13 @@ class TableLoop:
         except KafkaException as exc:
             self._recover(exc, _starts(records))
             return
+        took = time.perf_counter() - started
         if self.on_commit is not None:
-            self.on_commit(time.perf_counter() - started)
+            self.on_commit(took, self._phases)
+        if took > SLOW_TRANSACTION_S:
+            log.warning("a transaction took %.0f ms: begin and produce %.0f, send offsets %.0f, "
+                        "commit %.0f (%d records written, %d offsets)", took * 1000,
+                        *(phase * 1000 for phase in self._phases), len(outputs), len(offsets))
         self._positions.update(read)
         self._unclaimed -= set(positions)
         if log.isEnabledFor(logging.DEBUG):
@@ -277,9 +295,11 @@ class TableLoop:
         if self.transactional:
             if self._stale and self.producer_factory is not None:
                 self._replace_producer()
+            began = time.perf_counter()
             with self.watchdog.guard("begin_transaction"):
                 self.producer.begin_transaction()
             self._produce(outputs)
+            produced = time.perf_counter()
             if offsets:
                 # Not called again on this producer: see _call's `fresh`.
                 self._call("send_offsets_to_transaction",
@@ -287,7 +307,10 @@ class TableLoop:
                            self.consumer.consumer_group_metadata(), TXN_TIMEOUT_S, fresh=True)
             if self.fault is not None:
                 self.fault(outputs, self.producer)
+            sent = time.perf_counter()
             self._call("commit_transaction", self.producer.commit_transaction, TXN_TIMEOUT_S)
+            self._phases = TransactionPhases(produced - began, sent - produced,
+                                             time.perf_counter() - sent)
         else:  # at least once: a crash between flush and commit repeats the batch
             self._produce(outputs)
             if self.producer.flush(TXN_TIMEOUT_S):

@@ -116,6 +116,11 @@ class ProcessorMetrics:
             "threadline_processor_transaction_commit_seconds",
             "From begin_transaction to a committed transaction (produce, send offsets, commit)",
             buckets=LATENCY_BUCKETS)
+        self.phase_seconds = LabelCache(_histogram(
+            "threadline_processor_transaction_phase_seconds",
+            "Each phase of a committed transaction: begin_and_produce, send_offsets "
+            "(the input offsets to the group coordinator), commit (flush and end the "
+            "transaction)", ["phase"], buckets=LATENCY_BUCKETS))
         self.aborts = _counter("threadline_processor_transaction_aborts_total",
                               "Transactions aborted and their batch rewound")
         self.rebalances = LabelCache(_counter(

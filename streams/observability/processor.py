@@ -15,6 +15,7 @@ from typing import Any
 from confluent_kafka import Consumer, Message, TopicPartition
 from opentelemetry.trace import Span, SpanKind
 
+from streams.kafka.loop import TransactionPhases
 from streams.observability import tracing
 from streams.observability.metrics import processor_metrics
 
@@ -78,9 +79,11 @@ class ProcessorObserver:
         self.metrics.aborts.inc()
         self.begin()
 
-    def commit_took(self, seconds: float) -> None:
-        """How long a transaction took from begin to commit."""
+    def commit_took(self, seconds: float, phases: TransactionPhases) -> None:
+        """How long a transaction took from begin to commit, and each phase of it."""
         self.metrics.commit_seconds.observe(seconds)
+        for phase, took in zip(phases._fields, phases, strict=True):
+            self.metrics.phase_seconds(phase).observe(took)  # type: ignore[union-attr]
 
     # --- traces ------------------------------------------------------------------
 

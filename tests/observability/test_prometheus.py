@@ -110,6 +110,7 @@ async def test_prometheus_sees_every_role_move_by_the_messages_posted(
     assert prometheus.value('sum(threadline_connector_outbox_entries{status="pending"})') == 0
     # Each role's own families are there, with units and histograms where latency matters.
     for family in ("threadline_processor_transaction_commit_seconds_count",
+                   'threadline_processor_transaction_phase_seconds_count{phase="send_offsets"}',
                    "threadline_processor_batch_records_count",
                    "threadline_processor_restore_seconds_count",
                    "threadline_worker_time_to_first_token_seconds_count",

@@ -8,6 +8,8 @@ fail one when a test says so).
 
 from __future__ import annotations
 
+import logging
+import re
 import subprocess
 import sys
 import time
@@ -22,7 +24,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from streams.config import Settings
 from streams.kafka.clients import librdkafka_config, table_consumer_config, table_producer_config
-from streams.kafka.loop import Output, TableLoop
+from streams.kafka.loop import SLOW_TRANSACTION_S, Output, TableLoop, TransactionPhases
 from streams.kafka.watchdog import HUNG_EXIT_STATUS
 
 pytestmark = pytest.mark.kafka
@@ -37,9 +39,11 @@ class RecordingProducer(Producer):
         super().__init__(config)
         self.calls = calls
         self.fail_once: dict[str, KafkaError] = {}  # call name -> the error it raises, once
+        self.slow_once: dict[str, float] = {}  # call name -> seconds it sleeps first, once
 
     def _maybe_fail(self, name: str) -> None:
         self.calls.append(name)
+        time.sleep(self.slow_once.pop(name, 0.0))
         error = self.fail_once.pop(name, None)
         if error is not None:
             raise KafkaException(error)
@@ -176,7 +180,8 @@ class FencedAsItJoinsConsumer(RecordingConsumer):
 
 
 def _run(settings: Settings, fail: dict[str, KafkaError], until: Callable[[CopyRole], bool],
-         *, fenced_as_it_joins: bool = False) -> tuple[Calls, CopyRole, TableLoop, str]:
+         *, fenced_as_it_joins: bool = False, slow: dict[str, float] | None = None,
+         phases: list[TransactionPhases] | None = None) -> tuple[Calls, CopyRole, TableLoop, str]:
     source, out = _topics(settings)
     _send(settings, source, [b"a", b"b", b"c"])
     calls: Calls = []
@@ -185,11 +190,14 @@ def _run(settings: Settings, fail: dict[str, KafkaError], until: Callable[[CopyR
     producer = RecordingProducer(table_producer_config(
         settings, "loop-test", transactional_id=transactional_id, linger_ms=1), calls)
     producer.fail_once.update(fail)
+    producer.slow_once.update(slow or {})
     role = CopyRole(out, calls)
     config = table_consumer_config(settings, group, "loop-test")
     consumer = RecordingConsumer(config, calls) if not fenced_as_it_joins else \
         FencedAsItJoinsConsumer(config, calls, lambda: _fence(settings, transactional_id))
     loop = TableLoop(role, consumer, producer, source)
+    if phases is not None:
+        loop.on_commit = lambda _took, took: phases.append(took)
     deadline = time.monotonic() + 60
     try:
         loop.run(lambda: until(role) or time.monotonic() > deadline)
@@ -266,6 +274,22 @@ def test_a_fatal_error_propagates(settings: Settings) -> None:
     fatal = KafkaError(KafkaError._FENCED, "injected", fatal=True)
     with pytest.raises(KafkaException, match="injected"):
         _run(settings, {"send_offsets": fatal}, lambda r: False)
+
+
+def test_a_slow_transaction_is_logged_with_where_its_time_went(
+        settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    """Shows a transaction past SLOW_TRANSACTION_S is logged with its phases, and every
+    committed one is timed phase by phase (the commit here sleeps past the limit)."""
+    phases: list[TransactionPhases] = []
+    with caplog.at_level(logging.WARNING, logger="threadline.kafka.loop"):
+        _run(settings, {}, lambda r: len(r.table) >= 3, slow={"commit": SLOW_TRANSACTION_S + 0.1},
+             phases=phases)
+    slow = [r.getMessage() for r in caplog.records if "a transaction took" in r.getMessage()]
+    assert len(slow) == 1, slow
+    assert re.search(r"begin and produce \d+, send offsets \d+, commit (\d+) \(\d+ records "
+                     r"written, 1 offsets\)", slow[0]), slow
+    assert phases and max(p.commit for p in phases) > SLOW_TRANSACTION_S
+    assert all(min(p) >= 0 for p in phases)
 
 
 def test_a_fence_before_the_first_assignment_costs_a_restarting_instance_nothing(
