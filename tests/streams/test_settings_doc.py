@@ -2,9 +2,9 @@
 
 The code's options are the fields of the settings sections (`streams.env.Section`) plus
 any THREADLINE_* name in the source of streams/ and gateway/, docstrings included (an
-agent's own variables, read from `Settings.extra`; development switches). A section's
-row must also give the type, bounds and default the section declares, so the table
-cannot keep an old default.
+agent's own variables, read from `Settings.extra`; development switches), and in
+docker-compose.yml (Compose's own). A section's row must also give the type, bounds and
+default the section declares, so the table cannot keep an old default.
 """
 
 from __future__ import annotations
@@ -41,9 +41,10 @@ def documented(text: str) -> dict[str, tuple[str, str]]:
 
 
 def named_in_code() -> set[str]:
-    """Every THREADLINE_* name in the source of streams/ and gateway/."""
-    return {name for folder in ("streams", "gateway") for path in (REPO / folder).rglob("*.py")
-            for name in NAMED.findall(path.read_text())}
+    """Every THREADLINE_* name in the source of streams/ and gateway/, and in docker-compose.yml."""
+    paths = [*(REPO / "streams").rglob("*.py"), *(REPO / "gateway").rglob("*.py"),
+             REPO / "docker-compose.yml"]
+    return {name for path in paths for name in NAMED.findall(path.read_text())}
 
 
 def declared() -> dict[str, FieldInfo]:
