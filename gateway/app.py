@@ -197,7 +197,7 @@ def run_gateway(settings: Settings) -> int:
     setup_tracing(settings.observability, "gateway")
     if not settings.api_keys:
         log.warning("THREADLINE_API_KEYS is empty: every /v1 request will get 401")
-    app = create_app(settings, Options(serve_while_loading=True))
+    app = create_app(settings, Options.from_env(serve_while_loading=True))
     web.run_app(app, host=host, port=port, print=announce,
                 access_log_class=RedactingAccessLogger, shutdown_timeout=10,
                 handler_cancellation=True)  # a gone SSE client ends its handler at once

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
+from pydantic import Field
 
 from gateway.http.limits import TenantLimiter
 from gateway.kafka import Offsets
@@ -12,9 +15,11 @@ from gateway.live.feed import StreamFeed
 from gateway.model.decisions import CommandBus
 from gateway.model.read_model import ReadModel
 from streams.config import Settings
+from streams.env import Section
 from streams.wire import Codec
 
-__all__ = ["BUS", "CODEC", "FEED", "LIMITER", "OFFSETS", "OPTIONS", "READ_MODEL", "SETTINGS", "Options"]
+__all__ = ["BUS", "CODEC", "FEED", "LIMITER", "OFFSETS", "OPTIONS", "READ_MODEL", "SETTINGS", "Options",
+           "OptionsEnv"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +39,40 @@ class Options:
     # Accept connections before the read model has loaded (/v1 answers 503 meanwhile),
     # as `run_gateway` does; off, the app starts serving only once loaded.
     serve_while_loading: bool = False
+
+    @classmethod
+    def from_env(cls, overrides: Mapping[str, str] | None = None, *,
+                 serve_while_loading: bool = False) -> Options:
+        """The options from THREADLINE_GATEWAY_* variables (plus overrides), defaults where unset."""
+        read = OptionsEnv.read({**os.environ, **(overrides or {})})
+        return cls(keepalive_s=read.keepalive_s, retry_ms=read.retry_ms,
+                   window_events=read.window_events, max_windows=read.max_windows,
+                   queue_limit=read.queue_limit, catch_up_timeout_s=read.catch_up_timeout_s,
+                   health_timeout_s=read.health_timeout_s, ready_timeout_s=read.ready_timeout_s,
+                   ready_cache_s=read.ready_cache_s, store_name=read.store_name,
+                   serve_while_loading=serve_while_loading)
+
+
+_DEFAULT = Options()
+
+
+class OptionsEnv(Section):
+    """The variables of `Options`; its defaults are the dataclass's. `serve_while_loading`
+    has none: `run_gateway` always serves while loading, the tests' apps may not."""
+
+    keepalive_s: float = Field(_DEFAULT.keepalive_s, gt=0, alias="THREADLINE_GATEWAY_KEEPALIVE_S")
+    retry_ms: int = Field(_DEFAULT.retry_ms, ge=0, alias="THREADLINE_GATEWAY_SSE_RETRY_MS")
+    window_events: int = Field(_DEFAULT.window_events, gt=0, alias="THREADLINE_GATEWAY_WINDOW_EVENTS")
+    max_windows: int = Field(_DEFAULT.max_windows, gt=0, alias="THREADLINE_GATEWAY_MAX_WINDOWS")
+    queue_limit: int = Field(_DEFAULT.queue_limit, gt=0, alias="THREADLINE_GATEWAY_QUEUE_LIMIT")
+    catch_up_timeout_s: float = Field(_DEFAULT.catch_up_timeout_s, gt=0,
+                                      alias="THREADLINE_GATEWAY_CATCH_UP_TIMEOUT_S")
+    health_timeout_s: float = Field(_DEFAULT.health_timeout_s, gt=0,
+                                    alias="THREADLINE_GATEWAY_HEALTH_TIMEOUT_S")
+    ready_timeout_s: float = Field(_DEFAULT.ready_timeout_s, gt=0,
+                                   alias="THREADLINE_GATEWAY_READY_TIMEOUT_S")
+    ready_cache_s: float = Field(_DEFAULT.ready_cache_s, ge=0, alias="THREADLINE_GATEWAY_READY_CACHE_S")
+    store_name: str | None = Field(_DEFAULT.store_name, alias="THREADLINE_GATEWAY_STORE_NAME")
 
 
 SETTINGS = web.AppKey("settings", Settings)

@@ -2,24 +2,49 @@
 
 Every role (broker, processor, worker, gateway) takes a `Settings`; tests build
 their own with `Settings.from_env(overrides)` instead of mutating the process
-environment.
+environment. The variables are declared, typed, bounded and given their defaults
+once, in a section per role or concern (`streams.env.Section`): `KafkaEnv`,
+`KafkaSecurityEnv`, `PolicyEnv`, `ProcessorEnv`, `WorkerEnv`, `GatewayEnv`, and
+`ObservabilityEnv` beside the observability settings. Defaults that a runtime
+object already has (`Policy`, `JournalLimits`, `GatewayLimits`) are read from it.
+docs/operations.md lists every variable.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field, model_validator
 
 from streams.core.domain import Policy
 from streams.core.journal import JournalLimits
-from streams.observability.settings import ObservabilitySettings
+from streams.env import Section, SettingsError, parse_list, parse_pairs
+from streams.observability.settings import ObservabilityEnv, ObservabilitySettings
 
-__all__ = ["GatewayLimits", "Settings", "TopicNames"]
+__all__ = ["ENV_SECTIONS", "GatewayEnv", "GatewayLimits", "KafkaEnv", "KafkaSecurityEnv", "PolicyEnv",
+           "ProcessingGuarantee", "ProcessorEnv", "Settings", "SettingsError", "TopicNames",
+           "WorkerEnv"]
 
-DAY_MS = 24 * 60 * 60 * 1000
-_LIMITS = JournalLimits()
+
+ProcessingGuarantee = Literal["exactly_once", "at_least_once"]
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+Port = Annotated[int, Field(ge=0, le=65_535)]  # 0: a free one
+Seconds = Annotated[float, Field(gt=0)]
+SecondsOrZero = Annotated[float, Field(ge=0)]
+Count = Annotated[int, Field(ge=0)]  # 0 turns the bound off or means none, as documented
+
+
+def _ms(seconds: float) -> int:
+    """A duration given in (possibly fractional) seconds, kept in milliseconds."""
+    return int(seconds * 1000)
+
+
+def _upper(raw: object) -> object:
+    return raw.strip().upper() if isinstance(raw, str) else raw
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,42 +89,178 @@ class GatewayLimits:
     replay_max_records: int = 100_000  # the longest partition span one replay reads
     resume_token_keys: tuple[str, ...] = ()  # first signs, all verify; () derives one
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> GatewayLimits:
-        """The gateway's limits from THREADLINE_* variables, defaults where unset."""
-        keys = tuple(k.strip() for k in env.get("THREADLINE_RESUME_TOKEN_KEYS", "").split(",")
-                     if k.strip())
-        d = cls()
-        return cls(
-            streams_per_tenant=_int(env, "THREADLINE_TENANT_MAX_STREAMS", d.streams_per_tenant),
-            replays_per_tenant=_int(env, "THREADLINE_TENANT_MAX_REPLAYS", d.replays_per_tenant),
-            posts_per_s=_float(env, "THREADLINE_TENANT_POSTS_PER_S", d.posts_per_s),
-            post_burst=_int(env, "THREADLINE_TENANT_POST_BURST", d.post_burst),
-            active_runs_per_tenant=_int(env, "THREADLINE_TENANT_MAX_ACTIVE_RUNS",
-                                        d.active_runs_per_tenant),
-            replay_max_records=_int(env, "THREADLINE_REPLAY_MAX_RECORDS", d.replay_max_records),
-            resume_token_keys=keys,
+
+_POLICY = Policy()
+_JOURNAL = JournalLimits()
+_LIMITS = GatewayLimits()
+
+
+class KafkaEnv(Section):
+    """Where every role finds Kafka, the topics' shape and its own identity."""
+
+    keep_empty = frozenset({"THREADLINE_TOPIC_PREFIX"})  # "": topics named without a prefix
+
+    bootstrap_servers: str | None = Field(None, alias="KAFKA_BOOTSTRAP_SERVERS")
+    kafka_port: Port = Field(9092, alias="THREADLINE_KAFKA_PORT")
+    topic_prefix: str = Field("threadline.", alias="THREADLINE_TOPIC_PREFIX")
+    partitions: int = Field(12, gt=0, alias="THREADLINE_PARTITIONS")
+    replication_factor: int = Field(1, gt=0, alias="THREADLINE_REPLICATION_FACTOR")
+    stream_replay_s: Seconds = Field(30 * 60, alias="THREADLINE_STREAM_REPLAY_S")
+    durable_replay_s: SecondsOrZero = Field(7 * 24 * 3600, alias="THREADLINE_DURABLE_REPLAY_S")
+    session_timeout_s: Seconds = Field(2.0, alias="THREADLINE_SESSION_TIMEOUT_S")
+    topic_stall_s: Seconds = Field(30.0, alias="THREADLINE_TOPIC_STALL_S")
+    schema_registry_url: str | None = Field(None, alias="THREADLINE_SCHEMA_REGISTRY_URL")
+    data_dir: Path = Field(Path("var"), alias="THREADLINE_DATA_DIR")
+    instance_id: str | None = Field(None, alias="THREADLINE_INSTANCE_ID")
+
+
+class KafkaSecurityEnv(Section):
+    """TLS and SASL of every Kafka client (docs/security.md)."""
+
+    # Unset: SASL_PLAINTEXT with a SASL user, else PLAINTEXT.
+    protocol: Annotated[SecurityProtocol | None, BeforeValidator(_upper)] = Field(
+        None, alias="THREADLINE_KAFKA_SECURITY_PROTOCOL")
+    sasl_username: str = Field("", alias="THREADLINE_KAFKA_SASL_USERNAME")
+    sasl_password: str = Field("", alias="THREADLINE_KAFKA_SASL_PASSWORD")
+    sasl_mechanism: str = Field("SCRAM-SHA-512", alias="THREADLINE_KAFKA_SASL_MECHANISM")
+    ssl_ca_location: str | None = Field(None, alias="THREADLINE_KAFKA_SSL_CA_LOCATION")
+
+    @model_validator(mode="after")
+    def _sasl_needs_a_user(self) -> KafkaSecurityEnv:
+        if self.security_protocol.startswith("SASL_") and not self.sasl_username:
+            raise ValueError(f"security protocol {self.security_protocol} needs "
+                             "THREADLINE_KAFKA_SASL_USERNAME")
+        return self
+
+    @property
+    def security_protocol(self) -> SecurityProtocol:
+        """The protocol given, else the one the SASL user implies."""
+        return self.protocol or ("SASL_PLAINTEXT" if self.sasl_username else "PLAINTEXT")
+
+    def librdkafka(self) -> dict[str, str]:
+        """These settings as librdkafka keys (none for PLAINTEXT)."""
+        protocol = self.security_protocol
+        config: dict[str, str] = {"security.protocol": protocol} if protocol != "PLAINTEXT" else {}
+        if protocol.startswith("SASL_"):
+            config["sasl.mechanism"] = self.sasl_mechanism
+            config["sasl.username"] = self.sasl_username
+            config["sasl.password"] = self.sasl_password
+        if self.ssl_ca_location and protocol.endswith("SSL"):
+            config["ssl.ca.location"] = self.ssl_ca_location
+        return config
+
+
+class PolicyEnv(Section):
+    """A run's retries, timeouts and bounds: the processor decides by them."""
+
+    max_attempts: int = Field(_POLICY.max_attempts, gt=0, alias="THREADLINE_MAX_ATTEMPTS")
+    retry_initial_s: SecondsOrZero = Field(_POLICY.backoff_initial_ms / 1000,
+                                           alias="THREADLINE_RETRY_INITIAL_S")
+    retry_multiplier: float = Field(_POLICY.backoff_multiplier, ge=1,
+                                    alias="THREADLINE_RETRY_MULTIPLIER")
+    retry_max_s: SecondsOrZero = Field(_POLICY.backoff_max_ms / 1000, alias="THREADLINE_RETRY_MAX_S")
+    heartbeat_timeout_s: Seconds = Field(_POLICY.heartbeat_timeout_ms / 1000,
+                                         alias="THREADLINE_HEARTBEAT_TIMEOUT_S")
+    attempt_timeout_s: Seconds = Field(_POLICY.attempt_timeout_ms / 1000,
+                                       alias="THREADLINE_ATTEMPT_TIMEOUT_S")
+    max_input_chars: int = Field(_POLICY.max_input_chars, gt=0, alias="THREADLINE_MAX_INPUT_CHARS")
+    max_output_bytes: int = Field(_POLICY.max_output_bytes, gt=0, alias="THREADLINE_MAX_OUTPUT_BYTES")
+    idempotency_window_s: SecondsOrZero = Field(_POLICY.idempotency_window_ms / 1000,
+                                                alias="THREADLINE_IDEMPOTENCY_WINDOW_S")
+    max_idempotency_keys: Count = Field(_POLICY.max_idempotency_keys,
+                                        alias="THREADLINE_MAX_IDEMPOTENCY_KEYS")
+    interrupt_timeout_s: SecondsOrZero = Field(_POLICY.interrupt_timeout_ms / 1000,
+                                               alias="THREADLINE_INTERRUPT_TIMEOUT_S")
+    max_steps: int = Field(_JOURNAL.max_steps, gt=0, alias="THREADLINE_MAX_STEPS")
+    max_tool_calls: Count = Field(_JOURNAL.max_tool_calls, alias="THREADLINE_MAX_TOOL_CALLS")
+    max_step_bytes: int = Field(_JOURNAL.max_entry_bytes, gt=0, alias="THREADLINE_MAX_STEP_BYTES")
+    max_journal_bytes: int = Field(_JOURNAL.max_journal_bytes, gt=0,
+                                   alias="THREADLINE_MAX_JOURNAL_BYTES")
+
+    def policy(self) -> Policy:
+        """The run policy these variables describe (durations in milliseconds)."""
+        return Policy(
+            max_attempts=self.max_attempts,
+            backoff_initial_ms=_ms(self.retry_initial_s),
+            backoff_multiplier=self.retry_multiplier,
+            backoff_max_ms=_ms(self.retry_max_s),
+            heartbeat_timeout_ms=_ms(self.heartbeat_timeout_s),
+            attempt_timeout_ms=_ms(self.attempt_timeout_s),
+            max_input_chars=self.max_input_chars,
+            max_output_bytes=self.max_output_bytes,
+            idempotency_window_ms=_ms(self.idempotency_window_s),
+            max_idempotency_keys=self.max_idempotency_keys,
+            interrupt_timeout_ms=_ms(self.interrupt_timeout_s),
+            journal=JournalLimits(max_steps=self.max_steps, max_tool_calls=self.max_tool_calls,
+                                  max_entry_bytes=self.max_step_bytes,
+                                  max_journal_bytes=self.max_journal_bytes),
         )
 
 
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    return default if raw in (None, "") else int(raw)
+class ProcessorEnv(Section):
+    """The command processor's own options."""
+
+    processing_guarantee: ProcessingGuarantee = Field("exactly_once",
+                                                      alias="THREADLINE_PROCESSING_GUARANTEE")
+    max_record_bytes: Count = Field(0, alias="THREADLINE_MAX_RECORD_BYTES")  # 0: the topics' own
+    # 0 was taken as 1 before the variables were typed, and still is.
+    migration_batch: Count = Field(200, alias="THREADLINE_MIGRATION_BATCH")
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    return default if raw in (None, "") else float(raw)
+class WorkerEnv(Section):
+    """The agent worker's options (the agent's own are THREADLINE_AGENT_*, in `Settings.extra`)."""
+
+    agent: str = Field("builtin", alias="THREADLINE_AGENT")
+    heartbeat_interval_s: Seconds = Field(10.0, alias="THREADLINE_HEARTBEAT_INTERVAL_S")
+    delta_coalesce_ms: Count = Field(5, alias="THREADLINE_DELTA_COALESCE_MS")
+    context_chars: Count = Field(100_000, alias="THREADLINE_CONTEXT_CHARS")
+    worker_concurrency: int = Field(16, gt=0, alias="THREADLINE_WORKER_CONCURRENCY")
 
 
-def _ms(env: Mapping[str, str], name: str, default_seconds: float) -> int:
-    """A duration given in (possibly fractional) seconds, kept in milliseconds."""
-    return int(_float(env, name, default_seconds) * 1000)
+class GatewayEnv(Section):
+    """The gateway's listener, keys and per-tenant limits (its SSE knobs: gateway.keys)."""
 
+    keep_empty = frozenset({"THREADLINE_HTTP_HOST"})  # "": every interface
+
+    http_host: str = Field("127.0.0.1", alias="THREADLINE_HTTP_HOST")
+    http_port: Port = Field(8080, alias="THREADLINE_HTTP_PORT")
+    api_keys: Annotated[dict[str, str], BeforeValidator(parse_pairs)] = Field(
+        default_factory=dict, alias="THREADLINE_API_KEYS")
+    decision_timeout_s: Seconds = Field(5.0, alias="THREADLINE_DECISION_TIMEOUT_S")
+    tenant_max_streams: Count = Field(_LIMITS.streams_per_tenant, alias="THREADLINE_TENANT_MAX_STREAMS")
+    tenant_max_replays: Count = Field(_LIMITS.replays_per_tenant, alias="THREADLINE_TENANT_MAX_REPLAYS")
+    tenant_posts_per_s: float = Field(_LIMITS.posts_per_s, ge=0, alias="THREADLINE_TENANT_POSTS_PER_S")
+    tenant_post_burst: Count = Field(_LIMITS.post_burst, alias="THREADLINE_TENANT_POST_BURST")
+    tenant_max_active_runs: Count = Field(_LIMITS.active_runs_per_tenant,
+                                          alias="THREADLINE_TENANT_MAX_ACTIVE_RUNS")
+    replay_max_records: Count = Field(_LIMITS.replay_max_records, alias="THREADLINE_REPLAY_MAX_RECORDS")
+    resume_token_keys: Annotated[tuple[str, ...], BeforeValidator(parse_list)] = Field(
+        _LIMITS.resume_token_keys, alias="THREADLINE_RESUME_TOKEN_KEYS")
+
+    def limits(self) -> GatewayLimits:
+        """What one tenant may cost this gateway."""
+        return GatewayLimits(
+            streams_per_tenant=self.tenant_max_streams,
+            replays_per_tenant=self.tenant_max_replays,
+            posts_per_s=self.tenant_posts_per_s,
+            post_burst=self.tenant_post_burst,
+            active_runs_per_tenant=self.tenant_max_active_runs,
+            replay_max_records=self.replay_max_records,
+            resume_token_keys=self.resume_token_keys,
+        )
+
+
+# Every section `Settings.from_env` reads, for docs/operations.md's check. The gateway's
+# `Options` and the connector's `ConnectorConfig` have their own, beside them.
+ENV_SECTIONS: tuple[type[Section], ...] = (KafkaEnv, KafkaSecurityEnv, PolicyEnv, ProcessorEnv,
+                                           WorkerEnv, GatewayEnv, ObservabilityEnv)
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """Every setting of a Threadline deployment, read once from the environment."""
+    """Every setting of a Threadline deployment, read once from the environment.
+
+    Build it with `from_env`: its defaults are the sections' (above), not written here."""
+    # Kafka and the topics (KafkaEnv, KafkaSecurityEnv)
     bootstrap_servers: str | None  # None: start or use the embedded broker
     kafka_port: int
     topic_prefix: str
@@ -107,31 +268,35 @@ class Settings:
     replication_factor: int
     stream_retention_ms: int  # replay window of live output (and its compaction lag)
     durable_compaction_lag_ms: int  # replay window of the other topics
+    schema_registry_url: str | None
+    data_dir: Path  # RocksDB tables, broker storage
+    instance_id: str | None  # stable per instance; default derived from data_dir
+    session_timeout_ms: int  # consumer-group liveness: how fast a dead member's partitions move
+    # Topic creation and leader election wait while the brokers make progress, and
+    # fail once they made none for this long (streams/kafka/topics.py).
+    topic_stall_s: float
+    # TLS and SASL settings of every Kafka client, as librdkafka keys (streams/kafka/clients.py)
+    kafka_security: Mapping[str, str]
+    # The processor (PolicyEnv, ProcessorEnv)
+    policy: Policy
+    processing_guarantee: ProcessingGuarantee  # at_least_once: benchmarks only
+    max_record_bytes: int | None  # records written, at most; None: the topics' own limit
+    migration_batch: int  # legacy threads migrated per transaction, at most
+    # The worker (WorkerEnv)
+    agent: str
+    heartbeat_interval_ms: int
+    delta_coalesce_ms: int
+    context_chars: int  # history handed to an agent with a dispatch, at most (newest first)
+    worker_concurrency: int  # attempts one worker process runs at once
+    extra: Mapping[str, str]  # THREADLINE_AGENT_*: the agent's own settings
+    # The gateway (GatewayEnv)
     http_host: str
     http_port: int
     api_keys: Mapping[str, str]  # api key -> tenant
-    data_dir: Path  # RocksDB tables, broker storage
-    schema_registry_url: str | None
-    policy: Policy
-    heartbeat_interval_ms: int
-    delta_coalesce_ms: int
     decision_timeout_ms: int
-    context_chars: int  # history handed to an agent with a dispatch, at most (newest first)
-    max_record_bytes: int | None  # records written, at most; None: the topics' own limit
-    agent: str
-    instance_id: str | None  # stable per instance; default derived from data_dir
-    session_timeout_ms: int  # consumer-group liveness: how fast a dead member's partitions move
-    processing_guarantee: str  # "exactly_once" (default) | "at_least_once" (benchmarks only)
-    limits: GatewayLimits = field(default_factory=GatewayLimits)
-    extra: Mapping[str, str] = field(default_factory=dict)
-    # TLS and SASL settings of every Kafka client, as librdkafka keys (streams/kafka/clients.py)
-    kafka_security: Mapping[str, str] = field(default_factory=dict)
-    worker_concurrency: int = 16  # attempts one worker process runs at once
-    migration_batch: int = 200  # legacy threads migrated per transaction, at most
-    # Topic creation and leader election wait while the brokers make progress, and
-    # fail once they made none for this long (streams/kafka/topics.py).
-    topic_stall_s: float = 30.0
-    observability: ObservabilitySettings = field(default_factory=ObservabilitySettings)
+    limits: GatewayLimits
+    # Every role (ObservabilityEnv)
+    observability: ObservabilitySettings
 
     @property
     def topics(self) -> TopicNames:
@@ -151,68 +316,41 @@ class Settings:
 
     @classmethod
     def from_env(cls, overrides: Mapping[str, str] | None = None) -> Settings:
-        """Settings from THREADLINE_* environment variables (plus overrides), defaults where unset."""
-        from streams.kafka.clients import security_from_env
+        """Settings from THREADLINE_* environment variables (plus overrides), defaults where unset.
 
+        Raises `SettingsError` (a `ValueError`) naming each variable whose value is refused."""
         env: dict[str, str] = dict(os.environ)
         env.update(overrides or {})
-        policy = Policy(
-            max_attempts=_int(env, "THREADLINE_MAX_ATTEMPTS", 2),
-            backoff_initial_ms=_ms(env, "THREADLINE_RETRY_INITIAL_S", 2.0),
-            backoff_multiplier=_float(env, "THREADLINE_RETRY_MULTIPLIER", 2.0),
-            backoff_max_ms=_ms(env, "THREADLINE_RETRY_MAX_S", 30.0),
-            heartbeat_timeout_ms=_ms(env, "THREADLINE_HEARTBEAT_TIMEOUT_S", 60.0),
-            attempt_timeout_ms=_ms(env, "THREADLINE_ATTEMPT_TIMEOUT_S", 300.0),
-            max_input_chars=_int(env, "THREADLINE_MAX_INPUT_CHARS", 32_000),
-            max_output_bytes=_int(env, "THREADLINE_MAX_OUTPUT_BYTES", 512 * 1024),
-            idempotency_window_ms=_ms(env, "THREADLINE_IDEMPOTENCY_WINDOW_S", 24 * 3600),
-            max_idempotency_keys=_int(env, "THREADLINE_MAX_IDEMPOTENCY_KEYS", 256),
-            interrupt_timeout_ms=_ms(env, "THREADLINE_INTERRUPT_TIMEOUT_S", 0),
-            journal=JournalLimits(
-                max_steps=_int(env, "THREADLINE_MAX_STEPS", _LIMITS.max_steps),
-                max_tool_calls=_int(env, "THREADLINE_MAX_TOOL_CALLS", _LIMITS.max_tool_calls),
-                max_entry_bytes=_int(env, "THREADLINE_MAX_STEP_BYTES", _LIMITS.max_entry_bytes),
-                max_journal_bytes=_int(env, "THREADLINE_MAX_JOURNAL_BYTES",
-                                       _LIMITS.max_journal_bytes),
-            ),
-        )
-        guarantee = env.get("THREADLINE_PROCESSING_GUARANTEE", "exactly_once")
-        if guarantee not in ("exactly_once", "at_least_once"):
-            raise ValueError(f"THREADLINE_PROCESSING_GUARANTEE={guarantee!r}: exactly_once or at_least_once")
-        keys: dict[str, str] = {}
-        for pair in filter(None, (p.strip() for p in env.get("THREADLINE_API_KEYS", "").split(","))):
-            key, _, tenant = pair.partition("=")
-            if not key or not tenant:
-                raise ValueError(f"THREADLINE_API_KEYS entry {pair!r} is not key=tenant")
-            keys[key] = tenant
+        kafka, processor = KafkaEnv.read(env), ProcessorEnv.read(env)
+        worker, gateway = WorkerEnv.read(env), GatewayEnv.read(env)
         return cls(
-            bootstrap_servers=env.get("KAFKA_BOOTSTRAP_SERVERS") or None,
-            kafka_port=_int(env, "THREADLINE_KAFKA_PORT", 9092),
-            topic_prefix=env.get("THREADLINE_TOPIC_PREFIX", "threadline."),
-            partitions=_int(env, "THREADLINE_PARTITIONS", 12),
-            replication_factor=_int(env, "THREADLINE_REPLICATION_FACTOR", 1),
-            stream_retention_ms=_ms(env, "THREADLINE_STREAM_REPLAY_S", 30 * 60),
-            durable_compaction_lag_ms=_ms(env, "THREADLINE_DURABLE_REPLAY_S", 7 * 24 * 3600),
-            http_host=env.get("THREADLINE_HTTP_HOST", "127.0.0.1"),
-            http_port=_int(env, "THREADLINE_HTTP_PORT", 8080),
-            api_keys=keys,
-            data_dir=Path(env.get("THREADLINE_DATA_DIR", "var")).resolve(),
-            schema_registry_url=env.get("THREADLINE_SCHEMA_REGISTRY_URL") or None,
-            policy=policy,
-            heartbeat_interval_ms=_ms(env, "THREADLINE_HEARTBEAT_INTERVAL_S", 10.0),
-            delta_coalesce_ms=_int(env, "THREADLINE_DELTA_COALESCE_MS", 5),
-            decision_timeout_ms=_ms(env, "THREADLINE_DECISION_TIMEOUT_S", 5.0),
-            context_chars=_int(env, "THREADLINE_CONTEXT_CHARS", 100_000),
-            max_record_bytes=_int(env, "THREADLINE_MAX_RECORD_BYTES", 0) or None,
-            agent=env.get("THREADLINE_AGENT", "builtin"),
-            instance_id=env.get("THREADLINE_INSTANCE_ID") or None,
-            session_timeout_ms=_ms(env, "THREADLINE_SESSION_TIMEOUT_S", 2.0),
-            processing_guarantee=guarantee,
-            limits=GatewayLimits.from_env(env),
+            bootstrap_servers=kafka.bootstrap_servers,
+            kafka_port=kafka.kafka_port,
+            topic_prefix=kafka.topic_prefix,
+            partitions=kafka.partitions,
+            replication_factor=kafka.replication_factor,
+            stream_retention_ms=_ms(kafka.stream_replay_s),
+            durable_compaction_lag_ms=_ms(kafka.durable_replay_s),
+            schema_registry_url=kafka.schema_registry_url,
+            data_dir=kafka.data_dir.resolve(),
+            instance_id=kafka.instance_id,
+            session_timeout_ms=_ms(kafka.session_timeout_s),
+            topic_stall_s=kafka.topic_stall_s,
+            kafka_security=KafkaSecurityEnv.read(env).librdkafka(),
+            policy=PolicyEnv.read(env).policy(),
+            processing_guarantee=processor.processing_guarantee,
+            max_record_bytes=processor.max_record_bytes or None,
+            migration_batch=max(1, processor.migration_batch),
+            agent=worker.agent,
+            heartbeat_interval_ms=_ms(worker.heartbeat_interval_s),
+            delta_coalesce_ms=worker.delta_coalesce_ms,
+            context_chars=worker.context_chars,
+            worker_concurrency=worker.worker_concurrency,
             extra={k: v for k, v in env.items() if k.startswith("THREADLINE_AGENT_")},
-            kafka_security=security_from_env(env),
-            worker_concurrency=_int(env, "THREADLINE_WORKER_CONCURRENCY", 16),
-            migration_batch=max(1, _int(env, "THREADLINE_MIGRATION_BATCH", 200)),
-            topic_stall_s=_float(env, "THREADLINE_TOPIC_STALL_S", 30.0),
+            http_host=gateway.http_host,
+            http_port=gateway.http_port,
+            api_keys=gateway.api_keys,
+            decision_timeout_ms=_ms(gateway.decision_timeout_s),
+            limits=gateway.limits(),
             observability=ObservabilitySettings.from_env(env),
         )

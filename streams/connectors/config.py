@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field, model_validator
 
 from streams.config import Settings
+from streams.env import Section, parse_list
 from streams.identity import instance_id
 
-__all__ = ["ConnectorConfig", "instance_id_for"]
+__all__ = ["ConnectorConfig", "ConnectorEnv", "instance_id_for"]
 
 
 def instance_id_for(settings: Settings) -> str:
@@ -18,11 +22,6 @@ def instance_id_for(settings: Settings) -> str:
     Unique per data folder's contents (`streams.identity`), so replicas never fence
     each other."""
     return instance_id(settings, prefix="c")
-
-
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    return default if raw in (None, "") else float(raw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +45,7 @@ class ConnectorConfig:
     webhook_backoff_s: float
     webhook_backoff_max_s: float
     audit_retention_ms: int
-    offset_reset: str  # where a new connector group starts in the events: earliest | latest
+    offset_reset: Literal["earliest", "latest"]  # where a new connector group starts in the events
     crash_after_call: float  # test switch: probability of os._exit(137) after a call
     crash_kinds: frozenset[str]  # test switch: the outbox kinds it applies to (empty: all)
 
@@ -64,37 +63,66 @@ class ConnectorConfig:
     def from_env(cls, settings: Settings, overrides: Mapping[str, str] | None = None
                  ) -> ConnectorConfig:
         """The connector's settings from THREADLINE_* variables (plus overrides)."""
-        env = {**os.environ, **(overrides or {})}
-        # A call fenced just before a pause must not outlive the session timeout,
-        # after which another instance owns the thread.
-        lease = min(_float(env, "THREADLINE_CONNECTOR_LEASE_S", 2.0),
-                     settings.session_timeout_ms / 2000)
-        webhook_url = env.get("THREADLINE_WEBHOOK_URL", "")
-        webhook_secret = env.get("THREADLINE_WEBHOOK_SECRET", "")
-        if webhook_url and not webhook_secret:
+        read = ConnectorEnv.read({**os.environ, **(overrides or {})})
+        return cls(
+            signing_secret=read.signing_secret,
+            bot_token=read.bot_token,
+            slack_api_url=read.slack_api_url.rstrip("/"),
+            http_host=read.http_host,
+            http_port=read.http_port,
+            inbound_timeout_s=read.inbound_timeout_s,
+            signature_window_s=read.signature_window_s,
+            # A call fenced just before a pause must not outlive the session timeout,
+            # after which another instance owns the thread.
+            lease_s=min(read.lease_s, settings.session_timeout_ms / 2000),
+            clock_margin_s=read.clock_margin_s,
+            call_timeout_s=read.call_timeout_s,
+            retry_after_max_s=read.retry_after_max_s,
+            concurrency=read.concurrency,
+            webhook_url=read.webhook_url,
+            webhook_secret=read.webhook_secret,
+            webhook_max_attempts=read.webhook_max_attempts,
+            webhook_backoff_s=read.webhook_backoff_s,
+            webhook_backoff_max_s=read.webhook_backoff_max_s,
+            audit_retention_ms=int(read.audit_retention_s * 1000),
+            offset_reset=read.offset_reset,
+            crash_after_call=read.crash_after_call,
+            crash_kinds=frozenset(read.crash_kinds),
+        )
+
+
+class ConnectorEnv(Section):
+    """The variables of `ConnectorConfig`, with their defaults."""
+
+    signing_secret: str = Field("", alias="THREADLINE_SLACK_SIGNING_SECRET")
+    bot_token: str = Field("", alias="THREADLINE_SLACK_BOT_TOKEN")
+    slack_api_url: str = Field("https://slack.com/api", alias="THREADLINE_SLACK_API_URL")
+    http_host: str = Field("127.0.0.1", alias="THREADLINE_CONNECTOR_HTTP_HOST")
+    http_port: int = Field(8091, ge=0, le=65_535, alias="THREADLINE_CONNECTOR_HTTP_PORT")
+    inbound_timeout_s: float = Field(2.5, gt=0, alias="THREADLINE_CONNECTOR_INBOUND_TIMEOUT_S")
+    signature_window_s: float = Field(300.0, gt=0, alias="THREADLINE_SLACK_SIGNATURE_WINDOW_S")
+    lease_s: float = Field(2.0, gt=0, alias="THREADLINE_CONNECTOR_LEASE_S")  # at most half the session
+    clock_margin_s: float = Field(1.0, ge=0, alias="THREADLINE_CONNECTOR_CLOCK_MARGIN_S")
+    call_timeout_s: float = Field(10.0, gt=0, alias="THREADLINE_CONNECTOR_CALL_TIMEOUT_S")
+    retry_after_max_s: float = Field(300.0, ge=0, alias="THREADLINE_CONNECTOR_RETRY_AFTER_MAX_S")
+    concurrency: int = Field(8, gt=0, alias="THREADLINE_CONNECTOR_CONCURRENCY")
+    webhook_url: str = Field("", alias="THREADLINE_WEBHOOK_URL")
+    webhook_secret: str = Field("", alias="THREADLINE_WEBHOOK_SECRET")
+    webhook_max_attempts: int = Field(10, gt=0, alias="THREADLINE_WEBHOOK_MAX_ATTEMPTS")
+    webhook_backoff_s: float = Field(0.5, ge=0, alias="THREADLINE_WEBHOOK_BACKOFF_S")
+    webhook_backoff_max_s: float = Field(60.0, ge=0, alias="THREADLINE_WEBHOOK_BACKOFF_MAX_S")
+    audit_retention_s: float = Field(90 * 86_400, gt=0, alias="THREADLINE_AUDIT_RETENTION_S")
+    offset_reset: Literal["earliest", "latest"] = Field("earliest",
+                                                        alias="THREADLINE_CONNECTOR_OFFSET_RESET")
+    # Test switches: the probability of os._exit(137) after a call, and the outbox kinds
+    # it applies to (empty: all).
+    crash_after_call: float = Field(0.0, ge=0, le=1, alias="THREADLINE_CONNECTOR_CRASH_AFTER_CALL")
+    crash_kinds: Annotated[tuple[str, ...], BeforeValidator(parse_list)] = Field(
+        (), alias="THREADLINE_CONNECTOR_CRASH_KINDS")
+
+    @model_validator(mode="after")
+    def _a_webhook_needs_a_secret(self) -> ConnectorEnv:
+        if self.webhook_url and not self.webhook_secret:
             raise ValueError("THREADLINE_WEBHOOK_URL is set but THREADLINE_WEBHOOK_SECRET is empty: "
                              "the receiver could not tell our requests from anyone's")
-        return cls(
-            signing_secret=env.get("THREADLINE_SLACK_SIGNING_SECRET", ""),
-            bot_token=env.get("THREADLINE_SLACK_BOT_TOKEN", ""),
-            slack_api_url=env.get("THREADLINE_SLACK_API_URL", "https://slack.com/api").rstrip("/"),
-            http_host=env.get("THREADLINE_CONNECTOR_HTTP_HOST", "127.0.0.1"),
-            http_port=int(env.get("THREADLINE_CONNECTOR_HTTP_PORT") or 8091),
-            inbound_timeout_s=_float(env, "THREADLINE_CONNECTOR_INBOUND_TIMEOUT_S", 2.5),
-            signature_window_s=_float(env, "THREADLINE_SLACK_SIGNATURE_WINDOW_S", 300.0),
-            lease_s=lease,
-            clock_margin_s=_float(env, "THREADLINE_CONNECTOR_CLOCK_MARGIN_S", 1.0),
-            call_timeout_s=_float(env, "THREADLINE_CONNECTOR_CALL_TIMEOUT_S", 10.0),
-            retry_after_max_s=_float(env, "THREADLINE_CONNECTOR_RETRY_AFTER_MAX_S", 300.0),
-            concurrency=int(env.get("THREADLINE_CONNECTOR_CONCURRENCY") or 8),
-            webhook_url=webhook_url,
-            webhook_secret=webhook_secret,
-            webhook_max_attempts=int(env.get("THREADLINE_WEBHOOK_MAX_ATTEMPTS") or 10),
-            webhook_backoff_s=_float(env, "THREADLINE_WEBHOOK_BACKOFF_S", 0.5),
-            webhook_backoff_max_s=_float(env, "THREADLINE_WEBHOOK_BACKOFF_MAX_S", 60.0),
-            audit_retention_ms=int(_float(env, "THREADLINE_AUDIT_RETENTION_S", 90 * 86_400) * 1000),
-            offset_reset=env.get("THREADLINE_CONNECTOR_OFFSET_RESET") or "earliest",
-            crash_after_call=_float(env, "THREADLINE_CONNECTOR_CRASH_AFTER_CALL", 0.0),
-            crash_kinds=frozenset(k.strip() for k in env.get(
-                "THREADLINE_CONNECTOR_CRASH_KINDS", "").split(",") if k.strip()),
-        )
+        return self

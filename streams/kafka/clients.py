@@ -19,34 +19,17 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from streams.config import Settings
+from streams.config import KafkaSecurityEnv, Settings
 from streams.kafka.liveness import heartbeat_interval_ms, session_timeout_ms
 from streams.kafka.takeover import Takeover, Writer
 
 __all__ = ["aiokafka_config", "brokers_reachable", "librdkafka_config", "restore_consumer_config",
            "security_from_env", "table_consumer_config", "table_producer_config", "takeover_for"]
 
-_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-
 
 def security_from_env(env: Mapping[str, str]) -> dict[str, str]:
     """The TLS and SASL settings of the environment, as librdkafka keys."""
-    username = env.get("THREADLINE_KAFKA_SASL_USERNAME", "")
-    default = "SASL_PLAINTEXT" if username else "PLAINTEXT"
-    protocol = (env.get("THREADLINE_KAFKA_SECURITY_PROTOCOL") or default).upper()
-    if protocol not in _PROTOCOLS:
-        raise ValueError(f"THREADLINE_KAFKA_SECURITY_PROTOCOL={protocol!r}: one of {', '.join(_PROTOCOLS)}")
-    config = {"security.protocol": protocol} if protocol != "PLAINTEXT" else {}
-    if protocol.startswith("SASL_"):
-        if not username:
-            raise ValueError(f"security protocol {protocol} needs THREADLINE_KAFKA_SASL_USERNAME")
-        config["sasl.mechanism"] = env.get("THREADLINE_KAFKA_SASL_MECHANISM") or "SCRAM-SHA-512"
-        config["sasl.username"] = username
-        config["sasl.password"] = env.get("THREADLINE_KAFKA_SASL_PASSWORD", "")
-    ca = env.get("THREADLINE_KAFKA_SSL_CA_LOCATION")
-    if ca and protocol.endswith("SSL"):
-        config["ssl.ca.location"] = ca
-    return config
+    return KafkaSecurityEnv.read(env).librdkafka()
 
 
 def librdkafka_config(settings: Settings, **extra: Any) -> dict[str, Any]:

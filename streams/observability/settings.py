@@ -17,8 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
-__all__ = ["DEFAULT_RUN_METRICS_PORT", "ObservabilitySettings"]
+from pydantic import BeforeValidator, Field
+
+from streams.env import Section
+
+__all__ = ["DEFAULT_RUN_METRICS_PORT", "ObservabilityEnv", "ObservabilitySettings"]
 
 DEFAULT_RUN_METRICS_PORT = 9464  # `threadline run`: the processor's; the worker's is the next one
 
@@ -33,7 +38,7 @@ class ObservabilitySettings:
     gateway_metrics: bool = True
     otlp_endpoint: str | None = None
     trace_sample_ratio: float = 1.0
-    log_format: str = "text"
+    log_format: Literal["text", "json"] = "text"
 
     @property
     def tracing(self) -> bool:
@@ -43,20 +48,30 @@ class ObservabilitySettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ObservabilitySettings:
         """The settings from THREADLINE_* variables, defaults where unset."""
-        port = int(env.get("THREADLINE_METRICS_PORT") or 0)
-        log_format = (env.get("THREADLINE_LOG_FORMAT") or "text").strip().lower()
-        if log_format not in ("text", "json"):
-            raise ValueError(f"THREADLINE_LOG_FORMAT={log_format!r}: text or json")
-        ratio = float(env.get("THREADLINE_TRACE_SAMPLE_RATIO") or 1.0)
-        if not 0.0 <= ratio <= 1.0:
-            raise ValueError(f"THREADLINE_TRACE_SAMPLE_RATIO={ratio}: between 0 and 1")
-        return cls(
-            metrics=(env.get("THREADLINE_METRICS") or "on").strip().lower() not in ("off", "0", "false"),
-            metrics_port=port or None,
-            metrics_host=env.get("THREADLINE_METRICS_HOST") or "127.0.0.1",
-            gateway_metrics=(env.get("THREADLINE_GATEWAY_METRICS") or "1").strip().lower()
-            not in ("0", "false", "no", "off"),
-            otlp_endpoint=env.get("THREADLINE_OTLP_ENDPOINT") or None,
-            trace_sample_ratio=ratio,
-            log_format=log_format,
-        )
+        read = ObservabilityEnv.read(env)
+        return cls(metrics=read.metrics, metrics_port=read.metrics_port or None,
+                   metrics_host=read.metrics_host, gateway_metrics=read.gateway_metrics,
+                   otlp_endpoint=read.otlp_endpoint, trace_sample_ratio=read.trace_sample_ratio,
+                   log_format=read.log_format)
+
+
+def _lower(raw: object) -> object:
+    return raw.strip().lower() if isinstance(raw, str) else raw
+
+
+_DEFAULT = ObservabilitySettings()
+
+
+class ObservabilityEnv(Section):
+    """The variables of `ObservabilitySettings`; its defaults are the dataclass's."""
+
+    # Booleans take on/off, 1/0, true/false, yes/no.
+    metrics: bool = Field(_DEFAULT.metrics, alias="THREADLINE_METRICS")
+    metrics_port: int = Field(0, ge=0, le=65_535, alias="THREADLINE_METRICS_PORT")  # 0: none
+    metrics_host: str = Field(_DEFAULT.metrics_host, alias="THREADLINE_METRICS_HOST")
+    gateway_metrics: bool = Field(_DEFAULT.gateway_metrics, alias="THREADLINE_GATEWAY_METRICS")
+    otlp_endpoint: str | None = Field(_DEFAULT.otlp_endpoint, alias="THREADLINE_OTLP_ENDPOINT")
+    trace_sample_ratio: float = Field(_DEFAULT.trace_sample_ratio, ge=0, le=1,
+                                      alias="THREADLINE_TRACE_SAMPLE_RATIO")
+    log_format: Annotated[Literal["text", "json"], BeforeValidator(_lower)] = Field(
+        _DEFAULT.log_format, alias="THREADLINE_LOG_FORMAT")
