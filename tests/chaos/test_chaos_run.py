@@ -6,7 +6,9 @@ In `make test`: the two controls of the topic audit. The processors' fault point
 (streams/kafka/faults.py) ends a processor between a step's write and its commit,
 every time, not by chance: under at_least_once the audit must find the replayed
 batch's records twice (the negative control), under exactly_once the same fault
-must pass. They run on the session broker (no broker is killed).
+must pass. They run on the session broker (no broker is killed). With them, the
+positive control once more with a broker restart, on a broker of its own. The three
+runs start together (the `controls` fixture) and each test audits its own.
 
 Behind `-m chaos` (docs/chaos.md, "In make test" lists what stands for them): the
 small preset and the three-broker preset, each on a broker of its own so the
