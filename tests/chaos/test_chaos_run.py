@@ -30,22 +30,26 @@ pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
 
 
 def _start(folder: Path, *args: str, bootstrap: str | None = None) -> subprocess.Popen[str]:
-    """Start `python -m chaos` in `folder`, its output piped."""
+    """Start `python -m chaos` in `folder`, its output to files there (not pipes: a run
+    waiting its turn to be read would block once a pipe's buffer were full)."""
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap} if bootstrap else None
-    return subprocess.Popen(
-        [sys.executable, "-m", "chaos", "--folder", str(folder / "chaos"), *args],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "stdout.txt").open("w") as out, (folder / "stderr.txt").open("w") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "chaos", "--folder", str(folder / "chaos"), *args],
+            cwd=ROOT, stdout=out, stderr=err, text=True, env=env)
 
 
-def _row(proc: subprocess.Popen[str], *, timeout: float, passes: bool = True) -> dict[str, str]:
-    """Wait for a `python -m chaos` run and return its table row by column."""
+def _row(folder: Path, proc: subprocess.Popen[str], *, timeout: float,
+         passes: bool = True) -> dict[str, str]:
+    """Wait for the `python -m chaos` run started in `folder` and return its table row by column."""
     try:
-        stdout, stderr = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        stdout, stderr = proc.communicate()
-        raise AssertionError(f"python -m chaos still running after {timeout} s:\n{stdout}\n"
-                             f"--- stderr (tail)\n{stderr[-4000:]}") from None
+        proc.wait()
+    stdout = (folder / "stdout.txt").read_text()
+    stderr = (folder / "stderr.txt").read_text()
     print(stdout)
     assert proc.returncode == (0 if passes else 1), \
         f"{stdout}\n--- stderr (tail)\n{stderr[-4000:]}"
@@ -59,9 +63,11 @@ def _row(proc: subprocess.Popen[str], *, timeout: float, passes: bool = True) ->
 def _chaos(tmp_path: Path, *args: str, timeout: float, passes: bool = True,
            bootstrap: str | None = None) -> dict[str, str]:
     """Run `python -m chaos` and return its table row by column."""
-    return _row(_start(tmp_path, *args, bootstrap=bootstrap), timeout=timeout, passes=passes)
+    return _row(tmp_path, _start(tmp_path, *args, bootstrap=bootstrap), timeout=timeout,
+                passes=passes)
 
 
+Run = tuple[Path, "subprocess.Popen[str]"]  # a control run's folder and process
 _FAULT = ("--seed", "7", "--fault-point", "before-commit")
 # The three runs of make test, by the test that reads each: its arguments, and whether
 # it runs on the session broker (the control-restart one restarts a broker of its own).
@@ -77,41 +83,42 @@ _CONTROLS = {
 
 @pytest.fixture(scope="module")
 def controls(request: pytest.FixtureRequest, kafka_bootstrap: str,
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, subprocess.Popen[str]]]:
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
     """The control runs of the tests selected in this session, started together: each
     posts for a fixed 15-25 s and then waits on progress, so side by side they take
     little longer than the longest alone (about 1 min 40 s instead of 2 min 40 s
     one after another). Each test waits for its own run and audits its row."""
     selected = {item.name for item in request.session.items
                 if not any(m.name == "skip" for m in item.iter_markers())}
-    started: dict[str, subprocess.Popen[str]] = {}
+    started: dict[str, Run] = {}
     try:
         for name, (args, on_session_broker) in _CONTROLS.items():
             if name not in selected or (not on_session_broker and os.environ.get(
                     "KAFKA_BOOTSTRAP_SERVERS")):
                 continue
-            started[name] = _start(tmp_path_factory.mktemp("control"), *args,
-                                   bootstrap=kafka_bootstrap if on_session_broker else None)
+            folder = tmp_path_factory.mktemp("control")
+            started[name] = (folder, _start(folder, *args, bootstrap=kafka_bootstrap
+                                            if on_session_broker else None))
         yield started
     finally:
-        for proc in started.values():
+        for _, proc in started.values():
             if proc.poll() is None:
                 proc.terminate()  # the chaos program stops its stack on SIGTERM
                 try:
-                    proc.communicate(timeout=120)
+                    proc.wait(timeout=120)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-                    proc.communicate()
+                    proc.wait()
 
 
 @pytest.mark.timeout(600)  # a safety net: the run itself waits on progress, not the clock
 def test_the_topic_audit_fails_an_at_least_once_processor_killed_before_its_commit(
-        controls: dict[str, subprocess.Popen[str]]) -> None:
+        controls: dict[str, Run]) -> None:
     """The negative control: a processor in at_least_once mode ended by the fault
     point after its batch's records were flushed and before its offsets were
     committed replays the batch, and the topic audit finds its records twice (the
     answers audit alone would pass such a run)."""
-    row = _row(controls[test_the_topic_audit_fails_an_at_least_once_processor_killed_before_its_commit
+    row = _row(*controls[test_the_topic_audit_fails_an_at_least_once_processor_killed_before_its_commit
                         .__name__], timeout=580, passes=False)
     assert row["aimed kills"] == "1", row["stdout"]  # the fault point fired
     assert "committed records with identity" in row["stdout"], row["stdout"]
@@ -119,11 +126,11 @@ def test_the_topic_audit_fails_an_at_least_once_processor_killed_before_its_comm
 
 @pytest.mark.timeout(600)
 def test_the_same_fault_point_passes_every_audit_under_exactly_once(
-        controls: dict[str, subprocess.Popen[str]]) -> None:
+        controls: dict[str, Run]) -> None:
     """The positive control: the same fault point under exactly_once leaves the
     step's transaction open; the restart aborts it (the audit counts its records
     as aborted, none visible) and the replay's copy is the only one."""
-    row = _row(controls[test_the_same_fault_point_passes_every_audit_under_exactly_once.__name__],
+    row = _row(*controls[test_the_same_fault_point_passes_every_audit_under_exactly_once.__name__],
                timeout=580)
     assert row["aimed kills"] == "1", row["stdout"]
     assert int(row["aborted records"]) > 0, row["stdout"]  # the fault landed inside a transaction
@@ -133,11 +140,11 @@ def test_the_same_fault_point_passes_every_audit_under_exactly_once(
 @pytest.mark.skipif(bool(os.environ.get("KAFKA_BOOTSTRAP_SERVERS")),
                     reason="the broker restarted is the chaos program's own")
 def test_the_fault_point_and_a_broker_restart_under_exactly_once_pass_every_audit(
-        controls: dict[str, subprocess.Popen[str]]) -> None:
+        controls: dict[str, Run]) -> None:
     """The small preset's property at a third of its size: the whole stack on a broker
     of its own, a processor ended inside a transaction by the fault point and the
     broker killed and started again under every role, and every audit passes."""
-    row = _row(controls[
+    row = _row(*controls[
         test_the_fault_point_and_a_broker_restart_under_exactly_once_pass_every_audit.__name__],
         timeout=580)
     assert row["aimed kills"] == "1", row["stdout"]
