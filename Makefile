@@ -25,8 +25,9 @@ run: install
 # too, and the import contracts, before a test runs: `make test` fails on any. A private temp folder
 # per run: pytest prunes old runs in the shared default folder, which would delete
 # a concurrent run's broker data.
+# --durations=25: every run (CI too) prints its 25 slowest tests and fixtures.
 test: install lint
-	$(PY) -m pytest -q -p no:cacheprovider --basetemp="$$(mktemp -d /tmp/threadline-test-XXXXXX)" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 --basetemp="$$(mktemp -d /tmp/threadline-test-XXXXXX)" $(PYTEST_ARGS)
 
 # The front-end tests alone: the AI SDK in Node (tests/node, installed with npm ci by
 # the tests) and the console in headless Chromium.

@@ -45,20 +45,29 @@ def _seeds(output: str) -> list[str]:
     return re.findall(r"hypothesis seed: (\S+) \(replay: THREADLINE_HYPOTHESIS_SEED=\1\)", output)
 
 
-def test_ci_sessions_draw_other_examples_and_print_their_seed(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def first(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[str]]:
+    """One CI session of the probe, the one each test below compares another with
+    (a session takes about 5 s: one for the module, not one for each test)."""
+    return _session(tmp_path_factory.mktemp("first"), "first")
+
+
+def test_ci_sessions_draw_other_examples_and_print_their_seed(
+        tmp_path: Path, first: tuple[str, list[str]]) -> None:
     """Two CI sessions draw different examples and print their seed at start and end."""
-    first_out, first = _session(tmp_path, "first")
+    first_out, first_drawn = first
     second_out, second = _session(tmp_path, "second")
     (seed, again), (other, _) = _seeds(first_out), _seeds(second_out)
     assert seed == again, "the seed is printed at the start and at the end"
     assert seed != other
-    assert first != second, "two CI sessions tried the same examples: derandomized"
+    assert first_drawn != second, "two CI sessions tried the same examples: derandomized"
 
 
 @pytest.mark.parametrize("how", ["env", "option"])
-def test_a_printed_seed_replays_the_same_examples(tmp_path: Path, how: str) -> None:
+def test_a_printed_seed_replays_the_same_examples(tmp_path: Path, how: str,
+                                                 first: tuple[str, list[str]]) -> None:
     """A printed seed, by env or option, replays the same examples."""
-    out, drawn = _session(tmp_path, "first")
+    out, drawn = first
     (seed, _) = _seeds(out)
     if how == "env":
         replay_out, replayed = _session(tmp_path, "replay", THREADLINE_HYPOTHESIS_SEED=seed)

@@ -37,6 +37,7 @@ __all__ = [
     "BrokerError",
     "EmbeddedCluster",
     "EmbeddedKafka",
+    "QUICK_REREGISTRATION",
     "ensure_jars",
     "free_port",
 ]
@@ -46,6 +47,12 @@ POM = Path(__file__).resolve().parents[2] / "infra" / "kafka" / "pom.xml"
 HEAP = os.environ.get("THREADLINE_KAFKA_HEAP", "-Xms256m -Xmx1g")
 SCRAM = "SCRAM-SHA-512"
 BROKER_USER = "threadline-broker"  # the broker's own SCRAM user, inter-broker and readiness
+# A node killed and started again cannot register with its controller until the
+# registration of the node it was has timed out: broker.session.timeout.ms, 9 s by
+# default (12 s of DUPLICATE_BROKER_REGISTRATION refusals seen per restart). For the
+# brokers that tests kill and restart: 4 s, with a heartbeat every second.
+QUICK_REREGISTRATION: dict[str, object] = {"broker.session.timeout.ms": 4000,
+                                           "broker.heartbeat.interval.ms": 1000}
 _SCRAM_SAFE = re.compile(r"[A-Za-z0-9._-]+")  # nothing to escape in the JAAS line or StorageTool's syntax
 
 
@@ -143,6 +150,8 @@ class EmbeddedKafka:
     # With SASL: run the StandardAuthorizer (nothing allowed without an ACL) with
     # these users and the broker's own as super users.
     super_users: tuple[str, ...] | None = None
+    # server.properties set on top of the ones below (a test's own broker, say).
+    overrides: dict[str, object] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -229,7 +238,7 @@ class EmbeddedKafka:
                 "allow.everyone.if.no.acl.found": "false",
                 "super.users": ";".join(f"User:{u}" for u in supers),
             }
-        return "".join(f"{k}={v}\n" for k, v in props.items())
+        return "".join(f"{k}={v}\n" for k, v in (props | self.overrides).items())
 
     def _prepare(self) -> tuple[Path, Path, Path]:
         libs = ensure_jars()

@@ -1,9 +1,9 @@
-"""The embedded broker with SASL/SCRAM-SHA-512 on its listener (its own brokers, not
-the session's): an unauthenticated client and a wrong password are refused; a
-role given its credentials through the environment works, over librdkafka
-(topic set-up) and over aiokafka (the worker). With an authorizer, the ACLs of
-docs/security.md (parsed from its block of kafka-acls commands) let each role do
-its work and no more."""
+"""The embedded broker with SASL/SCRAM-SHA-512 on its listener and an authorizer (its
+own broker, not the session's): an unauthenticated client and a wrong password are
+refused; the ACLs of docs/security.md (parsed from its block of kafka-acls commands)
+let each role, given its credentials through the environment, do its work and no
+more, over librdkafka (topic set-up, the processor's transactions) and over
+aiokafka (the worker)."""
 
 from __future__ import annotations
 
@@ -38,13 +38,16 @@ from streams.testing.process import ROOT, RoleProcess, wait_for
 
 pytestmark = pytest.mark.kafka
 
-USERS = {"operator": "operator-secret", "worker": "worker-secret"}
+PRINCIPALS = ("operator", "gateway", "processor", "worker", "connector", "analytics")
 
 
 @pytest.fixture(scope="module")
-def sasl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
-    """A broker that requires SCRAM-SHA-512 logins, for this module."""
-    broker = EmbeddedKafka(tmp_path_factory.mktemp("sasl-broker"), port=0, scram_users=USERS)
+def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
+    """A SASL broker with ACLs enforced and only the operator as super user, for this
+    module: one broker for the refusals and the roles (a second one, without an
+    authorizer, cost a broker start and proved nothing the ACL tests do not)."""
+    broker = EmbeddedKafka(tmp_path_factory.mktemp("acl-broker"), port=0,
+                           scram_users={p: f"{p}-secret" for p in PRINCIPALS}, super_users=("operator",))
     broker.start()
     try:
         yield broker
@@ -82,17 +85,17 @@ def test_the_settings_become_both_client_libraries_configurations(tmp_path: Path
                            "THREADLINE_KAFKA_SASL_USERNAME": ""})
 
 
-def test_an_unauthenticated_client_is_refused(sasl_broker: EmbeddedKafka) -> None:
+def test_an_unauthenticated_client_is_refused(acl_broker: EmbeddedKafka) -> None:
     """A client without credentials cannot list topics on the SASL broker."""
-    admin = AdminClient({"bootstrap.servers": sasl_broker.bootstrap, "log_level": 0})
+    admin = AdminClient({"bootstrap.servers": acl_broker.bootstrap, "log_level": 0})
     with pytest.raises(KafkaException):
         admin.list_topics(timeout=5)
 
 
-def test_a_wrong_password_is_refused_as_an_authentication_failure(sasl_broker: EmbeddedKafka) -> None:
+def test_a_wrong_password_is_refused_as_an_authentication_failure(acl_broker: EmbeddedKafka) -> None:
     """A wrong password is reported as an authentication failure."""
     errors: list[KafkaError] = []
-    producer = Producer({"bootstrap.servers": sasl_broker.bootstrap, "log_level": 0,
+    producer = Producer({"bootstrap.servers": acl_broker.bootstrap, "log_level": 0,
                          "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
                          "sasl.username": "worker", "sasl.password": "not-the-password",
                          "error_cb": errors.append})
@@ -106,46 +109,7 @@ def test_a_wrong_password_is_refused_as_an_authentication_failure(sasl_broker: E
         producer.list_topics(timeout=2)
 
 
-def test_roles_with_credentials_work(sasl_broker: EmbeddedKafka, tmp_path: Path) -> None:
-    """The worker and the processor work against the SASL broker with their credentials."""
-    operator = _env(sasl_broker, tmp_path, "operator", USERS["operator"])
-    settings = Settings.from_env(operator)
-    specs = ensure_topics(settings)  # librdkafka: admin and probe consumer
-    assert {s.name for s in specs} == set(settings.topics.all())
-    worker_env = {**operator, "THREADLINE_KAFKA_SASL_USERNAME": "worker",
-                  "THREADLINE_KAFKA_SASL_PASSWORD": USERS["worker"]}
-    worker = RoleProcess("worker", worker_env, tmp_path / "worker.log").start()
-    try:  # aiokafka: the worker's producer, group consumer and lifecycle reader
-        wait_for(lambda: "assigned dispatch partitions" in worker.tail(200) or not worker.alive(),
-                 timeout=120)
-        assert worker.alive(), worker.tail()
-    finally:
-        worker.stop()
-    # librdkafka with transactions: the processor's consumer, producers and restorer.
-    processor = RoleProcess("processor", operator, tmp_path / "processor.log").start()
-    try:
-        wait_for(lambda: "assigned [" in processor.tail(200) or not processor.alive(), timeout=120)
-        assert processor.alive(), processor.tail()
-    finally:
-        processor.stop()
-
-
 # --- the ACLs of docs/security.md, applied verbatim to a broker with an authorizer ---
-
-PRINCIPALS = ("operator", "gateway", "processor", "worker", "connector", "analytics")
-
-
-@pytest.fixture(scope="module")
-def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
-    """A SASL broker with ACLs enforced and only the operator as super user, for this module."""
-    broker = EmbeddedKafka(tmp_path_factory.mktemp("acl-broker"), port=0,
-                           scram_users={p: f"{p}-secret" for p in PRINCIPALS}, super_users=("operator",))
-    broker.start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
-
 
 def _docs_acl_script() -> str:
     text = (ROOT / "docs" / "security.md").read_text()
