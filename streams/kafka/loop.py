@@ -6,14 +6,17 @@ the records (`TableRole`); the loop owns the order of things, which is what make
 the whole exactly once (KIP-447):
 
 On assignment:
-  -1. the first time (and only then): `init_transactions`, which aborts what this
-     instance's crashed self left open. Not at start: an instance restarting as
-     itself may be fenced by the one that took its partitions over while it was
-     away (step 0 there, `streams.kafka.takeover`), and a fence that lands after
-     our `init_transactions` is fatal. That takeover runs inside the other
-     instance's assignment, and this instance's first assignment comes only after
-     the other has finished it and joined again, so an `init_transactions` here
-     always comes last;
+  -1. the first time, with a `producer_factory`: a new producer, whose
+     `init_transactions` comes after any fence a takeover could still make. The
+     loop calls `init_transactions` at start too, to abort at once what this
+     instance's crashed self left open: another member's assignment may be waiting
+     for that transaction (step 1), and this instance's own assignment waits for
+     that member to finish its own. But an instance restarting as itself may be
+     fenced after that call by the one that took its partitions over while it was
+     away (step 0 there), and its first commit would fail fatally. That takeover
+     runs inside the other instance's assignment, and this instance's first
+     assignment comes only after the other has finished it, so this second
+     `init_transactions` always comes last;
   0. with a `Takeover`: fence the previous writers of the new partitions that are
      gone from the group, so that their open transactions are aborted now, not when
      the coordinator times them out (`streams.kafka.takeover`);
@@ -163,7 +166,7 @@ class TableLoop:
         self.role = role
         self.producer_factory = producer_factory
         self._stale = False  # a transactional call timed out: a new producer next time
-        self._initialized = False  # init_transactions called (at the first assignment)
+        self._assigned_before = False  # step -1 done (see the module doc)
         self.takeover = takeover
         self._metadata = takeover.me.metadata() if takeover is not None else None
         self.consumer = consumer
@@ -185,6 +188,8 @@ class TableLoop:
 
     def run(self, should_stop: Callable[[], bool]) -> None:
         """Join the group and step until `should_stop()`; the caller closes."""
+        if self.transactional:
+            self._call("init_transactions", self.producer.init_transactions, TXN_TIMEOUT_S)
         self.consumer.subscribe([self.topic], on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_revoke)
         while not should_stop():
@@ -216,9 +221,11 @@ class TableLoop:
     # --- rebalance --------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if self.transactional and not self._initialized:  # step -1: see the module doc
-            self._call("init_transactions", self.producer.init_transactions, TXN_TIMEOUT_S)
-            self._initialized = True
+        if not self._assigned_before:  # step -1: see the module doc
+            self._assigned_before = True
+            if self.transactional and self.producer_factory is not None:
+                self._replace_producer("at the first assignment, after any takeover's fence",
+                                       logging.INFO)
         if self.takeover is not None:  # step 0: see the module doc
             self.takeover.fence_deposed(self.topic, [tp.partition for tp in partitions])
         committed = consumer.committed(partitions, timeout=60)  # step 1: see the module doc
@@ -320,10 +327,11 @@ class TableLoop:
             if offsets:
                 self.consumer.commit(offsets=offsets, asynchronous=False)
 
-    def _replace_producer(self) -> None:
+    def _replace_producer(self, why: str = "after a timed-out call (librdkafka #5511)",
+                          level: int = logging.WARNING) -> None:
         """A new transactional producer with the same id, fresh caches (see the module doc)."""
         assert self.producer_factory is not None
-        log.warning("a new transactional producer after a timed-out call (librdkafka #5511)")
+        log.log(level, "a new transactional producer %s", why)
         self.producer.flush(0)
         self.producer = self.producer_factory()
         self._stale = False

@@ -25,7 +25,7 @@ it reads its partitions' committed offsets (`fence_deposed`):
    aborts its open transaction at once and bumps its epoch, so a zombie that
    still runs is fenced (its next transactional call fails fatally, it exits and
    a restart rejoins as itself). An instance restarting as itself meanwhile is
-   not: it calls `init_transactions` only at its first assignment, which comes
+   not: it calls `init_transactions` again at its first assignment, which comes
    after this one has finished (`streams.kafka.loop`, step -1).
 
 A live previous owner (a rebalance that moved partitions between members) is a

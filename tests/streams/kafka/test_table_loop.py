@@ -48,6 +48,11 @@ class RecordingProducer(Producer):
         if error is not None:
             raise KafkaException(error)
 
+    def init_transactions(self, *args: Any) -> None:
+        """Writes down "init", then initializes the transactions (fencing older producers)."""
+        self.calls.append("init")
+        super().init_transactions(*args)
+
     def begin_transaction(self, *args: Any) -> None:
         """Writes down "begin", then begins the transaction."""
         self.calls.append("begin")
@@ -187,15 +192,21 @@ def _run(settings: Settings, fail: dict[str, KafkaError], until: Callable[[CopyR
     calls: Calls = []
     group = f"{settings.topic_prefix}loop"
     transactional_id = f"{group}-1"
-    producer = RecordingProducer(table_producer_config(
-        settings, "loop-test", transactional_id=transactional_id, linger_ms=1), calls)
+    def new_producer() -> RecordingProducer:
+        return RecordingProducer(table_producer_config(
+            settings, "loop-test", transactional_id=transactional_id, linger_ms=1), calls)
+
+    producer = new_producer()
     producer.fail_once.update(fail)
     producer.slow_once.update(slow or {})
     role = CopyRole(out, calls)
     config = table_consumer_config(settings, group, "loop-test")
     consumer = RecordingConsumer(config, calls) if not fenced_as_it_joins else \
         FencedAsItJoinsConsumer(config, calls, lambda: _fence(settings, transactional_id))
-    loop = TableLoop(role, consumer, producer, source)
+    # As the processor builds it: a new producer at the first assignment and after a
+    # timed-out call; without one (the connector relay), only at start.
+    loop = TableLoop(role, consumer, producer, source,
+                     producer_factory=new_producer if fenced_as_it_joins else None)
     if phases is not None:
         loop.on_commit = lambda _took, took: phases.append(took)
     deadline = time.monotonic() + 60
@@ -237,7 +248,7 @@ def _steps(calls: Calls) -> list[Calls]:
 def test_a_step_commits_the_transaction_before_the_role_applies_it(settings: Settings) -> None:
     """Shows a step's order (process, begin, produce, send offsets, commit, then apply) and nothing lost."""
     calls, role, _, out = _run(settings, {}, lambda r: len(r.table) >= 3)
-    assert calls[0] == "assigned [0]"
+    assert calls[:2] == ["init", "assigned [0]"]
     for step in _steps(calls):
         n = int(step[0].split()[1])
         assert step == [f"process {n}", "begin", *["produce"] * n, "send_offsets", "commit", "committed"]
@@ -294,12 +305,16 @@ def test_a_slow_transaction_is_logged_with_where_its_time_went(
 
 def test_a_fence_before_the_first_assignment_costs_a_restarting_instance_nothing(
         settings: Settings) -> None:
-    """Shows an instance fenced after it started but before it joined carries on: it
-    calls `init_transactions` at its first assignment, after any fence a takeover
-    could still make (before, it called it at start, and the fence made its first
-    commit fail fatally: chaos saw restarted processors exit by themselves)."""
+    """Shows an instance fenced after it started but before it joined carries on. It
+    calls `init_transactions` at start (what its crashed self left open is aborted
+    before it joins: another member's assignment may be waiting for that), and on a
+    new producer at its first assignment, after any fence a takeover could still
+    make. With the first call alone the fence made its first commit fail fatally
+    (chaos saw restarted processors exit by themselves); with the second alone, a
+    member waiting for the open transaction and this one waiting for its assignment
+    stalled each other for 60 s (chaos seed 604)."""
     calls, role, _, out = _run(settings, {}, lambda r: len(r.table) >= 3, fenced_as_it_joins=True)
-    assert calls[:2] == ["fenced", "assigned [0]"]
+    assert calls[:4] == ["init", "fenced", "init", "assigned [0]"]
     assert role.table == [b"a", b"b", b"c"]
     assert _read_committed(settings, out) == [b"copy:a", b"copy:b", b"copy:c"]
     assert _committed_offset(settings, f"{settings.topic_prefix}loop-in") == 3
