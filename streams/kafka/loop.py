@@ -319,13 +319,17 @@ class TableLoop:
             self._phases = TransactionPhases(produced - began, sent - produced,
                                              time.perf_counter() - sent)
         else:  # at least once: a crash between flush and commit repeats the batch
+            began = time.perf_counter()
             self._produce(outputs)
             if self.producer.flush(TXN_TIMEOUT_S):
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "flush timed out"))
             if self.fault is not None:
                 self.fault(outputs, self.producer)
+            flushed = time.perf_counter()
             if offsets:
                 self.consumer.commit(offsets=offsets, asynchronous=False)
+            # Not a transaction: the flush is its produce, the offset commit its "send offsets".
+            self._phases = TransactionPhases(flushed - began, time.perf_counter() - flushed, 0.0)
 
     def _replace_producer(self, why: str = "after a timed-out call (librdkafka #5511)",
                           level: int = logging.WARNING) -> None:

@@ -290,15 +290,19 @@ def test_a_fatal_error_propagates(settings: Settings) -> None:
 def test_a_slow_transaction_is_logged_with_where_its_time_went(
         settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
     """Shows a transaction past SLOW_TRANSACTION_S is logged with its phases, and every
-    committed one is timed phase by phase (the commit here sleeps past the limit)."""
+    committed one is timed phase by phase (the commit here sleeps past the limit; on a
+    busy machine others may be logged too, and each must name its phases)."""
     phases: list[TransactionPhases] = []
     with caplog.at_level(logging.WARNING, logger="threadline.kafka.loop"):
         _run(settings, {}, lambda r: len(r.table) >= 3, slow={"commit": SLOW_TRANSACTION_S + 0.1},
              phases=phases)
     slow = [r.getMessage() for r in caplog.records if "a transaction took" in r.getMessage()]
-    assert len(slow) == 1, slow
-    assert re.search(r"begin and produce \d+, send offsets \d+, commit (\d+) \(\d+ records "
-                     r"written, 1 offsets\)", slow[0]), slow
+    # A busy machine may make another transaction slow too: find the one slowed here.
+    pattern = re.compile(r"begin and produce \d+, send offsets \d+, commit (\d+) \(\d+ records "
+                         r"written, 1 offsets\)")
+    commits_ms = [int(m.group(1)) for m in map(pattern.search, slow) if m is not None]
+    assert len(commits_ms) == len(slow), slow  # every slow one is logged with its phases
+    assert max(commits_ms, default=0) >= SLOW_TRANSACTION_S * 1000, slow
     assert phases and max(p.commit for p in phases) > SLOW_TRANSACTION_S
     assert all(min(p) >= 0 for p in phases)
 
