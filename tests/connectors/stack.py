@@ -119,10 +119,12 @@ class Stack:
         partitions = range(self.settings.partitions)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         found: dict[str, ChatOutbox] = {}
-        todo, deadline = set(partitions), time.monotonic() + 10
+        todo, since = set(partitions), time.monotonic()
         try:
-            while todo and time.monotonic() < deadline:
+            while todo:  # to the end of every partition; a stalled read fails, not a partial one
+                assert time.monotonic() - since < 30, f"outbox topic: no record in 30s, {todo} unread"
                 for msg in consumer.consume(500, timeout=0.2):
+                    since = time.monotonic()
                     error = msg.error()
                     if error is not None:
                         if error.code() == KafkaError._PARTITION_EOF:
@@ -138,6 +140,13 @@ class Stack:
         """The tail of every process's log, for a failure message."""
         procs = {"processor": self.processor, "worker": self.worker, **self.connectors}
         return "\n".join(f"--- {n}\n{p.tail(25)}" for n, p in procs.items() if p is not None)
+
+    def progress(self) -> tuple[int, ...]:
+        """What changes while the stack is doing something: the size of every
+        process's log and the chat double's posts and held calls."""
+        procs = [self.processor, self.worker, *self.connectors.values()]
+        sizes = [p.log.stat().st_size if p is not None and p.log.exists() else 0 for p in procs]
+        return (*sizes, len(self.double.bot_posts()), sum(self.double.waiting.values()))
 
     def stop(self) -> None:
         """Stop the connectors, the worker, then the processor."""
@@ -196,11 +205,11 @@ def unique_channel() -> str:
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, stack: Stack) -> Any:
-    """Poll `predicate` until it is truthy and return it; past `timeout` fail with the stack's logs."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not within {timeout}s\n{stack.logs()}")
+    """Poll `predicate` until it is truthy and return it, while the stack makes
+    progress: fail with the stack's logs once `timeout` seconds pass in which no
+    process wrote to its log and the chat double saw no new post or call. A loaded
+    machine slows a wait down; only a stack that stopped moving fails it."""
+    try:
+        return wait_for(predicate, timeout, progress=stack.progress)
+    except AssertionError:
+        raise AssertionError(f"{what}: no progress in {timeout}s\n{stack.logs()}") from None
