@@ -6,17 +6,19 @@ the records (`TableRole`); the loop owns the order of things, which is what make
 the whole exactly once (KIP-447):
 
 On assignment:
-  -1. the first time, with a `producer_factory`: a new producer, whose
-     `init_transactions` comes after any fence a takeover could still make. The
-     loop calls `init_transactions` at start too, to abort at once what this
-     instance's crashed self left open: another member's assignment may be waiting
-     for that transaction (step 1), and this instance's own assignment waits for
-     that member to finish its own. But an instance restarting as itself may be
-     fenced after that call by the one that took its partitions over while it was
-     away (step 0 there), and its first commit would fail fatally. That takeover
-     runs inside the other instance's assignment, and this instance's first
-     assignment comes only after the other has finished it, so this second
-     `init_transactions` always comes last;
+  -1. with a `producer_factory`: a new producer, whose `init_transactions` comes
+     after any fence a takeover could still make. The loop calls
+     `init_transactions` at start too, to abort at once what this instance's
+     crashed self left open: another member's assignment may be waiting for that
+     transaction (step 1), and this instance's own assignment waits for that member
+     to finish its own. But an instance restarting as itself may be fenced after
+     that call by the one that took its partitions over while it was away (step 0
+     there), and its first commit would fail fatally. So may an instance that stayed
+     up but dropped out of the group for a while (a broker restart outlasting its
+     session: chaos seed 610 saw it exit so). That takeover runs inside the other
+     instance's assignment, and this instance's next assignment comes only after the
+     other has finished it, so the `init_transactions` of this step always comes
+     last. It costs a round trip or two per rebalance;
   0. with a `Takeover`: fence the previous writers of the new partitions that are
      gone from the group, so that their open transactions are aborted now, not when
      the coordinator times them out (`streams.kafka.takeover`);
@@ -59,8 +61,15 @@ one): librdkafka can keep a dead broker as the group coordinator after a broker
 restart and wait on it forever in `send_offsets_to_transaction` (#5511, #5456), seen
 on the first transaction after every broker restart of `bench.broker_restart`.
 
-Every transactional call runs under a watchdog (`streams.kafka.watchdog`): one that
-hangs far past its own timeout ends the process.
+Every transactional call runs under a watchdog (`streams.kafka.watchdog`), on a
+thread of its own: one that hangs far past its own timeout (#5456) is left behind
+with its producer, the step aborts as above without calling that producer again, and
+the next transaction starts on a new producer, whose `init_transactions` fences the
+hung one and aborts its transaction. The process stays up: a restart would cost a
+cold start and a rejoin. A hung `commit_transaction` is different: the commit may
+have reached the coordinator, so the batch may not be done again; the process exits
+with `HUNG_EXIT_STATUS` and a restart recovers from what Kafka committed. So it does
+without a `producer_factory`, and when `MAX_HUNG_CALLS` in a row hang.
 
 Without a transactional producer (at_least_once, benchmarks only), 3-5 become:
 produce, flush, commit the offsets; a crash between flush and commit repeats the batch.
@@ -72,6 +81,7 @@ before 5.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,7 +91,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from streams.kafka.faults import commit_fault
 from streams.kafka.takeover import Takeover
-from streams.kafka.watchdog import Watchdog
+from streams.kafka.watchdog import HUNG_EXIT_STATUS, CallHung, Watchdog
 
 __all__ = ["BATCH", "TXN_TIMEOUT_S", "Output", "TableLoop", "TableRole", "record_position"]
 
@@ -93,9 +103,12 @@ BATCH = 500  # records per step at most
 TXN_TIMEOUT_S = 5
 # A call this long ignored its own timeout, which librdkafka otherwise keeps: it hangs
 # (#5456: a coordinator request waits for a broker state change that may never come;
-# seen after every broker restart of a chaos run). Exit, a restart recovers (with a
-# `reachable` probe, not while the brokers are down: see the watchdog).
-TXN_HANG_EXIT_S = TXN_TIMEOUT_S + 2
+# seen after broker restarts of chaos runs). It is left behind with its producer
+# (with a `reachable` probe, not while the brokers are down: see the watchdog).
+TXN_HANG_S = TXN_TIMEOUT_S + 2
+# Hung calls in a row (no commit between them) after which the process exits: new
+# producers did not help, a restart may.
+MAX_HUNG_CALLS = 3
 TXN_RETRY_S = 120  # retriable errors of one call, for this long at most
 # A transaction slower than this is logged with where its time went: on a quiet
 # machine one takes 5-30 ms, and each one holds up every command behind it.
@@ -166,7 +179,8 @@ class TableLoop:
         self.role = role
         self.producer_factory = producer_factory
         self._stale = False  # a transactional call timed out: a new producer next time
-        self._assigned_before = False  # step -1 done (see the module doc)
+        self._hung = 0  # calls hung since the last commit: each left its producer behind
+        self._abandoned = False  # the producer's call hung: never call it again
         self.takeover = takeover
         self._metadata = takeover.me.metadata() if takeover is not None else None
         self.consumer = consumer
@@ -175,7 +189,7 @@ class TableLoop:
         self.transactional = transactional
         # `reachable`: whether the brokers accept connections (a call overdue while
         # they are down goes on when they are back; streams.kafka.watchdog)
-        self.watchdog = Watchdog(TXN_HANG_EXIT_S, reachable)
+        self.watchdog = Watchdog(TXN_HANG_S, reachable)
         self._positions: dict[int, int] = {}  # owned partition -> committed input offset (<0: none)
         self._unclaimed: set[int] = set()  # assigned, not yet committed by this instance
         self._paused_until = 0.0
@@ -221,11 +235,8 @@ class TableLoop:
     # --- rebalance --------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if not self._assigned_before:  # step -1: see the module doc
-            self._assigned_before = True
-            if self.transactional and self.producer_factory is not None:
-                self._replace_producer("at the first assignment, after any takeover's fence",
-                                       logging.INFO)
+        if self.transactional and self.producer_factory is not None:  # step -1: the module doc
+            self._replace_producer("at an assignment, after any takeover's fence", logging.INFO)
         if self.takeover is not None:  # step 0: see the module doc
             self.takeover.fence_deposed(self.topic, [tp.partition for tp in partitions])
         committed = consumer.committed(partitions, timeout=60)  # step 1: see the module doc
@@ -290,6 +301,7 @@ class TableLoop:
             log.warning("a transaction took %.0f ms: begin and produce %.0f, send offsets %.0f, "
                         "commit %.0f (%d records written, %d offsets)", took * 1000,
                         *(phase * 1000 for phase in self._phases), len(outputs), len(offsets))
+        self._hung = 0
         self._positions.update(read)
         self._unclaimed -= set(positions)
         if log.isEnabledFor(logging.DEBUG):
@@ -303,8 +315,7 @@ class TableLoop:
             if self._stale and self.producer_factory is not None:
                 self._replace_producer()
             began = time.perf_counter()
-            with self.watchdog.guard("begin_transaction"):
-                self.producer.begin_transaction()
+            self._call("begin_transaction", self.producer.begin_transaction)
             self._produce(outputs)
             produced = time.perf_counter()
             if offsets:
@@ -336,9 +347,10 @@ class TableLoop:
         """A new transactional producer with the same id, fresh caches (see the module doc)."""
         assert self.producer_factory is not None
         log.log(level, "a new transactional producer %s", why)
-        self.producer.flush(0)
+        if not self._abandoned:  # a producer left behind is blocked in a call: leave it be
+            self.producer.flush(0)
         self.producer = self.producer_factory()
-        self._stale = False
+        self._stale = self._abandoned = False
         self._call("init_transactions", self.producer.init_transactions, TXN_TIMEOUT_S)
 
     def _produce(self, outputs: list[Output]) -> None:
@@ -359,9 +371,13 @@ class TableLoop:
         deadline = time.monotonic() + TXN_RETRY_S
         while True:
             try:
-                with self.watchdog.guard(what):
-                    call(*args)
+                self.watchdog.call(what, call, *args)
                 return
+            except CallHung:
+                self._left_behind(what)
+                raise KafkaException(KafkaError(
+                    KafkaError._TIMED_OUT, f"{what} hung past its timeout; its producer is left "
+                    "behind", txn_requires_abort=True)) from None
             except KafkaException as exc:
                 error = exc.args[0]
                 if not (isinstance(error, KafkaError) and error.retriable()) \
@@ -373,12 +389,30 @@ class TableLoop:
                                                     txn_requires_abort=True)) from exc
                 log.warning("%s: %s; calling it again", what, error)
 
+    def _left_behind(self, what: str) -> None:
+        """A call on the producer hung: the next transaction starts on a new one. The
+        process exits instead when it hung in `commit_transaction` (the commit may have
+        reached the coordinator: only a restart, reading the committed offsets and the
+        changelogs, knows), without a way to make a new producer, or after too many in
+        a row."""
+        self._hung += 1
+        self._abandoned = self._stale = True
+        if what == "commit_transaction" or self.producer_factory is None \
+                or self._hung >= MAX_HUNG_CALLS:
+            log.critical("%s hung past its timeout (%d in a row); exiting so a restart recovers",
+                         what, self._hung)
+            logging.shutdown()
+            os._exit(HUNG_EXIT_STATUS)
+
     def _recover(self, exc: KafkaException, starts: dict[int, int]) -> None:
         err = exc.args[0]
         if not (self.transactional and isinstance(err, KafkaError) and err.txn_requires_abort()):
             raise exc  # fatal (e.g. a newer instance with our transactional id): exit
-        log.warning("aborting transaction: %s", err)
-        self._call("abort_transaction", self.producer.abort_transaction, TXN_TIMEOUT_S)
+        if self._abandoned:  # the new producer's init_transactions aborts it
+            log.warning("transaction left to be aborted by a new producer: %s", err)
+        else:
+            log.warning("aborting transaction: %s", err)
+            self._call("abort_transaction", self.producer.abort_transaction, TXN_TIMEOUT_S)
         # Back to the batch's first records: the committed offsets would miss a
         # partition that never committed (no offset to seek to).
         self._rewind(starts)

@@ -24,9 +24,10 @@ it reads its partitions' committed offsets (`fence_deposed`):
 3. calls `init_transactions` with each one's transactional id: the coordinator
    aborts its open transaction at once and bumps its epoch, so a zombie that
    still runs is fenced (its next transactional call fails fatally, it exits and
-   a restart rejoins as itself). An instance restarting as itself meanwhile is
-   not: it calls `init_transactions` again at its first assignment, which comes
-   after this one has finished (`streams.kafka.loop`, step -1).
+   a restart rejoins as itself). An instance restarting as itself meanwhile, or
+   one that only dropped out of the group for a while, is not: it calls
+   `init_transactions` on a new producer at each assignment, which comes after
+   this one has finished (`streams.kafka.loop`, step -1).
 
 A live previous owner (a rebalance that moved partitions between members) is a
 member and is left alone; it ended its transaction before it gave its partitions

@@ -1,5 +1,6 @@
 """The table loop's ordering on a real broker: what runs in which order on a commit,
-on an abort (and the rewind after it), and on a retried commit; and the watchdog.
+on an abort (and the rewind after it), on a retried commit and on a hung call; and
+the watchdog.
 
 A toy role copies each input record to an output topic. The producer and the
 consumer are the real clients, subclassed only to write down each call (and to
@@ -9,13 +10,12 @@ fail one when a test says so).
 from __future__ import annotations
 
 import logging
+import os
 import re
-import subprocess
-import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +25,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from streams.config import Settings
 from streams.kafka.clients import librdkafka_config, table_consumer_config, table_producer_config
 from streams.kafka.loop import SLOW_TRANSACTION_S, Output, TableLoop, TransactionPhases
-from streams.kafka.watchdog import HUNG_EXIT_STATUS
+from streams.kafka.watchdog import HUNG_EXIT_STATUS, CallHung, Watchdog
 
 pytestmark = pytest.mark.kafka
 
@@ -40,6 +40,16 @@ class RecordingProducer(Producer):
         self.calls = calls
         self.fail_once: dict[str, KafkaError] = {}  # call name -> the error it raises, once
         self.slow_once: dict[str, float] = {}  # call name -> seconds it sleeps first, once
+        # call name -> an event it blocks on first, once, past any timeout (librdkafka #5456)
+        self.hang_once: dict[str, threading.Event] = {}
+        self.hanging = threading.Event()  # set once a call hangs
+
+    def _maybe_hang(self, name: str) -> None:
+        release = self.hang_once.pop(name, None)
+        if release is not None:
+            self.calls.append(f"{name} hangs")
+            self.hanging.set()
+            release.wait()
 
     def _maybe_fail(self, name: str) -> None:
         self.calls.append(name)
@@ -64,12 +74,14 @@ class RecordingProducer(Producer):
         super().produce(*args, **kwargs)
 
     def send_offsets_to_transaction(self, *args: Any) -> None:
-        """Sends the offsets, then writes down "send_offsets" and raises its injected error if one is set."""
+        """Hangs if told to; sends the offsets, writes down "send_offsets", raises its injected error."""
+        self._maybe_hang("send_offsets")
         super().send_offsets_to_transaction(*args)
         self._maybe_fail("send_offsets")
 
     def commit_transaction(self, *args: Any) -> None:
-        """Writes down "commit" and raises its injected error if one is set, else commits."""
+        """Hangs if told to; writes down "commit", raises its injected error or commits."""
+        self._maybe_hang("commit")
         self._maybe_fail("commit")
         super().commit_transaction(*args)
 
@@ -186,15 +198,24 @@ class FencedAsItJoinsConsumer(RecordingConsumer):
 
 def _run(settings: Settings, fail: dict[str, KafkaError], until: Callable[[CopyRole], bool],
          *, fenced_as_it_joins: bool = False, slow: dict[str, float] | None = None,
-         phases: list[TransactionPhases] | None = None) -> tuple[Calls, CopyRole, TableLoop, str]:
+         phases: list[TransactionPhases] | None = None, hang: dict[str, threading.Event] | None = None,
+         then: Callable[[TableLoop, CopyRole, str], None] | None = None,
+         ) -> tuple[Calls, CopyRole, TableLoop, str]:
+    """The copy loop over a new topic holding a, b and c, until `until(role)`; `then`,
+    if given, is called once, between steps, when a, b and c are in the table."""
     source, out = _topics(settings)
     _send(settings, source, [b"a", b"b", b"c"])
     calls: Calls = []
     group = f"{settings.topic_prefix}loop"
     transactional_id = f"{group}-1"
+    hangs = dict(hang or {})  # shared: the first producer to make the call hangs in it
+    hanging = threading.Event()
+
     def new_producer() -> RecordingProducer:
-        return RecordingProducer(table_producer_config(
+        made = RecordingProducer(table_producer_config(
             settings, "loop-test", transactional_id=transactional_id, linger_ms=1), calls)
+        made.hang_once, made.hanging = hangs, hanging
+        return made
 
     producer = new_producer()
     producer.fail_once.update(fail)
@@ -203,15 +224,29 @@ def _run(settings: Settings, fail: dict[str, KafkaError], until: Callable[[CopyR
     config = table_consumer_config(settings, group, "loop-test")
     consumer = RecordingConsumer(config, calls) if not fenced_as_it_joins else \
         FencedAsItJoinsConsumer(config, calls, lambda: _fence(settings, transactional_id))
-    # As the processor builds it: a new producer at the first assignment and after a
+    # As the processor builds it: a new producer at each assignment and after a
     # timed-out call; without one (the connector relay), only at start.
     loop = TableLoop(role, consumer, producer, source,
-                     producer_factory=new_producer if fenced_as_it_joins else None)
+                     producer_factory=new_producer if fenced_as_it_joins or hang or then else None)
+    if hang:  # as if the broker were down but while the call hangs: a slow call is no hang
+        def hung_now() -> bool:
+            was = hanging.is_set()
+            hanging.clear()
+            return was
+
+        loop.watchdog = Watchdog(0.3, hung_now, grace_s=0.0, poll_s=0.05)
     if phases is not None:
         loop.on_commit = lambda _took, took: phases.append(took)
     deadline = time.monotonic() + 60
+    pending = [then] if then is not None else []
+
+    def stop() -> bool:
+        if pending and len(role.table) >= 3:
+            pending.pop()(loop, role, transactional_id)
+        return until(role) or time.monotonic() > deadline
+
     try:
-        loop.run(lambda: until(role) or time.monotonic() > deadline)
+        loop.run(stop)
     finally:
         loop.close()
     return calls, role, loop, out
@@ -324,34 +359,121 @@ def test_a_fence_before_the_first_assignment_costs_a_restarting_instance_nothing
     assert _committed_offset(settings, f"{settings.topic_prefix}loop-in") == 3
 
 
-def test_the_watchdog_ends_a_call_that_hangs_past_its_limit() -> None:
-    """Shows the watchdog ends a process whose guarded call hangs past its limit, with HUNG_EXIT_STATUS."""
-    code = ("import time\nfrom streams.kafka.watchdog import Watchdog\n"
-            "with Watchdog(0.5).guard('a call'):\n    time.sleep(30)\n")
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
-    assert done.returncode == HUNG_EXIT_STATUS
-    assert time.monotonic() - started < 10
-    assert "a call hung past its timeout" in done.stderr
+def test_a_hung_call_leaves_its_producer_behind_and_the_step_is_done_again_on_a_new_one(
+        settings: Settings) -> None:
+    """Shows a `send_offsets_to_transaction` hung past its timeout (librdkafka #5456
+    after a broker restart) costs the process nothing but its producer: the hung
+    producer is never called again (no abort), the batch is rewound and done again on
+    a new producer, whose `init_transactions` fences the hung one and aborts its
+    transaction; nothing is written twice."""
+    release = threading.Event()
+    try:
+        calls, role, loop, out = _run(settings, {}, lambda r: len(r.table) >= 3,
+                                      hang={"send_offsets": release})
+    finally:
+        release.set()  # the hung call goes on, on a fenced producer, and fails unheard
+    hung = calls.index("send_offsets hangs")
+    assert calls[hung + 1:hung + 3] == ["seek 0@0", "aborted _TIMED_OUT"]
+    assert calls[hung + 3].startswith("process")  # the same records again
+    assert calls[hung + 4] == "init"  # on a new producer, before its transaction
+    assert "abort" not in calls and "committed" not in calls[:hung]
+    assert loop.watchdog.left_behind == 1
+    assert role.table == [b"a", b"b", b"c"]
+    assert _read_committed(settings, out) == [b"copy:a", b"copy:b", b"copy:c"]  # nothing twice
+    assert _committed_offset(settings, f"{settings.topic_prefix}loop-in") == 3
 
 
-def test_the_watchdog_waits_while_the_broker_is_down(tmp_path: Path) -> None:
+class Exited(Exception):
+    """What the loop's `os._exit` raises in a test."""
+
+
+def test_a_hung_commit_ends_the_process(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shows a hung `commit_transaction` ends the process with HUNG_EXIT_STATUS rather
+    than do the batch again: the commit may have reached the coordinator, and only a
+    restart (the committed offsets, the changelogs) can tell."""
+    def exit_(status: int) -> None:
+        raise Exited(status)
+
+    monkeypatch.setattr(os, "_exit", exit_)  # what the loop calls, as os._exit
+    monkeypatch.setattr(logging, "shutdown", lambda: None)
+    release = threading.Event()
+    try:
+        with pytest.raises(Exited) as exited:
+            _run(settings, {}, lambda r: False, hang={"commit": release})
+    finally:
+        release.set()
+    assert exited.value.args == (HUNG_EXIT_STATUS,)
+
+
+def test_an_instance_fenced_while_out_of_the_group_carries_on_when_it_is_back(
+        settings: Settings) -> None:
+    """Shows an instance that left the group for a while (a broker restart longer
+    than its session) and was fenced meanwhile by the one that took its partitions
+    over carries on at its next assignment, on a new producer, instead of failing
+    its first commit fatally (chaos seed 610: the processor exited with status 1)."""
+    def out_fenced_and_back(loop: TableLoop, role: CopyRole, transactional_id: str) -> None:
+        loop.consumer.unsubscribe()  # out of the group: its partitions revoked
+        _fence(settings, transactional_id)
+        role.calls.append("fenced")
+        loop.consumer.subscribe([loop.topic], on_assign=loop._on_assign,
+                                on_revoke=loop._on_revoke, on_lost=loop._on_revoke)
+        _send(settings, loop.topic, [b"d", b"e"])
+
+    calls, role, _, out = _run(settings, {}, lambda r: len(r.table) >= 5, then=out_fenced_and_back)
+    back = calls.index("fenced")
+    assert calls[back + 1:back + 3] == ["init", "assigned [0]"]
+    assert role.table == [b"a", b"b", b"c", b"d", b"e"]
+    assert _read_committed(settings, out) == [b"copy:a", b"copy:b", b"copy:c", b"copy:d", b"copy:e"]
+    assert _committed_offset(settings, f"{settings.topic_prefix}loop-in") == 5
+
+
+def test_the_watchdog_leaves_a_hung_call_behind_and_runs_the_next_on_a_new_thread() -> None:
+    """Shows a call past its limit raises CallHung while it still runs, and the next
+    call runs on a new thread; results and exceptions of calls that return come back."""
+    watchdog = Watchdog(0.1, poll_s=0.02)
+    release = threading.Event()
+    try:
+        with pytest.raises(CallHung, match="a call"):
+            watchdog.call("a call", release.wait)
+        assert not release.is_set()
+        assert watchdog.call("the next", lambda x: x * 2, 21) == 42
+        with pytest.raises(ValueError, match="boom"):
+            watchdog.call("a failing one", int, "boom")
+        assert watchdog.left_behind == 1
+    finally:
+        release.set()
+
+
+def test_the_watchdog_waits_while_the_broker_is_down() -> None:
     """A call overdue while the broker is down goes on when it is back (librdkafka
     #5456): the watchdog asks its probe and waits; once the broker answers for its
-    grace time and the call still hangs, it ends the process."""
-    flag = tmp_path / "broker-up"
-    code = ("import sys, time, pathlib\nfrom streams.kafka.watchdog import Watchdog\n"
-            f"flag = pathlib.Path({str(flag)!r})\n"
-            "def probe():\n    print('probed', flag.exists(), flush=True)\n    return flag.exists()\n"
-            "with Watchdog(0.5, probe, grace_s=0.5).guard('a call'):\n    time.sleep(60)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
+    grace time and the call still hangs, it is left behind."""
+    answers: list[bool] = []
+    broker_up = threading.Event()
+
+    def probe() -> bool:
+        answers.append(broker_up.is_set())
+        if answers.count(False) >= 3:  # overdue, asked three times while the broker is down
+            broker_up.set()
+        return answers[-1]
+
+    release = threading.Event()
     try:
-        for _ in range(2):  # overdue, asked twice while the broker is down: still running
-            assert proc.stdout.readline() == "probed False\n", proc.stderr.read() if proc.stderr else ""
-        flag.touch()
-        assert proc.wait(timeout=60) == HUNG_EXIT_STATUS
+        with pytest.raises(CallHung):
+            Watchdog(0.05, probe, grace_s=0.1, poll_s=0.02).call("a call", release.wait)
     finally:
-        proc.kill()
-        proc.wait()
+        release.set()
+    assert answers[:3] == [False] * 3 and answers[-1] is True
+
+
+def test_a_call_overdue_while_the_broker_is_down_returns_once_it_is_back() -> None:
+    """Shows an overdue call that returns after the broker came back is not left behind."""
+    release = threading.Event()
+
+    def probe() -> bool:
+        release.set()  # the broker is back, and the call goes on
+        return False
+
+    watchdog = Watchdog(0.05, probe, grace_s=0.1, poll_s=0.02)
+    assert watchdog.call("a call", lambda: release.wait() and "done") == "done"
+    assert watchdog.left_behind == 0
