@@ -53,11 +53,13 @@ bench-peers: install
 	$(PY) -c 'import matplotlib' 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'
 	$(PY) -m bench.peers $(PEERS_ARGS)
 
-# ruff, mypy --strict, and the layers' import contracts (import-linter, pyproject.toml).
+# ruff, mypy --strict, the layers' import contracts (import-linter, pyproject.toml), and
+# no private name imported within a package (which ruff's PLC2701 does not see).
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m mypy streams gateway tests chaos bench
 	$(VENV)/bin/lint-imports --no-logo
+	$(PY) -m pytest -q -p no:cacheprovider tests/gateway/test_private_names.py
 
 clean:
 	rm -rf var .pytest_cache .hypothesis
