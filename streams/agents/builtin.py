@@ -12,17 +12,11 @@ failure modes per message, so a test can pick its scenario by what it posts:
     [approve]     before the reply, ask a human (`interrupt`) and end the reply
                   with `Approved: <the resume value>.`
 
-Settings (`settings.extra`):
-
-    THREADLINE_AGENT_TOKENS_PER_S       normal rate, default 50; 0 = as fast as possible
-    THREADLINE_AGENT_SLOW_TOKENS_PER_S  rate for [slow], default 5
-    THREADLINE_AGENT_WORDS              words after the echo, default 24
-    THREADLINE_AGENT_STEPS              "1": a tool call, its result and a citation
-                                        follow the text (shown, not journaled)
-    THREADLINE_AGENT_TOOLS              n > 0: the deterministic tool mode (below)
-    THREADLINE_AGENT_TOOL_DELAY_S       how long each `lookup` call takes, default 0
-    THREADLINE_AGENT_TOOL_LOG           a file each `lookup` call appends its side
-                                        effects to: `start <key>`, then `done <key>`
+Settings (`settings.extra`, typed and given their defaults in `BuiltinAgentEnv`):
+its token rates, the words after the echo, whether a tool call, its result and a
+citation follow the text (shown, not journaled), the tool mode (below), how long each
+`lookup` call takes, and a file each `lookup` call appends its side effects to
+(`start <key>`, then `done <key>`).
 
 The tool mode, for tests and chaos without a network: before the reply the agent
 takes n turns, each a sentence (`Step i: looking up "<message> #i".`, a model
@@ -42,6 +36,9 @@ import os
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import Field
 
 from streams.agents import AgentCitations, AgentError, AgentOutput, AgentStep, TextChunk
 from streams.agents.runtime import call_tool, current, interrupt, model_turn_json
@@ -50,8 +47,9 @@ from streams.config import Settings
 from streams.core.domain import Citation, Step
 from streams.core.journal import MODEL_TURN
 from streams.core.records import HistoryMessage
+from streams.env import Section
 
-__all__ = ["BuiltinAgent", "lookup_tool", "reply_for"]
+__all__ = ["BuiltinAgent", "BuiltinAgentEnv", "lookup_tool", "reply_for"]
 
 # Tokens streamed before a [fail], [hang] or [crash] takes effect.
 TOKENS_BEFORE_TROUBLE = 3
@@ -107,11 +105,6 @@ def _tokens(reply: str) -> list[str]:
     return re.findall(r"\s*\S+", reply)
 
 
-def _float(extra: Mapping[str, str], name: str, default: float) -> float:
-    raw = extra.get(name)
-    return default if raw in (None, "") else float(raw)
-
-
 @dataclass(frozen=True, slots=True)
 class BuiltinAgent:
     """The offline agent: a hash-derived reply at a fixed token rate, with failures chosen by markers."""
@@ -126,15 +119,15 @@ class BuiltinAgent:
     @classmethod
     def from_settings(cls, settings: Settings) -> BuiltinAgent:
         """The agent with its rates, length and steps from THREADLINE_AGENT_* settings."""
-        extra = settings.extra
+        env = BuiltinAgentEnv.read(settings.extra)
         return cls(
-            tokens_per_s=_float(extra, "THREADLINE_AGENT_TOKENS_PER_S", 50.0),
-            slow_tokens_per_s=_float(extra, "THREADLINE_AGENT_SLOW_TOKENS_PER_S", 5.0),
-            words=int(_float(extra, "THREADLINE_AGENT_WORDS", 24)),
-            steps=extra.get("THREADLINE_AGENT_STEPS", "") in ("1", "true", "yes"),
-            tools=int(_float(extra, "THREADLINE_AGENT_TOOLS", 0)),
-            tool_delay_s=_float(extra, "THREADLINE_AGENT_TOOL_DELAY_S", 0.0),
-            tool_log=extra.get("THREADLINE_AGENT_TOOL_LOG") or None,
+            tokens_per_s=env.tokens_per_s,
+            slow_tokens_per_s=env.slow_tokens_per_s,
+            words=env.words,
+            steps=env.steps,
+            tools=env.tools,
+            tool_delay_s=env.tool_delay_s,
+            tool_log=str(env.tool_log) if env.tool_log is not None else None,
         )
 
     async def run(
@@ -207,3 +200,21 @@ class BuiltinAgent:
         if "[crash]" in message:
             await asyncio.sleep(CRASH_GRACE_S)
             os._exit(CRASH_EXIT_STATUS)
+
+
+_BUILTIN = BuiltinAgent()
+
+
+class BuiltinAgentEnv(Section):
+    """The builtin agent's variables (`Settings.extra`; docs/operations.md); the
+    defaults are `BuiltinAgent`'s."""
+
+    # 0: as fast as possible
+    tokens_per_s: float = Field(_BUILTIN.tokens_per_s, ge=0, alias="THREADLINE_AGENT_TOKENS_PER_S")
+    slow_tokens_per_s: float = Field(_BUILTIN.slow_tokens_per_s, ge=0,
+                                     alias="THREADLINE_AGENT_SLOW_TOKENS_PER_S")
+    words: int = Field(_BUILTIN.words, ge=0, alias="THREADLINE_AGENT_WORDS")
+    steps: bool = Field(_BUILTIN.steps, alias="THREADLINE_AGENT_STEPS")
+    tools: int = Field(_BUILTIN.tools, ge=0, alias="THREADLINE_AGENT_TOOLS")
+    tool_delay_s: float = Field(_BUILTIN.tool_delay_s, ge=0, alias="THREADLINE_AGENT_TOOL_DELAY_S")
+    tool_log: Path | None = Field(None, alias="THREADLINE_AGENT_TOOL_LOG")

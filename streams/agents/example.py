@@ -15,14 +15,25 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+from pydantic import Field
 
 from streams.agents.openai import OpenAIAgent
 from streams.agents.tools import Tool, ToolContext, ToolError, ToolResult, log_side_effect
 from streams.config import Settings
 from streams.core.domain import Citation
+from streams.env import Section
 
-__all__ = ["create", "ticket_tool"]
+__all__ = ["TicketAgentEnv", "create", "ticket_tool"]
+
+
+class TicketAgentEnv(Section):
+    """The example's own variables (`Settings.extra`; docs/operations.md)."""
+
+    ticket_log: Path | None = Field(None, alias="THREADLINE_AGENT_TICKET_LOG")
+    ticket_delay_s: float = Field(0.0, ge=0, alias="THREADLINE_AGENT_TICKET_DELAY_S")
 
 
 def ticket_tool(log_path: str | None = None, delay_s: float = 0.0) -> Tool:
@@ -46,7 +57,7 @@ def ticket_tool(log_path: str | None = None, delay_s: float = 0.0) -> Tool:
 
 def create(settings: Settings) -> OpenAIAgent:
     """The factory THREADLINE_AGENT names: the OpenAI agent with `open_ticket`."""
-    extra = settings.extra
-    tool = ticket_tool(extra.get("THREADLINE_AGENT_TICKET_LOG") or None,
-                       float(extra.get("THREADLINE_AGENT_TICKET_DELAY_S") or 0))
+    env = TicketAgentEnv.read(settings.extra)
+    tool = ticket_tool(str(env.ticket_log) if env.ticket_log is not None else None,
+                       env.ticket_delay_s)
     return OpenAIAgent.from_settings(settings, tools=[tool])

@@ -12,16 +12,10 @@ Failures map to `AgentError`: HTTP 408, 409, 429 and 5xx, connection errors,
 timeouts, an error inside the stream and a stream cut short are retryable; other
 4xx (a bad key, an unknown model, a request the server refuses) are not.
 
-Settings (`settings.extra`):
-
-    THREADLINE_AGENT_OPENAI_BASE_URL       default https://api.openai.com/v1
-    THREADLINE_AGENT_OPENAI_API_KEY        sent as a bearer token if set
-    THREADLINE_AGENT_OPENAI_MODEL          default gpt-4o-mini
-    THREADLINE_AGENT_OPENAI_SYSTEM_PROMPT  optional first message
-    THREADLINE_AGENT_OPENAI_TIMEOUT_S      connect and read timeout, default 60
-    THREADLINE_AGENT_OPENAI_TOOLS          optional `package.module:attr`: a sequence
-                                           of `Tool`s, or a function of the settings
-                                           that returns one
+Settings (`settings.extra`, typed and given their defaults in `OpenAIAgentEnv`): the
+server's base URL, a key sent as a bearer token if set, the model, an optional
+system prompt, the connect and read timeout, and optional tools: `package.module:attr`
+naming a sequence of `Tool`s, or a function of the settings that returns one.
 """
 
 from __future__ import annotations
@@ -33,6 +27,7 @@ from importlib import import_module
 from typing import Any
 
 import openai
+from pydantic import Field
 
 from streams.agents import AgentError, AgentOutput, TextChunk
 from streams.agents.runtime import call_tool, current, model_turn_json
@@ -40,8 +35,9 @@ from streams.agents.tools import Tool, ToolContext, ToolError, by_name
 from streams.config import Settings
 from streams.core.journal import MODEL_TURN
 from streams.core.records import HistoryMessage
+from streams.env import Section
 
-__all__ = ["OpenAIAgent", "TURN_STEP_NAME"]
+__all__ = ["TURN_STEP_NAME", "OpenAIAgent", "OpenAIAgentEnv"]
 
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
 _ERROR_CHARS = 300
@@ -86,15 +82,14 @@ class OpenAIAgent:
     @classmethod
     def from_settings(cls, settings: Settings, tools: Sequence[Tool] | None = None) -> OpenAIAgent:
         """The agent configured from THREADLINE_AGENT_OPENAI_* settings."""
-        extra = settings.extra
-        prefix = "THREADLINE_AGENT_OPENAI_"
+        env = OpenAIAgentEnv.read(settings.extra)
         return cls(
-            base_url=extra.get(f"{prefix}BASE_URL") or "https://api.openai.com/v1",
-            api_key=extra.get(f"{prefix}API_KEY") or None,
-            model=extra.get(f"{prefix}MODEL") or "gpt-4o-mini",
-            system_prompt=extra.get(f"{prefix}SYSTEM_PROMPT") or None,
-            timeout_s=float(extra.get(f"{prefix}TIMEOUT_S") or 60.0),
-            tools=tools if tools is not None else _load_tools(settings, extra.get(f"{prefix}TOOLS")),
+            base_url=env.base_url,
+            api_key=env.api_key,
+            model=env.model,
+            system_prompt=env.system_prompt,
+            timeout_s=env.timeout_s,
+            tools=tools if tools is not None else _load_tools(settings, env.tools),
         )
 
     def messages(self, history: Sequence[HistoryMessage], message: str) -> list[dict[str, Any]]:
@@ -182,6 +177,21 @@ class OpenAIAgent:
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+_OPENAI = OpenAIAgent()
+
+
+class OpenAIAgentEnv(Section):
+    """The OpenAI agent's variables (`Settings.extra`; docs/operations.md); the
+    defaults are `OpenAIAgent`'s."""
+
+    base_url: str = Field(_OPENAI.base_url, alias="THREADLINE_AGENT_OPENAI_BASE_URL")
+    api_key: str | None = Field(None, alias="THREADLINE_AGENT_OPENAI_API_KEY")
+    model: str = Field(_OPENAI.model, alias="THREADLINE_AGENT_OPENAI_MODEL")
+    system_prompt: str | None = Field(None, alias="THREADLINE_AGENT_OPENAI_SYSTEM_PROMPT")
+    timeout_s: float = Field(_OPENAI.timeout_s, gt=0, alias="THREADLINE_AGENT_OPENAI_TIMEOUT_S")
+    tools: str | None = Field(None, alias="THREADLINE_AGENT_OPENAI_TOOLS")
 
 
 def _unknown(name: str) -> Tool:

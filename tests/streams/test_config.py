@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from streams.agents.builtin import BuiltinAgent
+from streams.agents.example import create
+from streams.agents.openai import OpenAIAgent
 from streams.config import GatewayEnv, GatewayLimits, KafkaEnv, PolicyEnv, Settings, SettingsError
 from streams.core.domain import Policy
 from streams.observability.settings import ObservabilitySettings
@@ -70,3 +73,30 @@ def test_an_empty_variable_is_unset_but_an_empty_prefix_is_a_prefix() -> None:
     settings = Settings.from_env({"THREADLINE_PARTITIONS": "", "THREADLINE_TOPIC_PREFIX": ""})
     assert settings.partitions == KafkaEnv.read({}).partitions
     assert settings.topics.commands == "commands"
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("THREADLINE_AGENT_TOKENS_PER_S", "-1"),
+    ("THREADLINE_AGENT_WORDS", "many"),
+    ("THREADLINE_AGENT_STEPS", "perhaps"),
+    ("THREADLINE_AGENT_OPENAI_TIMEOUT_S", "0"),
+    ("THREADLINE_AGENT_TICKET_DELAY_S", "-2"),
+])
+def test_an_agents_refused_value_names_its_variable(name: str, value: str) -> None:
+    """The agents we ship refuse a bad value of their own variables by name, at start."""
+    settings = Settings.from_env({name: value})
+    factory = create if "TICKET" in name else (
+        OpenAIAgent.from_settings if "OPENAI" in name else BuiltinAgent.from_settings)
+    with pytest.raises(SettingsError, match=name):
+        factory(settings)
+
+
+def test_the_agents_defaults_are_their_own() -> None:
+    """The agents' sections read with nothing set give the agents' own defaults."""
+    assert BuiltinAgent.from_settings(Settings.from_env({})) == BuiltinAgent()
+    openai, default = OpenAIAgent.from_settings(Settings.from_env({}), tools=()), OpenAIAgent()
+    assert (openai.base_url, openai.model, openai.timeout_s, openai.api_key) == \
+        (default.base_url, default.model, default.timeout_s, default.api_key)
+    on = BuiltinAgent.from_settings(Settings.from_env({"THREADLINE_AGENT_STEPS": "yes",
+                                                      "THREADLINE_AGENT_TOOL_LOG": "/tmp/x.log"}))
+    assert on.steps and on.tool_log == "/tmp/x.log"
