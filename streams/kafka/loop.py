@@ -57,9 +57,10 @@ and a restart recovers from Kafka.
 
 After a call failed that way, the next transaction starts on a new producer (with a
 `producer_factory`; the same transactional id, so `init_transactions` fences the old
-one): librdkafka can keep a dead broker as the group coordinator after a broker
-restart and wait on it forever in `send_offsets_to_transaction` (#5511, #5456), seen
-on the first transaction after every broker restart of `bench.broker_restart`.
+one and aborts its transaction, which is therefore not aborted on the old one):
+librdkafka can keep a dead broker as the group coordinator after a broker restart and
+wait on it forever in `send_offsets_to_transaction` (#5511, #5456), seen on the first
+transaction after every broker restart of `bench.broker_restart`.
 
 Every transactional call runs under a watchdog (`streams.kafka.watchdog`), on a
 thread of its own: one that hangs far past its own timeout (#5456) is left behind
@@ -180,7 +181,7 @@ class TableLoop:
         self.producer_factory = producer_factory
         self._stale = False  # a transactional call timed out: a new producer next time
         self._hung = 0  # calls hung since the last commit: each left its producer behind
-        self._abandoned = False  # the producer's call hung: never call it again
+        self._abandoned = False  # the producer hung or is to be replaced: never call it again
         self.takeover = takeover
         self._metadata = takeover.me.metadata() if takeover is not None else None
         self.consumer = consumer
@@ -385,6 +386,10 @@ class TableLoop:
                     raise
                 self._stale = True
                 if fresh and self.producer_factory is not None:
+                    # Not aborted on this producer either: after a broker restart its
+                    # abort_transaction failed fatally (INVALID_TXN_STATE, chaos seed 612),
+                    # and the new producer's init_transactions aborts the transaction.
+                    self._abandoned = True
                     raise KafkaException(KafkaError(error.code(), str(error),
                                                     txn_requires_abort=True)) from exc
                 log.warning("%s: %s; calling it again", what, error)
@@ -408,7 +413,7 @@ class TableLoop:
         err = exc.args[0]
         if not (self.transactional and isinstance(err, KafkaError) and err.txn_requires_abort()):
             raise exc  # fatal (e.g. a newer instance with our transactional id): exit
-        if self._abandoned:  # the new producer's init_transactions aborts it
+        if self._abandoned:  # hung, or to be replaced: the new producer's init_transactions aborts it
             log.warning("transaction left to be aborted by a new producer: %s", err)
         else:
             log.warning("aborting transaction: %s", err)

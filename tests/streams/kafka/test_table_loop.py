@@ -199,7 +199,7 @@ class FencedAsItJoinsConsumer(RecordingConsumer):
 def _run(settings: Settings, fail: dict[str, KafkaError], until: Callable[[CopyRole], bool],
          *, fenced_as_it_joins: bool = False, slow: dict[str, float] | None = None,
          phases: list[TransactionPhases] | None = None, hang: dict[str, threading.Event] | None = None,
-         then: Callable[[TableLoop, CopyRole, str], None] | None = None,
+         then: Callable[[TableLoop, CopyRole, str], None] | None = None, factory: bool = False,
          ) -> tuple[Calls, CopyRole, TableLoop, str]:
     """The copy loop over a new topic holding a, b and c, until `until(role)`; `then`,
     if given, is called once, between steps, when a, b and c are in the table."""
@@ -214,11 +214,11 @@ def _run(settings: Settings, fail: dict[str, KafkaError], until: Callable[[CopyR
     def new_producer() -> RecordingProducer:
         made = RecordingProducer(table_producer_config(
             settings, "loop-test", transactional_id=transactional_id, linger_ms=1), calls)
-        made.hang_once, made.hanging = hangs, hanging
+        made.hang_once, made.hanging, made.fail_once = hangs, hanging, fails
         return made
 
+    fails = dict(fail)  # shared too, as `hangs`
     producer = new_producer()
-    producer.fail_once.update(fail)
     producer.slow_once.update(slow or {})
     role = CopyRole(out, calls)
     config = table_consumer_config(settings, group, "loop-test")
@@ -227,7 +227,8 @@ def _run(settings: Settings, fail: dict[str, KafkaError], until: Callable[[CopyR
     # As the processor builds it: a new producer at each assignment and after a
     # timed-out call; without one (the connector relay), only at start.
     loop = TableLoop(role, consumer, producer, source,
-                     producer_factory=new_producer if fenced_as_it_joins or hang or then else None)
+                     producer_factory=new_producer if fenced_as_it_joins or hang or then or factory
+                     else None)
     if hang:  # as if the broker were down but while the call hangs: a slow call is no hang
         def hung_now() -> bool:
             was = hanging.is_set()
@@ -313,6 +314,23 @@ def test_a_retriable_commit_error_is_retried(settings: Settings) -> None:
     assert calls[first:first + 3] == ["commit", "commit", "committed"]
     assert "abort" not in calls
     assert _read_committed(settings, out) == [b"copy:a", b"copy:b", b"copy:c"]
+
+
+def test_a_retriable_send_offsets_error_is_done_again_on_a_new_producer(settings: Settings) -> None:
+    """Shows a retriable `send_offsets_to_transaction` error (a broker restart) with a
+    producer factory: the batch is rewound and done again on a new producer, and the
+    old one is not asked to abort (after a broker restart that abort failed fatally,
+    INVALID_TXN_STATE: chaos seed 612); the new one's init_transactions aborts it."""
+    transport = KafkaError(KafkaError._TRANSPORT, "injected", retriable=True)
+    calls, role, _, out = _run(settings, {"send_offsets": transport}, lambda r: len(r.table) >= 3,
+                               factory=True)
+    failed = calls.index("send_offsets")
+    assert calls[failed + 1:failed + 3] == ["seek 0@0", "aborted _TRANSPORT"]
+    assert calls[failed + 3].startswith("process") and calls[failed + 4] == "init"
+    assert "abort" not in calls
+    assert role.table == [b"a", b"b", b"c"]
+    assert _read_committed(settings, out) == [b"copy:a", b"copy:b", b"copy:c"]  # nothing twice
+    assert _committed_offset(settings, f"{settings.topic_prefix}loop-in") == 3
 
 
 def test_a_fatal_error_propagates(settings: Settings) -> None:
