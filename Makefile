@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test frontends chaos bench bench-peers lint clean
+.PHONY: install system-deps run test frontends chaos bench bench-peers lint clean
 
 $(STAMP): pyproject.toml infra/kafka/pom.xml infra/registry/pom.xml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,11 @@ $(STAMP): pyproject.toml infra/kafka/pom.xml infra/registry/pom.xml
 
 install: $(STAMP)
 
+# Chromium, Prometheus, node and npm from Debian, for the tests that drive real clients
+# (installed as root with apt-get; otherwise it says what is missing).
+system-deps:
+	@bash infra/system-deps.sh
+
 run: install
 	$(VENV)/bin/threadline run
 
@@ -26,12 +31,12 @@ run: install
 # per run: pytest prunes old runs in the shared default folder, which would delete
 # a concurrent run's broker data.
 # --durations=25: every run (CI too) prints its 25 slowest tests and fixtures.
-test: install lint
+test: install system-deps lint
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 --basetemp="$$(mktemp -d /tmp/threadline-test-XXXXXX)" $(PYTEST_ARGS)
 
 # The front-end tests alone: the AI SDK in Node (tests/node, installed with npm ci by
 # the tests) and the console in headless Chromium.
-frontends: install
+frontends: install system-deps
 	$(PY) -m pytest -q -p no:cacheprovider --basetemp="$$(mktemp -d /tmp/threadline-test-XXXXXX)" tests/frontends tests/browser $(PYTEST_ARGS)
 
 # The chaos program at full size (docs/chaos.md): its own broker, every role killed

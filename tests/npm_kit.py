@@ -4,7 +4,7 @@ that need them.
 `node_modules()` installs tests/node/package-lock.json with `npm ci` once (again
 when the lock changes) and returns the folder. Without node or npm the calling test
 is skipped, except under `CI=true`, where a missing tool fails the run: CI must
-have installed it (`.ci/run` does).
+have installed it (`make test` does: infra/system-deps.sh).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def require_tool(name: str) -> str:
     if path is None:
         message = f"{name} is not installed"
         if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{message}: CI must install it (.ci/run)")
+            pytest.fail(f"{message}: make test installs it (infra/system-deps.sh)")
         pytest.skip(message)
     return path
 

@@ -2,7 +2,7 @@
 endpoint), and Debian's Prometheus server, for the observability tests.
 
 `prometheus_binary()` finds `prometheus`; where it is missing it installs Debian's
-package with apt-get when it can (root, as CI runs; `.ci/run` installs it first too),
+package with apt-get when it can (root, as CI runs; `make test` installs it first too),
 else the test is skipped, except under `CI=true`, where a missing Prometheus fails
 the run.
 """
@@ -56,7 +56,7 @@ def prometheus_binary() -> str:
     if path is None:
         message = "Debian's prometheus package is not installed (apt-get install prometheus)"
         if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{message}: CI must install it (.ci/run)")
+            pytest.fail(f"{message}: make test installs it (infra/system-deps.sh)")
         pytest.skip(message)
     return path
 
