@@ -90,7 +90,7 @@ async def _until_ready(gateway: Child, base: str, timeout: float = 600) -> dict[
 def _start(size: Size, kind: str) -> None:
     gateway = Child.role("gateway", size.env, size.folder)
     try:
-        result = asyncio.run(_until_ready(gateway, f"http://127.0.0.1:{size.settings.http_port}"))
+        result = asyncio.run(_until_ready(gateway, f"http://127.0.0.1:{size.settings.gateway.http_port}"))
     finally:
         gateway.stop()
     result["load"] = load_text()

@@ -205,7 +205,7 @@ def _child_bare(settings: Settings, count: int, same_records: bool) -> dict[str,
                 if isinstance(event, AttemptDispatched) and new_state.active_run is not None:
                     seq = new_state.active_run.message_seq
                     context = context_window(reversed(thread_history[:seq]),
-                                             settings.context_chars, 50)
+                                             settings.worker.context_chars, 50)
                     dispatch = Dispatch(event.run_id, event.message_id, event.attempt,
                                         f"agent-{new_state.thread_id}", thread_history[seq].text,
                                         context, event.at_ms)

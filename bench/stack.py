@@ -31,7 +31,7 @@ class Stack:
     @property
     def base(self) -> str:
         """The gateway's base URL on 127.0.0.1."""
-        return f"http://127.0.0.1:{self.settings.http_port}"
+        return f"http://127.0.0.1:{self.settings.gateway.http_port}"
 
     def start(self, roles: Iterable[str], nofile: int | None = None) -> Stack:
         """Start a process for each of `roles` (the gateway with `nofile` open files at most)."""

@@ -75,10 +75,10 @@ def max_body_bytes(max_input_chars: int) -> int:
 def create_app(settings: Settings, options: Options | None = None) -> web.Application:
     """The gateway as an aiohttp application; Kafka clients start with the app."""
     max_body = max_body_bytes(settings.policy.max_input_chars)
-    limiter = TenantLimiter(settings.limits)
+    limiter = TenantLimiter(settings.gateway.limits)
     app = web.Application(client_max_size=max_body, middlewares=[
-        observe_middleware, problem_middleware, auth_middleware(settings.api_keys), starting_middleware,
-        post_rate_middleware(limiter)])
+        observe_middleware, problem_middleware, auth_middleware(settings.gateway.api_keys),
+        starting_middleware, post_rate_middleware(limiter)])
     app[LIMITER] = limiter
     options = options or Options()
     offsets = Offsets(settings)
@@ -186,8 +186,8 @@ async def _close_streams(app: web.Application) -> None:
 
 
 def run_gateway(settings: Settings) -> int:
-    """Serve on settings.http_host:settings.http_port until SIGINT or SIGTERM."""
-    host, port = settings.http_host, settings.http_port
+    """Serve on settings.gateway.http_host:settings.gateway.http_port until SIGINT or SIGTERM."""
+    host, port = settings.gateway.http_host, settings.gateway.http_port
 
     def announce(*_: object, **__: object) -> None:
         print(f"threadline gateway listening on http://{host}:{port} "
@@ -195,7 +195,7 @@ def run_gateway(settings: Settings) -> int:
 
     logging.getLogger("aiohttp.access").setLevel(logging.INFO)
     setup_tracing(settings.observability, "gateway")
-    if not settings.api_keys:
+    if not settings.gateway.api_keys:
         log.warning("THREADLINE_API_KEYS is empty: every /v1 request will get 401")
     app = create_app(settings, Options.from_env(serve_while_loading=True))
     web.run_app(app, host=host, port=port, print=announce,

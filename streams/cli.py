@@ -131,9 +131,9 @@ def is_loopback_host(host: str) -> bool:
 
 def dev_keys_refusal(settings: Settings) -> str | None:
     """Why `threadline run` must not fall back to the development key, or None if it may."""
-    if settings.api_keys or is_loopback_host(settings.http_host):
+    if settings.gateway.api_keys or is_loopback_host(settings.gateway.http_host):
         return None
-    return (f"threadline: refusing to start: THREADLINE_HTTP_HOST={settings.http_host!r} is not a "
+    return (f"threadline: refusing to start: THREADLINE_HTTP_HOST={settings.gateway.http_host!r} is not a "
             "loopback address and THREADLINE_API_KEYS is unset, so anyone who can reach the gateway "
             "would get in with the well-known development key 'dev'. Set THREADLINE_API_KEYS="
             "key1=tenantA,... to keys of your own (or serve on 127.0.0.1).")
@@ -192,7 +192,7 @@ def _run_all(settings: Settings) -> int:
             broker.start()
             env["KAFKA_BOOTSTRAP_SERVERS"] = broker.bootstrap
             settings = settings.with_(bootstrap_servers=broker.bootstrap)
-        if not settings.api_keys:
+        if not settings.gateway.api_keys:
             env["THREADLINE_API_KEYS"] = DEV_KEYS
             print("threadline: THREADLINE_API_KEYS is unset; accepting the development key "
                   "'dev' (Authorization: Bearer dev) for tenant 'dev' on this machine only", flush=True)
@@ -205,7 +205,7 @@ def _run_all(settings: Settings) -> int:
                  for index, role in enumerate(("processor", "worker"))]
         roles.append(ProcessChild("gateway", [sys.executable, *GATEWAY_COMMAND], env))
         supervisor = Supervisor(roles, base=None if broker is None else _BrokerChild(broker))
-        print(f"threadline: gateway on http://{settings.http_host}:{settings.http_port} "
+        print(f"threadline: gateway on http://{settings.gateway.http_host}:{settings.gateway.http_port} "
               f"(Kafka {settings.bootstrap}); a role that exits is restarted; "
               "Ctrl-C stops everything", flush=True)
         supervisor.run()

@@ -1,8 +1,9 @@
 """Settings read from the environment, once, into one frozen object.
 
-Every role (broker, processor, worker, gateway) takes a `Settings`; tests build
-their own with `Settings.from_env(overrides)` instead of mutating the process
-environment. The variables are declared, typed, bounded and given their defaults
+Every role (broker, processor, worker, gateway) takes a `Settings`: what they share
+(Kafka, the topics, the run policy, observability) at its top, each role's own in
+`settings.processor`, `settings.worker` and `settings.gateway`. Tests build their own
+with `Settings.from_env(overrides)` instead of mutating the process environment. The variables are declared, typed, bounded and given their defaults
 once, in a section per role or concern (`streams.env.Section`): `KafkaEnv`,
 `KafkaSecurityEnv`, `PolicyEnv`, `ProcessorEnv`, `WorkerEnv`, `GatewayEnv`, and
 `ObservabilityEnv` beside the observability settings. Defaults that a runtime
@@ -25,9 +26,10 @@ from streams.core.journal import JournalLimits
 from streams.env import Section, SettingsError, parse_list, parse_pairs
 from streams.observability.settings import ObservabilityEnv, ObservabilitySettings
 
-__all__ = ["ENV_SECTIONS", "GatewayEnv", "GatewayLimits", "KafkaEnv", "KafkaSecurityEnv", "PolicyEnv",
-           "ProcessingGuarantee", "ProcessorEnv", "Settings", "SettingsError", "TopicNames",
-           "WorkerEnv"]
+__all__ = ["ENV_SECTIONS", "GatewayEnv", "GatewayLimits", "GatewaySettings", "KafkaEnv",
+           "KafkaSecurityEnv", "PolicyEnv", "ProcessingGuarantee", "ProcessorEnv",
+           "ProcessorSettings", "Settings", "SettingsError", "TopicNames", "WorkerEnv",
+           "WorkerSettings"]
 
 
 ProcessingGuarantee = Literal["exactly_once", "at_least_once"]
@@ -208,7 +210,7 @@ class ProcessorEnv(Section):
 
 
 class WorkerEnv(Section):
-    """The agent worker's options (the agent's own are THREADLINE_AGENT_*, in `Settings.extra`)."""
+    """The agent worker's options (the agent's own are THREADLINE_AGENT_*, in `Settings.worker.extra`)."""
 
     agent: str = Field("builtin", alias="THREADLINE_AGENT")
     heartbeat_interval_s: Seconds = Field(10.0, alias="THREADLINE_HEARTBEAT_INTERVAL_S")
@@ -256,8 +258,62 @@ ENV_SECTIONS: tuple[type[Section], ...] = (KafkaEnv, KafkaSecurityEnv, PolicyEnv
                                            WorkerEnv, GatewayEnv, ObservabilityEnv)
 
 @dataclass(frozen=True, slots=True)
+class ProcessorSettings:
+    """The command processor's own settings (`ProcessorEnv`)."""
+
+    processing_guarantee: ProcessingGuarantee  # at_least_once: benchmarks only
+    max_record_bytes: int | None  # records written, at most; None: the topics' own limit
+    migration_batch: int  # legacy threads migrated per transaction, at most
+
+    @classmethod
+    def from_section(cls, env: ProcessorEnv) -> ProcessorSettings:
+        """These settings from their section."""
+        return cls(processing_guarantee=env.processing_guarantee,
+                   max_record_bytes=env.max_record_bytes or None,
+                   migration_batch=max(1, env.migration_batch))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """The agent worker's own settings (`WorkerEnv`), and its agent's (`extra`)."""
+
+    agent: str
+    heartbeat_interval_ms: int
+    delta_coalesce_ms: int
+    context_chars: int  # history handed to an agent with a dispatch, at most (newest first)
+    concurrency: int  # attempts one worker process runs at once
+    extra: Mapping[str, str]  # THREADLINE_AGENT_*: the agent's own settings
+
+    @classmethod
+    def from_section(cls, env: WorkerEnv, extra: Mapping[str, str]) -> WorkerSettings:
+        """These settings from their section and the agent's variables."""
+        return cls(agent=env.agent, heartbeat_interval_ms=_ms(env.heartbeat_interval_s),
+                   delta_coalesce_ms=env.delta_coalesce_ms, context_chars=env.context_chars,
+                   concurrency=env.worker_concurrency, extra=extra)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    """The gateway's own settings (`GatewayEnv`; its SSE knobs: gateway.keys)."""
+
+    http_host: str
+    http_port: int
+    api_keys: Mapping[str, str]  # api key -> tenant
+    decision_timeout_ms: int
+    limits: GatewayLimits
+
+    @classmethod
+    def from_section(cls, env: GatewayEnv) -> GatewaySettings:
+        """These settings from their section."""
+        return cls(http_host=env.http_host, http_port=env.http_port, api_keys=env.api_keys,
+                   decision_timeout_ms=_ms(env.decision_timeout_s), limits=env.limits())
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
-    """Every setting of a Threadline deployment, read once from the environment.
+    """Every setting of a Threadline deployment, read once from the environment: what
+    every role shares (Kafka, the topics, the run policy, observability), and each
+    role's own (`processor`, `worker`, `gateway`).
 
     Build it with `from_env`: its defaults are the sections' (above), not written here."""
     # Kafka and the topics (KafkaEnv, KafkaSecurityEnv)
@@ -277,26 +333,14 @@ class Settings:
     topic_stall_s: float
     # TLS and SASL settings of every Kafka client, as librdkafka keys (streams/kafka/clients.py)
     kafka_security: Mapping[str, str]
-    # The processor (PolicyEnv, ProcessorEnv)
+    # A run's rules (PolicyEnv): the processor decides by them, the worker keeps to them
     policy: Policy
-    processing_guarantee: ProcessingGuarantee  # at_least_once: benchmarks only
-    max_record_bytes: int | None  # records written, at most; None: the topics' own limit
-    migration_batch: int  # legacy threads migrated per transaction, at most
-    # The worker (WorkerEnv)
-    agent: str
-    heartbeat_interval_ms: int
-    delta_coalesce_ms: int
-    context_chars: int  # history handed to an agent with a dispatch, at most (newest first)
-    worker_concurrency: int  # attempts one worker process runs at once
-    extra: Mapping[str, str]  # THREADLINE_AGENT_*: the agent's own settings
-    # The gateway (GatewayEnv)
-    http_host: str
-    http_port: int
-    api_keys: Mapping[str, str]  # api key -> tenant
-    decision_timeout_ms: int
-    limits: GatewayLimits
     # Every role (ObservabilityEnv)
     observability: ObservabilitySettings
+    # Each role's own
+    processor: ProcessorSettings
+    worker: WorkerSettings
+    gateway: GatewaySettings
 
     @property
     def topics(self) -> TopicNames:
@@ -321,8 +365,7 @@ class Settings:
         Raises `SettingsError` (a `ValueError`) naming each variable whose value is refused."""
         env: dict[str, str] = dict(os.environ)
         env.update(overrides or {})
-        kafka, processor = KafkaEnv.read(env), ProcessorEnv.read(env)
-        worker, gateway = WorkerEnv.read(env), GatewayEnv.read(env)
+        kafka = KafkaEnv.read(env)
         return cls(
             bootstrap_servers=kafka.bootstrap_servers,
             kafka_port=kafka.kafka_port,
@@ -338,19 +381,9 @@ class Settings:
             topic_stall_s=kafka.topic_stall_s,
             kafka_security=KafkaSecurityEnv.read(env).librdkafka(),
             policy=PolicyEnv.read(env).policy(),
-            processing_guarantee=processor.processing_guarantee,
-            max_record_bytes=processor.max_record_bytes or None,
-            migration_batch=max(1, processor.migration_batch),
-            agent=worker.agent,
-            heartbeat_interval_ms=_ms(worker.heartbeat_interval_s),
-            delta_coalesce_ms=worker.delta_coalesce_ms,
-            context_chars=worker.context_chars,
-            worker_concurrency=worker.worker_concurrency,
-            extra={k: v for k, v in env.items() if k.startswith("THREADLINE_AGENT_")},
-            http_host=gateway.http_host,
-            http_port=gateway.http_port,
-            api_keys=gateway.api_keys,
-            decision_timeout_ms=_ms(gateway.decision_timeout_s),
-            limits=gateway.limits(),
             observability=ObservabilitySettings.from_env(env),
+            processor=ProcessorSettings.from_section(ProcessorEnv.read(env)),
+            worker=WorkerSettings.from_section(
+                WorkerEnv.read(env), {k: v for k, v in env.items() if k.startswith("THREADLINE_AGENT_")}),
+            gateway=GatewaySettings.from_section(GatewayEnv.read(env)),
         )

@@ -68,7 +68,7 @@ def migrate_partition(processor: Processor, partition: int, store: PartitionStor
         if messages or runs:
             legacy.append((key, raw, messages, runs))
     # THREADLINE_MIGRATION_BATCH threads a transaction: bounds a transaction's size.
-    batch = processor.settings.migration_batch
+    batch = processor.settings.processor.migration_batch
     for start in range(0, len(legacy), batch):
         _migrate_batch(processor, partition, store, history, legacy[start:start + batch])
     return len(legacy)

@@ -172,7 +172,7 @@ class Processor:
         self.stats = ProcessorStats()
         self.stopping = False
         self.max_record_bytes = 1_000_000  # until run() reads the topics' limit
-        self.exactly_once = settings.processing_guarantee == "exactly_once"
+        self.exactly_once = settings.processor.processing_guarantee == "exactly_once"
         client_id = f"processor-{self.instance_id}"
 
         def producer_factory() -> Producer:
@@ -206,7 +206,7 @@ class Processor:
         ensure_topics(self.settings)
         self.codec.register_schemas()  # a no-op without a registry
         self.max_record_bytes = min(record_limit(self.settings),
-                                    self.settings.max_record_bytes or 2**31)
+                                    self.settings.processor.max_record_bytes or 2**31)
         # An answer must fit in each record that carries it whole (the event, the
         # lifecycle mirror, the history record), envelope included.
         self.policy = replace(self.policy, max_output_bytes=min(
@@ -512,7 +512,7 @@ class Processor:
         skip = waiting | set(removed) | {m.message_id for m in fresh}
         newest = [m for m in fresh if m.message_id not in waiting | set(removed)] + \
             [m for m in newest if m.message_id not in skip]
-        budget = self.settings.context_chars
+        budget = self.settings.worker.context_chars
         while True:
             context = context_window(newest, budget, HISTORY_LIMIT)
             dispatch = dispatch_record(event, state.thread_id, input_text, context,

@@ -3,7 +3,7 @@
 `Authorization: Bearer <key>` everywhere, or `x-api-key: <key>` (what the LangGraph
 SDKs send, `gateway.adapters.langgraph`). The SSE routes also accept
 `?access_token=<key>` and the `threadline_token` cookie, because browsers'
-EventSource cannot set headers. Keys map to tenants through `settings.api_keys`.
+EventSource cannot set headers. Keys map to tenants through `settings.gateway.api_keys`.
 """
 
 from __future__ import annotations

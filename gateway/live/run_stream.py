@@ -308,7 +308,7 @@ class EventStream:
         events = replay(settings, streams.feed.tokens, streams.feed.partition_of(self.thread_id),
                         self.thread_id, scan_from=plan.scan_from, after=plan.after,
                         until=self._covered, run_id=self.run_id, from_time_ms=plan.from_time_ms,
-                        max_records=settings.limits.replay_max_records, codec=streams.codec)
+                        max_records=settings.gateway.limits.replay_max_records, codec=streams.codec)
         sent = self.last
         # One batch per REPLAY_BATCH events, not per event: a write costs as much as
         # making the event, and the records are all there to read.

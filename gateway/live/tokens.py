@@ -81,10 +81,10 @@ class ResumeTokens:
     @classmethod
     def from_settings(cls, settings: Settings) -> ResumeTokens:
         """Tokens signed with the configured keys, or a key derived from the API keys."""
-        keys = settings.limits.resume_token_keys
+        keys = settings.gateway.limits.resume_token_keys
         if keys:
             return cls([k.encode() for k in keys])
-        return cls([derived_key(settings.api_keys, settings.topic_prefix)])
+        return cls([derived_key(settings.gateway.api_keys, settings.topic_prefix)])
 
     def sign(self, thread_id: str, partition: int, offset: int, sub: int, run_start: int,
              run_id: str) -> str:

@@ -123,7 +123,7 @@ class CommandBus:
         try:
             await self.publish(command, tenant, traceparent)
             return await asyncio.wait_for(asyncio.shield(future),
-                                          self.settings.decision_timeout_ms / 1000)
+                                          self.settings.gateway.decision_timeout_ms / 1000)
         except TimeoutError:
             gateway_metrics().pending.inc(type(command).__name__)  # answered 202 pending
             return None

@@ -105,7 +105,7 @@ class RunView:
 
 def store_folder(settings: Settings) -> str:
     """The store's name for a gateway with these settings (before lock fallbacks)."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{settings.http_host}-{settings.http_port}")
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{settings.gateway.http_host}-{settings.gateway.http_port}")
 
 
 class ReadModel:

@@ -7,7 +7,7 @@ answer raises `AgentError`, whose `retryable` flag tells the processor whether
 another attempt may help. Agents know nothing of Kafka; the worker turns their
 output into stream records and reports.
 
-`create_agent(settings)` picks one by `settings.agent` (THREADLINE_AGENT):
+`create_agent(settings)` picks one by `settings.worker.agent` (THREADLINE_AGENT):
 
 - `builtin` (deterministic, no network; a deterministic tool mode) or `openai`
   (any OpenAI-compatible chat-completions endpoint, with tools);
@@ -119,8 +119,8 @@ def load_factory(name: str) -> AgentFactory:
 
 
 def create_agent(settings: Settings) -> Agent:
-    """The agent `settings.agent` names (see the module's docstring), from `settings`."""
-    agent = load_factory(settings.agent)(settings)
+    """The agent `settings.worker.agent` names (see the module's docstring), from `settings`."""
+    agent = load_factory(settings.worker.agent)(settings)
     if not callable(getattr(agent, "run", None)):
-        raise ValueError(f"agent {settings.agent!r} made {agent!r}, which has no run()")
+        raise ValueError(f"agent {settings.worker.agent!r} made {agent!r}, which has no run()")
     return agent

@@ -12,7 +12,7 @@ failure modes per message, so a test can pick its scenario by what it posts:
     [approve]     before the reply, ask a human (`interrupt`) and end the reply
                   with `Approved: <the resume value>.`
 
-Settings (`settings.extra`, typed and given their defaults in `BuiltinAgentEnv`):
+Settings (`settings.worker.extra`, typed and given their defaults in `BuiltinAgentEnv`):
 its token rates, the words after the echo, whether a tool call, its result and a
 citation follow the text (shown, not journaled), the tool mode (below), how long each
 `lookup` call takes, and a file each `lookup` call appends its side effects to
@@ -119,7 +119,7 @@ class BuiltinAgent:
     @classmethod
     def from_settings(cls, settings: Settings) -> BuiltinAgent:
         """The agent with its rates, length and steps from THREADLINE_AGENT_* settings."""
-        env = BuiltinAgentEnv.read(settings.extra)
+        env = BuiltinAgentEnv.read(settings.worker.extra)
         return cls(
             tokens_per_s=env.tokens_per_s,
             slow_tokens_per_s=env.slow_tokens_per_s,
@@ -206,7 +206,7 @@ _BUILTIN = BuiltinAgent()
 
 
 class BuiltinAgentEnv(Section):
-    """The builtin agent's variables (`Settings.extra`; docs/operations.md); the
+    """The builtin agent's variables (`Settings.worker.extra`; docs/operations.md); the
     defaults are `BuiltinAgent`'s."""
 
     # 0: as fast as possible

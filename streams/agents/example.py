@@ -30,7 +30,7 @@ __all__ = ["TicketAgentEnv", "create", "ticket_tool"]
 
 
 class TicketAgentEnv(Section):
-    """The example's own variables (`Settings.extra`; docs/operations.md)."""
+    """The example's own variables (`Settings.worker.extra`; docs/operations.md)."""
 
     ticket_log: Path | None = Field(None, alias="THREADLINE_AGENT_TICKET_LOG")
     ticket_delay_s: float = Field(0.0, ge=0, alias="THREADLINE_AGENT_TICKET_DELAY_S")
@@ -57,7 +57,7 @@ def ticket_tool(log_path: str | None = None, delay_s: float = 0.0) -> Tool:
 
 def create(settings: Settings) -> OpenAIAgent:
     """The factory THREADLINE_AGENT names: the OpenAI agent with `open_ticket`."""
-    env = TicketAgentEnv.read(settings.extra)
+    env = TicketAgentEnv.read(settings.worker.extra)
     tool = ticket_tool(str(env.ticket_log) if env.ticket_log is not None else None,
                        env.ticket_delay_s)
     return OpenAIAgent.from_settings(settings, tools=[tool])

@@ -12,7 +12,7 @@ Failures map to `AgentError`: HTTP 408, 409, 429 and 5xx, connection errors,
 timeouts, an error inside the stream and a stream cut short are retryable; other
 4xx (a bad key, an unknown model, a request the server refuses) are not.
 
-Settings (`settings.extra`, typed and given their defaults in `OpenAIAgentEnv`): the
+Settings (`settings.worker.extra`, typed and given their defaults in `OpenAIAgentEnv`): the
 server's base URL, a key sent as a bearer token if set, the model, an optional
 system prompt, the connect and read timeout, and optional tools: `package.module:attr`
 naming a sequence of `Tool`s, or a function of the settings that returns one.
@@ -82,7 +82,7 @@ class OpenAIAgent:
     @classmethod
     def from_settings(cls, settings: Settings, tools: Sequence[Tool] | None = None) -> OpenAIAgent:
         """The agent configured from THREADLINE_AGENT_OPENAI_* settings."""
-        env = OpenAIAgentEnv.read(settings.extra)
+        env = OpenAIAgentEnv.read(settings.worker.extra)
         return cls(
             base_url=env.base_url,
             api_key=env.api_key,
@@ -183,7 +183,7 @@ _OPENAI = OpenAIAgent()
 
 
 class OpenAIAgentEnv(Section):
-    """The OpenAI agent's variables (`Settings.extra`; docs/operations.md); the
+    """The OpenAI agent's variables (`Settings.worker.extra`; docs/operations.md); the
     defaults are `OpenAIAgent`'s."""
 
     base_url: str = Field(_OPENAI.base_url, alias="THREADLINE_AGENT_OPENAI_BASE_URL")

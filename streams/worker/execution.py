@@ -148,7 +148,7 @@ class Execution:
         settings = self.outlet.settings
         self.answer = Answer(self.dispatch.run_id, self.dispatch.attempt,
                              answer_message_id_for(self.dispatch.run_id), self.execution_id,
-                             settings.delta_coalesce_ms / 1000, settings.policy.max_output_bytes)
+                             settings.worker.delta_coalesce_ms / 1000, settings.policy.max_output_bytes)
 
     @property
     def attempt(self) -> int:
@@ -295,7 +295,7 @@ class Execution:
 
     async def _heartbeat(self) -> None:
         settings = self.outlet.settings
-        interval = max(settings.heartbeat_interval_ms / 1000, 0.05)
+        interval = max(settings.worker.heartbeat_interval_ms / 1000, 0.05)
         stall_s = max(2 * interval, settings.policy.heartbeat_timeout_ms / 2000)
         stalled = False
         while True:

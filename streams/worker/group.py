@@ -72,7 +72,7 @@ class Worker:
         # THREADLINE_SCHEMA_REGISTRY_URL: the Confluent format; else single-object.
         self.codec = codec or Codec.from_settings(settings)
         self.agent = observed.ObservedAgent(agent)  # measured (and traced) calls
-        self.concurrency = max(1, settings.worker_concurrency if concurrency is None else concurrency)
+        self.concurrency = max(1, settings.worker.concurrency if concurrency is None else concurrency)
         # Also the group member id (static membership): a restarted worker takes its
         # dispatch partitions back at once instead of after a rebalance.
         self.worker_id = worker_id or claim_member_id(settings, "w")

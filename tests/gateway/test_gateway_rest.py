@@ -196,7 +196,7 @@ async def test_healthz_is_503_without_processor_and_worker(stack: Stack, tmp_pat
     assert status == 200 and health["status"] == "ok"
     assert all(g["members"] >= 1 for g in health["groups"].values())
     lonely = Settings.from_env(gateway_env(stack.settings.bootstrap, tmp_path))
-    assert lonely.api_keys == KEYS
+    assert lonely.gateway.api_keys == KEYS
     server = TestServer(create_app(lonely, Options(health_timeout_s=2)), host="127.0.0.1")
     await server.start_server()
     try:

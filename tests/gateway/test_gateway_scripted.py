@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -223,7 +224,7 @@ async def test_without_a_decision_in_time_the_answer_is_202_pending_and_the_comm
         stack: Stack, scripted: tuple[Settings, Producer]) -> None:
     """A post with no decision within the timeout gets 202 pending, and the command is still decided."""
     settings, producer = scripted
-    settings = settings.with_(decision_timeout_ms=300)
+    settings = settings.with_(gateway=replace(settings.gateway, decision_timeout_ms=300))
     script = Script(settings, producer, f"th-{uuid.uuid4()}")
     script.state(f"run-{uuid.uuid4()}", RunStatus.COMPLETED, "done before")
     async with _gateway(settings) as base:

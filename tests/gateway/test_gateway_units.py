@@ -77,7 +77,7 @@ def test_the_default_key_is_shared_by_a_deployment_and_no_one_else() -> None:
     assert derived_key(keys, "p.") != derived_key({"key-a": "tenant-a"}, "p.")
     configured = Settings.from_env({"THREADLINE_RESUME_TOKEN_KEYS": "new, old",
                                     "THREADLINE_API_KEYS": "k=t"})
-    assert configured.limits.resume_token_keys == ("new", "old")
+    assert configured.gateway.limits.resume_token_keys == ("new", "old")
     token = ResumeTokens([b"old"]).sign("th", 0, 1, 0, 1, RUN)
     assert ResumeTokens.from_settings(configured).verify(token, "th").offset == 1
 

@@ -98,8 +98,8 @@ def test_limits_come_from_the_environment() -> None:
     limits = Settings.from_env({
         "THREADLINE_TENANT_MAX_STREAMS": "3", "THREADLINE_TENANT_MAX_REPLAYS": "2",
         "THREADLINE_TENANT_POSTS_PER_S": "0.5", "THREADLINE_TENANT_POST_BURST": "4",
-        "THREADLINE_TENANT_MAX_ACTIVE_RUNS": "6", "THREADLINE_REPLAY_MAX_RECORDS": "7"}).limits
+        "THREADLINE_TENANT_MAX_ACTIVE_RUNS": "6", "THREADLINE_REPLAY_MAX_RECORDS": "7"}).gateway.limits
     assert (limits.streams_per_tenant, limits.replays_per_tenant, limits.posts_per_s,
             limits.post_burst, limits.active_runs_per_tenant, limits.replay_max_records) == \
         (3, 2, 0.5, 4, 6, 7)
-    assert Settings.from_env({}).limits == GatewayLimits()
+    assert Settings.from_env({}).gateway.limits == GatewayLimits()

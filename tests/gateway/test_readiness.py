@@ -137,7 +137,7 @@ async def test_a_cold_gateway_serves_livez_at_once_and_v1_once_its_read_model_lo
     settings = Settings.from_env(env)
     ensure_topics(settings)
     _existing_data(settings)
-    base = f"http://127.0.0.1:{settings.http_port}"
+    base = f"http://127.0.0.1:{settings.gateway.http_port}"
     gateway = RoleProcess("gateway", env, tmp_path / "gateway.log").start()
     try:
         async with aiohttp.ClientSession() as session:

@@ -13,7 +13,17 @@ import pytest
 from streams.agents.builtin import BuiltinAgent
 from streams.agents.example import create
 from streams.agents.openai import OpenAIAgent
-from streams.config import GatewayEnv, GatewayLimits, KafkaEnv, PolicyEnv, Settings, SettingsError
+from streams.config import (
+    GatewayEnv,
+    GatewayLimits,
+    GatewaySettings,
+    KafkaEnv,
+    PolicyEnv,
+    ProcessorSettings,
+    Settings,
+    SettingsError,
+    WorkerSettings,
+)
 from streams.core.domain import Policy
 from streams.observability.settings import ObservabilitySettings
 
@@ -22,9 +32,11 @@ CODE = [p for folder in ("streams", "gateway", "chaos", "bench") for p in (REPO 
         if p != REPO / "streams" / "config.py"]
 
 
-@pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(Settings)])
+@pytest.mark.parametrize("name", [f.name for kind in (Settings, ProcessorSettings, WorkerSettings,
+                                                       GatewaySettings)
+                                  for f in dataclasses.fields(kind)])
 def test_every_setting_is_read_by_the_code(name: str) -> None:
-    """Every Settings field is used somewhere in the code."""
+    """Every field of Settings and of each role's own settings is used somewhere in the code."""
     used = re.compile(rf"\.{name}\b")
     assert any(used.search(p.read_text()) for p in CODE), f"Settings.{name} is read and never used"
 
@@ -54,11 +66,21 @@ def test_a_refused_value_names_its_variable(name: str, value: str) -> None:
         Settings.from_env({name: value})
 
 
+def test_each_role_reads_its_own_section() -> None:
+    """Shows each role's settings come from its own variables, with their defaults."""
+    settings = Settings.from_env({"THREADLINE_WORKER_CONCURRENCY": "3", "THREADLINE_HTTP_PORT": "9",
+                                  "THREADLINE_MIGRATION_BATCH": "0", "THREADLINE_AGENT_WORDS": "4"})
+    assert settings.worker.concurrency == 3 and settings.worker.extra == {"THREADLINE_AGENT_WORDS": "4"}
+    assert settings.gateway.http_port == 9 and settings.gateway.limits == GatewayLimits()
+    assert settings.processor.migration_batch == 1  # 0 is taken as 1, as before
+    assert settings.processor.max_record_bytes is None  # the topics' own limit
+
+
 def test_the_guarantee_is_one_of_two() -> None:
     """THREADLINE_PROCESSING_GUARANTEE takes exactly its two values."""
     for guarantee in ("exactly_once", "at_least_once"):
         assert Settings.from_env({"THREADLINE_PROCESSING_GUARANTEE": guarantee}
-                                 ).processing_guarantee == guarantee
+                                 ).processor.processing_guarantee == guarantee
 
 
 def test_defaults_are_written_once() -> None:

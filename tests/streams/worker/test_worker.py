@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +185,8 @@ async def test_one_attempt_streams_coalesced_parts_and_reports_in_process(settin
                AgentCitations((Citation("https://a", "A"),))]
     agent = ScriptedAgent(script)
     stop = asyncio.Event()
-    worker = Worker(settings.with_(delta_coalesce_ms=20), agent, worker_id="w-inproc")
+    worker = Worker(settings.with_(worker=replace(settings.worker, delta_coalesce_ms=20)), agent,
+                    worker_id="w-inproc")
     task = asyncio.create_task(worker.run(stop))
     try:
         reports = await asyncio.to_thread(
