@@ -3,12 +3,13 @@
 Every role (broker, processor, worker, gateway) takes a `Settings`: what they share
 (Kafka, the topics, the run policy, observability) at its top, each role's own in
 `settings.processor`, `settings.worker` and `settings.gateway`. Tests build their own
-with `Settings.from_env(overrides)` instead of mutating the process environment. The variables are declared, typed, bounded and given their defaults
-once, in a section per role or concern (`streams.env.Section`): `KafkaEnv`,
-`KafkaSecurityEnv`, `PolicyEnv`, `ProcessorEnv`, `WorkerEnv`, `GatewayEnv`, and
-`ObservabilityEnv` beside the observability settings. Defaults that a runtime
-object already has (`Policy`, `JournalLimits`, `GatewayLimits`) are read from it.
-docs/operations.md lists every variable.
+with `Settings.from_env(overrides)` instead of mutating the process environment. The
+variables are declared, typed, bounded and given their defaults once, in a section
+per role or concern (`streams.env.Section`): `KafkaEnv`, `KafkaSecurityEnv`,
+`PolicyEnv`, `ProcessorEnv`, `WorkerEnv`, `GatewayEnv`, and `ObservabilityEnv` beside
+the observability settings. Defaults that a runtime object already has (`Policy`,
+`JournalLimits`, `GatewayLimits`) are read from it. docs/operations.md lists every
+variable.
 """
 
 from __future__ import annotations

@@ -292,7 +292,7 @@ class Processor:
         if time.monotonic() >= self._next_tick:
             self._tick()
             self._next_tick = time.monotonic() + TICK_INTERVAL_S
-            self.observer.lag(self.loop.consumer, self.loop._positions)
+            self.observer.lag(self.loop.consumer, self.loop.positions)
 
     def _track_partition(self, partition: int, store: PartitionStore,
                          history: PartitionStore) -> None:

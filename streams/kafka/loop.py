@@ -257,6 +257,11 @@ class TableLoop:
             self._unclaimed.discard(tp.partition)
         log.info("revoked %s", sorted(tp.partition for tp in partitions))
 
+    @property
+    def positions(self) -> dict[int, int]:
+        """Each owned partition's committed input offset (<0: none yet)."""
+        return self._positions
+
     def _position(self, partition: int) -> int:
         """The committed input offset of an owned partition; its start if none is."""
         if self._positions[partition] < 0:

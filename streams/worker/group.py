@@ -56,10 +56,10 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         self.worker = worker
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self.worker._commit()
+        await self.worker.commit_offsets()
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self.worker._assigned({tp.partition for tp in assigned})
+        await self.worker.assigned({tp.partition for tp in assigned})
 
 
 class Worker:
@@ -136,7 +136,7 @@ class Worker:
         for tp, records in batch.items():
             for record in records:
                 self._take(tp.partition, record)
-        await self._commit()
+        await self.commit_offsets()
 
     def _take(self, partition: int, record: Any) -> None:
         offsets = self.partitions.get(partition)
@@ -251,7 +251,8 @@ class Worker:
                 execution.stop(Stop.INTERRUPTED if fate.interrupted_attempt == execution.attempt
                                else Stop.SUPERSEDED)
 
-    async def _commit(self) -> None:
+    async def commit_offsets(self) -> None:
+        """Commit the dispatch offsets every execution before them has reported."""
         topic = self.settings.topics.dispatch
         assigned = {tp.partition for tp in self.consumer.assignment()}
         offsets: dict[TopicPartition, int] = {}
@@ -270,7 +271,8 @@ class Worker:
             if tp.partition in self.partitions:
                 self.partitions[tp.partition].committed = position
 
-    async def _assigned(self, partitions: set[int]) -> None:
+    async def assigned(self, partitions: set[int]) -> None:
+        """The dispatch partitions this worker owns now: stop the executions of the others."""
         for partition in set(self.partitions) - partitions:
             for execution in [e for (p, _), e in self.executions.items() if p == partition]:
                 execution.stop(Stop.REVOKED)
@@ -326,7 +328,7 @@ class Worker:
             self._following.cancel()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await self._following
-        await self._commit()
+        await self.commit_offsets()
         closers: tuple[Callable[[], Awaitable[None]], ...] = (
             partial(stop_client, self.consumer), self.watch.stop,
             partial(stop_client, self.producer), self.agent.aclose)
