@@ -263,6 +263,14 @@ async def test_deleting_a_thread_cancels_its_run_ends_its_streams_and_erases_it(
         other_url = f"{other_base}/v1/threads/{thread_id}"
         status, _ = await _get(stack.session, other_url)
         assert status == 200
+        # A marker on each gateway: its feed has read this run's first event, so no late
+        # event of the first run (same thread, same partition, before it) can still reach
+        # a stream opened there. Without it a lagging gateway's thread stream could show
+        # one (a loaded make test did, once).
+        assert await other_model.catch_up()
+        for base in (stack.url(""), other_base):
+            await read_sse(stack.session, f"{base.rstrip('/')}/v1/runs/{run_id}/events",
+                           headers=AUTH_A, limit=1)
         streams = []
         for url in (stack.url(f"/v1/threads/{thread_id}/stream"), f"{other_url}/stream"):
             opened = asyncio.Event()
@@ -275,7 +283,8 @@ async def test_deleting_a_thread_cancels_its_run_ends_its_streams_and_erases_it(
         # Both open streams end (the deleting gateway's and the other one's).
         streamed = [await asyncio.wait_for(s, 30) for s in streams]
         for events in streamed:
-            assert all(e.json.get("run_id") == run_id for e in events if e.data != "[DONE]")
+            assert all(e.json.get("run_id") == run_id for e in events if e.data != "[DONE]"), \
+                [(e.event, e.json.get("run_id")) for e in events]
         last_id = next((e.id for e in reversed(streamed[0]) if e.id), None)
         for base in (stack.url(""), other_base):
             for path in (f"/v1/threads/{thread_id}", f"/v1/threads/{thread_id}/messages",
