@@ -70,7 +70,8 @@ hung one and aborts its transaction. The process stays up: a restart would cost 
 cold start and a rejoin. A hung `commit_transaction` is different: the commit may
 have reached the coordinator, so the batch may not be done again; the process exits
 with `HUNG_EXIT_STATUS` and a restart recovers from what Kafka committed. So it does
-without a `producer_factory`, and when `MAX_HUNG_CALLS` in a row hang.
+without a `producer_factory`, when `MAX_HUNG_CALLS` in a row hang, and once
+`MAX_LEFT_BEHIND` are left behind in all (each keeps a thread and a producer).
 
 Without a transactional producer (at_least_once, benchmarks only), 3-5 become:
 produce, flush, commit the offsets; a crash between flush and commit repeats the batch.
@@ -110,6 +111,9 @@ TXN_HANG_S = TXN_TIMEOUT_S + 2
 # Hung calls in a row (no commit between them) after which the process exits: new
 # producers did not help, a restart may.
 MAX_HUNG_CALLS = 3
+# Hung calls in all after which the process exits: each keeps a blocked thread and a
+# producer (librdkafka's threads and buffers) for good; a restart frees them.
+MAX_LEFT_BEHIND = 8
 TXN_RETRY_S = 120  # retriable errors of one call, for this long at most
 # A transaction slower than this is logged with where its time went: on a quiet
 # machine one takes 5-30 ms, and each one holds up every command behind it.
@@ -404,11 +408,11 @@ class TableLoop:
         process exits instead when it hung in `commit_transaction` (the commit may have
         reached the coordinator: only a restart, reading the committed offsets and the
         changelogs, knows), without a way to make a new producer, or after too many in
-        a row."""
+        a row or in all."""
         self._hung += 1
         self._abandoned = self._stale = True
         if what == "commit_transaction" or self.producer_factory is None \
-                or self._hung >= MAX_HUNG_CALLS:
+                or self._hung >= MAX_HUNG_CALLS or self.watchdog.left_behind >= MAX_LEFT_BEHIND:
             log.critical("%s hung past its timeout (%d in a row); exiting so a restart recovers",
                          what, self._hung)
             logging.shutdown()

@@ -445,15 +445,41 @@ def test_an_instance_fenced_while_out_of_the_group_carries_on_when_it_is_back(
     assert _committed_offset(settings, f"{settings.topic_prefix}loop-in") == 5
 
 
+def test_calls_left_behind_are_capped_in_all(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shows the process exits once MAX_LEFT_BEHIND calls were left behind in all (here
+    1): each keeps a blocked thread and a producer, and only a restart frees them."""
+    def exit_(status: int) -> None:
+        raise Exited(status)
+
+    monkeypatch.setattr(os, "_exit", exit_)
+    monkeypatch.setattr(logging, "shutdown", lambda: None)
+    monkeypatch.setattr("streams.kafka.loop.MAX_LEFT_BEHIND", 1)
+    release = threading.Event()
+    try:
+        with pytest.raises(Exited) as exited:
+            _run(settings, {}, lambda r: False, hang={"send_offsets": release})
+    finally:
+        release.set()
+    assert exited.value.args == (HUNG_EXIT_STATUS,)
+
+
 def test_the_watchdog_leaves_a_hung_call_behind_and_runs_the_next_on_a_new_thread() -> None:
     """Shows a call past its limit raises CallHung while it still runs, and the next
     call runs on a new thread; results and exceptions of calls that return come back."""
-    watchdog = Watchdog(0.1, poll_s=0.02)
-    release = threading.Event()
+    release, entered = threading.Event(), threading.Event()
+
+    def block() -> None:
+        entered.set()
+        release.wait()
+
+    # Overdue counts as hung only while `block` is blocked, as if the broker were down
+    # otherwise: a slow scheduler makes a call late, never hung.
+    watchdog = Watchdog(0.1, entered.is_set, grace_s=0.0, poll_s=0.02)
     try:
         with pytest.raises(CallHung, match="a call"):
-            watchdog.call("a call", release.wait)
+            watchdog.call("a call", block)
         assert not release.is_set()
+        entered.clear()
         assert watchdog.call("the next", lambda x: x * 2, 21) == 42
         with pytest.raises(ValueError, match="boom"):
             watchdog.call("a failing one", int, "boom")
