@@ -405,15 +405,21 @@ class Exited(Exception):
     """What the loop's `os._exit` raises in a test."""
 
 
-def test_a_hung_commit_ends_the_process(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Shows a hung `commit_transaction` ends the process with HUNG_EXIT_STATUS rather
-    than do the batch again: the commit may have reached the coordinator, and only a
-    restart (the committed offsets, the changelogs) can tell."""
+@pytest.fixture
+def exits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop's `os._exit` raises Exited instead (and logging stays up)."""
     def exit_(status: int) -> None:
         raise Exited(status)
 
     monkeypatch.setattr(os, "_exit", exit_)  # what the loop calls, as os._exit
     monkeypatch.setattr(logging, "shutdown", lambda: None)
+
+
+@pytest.mark.usefixtures("exits")
+def test_a_hung_commit_ends_the_process(settings: Settings) -> None:
+    """Shows a hung `commit_transaction` ends the process with HUNG_EXIT_STATUS rather
+    than do the batch again: the commit may have reached the coordinator, and only a
+    restart (the committed offsets, the changelogs) can tell."""
     release = threading.Event()
     try:
         with pytest.raises(Exited) as exited:
@@ -445,14 +451,10 @@ def test_an_instance_fenced_while_out_of_the_group_carries_on_when_it_is_back(
     assert _committed_offset(settings, f"{settings.topic_prefix}loop-in") == 5
 
 
+@pytest.mark.usefixtures("exits")
 def test_calls_left_behind_are_capped_in_all(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """Shows the process exits once MAX_LEFT_BEHIND calls were left behind in all (here
     1): each keeps a blocked thread and a producer, and only a restart frees them."""
-    def exit_(status: int) -> None:
-        raise Exited(status)
-
-    monkeypatch.setattr(os, "_exit", exit_)
-    monkeypatch.setattr(logging, "shutdown", lambda: None)
     monkeypatch.setattr("streams.kafka.loop.MAX_LEFT_BEHIND", 1)
     release = threading.Event()
     try:
