@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install system-deps run test frontends chaos bench bench-peers lint clean
+.PHONY: install system-deps helm run test frontends chaos bench bench-peers lint clean
 
 $(STAMP): pyproject.toml infra/kafka/pom.xml infra/registry/pom.xml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ install: $(STAMP)
 system-deps:
 	@bash infra/system-deps.sh
 
+# Helm, built from the Go module proxy once, for the offline check of the Kubernetes
+# chart (deploy/helm/threadline; tests/deploy).
+helm:
+	@bash infra/helm.sh
+
 run: install
 	$(VENV)/bin/threadline run
 
@@ -31,7 +36,7 @@ run: install
 # per run: pytest prunes old runs in the shared default folder, which would delete
 # a concurrent run's broker data.
 # --durations=25: every run (CI too) prints its 25 slowest tests and fixtures.
-test: install system-deps lint
+test: install system-deps helm lint
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25 --basetemp="$$(mktemp -d /tmp/threadline-test-XXXXXX)" $(PYTEST_ARGS)
 
 # The front-end tests alone: the AI SDK in Node (tests/node, installed with npm ci by

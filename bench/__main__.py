@@ -27,6 +27,7 @@ BENCHMARKS = {
     "fanout": "bench.fanout",
     "growth": "bench.growth",
     "observability": "bench.observability_cost",
+    "capacity": "bench.capacity",
 }
 
 

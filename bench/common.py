@@ -26,11 +26,52 @@ DOCS = ROOT / "docs"
 VAR = ROOT / "var"
 
 
+# The embedded broker's folder while `broker()` runs (None with an external broker):
+# what the capacity benchmark reads the broker's CPU and the topics' disk from.
+BROKER_FOLDER: Path | None = None
+
+
 @contextmanager
 def broker() -> Iterator[str]:
     """`KAFKA_BOOTSTRAP_SERVERS` if set, else an embedded broker for the whole run."""
-    with broker_bootstrap(VAR / f"bench-broker-{uuid.uuid4().hex[:6]}", remove=True) as bootstrap:
-        yield bootstrap
+    global BROKER_FOLDER
+    folder = VAR / f"bench-broker-{uuid.uuid4().hex[:6]}"
+    with broker_bootstrap(folder, remove=True) as bootstrap:
+        BROKER_FOLDER = None if os.environ.get("KAFKA_BOOTSTRAP_SERVERS") else folder
+        try:
+            yield bootstrap
+        finally:
+            BROKER_FOLDER = None
+
+
+def broker_pid() -> int | None:
+    """The embedded broker's JVM (its command line names its folder), or None."""
+    if BROKER_FOLDER is None:
+        return None
+    mark = str(BROKER_FOLDER).encode()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if mark in f.read():
+                        return int(entry)
+            except OSError:
+                continue
+    return None
+
+
+def folder_bytes(folder: Path, match: str = "", suffix: str = "") -> int:
+    """Bytes of the files under `folder` (their length: Kafka's index files are sparse,
+    preallocated), in subfolders whose path contains `match` and with names ending in
+    `suffix`, if given."""
+    total = 0
+    for path in folder.rglob(f"*{suffix}"):
+        if path.is_file() and match in str(path.relative_to(folder)):
+            try:
+                total += path.stat().st_size
+            except OSError:
+                continue
+    return total
 
 
 def bench_env(bootstrap: str, partitions: int = 12, **extra: str) -> dict[str, str]:

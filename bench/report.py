@@ -20,6 +20,7 @@ TITLES = {
     "growth": "6. Growth: a thread at turn 10 against one at turn 1,000 (processor and gateway)",
     "growth-gateway": "7. Growth: a gateway with 1k against 100k threads (cold start, warm restart)",
     "observability": "8. Observability cost: metrics and tracing off and on, side by side",
+    "capacity": "9. Capacity: each role's cost per run, step, token and thread (docs/scaling.md)",
 }
 NOTES = ROOT / "bench" / "NOTES.md"
 PNG = DOCS / "benchmarks.png"
@@ -89,7 +90,8 @@ TARGETS = [
 ]
 
 
-def _fmt(value: float) -> str:
+def fmt(value: float) -> str:
+    """A figure as the report prints it: three significant digits or so, n/a for NaN."""
     if isinstance(value, float) and math.isnan(value):
         return "n/a"
     if float(value).is_integer() and abs(value) < 100:
@@ -115,8 +117,8 @@ def _rows(figures: list[Figure]) -> tuple[list[str], list[list[str]]]:
     header = ["case", *columns, "CPU µs/event by process", "load avg (1 5 15 min)"]
     rows = []
     for f in figures:
-        cpu = ", ".join(f"{p} {_fmt(v)}" for p, v in f.cpu.items()) or "-"
-        rows.append([f.case, *(_fmt(f.values[c]) if c in f.values else "" for c in columns),
+        cpu = ", ".join(f"{p} {fmt(v)}" for p, v in f.cpu.items()) or "-"
+        rows.append([f.case, *(fmt(f.values[c]) if c in f.values else "" for c in columns),
                      cpu, f.load])
     return header, rows
 
@@ -153,7 +155,7 @@ def target_lines(figures: list[Figure]) -> list[str]:
         else:
             value, met = result
             mark = "x" if met else " "
-            lines.append(f"- [{mark}] {target.bench}: {target.text}: **{_fmt(value)}** "
+            lines.append(f"- [{mark}] {target.bench}: {target.text}: **{fmt(value)}** "
                          f"({'met' if met else 'missed'})")
     return lines
 
@@ -215,6 +217,10 @@ def write_report(figures: list[Figure], meta: dict[str, object]) -> None:
         new = keep_section(path.read_text(), new)
     path.write_text(new)
     print(f"wrote {DOCS / 'benchmarks.md'}" + (f" and {PNG}" if plotted else ""))
+    from bench.capacity import SCALING, write_scaling
+
+    if write_scaling(figures, f"{started:%Y-%m-%d %H:%M}, commit {meta.get('commit') or git_head()}"):
+        print(f"wrote the measured part of {SCALING}")
 
 
 def plot(figures: list[Figure]) -> bool:

@@ -348,6 +348,11 @@ class Settings:
         """The topic names under this deployment's prefix."""
         return TopicNames.with_prefix(self.topic_prefix)
 
+    def group_id(self, role: Literal["processor", "worker", "connector"]) -> str:
+        """The consumer group of a role's instances (part of the contract: operators
+        and autoscalers read its lag)."""
+        return f"{self.topic_prefix}{role}"
+
     @property
     def bootstrap(self) -> str:
         """The Kafka bootstrap servers: the configured ones, else the embedded broker's port."""

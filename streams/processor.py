@@ -162,7 +162,7 @@ class Processor:
         self.topics = settings.topics
         self.policy = settings.policy
         self.instance_id = instance_id or instance_id_for(settings)
-        self.group_id = f"{settings.topic_prefix}processor"
+        self.group_id = settings.group_id("processor")
         root = settings.data_dir / "processor" / self.instance_id
         self.stores = TableStores(root, "threads")
         self.history_stores = TableStores(root, "messages")

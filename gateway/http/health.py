@@ -111,8 +111,8 @@ def _describe(exc: BaseException) -> str:
 async def healthz(request: web.Request) -> web.Response:
     """GET /healthz: broker, consumer groups, read model and feed; 503 unless all are up."""
     app = request.app
-    prefix = app[SETTINGS].topic_prefix
-    groups = [f"{prefix}processor", f"{prefix}worker"]
+    settings = app[SETTINGS]
+    groups = [settings.group_id("processor"), settings.group_id("worker")]
     report = await app[HEALTH].probe(groups, app[OPTIONS].health_timeout_s)
     missing = [g for g in groups if report["groups"].get(g, {}).get("members", 0) < 1]
     healthy = report["broker"]["ok"] and not missing and app[READ_MODEL].loaded and \

@@ -73,7 +73,7 @@ class Relay:
         self.instance_id = instance_id
         self.events, self.outbox = settings.topics.events, outbox_topic(settings)
         self.audit = audit_topic(settings)
-        self.group_id = f"{settings.topic_prefix}connector"
+        self.group_id = settings.group_id("connector")
         self.sinks = Sinks(chat=config.chat_enabled, webhook=config.webhook_enabled)
         self.tables: dict[int, dict[bytes, ChatOutbox]] = {}  # committed outboxes, owned partitions
         self.active: set[Key] = set()  # threads with entries not done

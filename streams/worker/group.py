@@ -90,7 +90,7 @@ class Worker:
         session_ms = session_timeout_ms(settings)  # the broker's minimum, if higher
         self.consumer = AIOKafkaConsumer(
             **aiokafka_config(settings), client_id=f"worker-{self.worker_id}",
-            group_id=f"{settings.topic_prefix}worker", enable_auto_commit=False,
+            group_id=settings.group_id("worker"), enable_auto_commit=False,
             isolation_level="read_committed", auto_offset_reset="earliest",
             group_instance_id=self.worker_id, session_timeout_ms=session_ms,
             heartbeat_interval_ms=heartbeat_interval_ms(session_ms),
