@@ -22,7 +22,10 @@ from gateway.adapters import ai_sdk, console, langgraph
 from gateway.adapters.demo import demo_page
 from gateway.api import interrupts, rest
 from gateway.api.openapi import openapi
-from gateway.http.auth import RedactingAccessLogger, auth_middleware
+from gateway.http.auth import BROWSER_TOKENS_PATH, RedactingAccessLogger, auth_middleware
+from gateway.http.browser_tokens import BrowserTokens
+from gateway.http.cors import add_cors_headers, cors_middleware
+from gateway.http.discovery import discovery_middleware, favicon, index
 from gateway.http.health import HEALTH, HealthProbe, healthz
 from gateway.http.limits import TenantLimiter, post_rate_middleware
 from gateway.http.observability import observe_app, observe_middleware
@@ -47,7 +50,7 @@ from gateway.live.run_stream import STREAMS, RunStreams
 from gateway.model.decisions import CommandBus
 from gateway.model.read_model import ReadModel
 from streams.config import Settings
-from streams.core.domain import Event, ThreadCreated, ThreadDeleted
+from streams.core.domain import Event, RunAccepted, RunCancelled, ThreadCreated, ThreadDeleted
 from streams.kafka.clients import aiokafka_config
 from streams.kafka.topics import ensure_topics
 from streams.observability.tracing import setup_tracing
@@ -77,7 +80,10 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     max_body = max_body_bytes(settings.policy.max_input_chars)
     limiter = TenantLimiter(settings.gateway.limits)
     app = web.Application(client_max_size=max_body, middlewares=[
-        observe_middleware, problem_middleware, auth_middleware(settings.gateway.api_keys),
+        cors_middleware(settings.gateway.cors_origins), observe_middleware, problem_middleware,
+        discovery_middleware,
+        auth_middleware(settings.gateway.api_keys, BrowserTokens.from_settings(settings),
+                        [langgraph.internal_thread_id], _run_thread),
         starting_middleware, post_rate_middleware(limiter)])
     app[LIMITER] = limiter
     options = options or Options()
@@ -94,6 +100,10 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
         read_model.note_write(event.thread_id)
         if isinstance(event, ThreadCreated):
             read_model.note_created(event.thread_id)
+        if isinstance(event, RunAccepted):
+            read_model.note_accepted(event.run_id, event.thread_id)
+        if isinstance(event, RunCancelled):  # a rolled-back run's records are gone: no wait
+            read_model.note_settled(event.run_id)
         if isinstance(event, ThreadDeleted):  # its open streams end now
             read_model.note_deleted(event.thread_id)
             feed.drop_thread(event.thread_id)
@@ -109,12 +119,16 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     app[READY] = Readiness(settings, bus, app[HEALTH], read_model,
                            timeout_s=options.ready_timeout_s, cache_s=options.ready_cache_s)
     app.cleanup_ctx.append(_kafka)
+    app.on_response_prepare.append(add_cors_headers)
     app.on_shutdown.append(_close_streams)
+    app.router.add_get("/", index)
+    app.router.add_get("/favicon.ico", favicon)
     app.router.add_get("/livez", livez)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/demo", demo_page)
+    app.router.add_post(BROWSER_TOKENS_PATH, rest.issue_browser_token)
     app.router.add_post("/v1/threads", rest.create_thread)
     app.router.add_get("/v1/threads", rest.list_threads)
     app.router.add_get("/v1/threads/{thread_id}", rest.get_thread)
@@ -174,6 +188,11 @@ async def _start_feed(app: web.Application,
         logging.shutdown()
         os._exit(70)
     started.append(app[FEED])
+
+
+async def _run_thread(request: web.Request, tenant: str, run_id: str) -> str | None:
+    run = await request.config_dict[READ_MODEL].run(tenant, run_id)
+    return None if run is None else run.state.thread_id
 
 
 async def livez(request: web.Request) -> web.Response:

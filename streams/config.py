@@ -15,12 +15,13 @@ variable.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from streams.core.domain import Policy
 from streams.core.journal import JournalLimits
@@ -93,6 +94,7 @@ class GatewayLimits:
     resume_token_keys: tuple[str, ...] = ()  # first signs, all verify; () derives one
 
 
+_ORIGIN = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?|https?://\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?")
 _POLICY = Policy()
 _JOURNAL = JournalLimits()
 _LIMITS = GatewayLimits()
@@ -239,6 +241,18 @@ class GatewayEnv(Section):
     replay_max_records: Count = Field(_LIMITS.replay_max_records, alias="THREADLINE_REPLAY_MAX_RECORDS")
     resume_token_keys: Annotated[tuple[str, ...], BeforeValidator(parse_list)] = Field(
         _LIMITS.resume_token_keys, alias="THREADLINE_RESUME_TOKEN_KEYS")
+    # Browser apps served from these origins may call the gateway (CORS); none by default.
+    cors_origins: Annotated[tuple[str, ...], BeforeValidator(parse_list)] = Field(
+        (), alias="THREADLINE_CORS_ORIGINS")
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, origins: tuple[str, ...]) -> tuple[str, ...]:
+        for origin in origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ValueError(f"{origin!r} is not an origin: scheme://host[:port], no path "
+                                 "(or * for any, in development)")
+        return tuple(origin.lower() for origin in origins)
 
     def limits(self) -> GatewayLimits:
         """What one tenant may cost this gateway."""
@@ -302,12 +316,14 @@ class GatewaySettings:
     api_keys: Mapping[str, str]  # api key -> tenant
     decision_timeout_ms: int
     limits: GatewayLimits
+    cors_origins: tuple[str, ...] = ()  # origins whose browser apps may call (CORS)
 
     @classmethod
     def from_section(cls, env: GatewayEnv) -> GatewaySettings:
         """These settings from their section."""
         return cls(http_host=env.http_host, http_port=env.http_port, api_keys=env.api_keys,
-                   decision_timeout_ms=_ms(env.decision_timeout_s), limits=env.limits())
+                   decision_timeout_ms=_ms(env.decision_timeout_s), limits=env.limits(),
+                   cors_origins=env.cors_origins)
 
 
 @dataclass(frozen=True, slots=True)

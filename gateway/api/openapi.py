@@ -123,7 +123,10 @@ _LG_PATHS: dict[str, Any] = {
     f"{_LG}/threads/{{thread_id}}/runs/{{run_id}}/stream": {"get": _lg(
         "Join a run's stream from its start, or after Last-Event-ID", _LG_SSE,
         [_THREAD_ID, _RUN_ID, {"name": "Last-Event-ID", "in": "header",
-                               "schema": {"type": "string"}}])},
+                               "schema": {"type": "string"},
+                               "description": "-1, or none: from the run's start"},
+         {"name": "stream_mode", "in": "query", "schema": {"type": "string"},
+          "description": "a mode, repeated for several, or a JSON list of modes"}])},
     f"{_LG}/threads/{{thread_id}}/runs/{{run_id}}/cancel": {"post": {
         **_lg("Cancel a run (action=interrupt only)", _LG_OBJECT, [_THREAD_ID, _RUN_ID]),
         "responses": {"202": {"description": "Cancelled"}, **_LG_ERRORS}}},
@@ -194,6 +197,12 @@ SPEC: dict[str, Any] = {
     },
     "security": [{"bearer": []}],
     "paths": {
+        "/": {"get": {"security": [], "summary": "The APIs this gateway serves and their "
+                                                 "prefixes",
+                      "responses": {"200": {"description": "the index"}}}},
+        "/favicon.ico": {"get": {"security": [], "summary": "Nothing (a browser asks on "
+                                                            "every page load)",
+                                 "responses": {"204": {"description": "no icon"}}}},
         "/livez": {"get": {"security": [], "summary": "Liveness: the process serves (even "
                                                       "while its read model loads)",
                            "responses": {"200": {"description": "alive"}}}},
@@ -218,6 +227,18 @@ SPEC: dict[str, Any] = {
         "/demo": {"get": {"security": [], "summary": "A browser page watching a thread's stream "
                                                      "(/demo#key=KEY&thread=ID)",
                           "responses": {"200": {"description": "HTML"}}}},
+        "/v1/browser_tokens": {"post": {
+            "summary": "A short-lived token for a browser, instead of the API key (with "
+                       "thread_id: for that thread only); a browser token cannot make one",
+            "requestBody": {"content": {"application/json": {"schema": {
+                "type": "object", "properties": {
+                    "thread_id": {"type": "string"},
+                    "ttl_s": {"type": "integer", "minimum": 1, "maximum": 3600,
+                              "default": 900}}}}}},
+            "responses": {"201": {"description": "The token: token, token_type, expires_in, "
+                                                 "expires_at, tenant, thread_id"},
+                          "401": _UNAUTHORIZED, "403": _problem("Called with a browser token"),
+                          "404": _NOT_FOUND, "422": _problem("Bad ttl_s or thread_id")}}},
         "/v1/threads": {"get": {
             "summary": "The tenant's threads, most recently updated first",
             "parameters": [

@@ -18,17 +18,20 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import time
 import uuid
 from typing import Any
 
 from aiohttp import web
 
 from gateway.http.auth import TENANT
+from gateway.http.browser_tokens import DEFAULT_TTL_S, MAX_TTL_S, BrowserTokens
 from gateway.http.limits import tenant_active_runs
 from gateway.http.plumbing import END_SEQ, json_answer, query_limit, read_json_body
 from gateway.http.problems import Problem
 from gateway.kafka import partition_for
 from gateway.keys import BUS, LIMITER, READ_MODEL, SETTINGS
+from gateway.live.sse import iso_ms
 from gateway.model.decisions import new_traceparent
 from gateway.model.read_model import RunView
 from streams.clock import now_ms
@@ -62,6 +65,7 @@ MESSAGES_PAGE, MAX_MESSAGES_PAGE = 100, 1000  # GET /v1/threads/{id}/messages: d
 THREADS_PAGE, MAX_THREADS_PAGE = 50, 200  # GET /v1/threads
 
 MAX_TITLE_CHARS = 500
+MAX_ID_CHARS = 200  # a thread id named in a body (ours are uuids)
 MAX_KEY_CHARS = 255
 
 
@@ -149,6 +153,30 @@ def _seq_cursor(request: web.Request, name: str) -> int | None:
     if len(parts) != 1 or not isinstance(parts[0], int) or not 0 <= parts[0] < END_SEQ:
         raise Problem(400, "bad-cursor", f"'{name}' is not a cursor of this list")
     return parts[0]
+
+
+async def issue_browser_token(request: web.Request) -> web.Response:
+    """POST /v1/browser_tokens `{thread_id?, ttl_s?}`: a short-lived token a tenant's
+    backend gives a browser instead of its API key (`gateway.http.browser_tokens`);
+    with `thread_id`, good for that thread's routes only."""
+    body = await read_json_body(request, required=False)
+    ttl = body.get("ttl_s", DEFAULT_TTL_S)
+    if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= MAX_TTL_S:
+        raise Problem(422, "invalid-body", f"'ttl_s' must be an integer from 1 to {MAX_TTL_S}",
+                      field="ttl_s")
+    tenant, thread_id = request[TENANT], body.get("thread_id")
+    if thread_id is not None:
+        if not isinstance(thread_id, str) or not 0 < len(thread_id) <= MAX_ID_CHARS:
+            raise Problem(422, "invalid-body", "'thread_id' must be a thread's id",
+                          field="thread_id")
+        if await request.config_dict[READ_MODEL].thread(tenant, thread_id) is None:
+            raise Problem(404, "not-found", "no such thread")
+    issued = time.time()
+    token, expires = BrowserTokens.from_settings(request.config_dict[SETTINGS]).issue(
+        tenant, thread_id, ttl, issued)
+    return json_answer(201, {"token": token, "token_type": "Bearer", "expires_in": ttl,
+                             "expires_at": iso_ms(expires * 1000), "tenant": tenant,
+                             "thread_id": thread_id}, {"Cache-Control": "no-store"})
 
 
 async def create_thread(request: web.Request) -> web.Response:

@@ -4,27 +4,36 @@
 SDKs send, `gateway.adapters.langgraph`). The SSE routes also accept
 `?access_token=<key>` and the `threadline_token` cookie, because browsers'
 EventSource cannot set headers. Keys map to tenants through `settings.gateway.api_keys`.
+A browser token (`gateway.http.browser_tokens`) is accepted wherever a key is, within
+its tenant and, if it has one, its thread.
 """
 
 from __future__ import annotations
 
 import hmac
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.typedefs import Middleware
 
+from gateway.http.browser_tokens import PREFIX as BROWSER_PREFIX
+from gateway.http.browser_tokens import BadBrowserToken, BrowserGrant, BrowserTokens
 from gateway.http.problems import Handler, Problem
 from streams.observability import logs
 
-__all__ = ["COOKIE", "TENANT", "RedactingAccessLogger", "auth_middleware", "redact"]
+__all__ = ["BROWSER_TOKENS_PATH", "COOKIE", "GRANT", "TENANT", "RedactingAccessLogger",
+           "RunThread", "ThreadIds", "auth_middleware", "redact"]
 
 TENANT = web.RequestKey("tenant", str)
+GRANT = web.RequestKey("browser_grant", BrowserGrant)  # set when a browser token was presented
+BROWSER_TOKENS_PATH = "/v1/browser_tokens"
 COOKIE = "threadline_token"
-PUBLIC_PATHS = frozenset({"/livez", "/healthz", "/readyz", "/openapi.json", "/demo", "/metrics",
-                          "/console", "/console/console.js", "/console/console.css"})
+PUBLIC_PATHS = frozenset({"/", "/favicon.ico", "/livez", "/healthz", "/readyz", "/openapi.json",
+                          "/demo", "/metrics", "/console", "/console/console.js",
+                          "/console/console.css"})
 _SSE_PATH = re.compile(r"^/v1/(threads/[^/]+/stream|runs/[^/]+/events)$")
 _SECRET_PARAMS = re.compile(r"((?:^|[?&])access_token=)[^&]*", re.IGNORECASE)
 
@@ -51,8 +60,19 @@ def _unauthorized(detail: str) -> Problem:
                    headers={"WWW-Authenticate": 'Bearer realm="threadline"'})
 
 
-def auth_middleware(keys: Mapping[str, str]) -> Middleware:
-    """Middleware that admits a request only with one of the API keys (Bearer, or token/cookie on SSE)."""
+# Another way a route may name a thread (an adapter's own ids): the tenant and the id
+# in its path -> the thread's id, for a browser token's thread scope.
+ThreadIds = Callable[[str, str], str]
+# The thread of a tenant's run (None if unknown): the app reads it from its read model.
+RunThread = Callable[[web.Request, str, str], Awaitable[str | None]]
+
+
+def auth_middleware(keys: Mapping[str, str], browser: BrowserTokens | None = None,
+                    thread_ids: Sequence[ThreadIds] = (),
+                    run_thread: RunThread | None = None) -> Middleware:
+    """Middleware that admits a request only with one of the API keys, or a browser token
+    (`gateway.http.browser_tokens`) within its scope: as a Bearer, an `x-api-key`, or
+    on SSE a token parameter or cookie."""
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in PUBLIC_PATHS:
@@ -70,14 +90,44 @@ def auth_middleware(keys: Mapping[str, str]) -> Middleware:
             presented = request.query.get("access_token") or request.cookies.get(COOKIE)
         if not presented:
             raise _unauthorized("an API key is required")
-        tenant = _tenant_for(keys, presented)
-        if tenant is None:
-            raise _unauthorized("unknown API key")
+        if browser is not None and presented.startswith(BROWSER_PREFIX):
+            try:
+                grant = browser.verify(presented, time.time())
+            except BadBrowserToken as exc:
+                raise _unauthorized(str(exc)) from None
+            await _within(request, grant, thread_ids, run_thread)
+            tenant = grant.tenant
+            request[GRANT] = grant
+        else:
+            found = _tenant_for(keys, presented)
+            if found is None:
+                raise _unauthorized("unknown API key")
+            tenant = found
         request[TENANT] = tenant
         logs.bind(tenant=tenant)  # JSON log lines of this request name the tenant
         return await handler(request)
 
     return middleware
+
+
+async def _within(request: web.Request, grant: BrowserGrant, thread_ids: Sequence[ThreadIds],
+                  run_thread: RunThread | None) -> None:
+    """Refuse (403) what a browser token does not grant: issuing tokens, and with a
+    thread scope, any route not about that thread (a route naming a thread, or a run's
+    events whose run is on it)."""
+    if request.path == BROWSER_TOKENS_PATH:
+        raise Problem(403, "forbidden", "a browser token cannot issue browser tokens")
+    scope = grant.thread_id
+    if scope is None:
+        return
+    named = request.match_info.get("thread_id")
+    if named is not None and (named == scope or any(ids(grant.tenant, named) == scope
+                                                    for ids in thread_ids)):
+        return
+    if named is None and (run_id := request.match_info.get("run_id")) is not None \
+            and run_thread is not None and await run_thread(request, grant.tenant, run_id) == scope:
+        return
+    raise Problem(403, "forbidden", f"this browser token is for thread {scope} only")
 
 
 class RedactingAccessLogger(AbstractAccessLogger):

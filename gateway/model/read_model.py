@@ -126,6 +126,7 @@ class ReadModel:
         self._lock_file: IO[bytes] | None = None
         self._recent: dict[str, float] = {}
         self._created: dict[str, float] = {}  # threads decided created a moment ago
+        self._accepted: dict[str, tuple[str, float]] = {}  # run -> its thread, until when to wait
         self._initial_end: dict[TopicPartition, int] = {}
         self._checkpointed: dict[TopicPartition, int] = {}
         self._loaded = asyncio.Event()
@@ -282,9 +283,24 @@ class ReadModel:
         if len(self._created) > 10_000:
             self._created = {k: v for k, v in self._created.items() if v > now}
 
+    def note_accepted(self, run_id: str, thread_id: str) -> None:
+        """Mark a run as decided accepted: until the model reads its user message, a
+        read of the run waits (the same race as `note_created`'s: a client that joins
+        a run the moment it was created must not get a 404)."""
+        now = time.monotonic()
+        self._accepted[run_id] = (thread_id, now + RECENT_WRITE_S)
+        if len(self._accepted) > 10_000:
+            self._accepted = {k: v for k, v in self._accepted.items() if v[1] > now}
+
+    def note_settled(self, run_id: str) -> None:
+        """Stop waiting for a run's records: it was cancelled (a rollback deletes them)."""
+        self._accepted.pop(run_id, None)
+
     def note_deleted(self, thread_id: str) -> None:
-        """Forget that a thread was created a moment ago: it is deleted now."""
+        """Forget that a thread was created a moment ago, and its runs accepted: it is
+        deleted now."""
         self._created.pop(thread_id, None)
+        self._accepted = {k: v for k, v in self._accepted.items() if v[0] != thread_id}
 
     def _recently_written(self, thread_id: str) -> bool:
         deadline = self._recent.get(thread_id)
@@ -354,6 +370,13 @@ class ReadModel:
             ref = self.store.run(run_id)
             if ref is None and not caught_up:
                 raise _behind()
+            deadline = time.monotonic() + self.catch_up_timeout_s
+            while ref is None and self._accepted.get(run_id, ("", 0.0))[1] > time.monotonic():
+                if time.monotonic() > deadline:
+                    raise _behind()
+                await asyncio.sleep(_POLL_S)
+                await self.catch_up()
+                ref = self.store.run(run_id)
         if ref is None:
             return None
         state = await self.thread(tenant, ref.thread_id)

@@ -208,3 +208,22 @@ async def test_healthz_is_503_without_processor_and_worker(stack: Stack, tmp_pat
                                                    f"{lonely.topic_prefix}worker"]
     finally:
         await server.close()
+
+
+async def test_the_root_says_where_each_api_lives(stack: Stack) -> None:
+    """GET / lists the APIs without a key; a request an SDK pointed at the bare root
+    would send gets a 404 naming /langgraph (with a key or without: no 401 that sends
+    the user to their key); /favicon.ico is an empty 204; other paths still need a key."""
+    status, _, body = await _raw(stack, "GET", "/", headers={})
+    assert status == 200 and body["apis"]["langgraph"]["prefix"] == "/langgraph"
+    for headers in ({}, AUTH_A):
+        status, _, body = await _raw(stack, "POST", "/threads", data=b"{}", headers=headers)
+        _assert_problem(status, body, 404)
+        assert body["type"].endswith("/wrong-prefix") and "/langgraph" in body["detail"]
+    status, _, body = await _raw(stack, "POST", "/api/chat", data=b"{}", headers=AUTH_A)
+    _assert_problem(status, body, 404)
+    assert "/v1/ai/chat" in body["detail"]
+    async with stack.session.get(stack.url("/favicon.ico")) as response:
+        assert response.status == 204
+    status, _, body = await _raw(stack, "GET", "/nothing-here", headers={})
+    _assert_problem(status, body, 401)

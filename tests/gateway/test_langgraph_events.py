@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.adapters.langgraph.events import VALUES, Part, Translator, modes_from
+from gateway.adapters.langgraph.events import VALUES, Part, Translator, modes_from, modes_from_query
 from gateway.adapters.langgraph.views import conversation, internal_thread_id, lg_thread_id
 from streams.core.domain import StoredMessage, ThreadState
 from streams.core.records import MessageRecord
@@ -103,3 +103,16 @@ def test_the_conversation_puts_each_answer_after_its_question() -> None:
     assert [r.seq for r in conversation(history, queued=())] == [0, 2, 1, 4, 3]
     # an answer whose question is on an older page keeps its place
     assert [r.seq for r in conversation(history[2:], queued=())] == [2, 3, 4]
+
+
+def test_stream_modes_in_a_query_string() -> None:
+    """Repeated parameters (the Python SDK) or one JSON list (the JavaScript SDK's
+    array, as `JSON.stringify` writes it); anything else that starts a list is refused."""
+    assert modes_from_query([]) is None
+    assert modes_from_query(["values"]) == ["values"]
+    assert modes_from_query(["values", "updates"]) == ["values", "updates"]
+    assert modes_from_query(['["messages-tuple","values"]']) == ["messages-tuple", "values"]
+    assert modes_from(modes_from_query(['["messages-tuple"]'])) == {"messages-tuple"}
+    for bad in ("[messages", '["values", 3]', "[]x"):
+        with pytest.raises(ValueError):
+            modes_from_query([bad])

@@ -44,9 +44,10 @@ from gateway.adapters.langgraph.threads import (
     search_assistants,
     search_threads,
 )
+from gateway.adapters.langgraph.views import internal_thread_id
 from gateway.http.plumbing import READY_WAIT
 
-__all__ = ["PREFIX", "READY_WAIT_S", "create_app"]
+__all__ = ["PREFIX", "READY_WAIT_S", "create_app", "internal_thread_id"]
 
 PREFIX = "/langgraph"
 # How long a request waits for the gateway's load before its 503 (the SDK gives up

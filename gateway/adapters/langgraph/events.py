@@ -44,7 +44,7 @@ from typing import Any, Final
 
 __all__ = ["GRAPH_ID", "MODES", "NODE", "VALUES", "Part", "StateValues", "Translator",
            "ai_message", "human_message", "interrupt_id", "lg_interrupt", "modes_from",
-           "task_id"]
+           "modes_from_query", "task_id"]
 
 GRAPH_ID: Final = "agent"
 NODE: Final = "agent"  # the one node the runs appear to run
@@ -103,6 +103,25 @@ def modes_from(raw: object, default: str = "values") -> frozenset[str]:
         raise ValueError(f"stream_mode {', '.join(unknown)} is not supported (supported: "
                          f"{', '.join(sorted(MODES))})")
     return frozenset(names)
+
+
+def modes_from_query(values: list[str]) -> list[str] | None:
+    """The stream modes of a query string: repeated `stream_mode=` parameters (the
+    Python SDK), or one holding a JSON list (the JavaScript SDK sends an array as
+    `JSON.stringify`'s text); None if there are none."""
+    names: list[str] = []
+    for value in values:
+        if value.startswith("["):
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                raise ValueError("stream_mode is neither a mode nor a JSON list of modes") from None
+            if not isinstance(parsed, list) or not all(isinstance(n, str) for n in parsed):
+                raise ValueError("stream_mode must be a string or a list of strings")
+            names += parsed
+        else:
+            names.append(value)
+    return names or None
 
 
 def human_message(message_id: str, text: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.adapters.langgraph.events import modes_from
+from gateway.adapters.langgraph.events import modes_from, modes_from_query
 from gateway.adapters.langgraph.stream import links, stream_run_events, wait_for_run
 from gateway.adapters.langgraph.threads import (
     ASSISTANT_NAMES,
@@ -181,9 +181,8 @@ async def join_stream(request: web.Request) -> web.StreamResponse:
     state = await own_thread(request)
     run_id = request.match_info["run_id"]
     run = await own_run(request, state, run_id)
-    raw = request.query.getall("stream_mode", [])
     try:
-        modes = modes_from(raw or None)
+        modes = modes_from(modes_from_query(request.query.getall("stream_mode", [])))
     except ValueError as exc:
         raise Problem(422, "invalid-body", str(exc), field="stream_mode") from exc
     state = await _fresh(request, state)

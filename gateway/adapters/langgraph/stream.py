@@ -11,8 +11,10 @@ part named: no gap, no repeat.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
@@ -32,6 +34,8 @@ from gateway.live.tokens import BadEventId
 from streams.core.domain import ThreadState
 from streams.core.lifecycle import StreamEnd
 
+SETTLE_POLL_S = 0.01  # how often a wait re-reads a run whose end it has seen streamed
+
 __all__ = ["links", "stream_run_events", "wait_for_run"]
 
 
@@ -43,8 +47,10 @@ def links(run_id: str, lg_id: str, query: str = "") -> dict[str, str]:
 
 def _resume_point(request: web.Request, state: ThreadState, run_id: str,
                   last: str | None) -> tuple[str, int] | None:
-    """The event to resume after (its token) and how many of its parts were sent."""
-    if not last:
+    """The event to resume after (its token) and how many of its parts were sent; None
+    for the run's start: no id, or `-1` (what the SDKs' `useStream` sends when it has
+    none yet, as the LangGraph server takes it)."""
+    if not last or last.strip() == "-1":
         return None
     token, _, index = last.strip().partition("~")
     try:
@@ -172,10 +178,27 @@ async def wait_for_run(request: web.Request, state: ThreadState, run_id: str,
             if ended:
                 break
     await _caught_up(request, state)
+    if translator.interrupt is None:
+        await _settled(request, run_id)
     values = (await values_view(request, state))[0]
     if translator.interrupt is not None:
         values["__interrupt__"] = [translator.interrupt]
     return values if error is None else {**values, "__error__": error}
+
+
+async def _settled(request: web.Request, run_id: str) -> None:
+    """Wait until the read model holds the run's end: the stream's `done` can be read
+    before the transaction that stored the answer is readable on the messages
+    partition (its commit marker lands there later), and the values must hold it.
+    Bounded like a catch-up: no progress for its timeout, and the values are what the
+    model has."""
+    read_model = request.config_dict[READ_MODEL]
+    deadline = time.monotonic() + read_model.catch_up_timeout_s
+    while time.monotonic() < deadline:
+        run = await read_model.run(request[TENANT], run_id)
+        if run is None or run.terminal:
+            return
+        await asyncio.sleep(SETTLE_POLL_S)
 
 
 async def _caught_up(request: web.Request, state: ThreadState) -> None:
