@@ -13,7 +13,7 @@ the processor decides the thread's commands in log order. The agent goes on whil
 the report travels and waits for the ack at the fence: before its next tool call
 starts and before the outcome is reported (`streams.agents.runtime`). An execution
 that takes the attempt over waits at its barrier (`ReportExecutionStarted`, decided
-after every earlier report of the thread) before its first new step, so it sees
+after every earlier report of the thread) before the agent starts, so it sees
 every step an earlier execution had acked, decided or not; a call whose report was
 never acked is the one window (docs/agents.md). What the processor decides of a step
 comes back through the lifecycle watch: recorded by another execution of the same
@@ -53,7 +53,7 @@ from streams.core.domain import (
     Step,
 )
 from streams.core.ids import answer_message_id_for
-from streams.core.journal import INTERRUPT, JournalEntry
+from streams.core.journal import INTERRUPT, JournalEntry, merge
 from streams.core.records import Dispatch, StreamOutput
 from streams.core.thread import OUTPUT_TOO_LARGE
 from streams.wire import Codec, EnvelopeMeta, new_meta
@@ -230,6 +230,12 @@ class Execution:
 
     async def _pump(self, queue: asyncio.Queue[object]) -> None:
         try:
+            if not self.fresh:
+                # Redelivered: an earlier execution of this attempt may have recorded steps
+                # not decided yet. Learn them before the agent computes anything: a turn
+                # computed afresh that the barrier then shows recorded would cost the
+                # attempt (`RunContext.record`), and two kills on one run could end it.
+                self.journal = merge(self.journal, await self._sync())
             self.context = RunContext(self.dispatch.run_id, self.attempt, self.execution_id,
                                       journal=list(self.journal),
                                       limits=self.outlet.settings.policy.journal,

@@ -21,6 +21,7 @@ from streams.core.domain import (
     ReportExecutionStarted,
     ReportStepCompleted,
 )
+from streams.core.journal import JournalEntry
 from streams.core.records import Dispatch, HistoryMessage, MessageEnd, MessageStart, StreamOutput
 from streams.core.thread import OUTPUT_TOO_LARGE
 from streams.wire import EnvelopeMeta, new_meta
@@ -77,7 +78,7 @@ class FakeOutlet:
         return done
 
 
-def _execution(agent: Any, *, fresh: bool = False,
+def _execution(agent: Any, *, fresh: bool = True,
                **settings: Any) -> tuple[Execution, FakeOutlet]:
     base = Settings.from_env({"THREADLINE_DELTA_COALESCE_MS": "0"})
     outlet = FakeOutlet(base.with_(**settings), agent)
@@ -176,6 +177,44 @@ async def test_a_superseded_execution_reports_nothing_more() -> None:
     assert execution.finished and not execution.outcome_acked
 
 
+
+
+class RecordedTurn:
+    """Records one model turn (or replays it), then says a word; counts the turns it
+    computed afresh."""
+
+    def __init__(self) -> None:
+        self.computed = 0
+
+    async def run(self, history: Sequence[HistoryMessage],
+                  message: str) -> AsyncIterator[AgentOutput]:
+        """The turn, then a word."""
+        context = current()
+        if context.replay("model_turn", "m") is None:
+            self.computed += 1
+            await context.record("model_turn", "m", "", "{}")
+        yield TextChunk("done")
+
+    async def aclose(self) -> None:
+        """Nothing to close."""
+        return None
+
+
+async def test_a_redelivered_execution_learns_the_recorded_steps_before_the_agent_runs() -> None:
+    """A redelivered dispatch (not fresh): the agent does not start until the barrier
+    shows what the dead execution recorded, so it replays the turn instead of computing
+    it afresh, which would have failed the attempt (and two kills on a run, the run)."""
+    agent = RecordedTurn()
+    execution, outlet = _execution(agent, fresh=False)
+    task = asyncio.create_task(execution.run())
+    while not any(isinstance(r, ReportExecutionStarted) for r in outlet.reports):
+        await asyncio.sleep(0.01)
+    execution.execution_started(execution.execution_id,
+                                [JournalEntry(0, "model_turn", "m", "", "{}", "dead-one")])
+    await task
+    assert agent.computed == 0
+    assert not any(isinstance(r, ReportStepCompleted) for r in outlet.reports)
+    assert isinstance(outlet.reports[-1], ReportAttemptCompleted) and execution.outcome_acked
 
 
 async def test_a_lost_step_report_is_sent_again_with_every_later_one_before_the_next_call() -> None:

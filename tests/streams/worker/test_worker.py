@@ -169,6 +169,16 @@ def _dispatch(settings: Settings, thread: str, partition: int, text: str = "ques
     return dispatch
 
 
+async def _owned(worker: Worker, task: asyncio.Task[None], partition: int) -> None:
+    """Wait until `worker` owns the dispatch partition and knows where its fresh records
+    begin (or fail, if the worker ended)."""
+    while partition not in worker.fresh_from:
+        if task.done():
+            task.result()
+            raise AssertionError("the worker ended before it was assigned")
+        await asyncio.sleep(0.02)
+
+
 def _reports(settings: Settings, until: Callable[[list[Any]], bool]) -> list[Any]:
     return read_topic(settings, settings.topics.commands, lambda b: CODEC.decode_command(b)[1],
                       until=until, timeout=30)
@@ -179,7 +189,6 @@ async def test_one_attempt_streams_coalesced_parts_and_reports_in_process(settin
     """An in-process worker streams coalesced text, steps and citations, and reports completion."""
     ensure_topics(settings)
     thread = f"th-{uuid.uuid4()}"
-    dispatch = _dispatch(settings, thread, partition=2)
     script: list[AgentOutput] = [TextChunk(c) for c in "x" * 300]
     script += [AgentStep(Step("tool_call", "calc", "{}")), TextChunk("after"), TextChunk(" step"),
                AgentCitations((Citation("https://a", "A"),))]
@@ -189,6 +198,11 @@ async def test_one_attempt_streams_coalesced_parts_and_reports_in_process(settin
                     worker_id="w-inproc")
     task = asyncio.create_task(worker.run(stop))
     try:
+        # Sent once the worker owns the partition: a fresh dispatch starts at once, where
+        # one already there may have reached another member first and waits for the
+        # processor's barrier (docs/agents.md), and no processor runs here.
+        await _owned(worker, task, 2)
+        dispatch = _dispatch(settings, thread, partition=2)
         reports = await asyncio.to_thread(
             _reports, settings, lambda r: any(isinstance(c, ReportAttemptCompleted) for c in r))
     finally:
@@ -256,13 +270,14 @@ async def test_concurrency_is_bounded_and_unstarted_dispatches_wait_for_the_next
 ) -> None:
     """A worker runs at most `concurrency` attempts; the rest wait for the next worker."""
     ensure_topics(settings)
-    dispatches = [_dispatch(settings, f"th-{uuid.uuid4()}", partition=3, text=f"q{i}")
-                  for i in range(4)]
     agent = ScriptedAgent([TextChunk("working")], hang=True)
     stop = asyncio.Event()
     worker = Worker(settings, agent, concurrency=2, worker_id="w-2")
     task = asyncio.create_task(worker.run(stop))
     try:
+        await _owned(worker, task, 3)  # fresh dispatches: no processor's barrier to wait for
+        dispatches = [_dispatch(settings, f"th-{uuid.uuid4()}", partition=3, text=f"q{i}")
+                      for i in range(4)]
         await asyncio.to_thread(_read_stream, settings, lambda r: sum(
             isinstance(x.out.payload, TextDelta) for x in r) >= 2)
         # Full, the worker pauses every partition it holds: from then on it cannot take
