@@ -234,7 +234,7 @@ def plot(figures: list[Figure]) -> bool:
         print("matplotlib is not installed (pip install -e '.[bench]'): no plot")
         return False
     groups = by_bench(figures)
-    panels = [b for b in TITLES if b in groups]
+    panels = [b for b in TITLES if b in groups and b in _PANELS]  # tables-only sections: no panel
     if not panels:
         return False
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
