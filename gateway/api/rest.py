@@ -166,7 +166,8 @@ async def issue_browser_token(request: web.Request) -> web.Response:
                       field="ttl_s")
     tenant, thread_id = request[TENANT], body.get("thread_id")
     if thread_id is not None:
-        if not isinstance(thread_id, str) or not 0 < len(thread_id) <= MAX_ID_CHARS:
+        if not isinstance(thread_id, str) or not 0 < len(thread_id) <= MAX_ID_CHARS \
+                or not _utf8(thread_id):
             raise Problem(422, "invalid-body", "'thread_id' must be a thread's id",
                           field="thread_id")
         if await request.config_dict[READ_MODEL].thread(tenant, thread_id) is None:
@@ -177,6 +178,15 @@ async def issue_browser_token(request: web.Request) -> web.Response:
     return json_answer(201, {"token": token, "token_type": "Bearer", "expires_in": ttl,
                              "expires_at": iso_ms(expires * 1000), "tenant": tenant,
                              "thread_id": thread_id}, {"Cache-Control": "no-store"})
+
+
+def _utf8(text: str) -> bool:
+    """Whether `text` has a UTF-8 form (JSON can carry a lone surrogate, which has none)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 async def create_thread(request: web.Request) -> web.Response:

@@ -91,6 +91,7 @@ async def test_scoped_tokens_work_within_their_scope_only(stack: Stack) -> None:
     assert (await _issue(stack, {}, auth=as_tenant))[0] == 403  # no token mints another
     assert (await _issue(stack, {"thread_id": mine}, auth=AUTH_B))[0] == 404
     assert (await _issue(stack, {"ttl_s": MAX_TTL_S + 1}))[0] == 422
+    assert (await _issue(stack, {"thread_id": "\ud800"}))[0] == 422  # the fuzzer's 500
     expired, _ = BrowserTokens.from_settings(stack.settings).issue(
         "tenant-a", mine, 60, time.time() - 3600)
     status, problem = await stack.get(f"/v1/threads/{mine}",
