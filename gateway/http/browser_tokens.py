@@ -27,7 +27,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.live.tokens import derived_key
+from gateway.live.tokens import deployment_keys
 from streams.config import Settings
 
 __all__ = ["DEFAULT_TTL_S", "MAX_TTL_S", "PREFIX", "BadBrowserToken", "BrowserGrant",
@@ -65,10 +65,7 @@ class BrowserTokens:
     @classmethod
     def from_settings(cls, settings: Settings) -> BrowserTokens:
         """Keyed as the deployment's resume tokens are (`gateway.live.tokens`)."""
-        keys = settings.gateway.limits.resume_token_keys
-        if keys:
-            return cls([k.encode() for k in keys])
-        return cls([derived_key(settings.gateway.api_keys, settings.topic_prefix)])
+        return cls(deployment_keys(settings))
 
     def issue(self, tenant: str, thread_id: str | None, ttl_s: int, now_s: float) -> tuple[str, int]:
         """A token for `tenant` (and `thread_id`, if given) valid `ttl_s` from `now_s`,

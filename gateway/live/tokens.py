@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from streams.config import Settings
 
-__all__ = ["BadEventId", "EventId", "ResumeTokens", "derived_key"]
+__all__ = ["BadEventId", "EventId", "ResumeTokens", "deployment_keys", "derived_key"]
 
 _VERSION = "v2"
 _MAC_BYTES = 16
@@ -69,6 +69,15 @@ def derived_key(api_keys: Mapping[str, str], topic_prefix: str) -> bytes:
     return hashlib.sha256(f"threadline resume tokens\0{topic_prefix}\0{material}".encode()).digest()
 
 
+def deployment_keys(settings: Settings) -> list[bytes]:
+    """The keys every gateway of a deployment shares: `THREADLINE_RESUME_TOKEN_KEYS`
+    (the first signs), or the one derived from the API keys and the topic prefix."""
+    keys = settings.gateway.limits.resume_token_keys
+    if keys:
+        return [k.encode() for k in keys]
+    return [derived_key(settings.gateway.api_keys, settings.topic_prefix)]
+
+
 class ResumeTokens:
     """Signs the event ids the gateway sends, and verifies those clients send back."""
 
@@ -81,10 +90,7 @@ class ResumeTokens:
     @classmethod
     def from_settings(cls, settings: Settings) -> ResumeTokens:
         """Tokens signed with the configured keys, or a key derived from the API keys."""
-        keys = settings.gateway.limits.resume_token_keys
-        if keys:
-            return cls([k.encode() for k in keys])
-        return cls([derived_key(settings.gateway.api_keys, settings.topic_prefix)])
+        return cls(deployment_keys(settings))
 
     def sign(self, thread_id: str, partition: int, offset: int, sub: int, run_start: int,
              run_id: str) -> str:
