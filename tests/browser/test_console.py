@@ -8,26 +8,20 @@ what `window.threadlineConsole` saw), never fixed sleeps."""
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.browser_kit import chromium
 from tests.frontends.stack import KEY, ProcessStack, process_stack
 from tests.npm_kit import node_modules
 
 pytestmark = pytest.mark.kafka
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-if CHROMIUM is None:
-    if os.environ.get("CI", "").lower() == "true":  # CI must have the real client
-        pytest.fail("no Chromium on this machine: make test installs Debian's "
-                    "(infra/system-deps.sh)", pytrace=False)
-    pytest.skip("no Chromium on this machine", allow_module_level=True)
+CHROMIUM = chromium()
 
 SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
 WAIT_MS = 90_000

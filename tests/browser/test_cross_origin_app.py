@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import functools
 import http.server
-import os
-import shutil
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -22,16 +20,12 @@ from streams.config import Settings
 from streams.devtools.broker import free_port
 from streams.kafka.topics import ensure_topics
 from streams.testing.process import RoleProcess, wait_for
+from tests.browser_kit import LAUNCH_ARGS, chromium
 
 pytestmark = pytest.mark.kafka
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-if CHROMIUM is None:
-    if os.environ.get("CI", "").lower() == "true":  # CI must have the real client
-        pytest.fail("no Chromium on this machine: make test installs Debian's "
-                    "(infra/system-deps.sh)", pytrace=False)
-    pytest.skip("no Chromium on this machine", allow_module_level=True)
+CHROMIUM = chromium()
 
 # The app: one page whose script calls the gateway with its key and records the outcome.
 PAGE = """<!doctype html><title>app</title><script>
@@ -75,9 +69,7 @@ def test_an_allowed_origin_reads_the_api_and_another_is_refused(
         wait_for(lambda: _serving(gateway_url), timeout=60, progress=lambda: len(gateway.output()))
         outcomes: dict[str, Any] = {}
         with playwright.sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-                "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run"])
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
             try:
                 for origin in (allowed, other):
                     page = browser.new_page()

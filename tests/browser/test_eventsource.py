@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import shutil
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -18,16 +16,12 @@ from streams.config import Settings
 from streams.devtools.broker import free_port
 from streams.kafka.topics import ensure_topics
 from streams.testing.process import RoleProcess, wait_for
+from tests.browser_kit import LAUNCH_ARGS, chromium
 
 pytestmark = pytest.mark.kafka
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-if CHROMIUM is None:
-    if os.environ.get("CI", "").lower() == "true":  # CI must have the real client
-        pytest.fail("no Chromium on this machine: make test installs Debian's "
-                    "(infra/system-deps.sh)", pytrace=False)
-    pytest.skip("no Chromium on this machine", allow_module_level=True)
+CHROMIUM = chromium()
 
 
 def _call(base: str, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
@@ -59,9 +53,7 @@ def test_a_browser_eventsource_sees_every_run_whole_across_gateway_restarts(
         assert status == 201
         thread_id = thread["thread_id"]
         with playwright.sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-                "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run"])
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
             page = browser.new_page()
             page.goto(f"{base}/demo#key=k1&thread={thread_id}")
             page.wait_for_function("window.threadline && window.threadline.opens >= 1", timeout=30_000)
