@@ -243,11 +243,12 @@ async def test_shutdown_reports_running_attempts_failed_retryable_and_commits(
     """On shutdown the worker reports its running attempt failed, retryably, and commits."""
     ensure_topics(settings)
     thread = f"th-{uuid.uuid4()}"
-    dispatch = _dispatch(settings, thread, partition=1)
     stop = asyncio.Event()
     worker = Worker(settings, ScriptedAgent([TextChunk("partial")], hang=True), worker_id="w-stop")
     task = asyncio.create_task(worker.run(stop))
     try:
+        await _owned(worker, task, 1)  # fresh dispatch: no processor's barrier to wait for
+        dispatch = _dispatch(settings, thread, partition=1)
         await asyncio.to_thread(_read_stream, settings,
                                 lambda r: any(isinstance(x.out.payload, TextDelta) for x in r))
     finally:
