@@ -1,5 +1,5 @@
-"""Node and the pinned npm packages of tests/node (`ai`, `axe-core`), for the tests
-that need them.
+"""Node and the pinned npm packages of tests/node (`ai`, the LangGraph SDK, React,
+esbuild, `axe-core`), for the tests that need them.
 
 `node_modules()` installs tests/node/package-lock.json with `npm ci` once (again
 when the lock changes) and returns the folder. Without node or npm the calling test

@@ -23,8 +23,8 @@ __all__ = ["KEY", "ProcessStack", "process_stack"]
 KEY = "console-key"
 
 
-def _env(bootstrap: str, folder: Path, port: int) -> dict[str, str]:
-    return fresh_env(
+def _env(bootstrap: str, folder: Path, port: int, extra: dict[str, str]) -> dict[str, str]:
+    return {**fresh_env(
         bootstrap, folder, prefix=unique_prefix("f"),
         THREADLINE_API_KEYS=f"{KEY}=tenant-f",
         THREADLINE_HTTP_PORT=str(port),
@@ -40,7 +40,7 @@ def _env(bootstrap: str, folder: Path, port: int) -> dict[str, str]:
         THREADLINE_HEARTBEAT_TIMEOUT_S="4",
         THREADLINE_RETRY_INITIAL_S="0.5",
         THREADLINE_MAX_ATTEMPTS="3",
-    )
+    ), **extra}
 
 
 @dataclass
@@ -80,10 +80,10 @@ class ProcessStack:
 
 
 @contextlib.contextmanager
-def process_stack(bootstrap: str, folder: Path) -> Iterator[ProcessStack]:
-    """The three roles, healthy, stopped after."""
+def process_stack(bootstrap: str, folder: Path, **extra: str) -> Iterator[ProcessStack]:
+    """The three roles, healthy, stopped after; `extra` settings override the module's."""
     port = free_port()
-    env = _env(bootstrap, folder, port)
+    env = _env(bootstrap, folder, port, extra)
     with running_roles(env, folder, ("processor", "worker", "gateway")) as roles:
         stack = ProcessStack(f"http://127.0.0.1:{port}", env, *roles)
         wait_healthy(stack.base + "/healthz")
