@@ -385,6 +385,10 @@ class EventStream:
 
         sub.attach(deliver)
 
+    def finish(self) -> None:
+        """End the stream here, before the run's end: its client has what it needs."""
+        self._sub.close("done")
+
     async def idle(self) -> bool:
         """While attached: wait up to `keepalive_s`; False once the stream is `over`."""
         if self.over:

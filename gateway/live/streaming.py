@@ -53,11 +53,17 @@ class Framing(Protocol):
     def gone(self, gone: Gone) -> bytes:
         """The bytes that say the stream's position is gone, or its message ended."""
 
+    @property
+    def finished(self) -> bool:
+        """Whether the bytes so far ended the response (the stream then closes before
+        the run ends: the AI SDK's tool approval request)."""
+
 
 class SseFraming:
     """Our own SSE frames: each event's id (a resume token), name and JSON data."""
 
     headers: Mapping[str, str] = {}
+    finished = False
 
     def encode(self, events: list[SseEvent]) -> bytes:
         """The events' frames, as the feed made them."""
@@ -132,6 +138,8 @@ async def serve(request: web.Request, stream: EventStream, framing: Framing) -> 
             data = framing.gone(item) if isinstance(item, Gone) else framing.encode(item)
             if data:
                 await response.write(data)
+            if framing.finished:
+                return response
         await _live(request, response, stream, framing)
     except ConnectionError:
         pass  # the client went away
@@ -147,7 +155,10 @@ async def _live(request: web.Request, response: web.StreamResponse, stream: Even
 
     def sink(events: list[SseEvent]) -> bool:
         data = framing.encode(events)
-        return not data or write_now(response, data)
+        written = not data or write_now(response, data)
+        if framing.finished:
+            stream.finish()
+        return written
 
     stream.attach(sink)
     while await stream.idle():

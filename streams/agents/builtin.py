@@ -11,6 +11,9 @@ failure modes per message, so a test can pick its scenario by what it posts:
     [slow]        stream at the slow rate instead of the normal one
     [approve]     before the reply, ask a human (`interrupt`) and end the reply
                   with `Approved: <the resume value>.`
+    [confirm]     before the reply, call the `confirm` tool, which asks a human from
+                  inside the tool (`interrupt` in a tool: the AI SDK's tool approval),
+                  and end the reply with `Confirmed: <the resume value as JSON>.`
 
 Settings (`settings.worker.extra`, typed and given their defaults in `BuiltinAgentEnv`):
 its token rates, the words after the echo, whether a tool call, its result and a
@@ -49,7 +52,7 @@ from streams.core.journal import MODEL_TURN
 from streams.core.records import HistoryMessage
 from streams.env import Section
 
-__all__ = ["BuiltinAgent", "BuiltinAgentEnv", "lookup_tool", "reply_for"]
+__all__ = ["BuiltinAgent", "BuiltinAgentEnv", "confirm_tool", "lookup_tool", "reply_for"]
 
 # Tokens streamed before a [fail], [hang] or [crash] takes effect.
 TOKENS_BEFORE_TROUBLE = 3
@@ -97,7 +100,22 @@ def lookup_tool(delay_s: float = 0.0, log_path: str | None = None) -> Tool:
         "required": ["query"], "additionalProperties": False}, lookup)
 
 
+def confirm_tool() -> Tool:
+    """The builtin `confirm` tool: asks a human to confirm `action` (an `interrupt`
+    from inside the tool) and returns the action with the answer."""
+
+    async def confirm(arguments: Mapping[str, object], context: ToolContext) -> ToolResult:
+        action = str(arguments.get("action", ""))
+        answer = await interrupt({"question": f"May I {action}?", "tool": "confirm"})
+        return ToolResult({"action": action, "answer": answer})
+
+    return Tool("confirm", "Ask a person to confirm an action first.", {
+        "type": "object", "properties": {"action": {"type": "string"}},
+        "required": ["action"], "additionalProperties": False}, confirm)
+
+
 _TOOLS_MARKER = re.compile(r"\[tools=(\d+)\]")
+_MARKER = re.compile(r"\[[^\[\]]*\]")
 
 
 def _tokens(reply: str) -> list[str]:
@@ -148,6 +166,12 @@ class BuiltinAgent:
                 result = await call_tool(tool, {"query": query})
                 if isinstance(result.content, dict):
                     facts.append(str(result.content.get("fact", "")))
+        confirmed: object = None
+        if "[confirm]" in message:
+            action = " ".join(_MARKER.sub(" ", message).split())  # the message, no markers
+            result = await call_tool(confirm_tool(), {"action": action})
+            confirmed = result.content.get("answer") if isinstance(result.content, dict) \
+                else None
         approval = None
         if "[approve]" in message:
             approval = await interrupt({"question": f"May I answer {message.strip()!r}?"})
@@ -156,6 +180,8 @@ class BuiltinAgent:
             reply = " " + reply + " Facts: " + "; ".join(facts) + "."
         if approval is not None:
             reply += f" Approved: {approval}."
+        if "[confirm]" in message:
+            reply += f" Confirmed: {json.dumps(confirmed, sort_keys=True)}."
         for index, token in enumerate(_tokens(reply)):
             if index == TOKENS_BEFORE_TROUBLE:
                 await self._trouble(message)

@@ -195,6 +195,42 @@ def test_an_interrupt_is_resumed_over_the_native_endpoint_and_the_stream_goes_on
     assert result["metadata"]["status"] == "completed"
 
 
+@pytest.mark.parametrize(("scenario", "value"), [
+    ("approve", {"approved": True, "reason": None}),
+    ("deny", {"approved": False, "reason": "not today"})])
+def test_a_tools_interrupt_is_approved_with_the_sdks_own_api(
+        processes: ProcessStack, scenario: str, value: dict[str, Any]) -> None:
+    """`useChat`'s flow: the first response ends at the `confirm` tool's approval request
+    (status `ready`, finish `tool-calls`); `addToolApprovalResponse` and
+    `sendAutomaticallyWhen` post the answer; its response is the rest of the run, into
+    the same message: the tool part ends `output-available` with the value, and the
+    newest execution's text is the stored answer, which used the value. The identical
+    post again streams the same chunks, and nothing runs twice."""
+    result = NodeScript(processes, scenario).result()
+    assert result["errors"] == [] and result["status"] == "ready"
+    assert result["asked"]["state"] == "approval-requested" and result["statusAsked"] == "ready"
+    assert result["asked"]["approval"]["descriptor"] == {
+        "question": "May I deploy it?", "tool": "confirm"}
+    assert result["finishes"] == ["tool-calls", "stop"]
+    first, answer = result["posts"]
+    assert first["status"] == answer["status"] == 200
+    answered = answer["body"]["messages"][-1]
+    assert answered["role"] == "assistant" and answered["id"] == result["id"]
+    part = result["part"]
+    assert part["state"] == "output-available" and part["toolCallId"] == \
+        result["asked"]["toolCallId"]
+    assert part["approval"]["id"] == result["asked"]["approval"]["id"]
+    assert part["output"]["content"]["answer"] == value
+    assert result["messageIds"] == ["user", "assistant"]
+    [stored] = _answers(result["stored"])
+    suffix = f"Confirmed: {json.dumps(value, sort_keys=True)}."
+    assert _text(stored).endswith(suffix) and result["text"] == _text(stored)
+    assert stored["id"] == result["id"] and result["metadata"]["status"] == "completed"
+    assert result["again"]["status"] == 200
+    assert _chunks(result["again"]["text"].encode()) == _chunks(answer["text"].encode())
+    assert [m["role"] for m in result["stored"]] == ["user", "assistant"]
+
+
 def test_the_chat_endpoint_keeps_the_native_rules(processes: ProcessStack) -> None:
     """The header; a resend of the same message replays its run; another message while a
     run is active is 409; a regenerate is 422; an idle or unknown chat resumes with 204."""
@@ -229,3 +265,73 @@ def test_the_chat_endpoint_keeps_the_native_rules(processes: ProcessStack) -> No
                                         headers={"Authorization": f"Bearer {KEY}"})
         with urllib.request.urlopen(resume, timeout=60) as response:
             assert response.status == 204
+
+
+def _types(chunks: list[Any]) -> list[str]:
+    return [c if c == "[DONE]" else c["type"] for c in chunks]
+
+
+def _answer(chat_id: str, asked: dict[str, Any], call_id: str, approved: bool,
+            approval_id: str | None = None) -> dict[str, Any]:
+    """The body `sendAutomaticallyWhen` posts: the last message is the assistant's, its
+    tool part answered (`approval-responded`)."""
+    part = {"type": "dynamic-tool", "toolName": "confirm", "toolCallId": call_id,
+            "state": "approval-responded", "input": {"action": "ship it"},
+            "approval": {"id": approval_id or asked["approvalId"], "approved": approved}}
+    return {"id": chat_id, "trigger": "submit-message", "messageId": "a",
+            "messages": [{"id": "a", "role": "assistant",
+                          "parts": [{"type": "step-start"}, part]}]}
+
+
+def test_an_approval_answer_resumes_the_run_once_and_a_wrong_one_is_a_409(
+        processes: ProcessStack) -> None:
+    """Over HTTP: the response ends at the approval request, and the reconnect replays up
+    to the same one (same ids). An approval of no run of the chat, or of an interrupt the
+    run does not wait on, is 409 problem+json. Two identical answers at once both stream
+    the rest of the run, the same chunks, from one resume; another answer to it while
+    the run goes on is 409; after the end the answer replays the same chunks."""
+    chat_id = f"approval-{uuid.uuid4().hex[:8]}"
+    status, _, raw = _chat(processes, {"id": chat_id, "trigger": "submit-message",
+                                       "messages": [_user("m1", "[slow] ship it [confirm]")]})
+    assert status == 200
+    chunks = _chunks(raw)
+    assert _types(chunks)[-4:] == ["tool-approval-request", "data-run", "finish", "[DONE]"]
+    asked = chunks[-4]
+    thread_id = chunks[0]["messageMetadata"]["thread_id"]
+    reconnect = urllib.request.Request(f"{processes.base}/v1/ai/chat/{chat_id}/stream",
+                                       headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(reconnect, timeout=60) as response:
+        assert _chunks(response.read()) == chunks
+    call_id = asked["toolCallId"]
+    for wrong in (f"{uuid.uuid4()}:interrupt:1", asked["approvalId"][:-1] + "2"):
+        status, headers, problem = _chat(processes, _answer(chat_id, asked, call_id, True, wrong))
+        assert status == 409, problem
+        assert headers["Content-Type"].startswith("application/problem+json")
+        assert json.loads(problem)["type"].endswith("run-not-interrupted")
+    yes = _answer(chat_id, asked, call_id, True)
+    with ThreadPoolExecutor(2) as pool:
+        both = [pool.submit(_chat, processes, yes) for _ in range(2)]
+
+        def resumed() -> bool:
+            run = processes.call("GET", f"/v1/threads/{thread_id}")[1]["active_run"]
+            return run is not None and run["status"] != "interrupted"
+
+        wait_for(resumed, timeout=60)
+        status, _, problem = _chat(processes, _answer(chat_id, asked, call_id, False))
+        assert status == 409, problem  # the slow answer still streams: the run is active
+        assert json.loads(problem)["answer"] == {"approved": True, "reason": None}
+        streams = [future.result(timeout=120) for future in both]
+    assert [s[0] for s in streams] == [200, 200]
+    rest = _chunks(streams[0][2])
+    assert _chunks(streams[1][2]) == rest
+    assert rest[0] == chunks[0]  # `start`: the same message goes on
+    assert _types(rest)[-2:] == ["finish", "[DONE]"]
+    outputs = [c for c in rest if c != "[DONE]" and c["type"] == "tool-output-available"
+               and c["toolCallId"] == call_id]
+    assert [o["output"]["content"]["answer"] for o in outputs] == \
+        [{"approved": True, "reason": None}]
+    status, listing = processes.call("GET", f"/v1/threads/{thread_id}/messages")
+    assert [m["role"] for m in listing["messages"]] == ["user", "assistant"]
+    assert listing["messages"][1]["text"].endswith('Confirmed: {"approved": true, "reason": null}.')
+    status, _, again = _chat(processes, yes)
+    assert status == 200 and _chunks(again) == rest

@@ -1,12 +1,18 @@
 """The UI message stream mapping alone: each of our events' chunks, every chunk within
-the SDK's strict field list, and a run with a superseded attempt."""
+the SDK's field list, a run with a superseded attempt, and the tool approval (an
+interrupt inside a tool): the request, the answer read from the SDK's message, and the
+stream that follows the answer."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import pytest
+
+from gateway.adapters.ai_sdk.approvals import approval_id, approval_in, parse_approval_id
 from gateway.adapters.ai_sdk.ui_stream import CHUNK_FIELDS, DONE, UiMessageStream, chunk_frame, ui_message
+from gateway.http.problems import Problem
 from streams.core.domain import Citation, Step, StoredMessage
 from streams.core.records import MessageRecord
 
@@ -179,3 +185,191 @@ def test_a_resumed_interrupt_tags_its_text_with_a_new_execution() -> None:
     newest = list(texts.values())[-1][0]
     assert [e for e, _ in texts.values()] == ["exA", "exB"]
     assert "".join(t for e, t in texts.values() if e == newest) == "Step done"
+
+
+# --- tool approval (an interrupt raised inside a tool) ---------------------------------
+
+ASK = '{"question": "May I deploy?", "tool": "confirm"}'
+
+
+def _asking_run(answered: bool) -> list[tuple[str, dict[str, Any]]]:
+    """A run whose `confirm` tool asks (execution A), and, once answered, execution B
+    replaying the `lookup` call and running `confirm` again to its result."""
+    head = [
+        _ev("run_accepted", user_message_id="u1", detail=""),
+        _ev("attempt_dispatched", attempt=1, user_message_id="u1", detail=""),
+        _ev("message_start", attempt=1, part_id="exA:message"),
+        _ev("text_delta", attempt=1, part_id="exA:text:0", delta="Step 1."),
+        _ev("step", attempt=1, kind="tool_call", name="lookup", payload_json='{"query": "q"}'),
+        _ev("step", attempt=1, kind="tool_result", name="lookup", payload_json='{"fact": 1}'),
+        _ev("citations", attempt=1, citations=[{"url": "https://example.com/a", "title": "A"}]),
+        _ev("step", attempt=1, kind="tool_call", name="confirm", payload_json='{"action": "x"}'),
+        _ev("message_end", attempt=1, finish_reason="interrupted"),
+        _ev("interrupt", attempt=1, user_message_id="u1", detail=ASK),
+    ]
+    if not answered:
+        return head
+    return [*head,
+            _ev("attempt_dispatched", attempt=1, user_message_id="u1", detail=""),
+            _ev("message_start", attempt=1, part_id="exB:message"),
+            _ev("text_delta", attempt=1, part_id="exB:text:0", delta="Step 1."),
+            _ev("step", attempt=1, kind="tool_call", name="lookup",
+                payload_json='{"query": "q"}'),
+            _ev("step", attempt=1, kind="tool_result", name="lookup", payload_json='{"fact": 1}'),
+            _ev("citations", attempt=1, citations=[{"url": "https://example.com/a",
+                                                    "title": "A"}]),
+            _ev("step", attempt=1, kind="tool_call", name="confirm",
+                payload_json='{"action": "x"}'),
+            _ev("step", attempt=1, kind="tool_result", name="confirm",
+                payload_json='{"content": {"answer": {"approved": true}}}'),
+            _ev("text_delta", attempt=1, part_id="exB:text:1", delta=" Done."),
+            _ev("message_end", attempt=1, finish_reason="stop"),
+            _ev("run_completed", attempt=1, user_message_id="u1", detail="", message={}),
+            ("done", {})]
+
+
+def _feed(stream: UiMessageStream, events: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    return [chunk for name, data in events for chunk in stream.chunks(name, data)]
+
+
+def _types(chunks: list[Any]) -> list[str]:
+    return [c if c == DONE else c["type"] for c in chunks]
+
+
+def test_a_tools_interrupt_is_an_approval_request_and_ends_the_response() -> None:
+    """The tool's call, then `tool-approval-request` for it (the approval id names the
+    run's first interrupt), the `data-run` question, and `finish` (`tool-calls`, never
+    `interrupted`, which would stop the SDK sending the answer) with `[DONE]`; nothing
+    after it."""
+    stream = UiMessageStream()
+    chunks = _feed(stream, _asking_run(answered=True))
+    _strict(chunks)
+    assert stream.finished
+    call = next(c for c in chunks if c != DONE and c["type"] == "tool-input-available"
+                and c["toolName"] == "confirm")
+    assert _types(chunks)[-4:] == ["tool-approval-request", "data-run", "finish", DONE]
+    request, asked, finish = chunks[-4:-1]
+    assert request == {"type": "tool-approval-request", "approvalId": approval_id(RUN, 1),
+                       "toolCallId": call["toolCallId"], "approvalDescriptor": json.loads(ASK)}
+    assert asked["data"]["event"] == "interrupt" and asked["data"]["detail"] == ASK
+    assert finish["finishReason"] == "tool-calls"
+    assert finish["messageMetadata"]["status"] == "interrupted"
+    assert "tool-output-available" not in _types(chunks[chunks.index(call):])
+
+
+def test_an_agents_own_interrupt_keeps_the_stream_open_with_the_data_run_only() -> None:
+    """No tool call open when the message ended interrupted: no approval request, and
+    the stream goes on (the native resume answers it)."""
+    events = [e for e in _asking_run(answered=False)
+              if not (e[0] == "step" and e[1]["name"] == "confirm")]
+    stream = UiMessageStream()
+    chunks = _feed(stream, events)
+    assert "tool-approval-request" not in _types(chunks) and not stream.finished
+    assert _types(chunks)[-1] == "data-run"
+
+
+def test_the_answer_streams_what_follows_the_interrupt_into_the_same_tool_part() -> None:
+    """`after_interrupt=1` (the approval's answer): a `start` naming the same message,
+    then the resumed execution; the replayed `lookup` call and its source are not sent
+    again, and `confirm`'s result completes the part the approval was asked in."""
+    asked = _feed(UiMessageStream(), _asking_run(answered=False))
+    call_id = next(c["toolCallId"] for c in asked if c != DONE and c["type"] ==
+                   "tool-approval-request")
+    stream = UiMessageStream(resumed=1, answers=[{"approved": True, "reason": None}],
+                             after_interrupt=1)
+    chunks = _feed(stream, _asking_run(answered=True))
+    _strict(chunks)
+    assert _types(chunks) == ["start", "data-run", "start-step", "text-start", "text-delta",
+                              "tool-output-available", "text-delta", "text-end", "finish-step",
+                              "data-run", "finish", DONE]
+    assert chunks[0]["messageId"] == MESSAGE
+    output = chunks[5]
+    assert output["toolCallId"] == call_id
+    assert output["output"] == {"content": {"answer": {"approved": True}}}
+    assert chunks[3]["providerMetadata"]["threadline"]["execution"] == "exB"
+    assert chunks[-2]["finishReason"] == "stop"
+
+
+def test_a_replay_of_an_answered_approval_repeats_its_id_with_the_answer() -> None:
+    """A reconnect after the answer (`resumed=1`): the same approval id, then
+    `tool-approval-response` with the recorded answer, and the run to its end."""
+    stream = UiMessageStream(resumed=1, answers=[{"approved": False, "reason": "no"}])
+    chunks = _feed(stream, _asking_run(answered=True))
+    _strict(chunks)
+    request = next(c for c in chunks if c != DONE and c["type"] == "tool-approval-request")
+    response = chunks[chunks.index(request) + 2]
+    assert request["approvalId"] == approval_id(RUN, 1)
+    assert response == {"type": "tool-approval-response", "approvalId": approval_id(RUN, 1),
+                        "approved": False, "reason": "no"}
+    assert _types(chunks)[-2:] == ["finish", DONE]
+    confirm_ids = {c["toolCallId"] for c in chunks if c != DONE and "toolCallId" in c
+                   and c["type"] != "tool-approval-response"}
+    assert len(confirm_ids) == 2  # lookup and confirm, each once across both executions
+    assert _types(chunks).count("source-url") == 1
+    ended = _feed(UiMessageStream(resumed=None), _asking_run(answered=True))  # a run that ended
+    assert _types(ended)[-2:] == ["finish", DONE]
+    assert "tool-approval-response" not in _types(ended)
+
+
+def test_an_answer_to_a_run_that_ended_before_that_interrupt_says_how_it_ended() -> None:
+    """Skipping to interrupt 2, which never came: `start`, the end, `[DONE]`."""
+    chunks = _feed(UiMessageStream(resumed=None, after_interrupt=2), _asking_run(answered=True))
+    assert _types(chunks) == ["start", "data-run", "finish", DONE]
+
+
+def test_a_different_call_at_a_known_position_is_a_new_tool_part() -> None:
+    """A later execution calling another tool where the earlier one called `lookup`:
+    not taken for that call."""
+    stream = UiMessageStream(resumed=None)
+    chunks = _feed(stream, [
+        _ev("run_accepted", user_message_id="u1", detail=""),
+        _ev("message_start", attempt=1, part_id="exA:message"),
+        _ev("step", attempt=1, kind="tool_call", name="lookup", payload_json="{}"),
+        _ev("message_start", attempt=1, part_id="exB:message"),
+        _ev("step", attempt=1, kind="tool_call", name="search", payload_json="{}"),
+        _ev("step", attempt=1, kind="tool_result", name="search", payload_json="1")])
+    calls = [c for c in chunks if c["type"] == "tool-input-available"]
+    outputs = [c for c in chunks if c["type"] == "tool-output-available"]
+    assert len(calls) == 2 and calls[0]["toolCallId"] != calls[1]["toolCallId"]
+    assert outputs[0]["toolCallId"] == calls[1]["toolCallId"]
+
+
+def _assistant(*parts: dict[str, Any]) -> dict[str, Any]:
+    return {"id": MESSAGE, "role": "assistant", "parts": [{"type": "step-start"}, *parts]}
+
+
+def _answered_part(approval: Any, state: str = "approval-responded") -> dict[str, Any]:
+    return {"type": "dynamic-tool", "toolName": "confirm", "toolCallId": "c1", "state": state,
+            "input": {}, "approval": approval}
+
+
+def test_the_approval_answer_is_read_from_the_last_assistant_message() -> None:
+    """The newest tool part in `approval-responded`: its id names the run and interrupt;
+    the value is {approved, reason} (reason null when not given)."""
+    done = _answered_part({"id": approval_id(RUN, 1), "approved": True}, "output-available")
+    answer = approval_in(_assistant(done, _answered_part(
+        {"id": approval_id("run:x", 2), "approved": False, "reason": "not now"})))
+    assert (answer.run_id, answer.number, answer.tool_call_id) == ("run:x", 2, "c1")
+    assert answer.value == {"approved": False, "reason": "not now"}
+    plain = approval_in(_assistant(_answered_part({"id": approval_id(RUN, 1), "approved": True})))
+    assert plain.value == {"approved": True, "reason": None}
+    assert parse_approval_id(approval_id(RUN, 12)) == (RUN, 12)
+
+
+def test_a_malformed_approval_answer_is_a_422() -> None:
+    """No answered part, a bad approval object, an id not ours, a reason too long."""
+    bad = [_assistant({"type": "text", "text": "hi"}),
+           _assistant(_answered_part({"id": approval_id(RUN, 1), "approved": True},
+                                     "approval-requested")),
+           _assistant(_answered_part({"id": approval_id(RUN, 1), "approved": "yes"})),
+           _assistant(_answered_part("approved")),
+           _assistant(_answered_part({"id": "someone-else:1", "approved": True})),
+           _assistant(_answered_part({"id": f"{RUN}:interrupt:0", "approved": True})),
+           _assistant(_answered_part({"id": f"{RUN}:interrupt:x", "approved": True})),
+           _assistant(_answered_part({"id": approval_id(RUN, 1), "approved": True,
+                                      "reason": "x" * 5000})),
+           {"role": "assistant", "parts": "nope"}]
+    for message in bad:
+        with pytest.raises(Problem) as problem:
+            approval_in(message)
+        assert problem.value.status == 422, message

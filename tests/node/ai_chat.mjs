@@ -6,7 +6,7 @@
 // base URL and key from THREADLINE_BASE_URL and THREADLINE_KEY. It prints
 // "MARK <name> <json>" lines and, where the driver must act (kill the gateway),
 // waits for "GO <name>" on stdin. The last line is "RESULT <json>".
-import { AbstractChat, DefaultChatTransport } from "ai";
+import { AbstractChat, DefaultChatTransport, lastAssistantMessageIsCompleteWithApprovalResponses } from "ai";
 import { createInterface } from "node:readline";
 
 const base = process.env.THREADLINE_BASE_URL;
@@ -47,6 +47,58 @@ function newChat(id) {
     onData: (part) => chat.data.push(structuredClone(part)), // the SDK later updates a part in place
   });
   return chat;
+}
+
+// A chat that answers tool approvals the SDK's way: addToolApprovalResponse, then
+// sendAutomaticallyWhen sends the answer. Its transport's fetch keeps each request's
+// body and a copy of each response's text.
+function approvalChat(id) {
+  const posts = [];
+  const chat = new Chat({
+    id,
+    transport: new DefaultChatTransport({
+      api, headers: auth,
+      fetch: async (url, init) => {
+        const response = await fetch(url, init);
+        posts.push({ body: init.body, status: response.status, text: response.clone().text() });
+        return response;
+      },
+    }),
+    sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
+    onError: (error) => chat.errors.push(String(error && error.message)),
+    onData: (part) => chat.data.push(structuredClone(part)),
+    onFinish: ({ finishReason }) => chat.finishes.push(finishReason ?? null),
+  });
+  chat.posts = posts;
+  chat.finishes = [];
+  return chat;
+}
+
+const toolPart = (message, name) => message && message.parts.find((p) => p.type === "dynamic-tool" && p.toolName === name);
+
+// Human in the loop through the SDK's tool approval: [confirm] makes the agent's
+// `confirm` tool interrupt. The first response ends at the approval request; the
+// client answers with addToolApprovalResponse and the SDK posts the answer itself
+// (sendAutomaticallyWhen); that response is the rest of the run, into the same
+// message. Then the identical answer is posted again by hand.
+async function approval(approved, reason) {
+  const chat = approvalChat(`node-approval-${approved}-${Date.now()}`);
+  await chat.sendMessage({ text: "[tools=1] deploy it [confirm]" });
+  const asked = structuredClone(toolPart(lastAssistant(chat), "confirm"));
+  const statusAsked = chat.status;
+  await chat.addToolApprovalResponse({ id: asked.approval.id, approved, reason });
+  await until(() => chat.finishes.length === 2 && chat.status !== "submitted" && chat.status !== "streaming",
+              "the answer's response");
+  const message = lastAssistant(chat);
+  const answerPost = chat.posts[1];
+  const again = await fetch(api, { method: "POST", headers: { ...auth, "Content-Type": "application/json" },
+                                   body: answerPost.body });
+  return { chatId: chat.id, asked, statusAsked, finishes: chat.finishes, status: chat.status,
+           part: toolPart(message, "confirm"), text: answerText(message), id: message.id,
+           messageIds: chat.messages.map((m) => m.role), metadata: message.metadata, errors: chat.errors,
+           posts: await Promise.all(chat.posts.map(async (p) => ({ body: JSON.parse(p.body), status: p.status, text: await p.text }))),
+           again: { status: again.status, text: await again.text() },
+           stored: await stored(chat.id) };
 }
 
 const lastAssistant = (chat) => [...chat.messages].reverse().find((m) => m.role === "assistant");
@@ -181,6 +233,9 @@ const scenarios = {
              stored: await stored(chat.id) };
   },
 };
+
+scenarios.approve = () => approval(true, undefined);
+scenarios.deny = () => approval(false, "not today");
 
 try {
   const result = await scenarios[process.argv[2]]();

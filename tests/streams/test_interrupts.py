@@ -3,6 +3,7 @@ events, when a command, then events; and the agent side (`interrupt()`) on its o
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -165,3 +166,30 @@ async def test_a_tool_may_ask_a_human_and_runs_again_on_resume() -> None:
     assert "".join(getattr(o, "text", "") for o in outputs) == "done: {'refunded': True}"
     assert keys == ["r:0", "r:0"]
     assert [e.kind for e in again.journal] == [INTERRUPT, TOOL_CALL]
+
+
+async def test_the_builtin_confirm_tool_asks_from_inside_the_tool() -> None:
+    """[confirm]: the `confirm` tool's call is emitted, then its interrupt takes that
+    call's step; resumed, the tool runs again, its result holds the value, and the reply
+    ends with it as JSON."""
+    agent = BuiltinAgent(tokens_per_s=0, words=2, tools=1)
+    first = RunContext(run_id="r")
+    emitted: list[Any] = []
+    with pytest.raises(InterruptRequested) as asked:
+        async for output in drive(agent, (), "deploy it [confirm]", first):
+            emitted.append(output)
+    steps = [o.step for o in emitted if hasattr(o, "step")]
+    assert [(s.kind, s.name) for s in steps][-1] == ("tool_call", "confirm")
+    assert asked.value.step == 2  # after the lookup turn and call: the confirm call's step
+    assert json.loads(asked.value.payload_json) == {"question": "May I deploy it?",
+                                                    "tool": "confirm"}
+    value = '{"approved": true, "reason": null}'
+    resumed = JournalEntry(2, INTERRUPT, INTERRUPT, asked.value.payload_json, value, RESUMED_BY)
+    again = RunContext(run_id="r", journal=[*first.journal, resumed])
+    outputs = [o async for o in drive(agent, (), "deploy it [confirm]", again)]
+    text = "".join(getattr(o, "text", "") for o in outputs)
+    assert text.endswith('Confirmed: {"approved": true, "reason": null}.')
+    results = [o.step for o in outputs if hasattr(o, "step") and o.step.kind == "tool_result"]
+    assert json.loads(results[-1].payload_json)["content"] == {
+        "action": "deploy it", "answer": {"approved": True, "reason": None}}
+    assert [e.kind for e in again.journal][-2:] == [INTERRUPT, TOOL_CALL]

@@ -21,6 +21,7 @@ PREFIX = "/v1/ai"
 def create_app() -> web.Application:
     """The chat endpoints as a sub-app, their routes relative to PREFIX."""
     app = web.Application()
+    app[chat.RESUMING] = {}
     app.router.add_post("/chat", chat.chat)
     app.router.add_get("/chat/{chat_id}/stream", chat.resume_chat)
     app.router.add_post("/chat/{chat_id}/cancel", chat.cancel_chat)

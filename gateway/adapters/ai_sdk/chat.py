@@ -7,9 +7,15 @@
   wins), so a resend is answered with the original run and the same key with other
   text gets `422`, as on `POST /v1/threads/{id}/user_message`; a post while a run is
   active gets `409`. The answer is the run as the UI message stream
-  (`gateway.adapters.ai_sdk.ui_stream`).
+  (`gateway.adapters.ai_sdk.ui_stream`), which ends early at a tool's approval request.
+  When the last message is the assistant's, the post is the SDK's answer to a tool
+  approval (`gateway.adapters.ai_sdk.approvals`): it resumes the interrupted run with
+  `{"approved", "reason"}` once (a repeat, or a concurrent twin, finds it answered and
+  resumes nothing; another answer to it while the run goes on is `409`) and streams
+  what follows the interrupt. `409` if the chat's runs do not wait on that approval.
 * `GET /v1/ai/chat/{chat_id}/stream`: the transport's reconnect. The active run,
-  replayed from its start out of Kafka and then live, or `204` when none is active.
+  replayed from its start out of Kafka and then live (to its end, or to a tool approval
+  not answered yet), or `204` when none is active.
 * `POST /v1/ai/chat/{chat_id}/cancel`: cancels the active run (the SDK's `stop()`
   only aborts the fetch; a closed connection never cancels a run).
 * `GET /v1/ai/chat/{chat_id}/messages`: the stored messages as `UIMessage`s.
@@ -21,10 +27,12 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
 
+from gateway.adapters.ai_sdk.approvals import Approval, answers, approval_in
 from gateway.adapters.ai_sdk.ui_stream import (
     DONE,
     UI_STREAM_HEADERS,
@@ -33,6 +41,7 @@ from gateway.adapters.ai_sdk.ui_stream import (
     ui_message,
 )
 from gateway.api import rest
+from gateway.api.interrupts import resume
 from gateway.http.auth import TENANT
 from gateway.http.plumbing import END_SEQ, query_limit, read_json_body
 from gateway.http.problems import Problem
@@ -48,6 +57,10 @@ from streams.core.ids import run_id_for
 
 __all__ = ["UiFraming", "cancel_chat", "chat", "chat_messages", "chat_thread_id", "resume_chat"]
 
+# The resumes this gateway is deciding, by (thread, run, interrupt number): a second
+# post of the same approval waits for the first one's decision.
+RESUMING = web.AppKey("ai_sdk_resuming", dict)
+
 # Fixed forever: changing it moves every chat to a new thread.
 _CHAT_NAMESPACE = uuid.UUID("8f3b1a52-6f0e-4c1e-9d53-41d1c0a7e2b4")
 MAX_CHAT_ID_CHARS = 255
@@ -61,12 +74,20 @@ def chat_thread_id(tenant: str, chat_id: str) -> str:
 
 
 class UiFraming:
-    """`gateway.live.streaming.Framing` for the UI message stream: one per connection."""
+    """`gateway.live.streaming.Framing` for the UI message stream: one per connection
+    (`UiMessageStream`'s arguments)."""
 
     headers = UI_STREAM_HEADERS
 
-    def __init__(self) -> None:
-        self.stream = UiMessageStream()
+    def __init__(self, *, resumed: int | None = 0, answers: Sequence[Any] = (),
+                 after_interrupt: int = 0) -> None:
+        self.stream = UiMessageStream(resumed=resumed, answers=answers,
+                                      after_interrupt=after_interrupt)
+
+    @property
+    def finished(self) -> bool:
+        """Whether `[DONE]` went out (at a tool approval request, before the run's end)."""
+        return self.stream.finished
 
     def encode(self, events: list[SseEvent]) -> bytes:
         """The frames of the chunks these events map to."""
@@ -78,6 +99,7 @@ class UiFraming:
 
     def gone(self, gone: Gone) -> bytes:
         """An `error` chunk: the run left the stream topic; its message is stored."""
+        self.stream.finished = True
         return chunk_frame({"type": "error", "errorText": (
             "this run's stream is no longer retained; its message is in GET "
             f"/v1/threads/{gone.thread_id}/messages")}) + chunk_frame(DONE)
@@ -146,14 +168,20 @@ async def _run(request: web.Request, run_id: str) -> RunView:
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
-    """POST /v1/ai/chat: post the newest user message, answer with its run's stream."""
+    """POST /v1/ai/chat: post the newest user message, answer with its run's stream; or
+    answer a tool approval (the last message is the assistant's), and stream what
+    follows it."""
     body = await read_json_body(request, required=True)  # the same body rules as /v1
     chat_id = _chat_id(body.get("id"))
     trigger = body.get("trigger", "submit-message")
     if trigger != "submit-message":
         raise Problem(422, "unsupported-trigger", "only 'submit-message': a message is "
                       "answered once, so it cannot be regenerated", field="trigger")
-    ui_id, text = _newest_user_message(body.get("messages"))
+    messages = body.get("messages")
+    if isinstance(messages, list) and messages and isinstance(messages[-1], dict) and \
+            messages[-1].get("role") == "assistant":
+        return await _approve(request, chat_id, approval_in(messages[-1]))
+    ui_id, text = _newest_user_message(messages)
     state = await _thread(request, chat_id)
     if state is None:
         if not text.strip():
@@ -165,7 +193,76 @@ async def chat(request: web.Request) -> web.StreamResponse:
         run_id = run_id_for(state.thread_id, message_id)
     else:
         run_id, _ = rest.decided_run(event, state.thread_id, message_id)
-    return await serve_run(request, await _run(request, run_id), UiFraming())
+    run = await _run(request, run_id)
+    return await serve_run(request, run, _framing(run.state, run))
+
+
+def _answered(state: ThreadState, run_id: str) -> list[Any] | None:
+    """The values the run's interrupts were answered with so far, in order, while it is
+    the thread's active run; None if it is not."""
+    active = state.active_run
+    if active is None or active.run_id != run_id:
+        return None
+    return answers(active.journal)
+
+
+def _framing(state: ThreadState, run: RunView, after_interrupt: int = 0) -> UiFraming:
+    """The UI framing of the run (`state`: its thread, read after `run`): it ends at a
+    tool's interrupt that is not answered yet; an ended run's all are."""
+    answered = _answered(state, run.run_id)
+    if answered is None and run.terminal:
+        return UiFraming(resumed=None, after_interrupt=after_interrupt)
+    return UiFraming(resumed=len(answered or ()), answers=answered or (),
+                     after_interrupt=after_interrupt)
+
+
+async def _approve(request: web.Request, chat_id: str, approval: Approval) -> \
+        web.StreamResponse:
+    """Resume the run with the approval (once: a repeat finds it answered) and stream
+    what follows that interrupt."""
+    tenant, read_model = request[TENANT], request.config_dict[READ_MODEL]
+    state = await _thread(request, chat_id)
+    if state is None:
+        raise Problem(404, "not-found", "no such chat")
+    run = await read_model.run(tenant, approval.run_id)
+    if run is None or run.state.thread_id != state.thread_id:
+        raise Problem(409, "run-not-interrupted", "the approval names no run of this chat",
+                      run_status="unknown")
+    state = await read_model.thread(tenant, state.thread_id, fresh=True) or state
+    answered, active = _answered(state, run.run_id), state.active_run
+    if answered is not None and active is not None:  # the run is active
+        if approval.number > len(answered) + 1 or (approval.number == len(answered) + 1
+                                                   and not active.awaiting_resume):
+            raise Problem(409, "run-not-interrupted", "the run does not wait on this approval "
+                          f"(it has answered {len(answered)} interrupts)",
+                          run_status=active.shown_status)
+        if approval.number <= len(answered):
+            if answered[approval.number - 1] != approval.value:
+                raise Problem(409, "approval-answered", "this approval was answered already, "
+                              "with another answer", answer=answered[approval.number - 1])
+        else:
+            await _resume_once(request, state, approval)
+            state = await read_model.thread(tenant, state.thread_id, fresh=True) or state
+    return await serve_run(request, run, _framing(state, run, approval.number))
+
+
+async def _resume_once(request: web.Request, state: ThreadState, approval: Approval) -> None:
+    """`resume` the interrupt; a concurrent post of the same approval to this gateway
+    waits for the first one's decision instead of deciding again."""
+    pending = request.app[RESUMING]
+    key = (state.thread_id, approval.run_id, approval.number)
+    task = pending.get(key)
+    if task is None:
+        task = asyncio.ensure_future(resume(request, state, approval.run_id, approval.value,
+                                            "interrupted", field="messages"))
+        pending[key] = task
+        task.add_done_callback(lambda _: pending.pop(key, None))
+    try:
+        await asyncio.shield(task)
+    except Problem as problem:
+        if problem.status != 409:
+            raise
+        # Resumed meanwhile, or the run ended first: its stream shows which.
 
 
 async def resume_chat(request: web.Request) -> web.StreamResponse:
@@ -176,7 +273,9 @@ async def resume_chat(request: web.Request) -> web.StreamResponse:
     run = await request.config_dict[READ_MODEL].run(request[TENANT], state.active_run.run_id)
     if run is None or run.terminal:
         return web.Response(status=204)
-    return await serve_run(request, run, UiFraming())
+    state = await request.config_dict[READ_MODEL].thread(request[TENANT], state.thread_id,
+                                                         fresh=True) or state
+    return await serve_run(request, run, _framing(state, run))
 
 
 async def cancel_chat(request: web.Request) -> web.Response:
