@@ -366,6 +366,8 @@ def test_a_malformed_approval_answer_is_a_422() -> None:
            _assistant(_answered_part({"id": "someone-else:1", "approved": True})),
            _assistant(_answered_part({"id": f"{RUN}:interrupt:0", "approved": True})),
            _assistant(_answered_part({"id": f"{RUN}:interrupt:x", "approved": True})),
+           _assistant(_answered_part({"id": "\ud800:interrupt:1", "approved": True})),
+           _assistant(_answered_part({"id": f"{'r' * 201}:interrupt:1", "approved": True})),
            _assistant(_answered_part({"id": approval_id(RUN, 1), "approved": True,
                                       "reason": "x" * 5000})),
            {"role": "assistant", "parts": "nope"}]

@@ -26,6 +26,7 @@ __all__ = ["APPROVAL_SEPARATOR", "Approval", "answers", "approval_id", "approval
 
 APPROVAL_SEPARATOR = ":interrupt:"  # approval ids: <run id>:interrupt:<n>
 MAX_REASON_CHARS = 2000
+MAX_RUN_ID_CHARS = 200  # run ids are uuids: anything longer is not one
 
 
 def approval_id(run_id: str, number: int) -> str:
@@ -37,8 +38,8 @@ def approval_id(run_id: str, number: int) -> str:
 def parse_approval_id(raw: str) -> tuple[str, int] | None:
     """(run id, interrupt number) of an `approval_id`, or None if it is not one."""
     run_id, separator, number = raw.rpartition(APPROVAL_SEPARATOR)
-    if not separator or not run_id or not number.isascii() or not number.isdigit() \
-            or len(number) > 9 or int(number) < 1:
+    if not separator or not 0 < len(run_id) <= MAX_RUN_ID_CHARS or not run_id.isprintable() \
+            or not number.isascii() or not number.isdigit() or len(number) > 9 or int(number) < 1:
         return None
     return run_id, int(number)
 

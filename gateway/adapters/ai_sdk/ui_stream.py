@@ -40,12 +40,13 @@ its input is not sent again, and its result completes that part.
 Tool approval: an interrupt raised inside a tool (the message ends `interrupted` with
 that tool's call open) is the SDK's tool approval: a `tool-approval-request` for the
 call, with `approval_id(run_id, n)` for the run's n-th interrupt (the same on every
-replay) and the agent's payload as `approvalDescriptor`. An interrupt the stream waits on (`n > resumed`) then ends the stream
-(`finish` with `tool-calls`, `[DONE]`): the SDK answers only once its response is over
-(`addToolApprovalResponse`, then `sendAutomaticallyWhen`). An answered one (on a
-replay) is followed by `tool-approval-response` when its value is known
-(`answers`). `after_interrupt=n` (the answer to approval n) sends nothing up to that
-interrupt, then `start` and the rest: the run goes on in the message the client has.
+replay) and the agent's payload as `approvalDescriptor`. An interrupt the stream waits
+on (`n > resumed`) then ends the stream (`finish` with `tool-calls`, `[DONE]`): the
+SDK answers only once its response is over (`addToolApprovalResponse`, then
+`sendAutomaticallyWhen`). An answered one (on a replay) is followed by
+`tool-approval-response` when its value is known (`answers`). `after_interrupt=n` (the
+answer to approval n) sends nothing up to that interrupt, then `start` and the rest:
+the run goes on in the message the client has.
 """
 
 from __future__ import annotations
