@@ -149,6 +149,11 @@ SPEC: dict[str, Any] = {
                 "message carries its run's status (GET .../messages)."), "properties": {
                 "id": {"type": "string", "description": "Same as thread_id."},
                 "thread_id": {"type": "string"}, "title": {"type": "string"},
+                "display_title": {"type": "string", "description": (
+                    "A readable title, derived when read: the title unless it is blank "
+                    "or a bare id (a LangGraph thread's title keeps the client's id), "
+                    "else the first message's start, else \"Untitled thread\"; at most "
+                    "80 characters.")},
                 "created_at_ms": {"type": "integer"},
                 "updated_at_ms": {"type": "integer",
                                   "description": "When the last event changed the thread."},
@@ -366,10 +371,27 @@ SPEC: dict[str, Any] = {
                                         "responses": {"200": {"description": "JavaScript"}}}},
         "/console/console.css": {"get": {"security": [], "summary": "The console's styles",
                                          "responses": {"200": {"description": "CSS"}}}},
+        "/console/vendor/marked.umd.js": {"get": {
+            "security": [], "summary": "marked 18.2.1 (MIT), the console's Markdown parser",
+            "responses": {"200": {"description": "JavaScript"}}}},
+        "/console/vendor/purify.min.js": {"get": {
+            "security": [], "summary": "DOMPurify 3.5.0 (Apache-2.0), the console's HTML "
+                                       "sanitizer",
+            "responses": {"200": {"description": "JavaScript"}}}},
         "/v1/console/threads/{thread_id}/run": {"get": {
             "summary": "The active run's attempt, status and liveness (last_heartbeat_ms)",
             "parameters": [_THREAD_ID],
             "responses": {"200": {"description": "{thread_id, active_run, last_run}"},
+                          "401": _UNAUTHORIZED, "404": _NOT_FOUND}}},
+        "/v1/console/threads/{thread_id}/runs": {"get": {
+            "summary": "The thread's newest runs that ended, oldest first, each with its "
+                       "timeline events (lifecycle, message start and end, with the "
+                       "records' times) replayed from the stream topic",
+            "parameters": [_THREAD_ID, {"name": "limit", "in": "query", "schema": {
+                "type": "integer", "minimum": 1, "maximum": 50, "default": 20}}],
+            "responses": {"200": {"description": "{thread_id, runs: [{run_id, status, "
+                                                 "accepted_at_ms, retained, events}], more}"},
+                          "400": _problem("A bad limit"),
                           "401": _UNAUTHORIZED, "404": _NOT_FOUND}}},
         **_LG_PATHS,
     },

@@ -34,6 +34,7 @@ from gateway.keys import BUS, LIMITER, READ_MODEL, SETTINGS
 from gateway.live.sse import iso_ms
 from gateway.model.decisions import new_traceparent
 from gateway.model.read_model import RunView
+from gateway.model.titles import display_title
 from streams.clock import now_ms
 from streams.core.domain import (
     CancelRun,
@@ -101,10 +102,12 @@ def _message(record: MessageRecord, state: ThreadState) -> dict[str, Any]:
     return body
 
 
-def _thread(state: ThreadState) -> dict[str, Any]:
+def _thread(state: ThreadState, title: str) -> dict[str, Any]:
+    """A thread's JSON; `title` is its display title (`ReadModel.display_title`)."""
     run, last = state.active_run, state.last_run
     return {
         "id": state.thread_id, "thread_id": state.thread_id, "title": state.title,
+        "display_title": title,
         "created_at_ms": state.created_at_ms,
         "updated_at_ms": state.updated_at_ms or state.created_at_ms,
         "workflow_id": workflow_id_for(state.thread_id), "message_count": state.message_count,
@@ -203,16 +206,19 @@ async def create_thread(request: web.Request) -> web.Response:
     location = {"Location": f"/v1/threads/{thread_id}"}
     if not isinstance(event, ThreadCreated):
         return json_answer(202, {"id": thread_id, "thread_id": thread_id, "title": title,
+                           "display_title": display_title(title),
                            "workflow_id": workflow_id_for(thread_id), "status": "pending"},
                      location)
     state = ThreadState(thread_id=thread_id, tenant=tenant, title=title,
                         created_at_ms=event.at_ms)
-    return json_answer(201, {**_thread(state), "status": "created"}, location)
+    return json_answer(201, {**_thread(state, display_title(title)), "status": "created"},
+                       location)
 
 
 async def get_thread(request: web.Request) -> web.Response:
     """GET /v1/threads/{thread_id}"""
-    return json_answer(200, _thread(await _own_thread(request)))
+    state = await _own_thread(request)
+    return json_answer(200, _thread(state, request.config_dict[READ_MODEL].display_title(state)))
 
 
 async def list_messages(request: web.Request) -> web.Response:
@@ -240,11 +246,13 @@ async def list_threads(request: web.Request) -> web.Response:
         if len(parts) != 2 or not isinstance(parts[0], int) or not isinstance(parts[1], str):
             raise Problem(400, "bad-cursor", "'cursor' is not a cursor of this list")
         after = (parts[0], parts[1])
-    page = await request.config_dict[READ_MODEL].threads(request[TENANT], after=after, limit=limit)
+    read_model = request.config_dict[READ_MODEL]
+    page = await read_model.threads(request[TENANT], after=after, limit=limit)
     last = page.states[-1] if page.states else None
     next_cursor = None if not page.more or last is None else _cursor(
         "t", last.updated_at_ms or last.created_at_ms, last.thread_id)
-    return json_answer(200, {"threads": [_thread(s) for s in page.states],
+    return json_answer(200, {"threads": [_thread(s, read_model.display_title(s))
+                                         for s in page.states],
                        "next_cursor": next_cursor})
 
 

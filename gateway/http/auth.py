@@ -24,18 +24,26 @@ from gateway.http.browser_tokens import BadBrowserToken, BrowserGrant, BrowserTo
 from gateway.http.problems import Handler, Problem
 from streams.observability import logs
 
-__all__ = ["BROWSER_TOKENS_PATH", "COOKIE", "GRANT", "TENANT", "RedactingAccessLogger",
-           "RunThread", "ThreadIds", "auth_middleware", "redact"]
+__all__ = ["BROWSER_TOKENS_PATH", "COOKIE", "GRANT", "PUBLIC_PATHS", "PUBLIC_PREFIXES", "TENANT",
+           "RedactingAccessLogger", "RunThread", "ThreadIds", "auth_middleware", "is_public",
+           "redact"]
 
 TENANT = web.RequestKey("tenant", str)
 GRANT = web.RequestKey("browser_grant", BrowserGrant)  # set when a browser token was presented
 BROWSER_TOKENS_PATH = "/v1/browser_tokens"
 COOKIE = "threadline_token"
 PUBLIC_PATHS = frozenset({"/", "/favicon.ico", "/livez", "/healthz", "/readyz", "/openapi.json",
-                          "/demo", "/metrics", "/console", "/console/console.js",
-                          "/console/console.css"})
+                          "/demo", "/metrics", "/console"})
+# The console's files (its script, styles and vendored libraries) hold no data: the
+# key stays in the browser. Its API is under /v1/console and needs the key.
+PUBLIC_PREFIXES = ("/console/",)
 _SSE_PATH = re.compile(r"^/v1/(threads/[^/]+/stream|runs/[^/]+/events)$")
 _SECRET_PARAMS = re.compile(r"((?:^|[?&])access_token=)[^&]*", re.IGNORECASE)
+
+
+def is_public(path: str) -> bool:
+    """Whether `path` is served without a key (`PUBLIC_PATHS`, `PUBLIC_PREFIXES`)."""
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
 
 
 def redact(path_qs: str) -> str:
@@ -75,7 +83,7 @@ def auth_middleware(keys: Mapping[str, str], browser: BrowserTokens | None = Non
     on SSE a token parameter or cookie."""
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in PUBLIC_PATHS:
+        if is_public(request.path):
             return await handler(request)
         presented: str | None = None
         header = request.headers.get("Authorization")

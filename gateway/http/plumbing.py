@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from gateway.http.auth import PUBLIC_PATHS
+from gateway.http.auth import is_public
 from gateway.http.problems import Handler, Problem
 from gateway.keys import FEED
 
@@ -110,7 +110,7 @@ async def starting_middleware(request: web.Request, handler: Handler) -> web.Str
     after a network error but gives up for good on an error status, so a 503 would
     end a stream that a gateway restart only meant to interrupt."""
     path = request.path
-    if not request.config_dict[FEED].started and path not in PUBLIC_PATHS and \
+    if not request.config_dict[FEED].started and not is_public(path) and \
             (path.startswith("/v1/") or len(request.match_info.apps) > 1):
         streaming = request.method == "GET" and path.startswith("/v1/") and \
             path.endswith(("/stream", "/events"))

@@ -64,6 +64,7 @@ from gateway.model.read_store import (
     ThreadPage,
     run_status,
 )
+from gateway.model.titles import display_title, needs_message
 from streams.config import Settings
 from streams.core.domain import RunStatus, ThreadState
 from streams.core.records import MessageRecord
@@ -389,6 +390,14 @@ class ReadModel:
                  limit: int = 100) -> MessagePage:
         """One page of a thread's messages, by sequence number."""
         return self.store.messages(thread_id, after=after, before=before, limit=limit)
+
+    def display_title(self, state: ThreadState) -> str:
+        """The thread's display title (`gateway.model.titles`): its title, or if that is
+        not readable, its first message's start (one store read, only then)."""
+        if not needs_message(state.title):
+            return display_title(state.title)
+        page = self.store.messages(state.thread_id, limit=1)
+        return display_title(state.title, page.records[0].message.text if page.records else None)
 
     def has_message(self, thread_id: str, message_id: str) -> bool:
         """Whether the thread holds a message with this id."""
