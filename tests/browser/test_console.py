@@ -259,6 +259,7 @@ def test_the_console_streams_resumes_and_stops_in_a_real_browser(
     with _driven(page, processes, "failure.png"):
         _drive(page, watch, processes, axe_js, lg_id)
     assert watch.page_errors == [], watch.page_errors
+    page.context.close()
 
 
 def _drive(page: Any, watch: Watch, processes: ProcessStack, axe_js: Path, lg_id: str) -> None:
@@ -306,6 +307,7 @@ def _drive(page: Any, watch: Watch, processes: ProcessStack, axe_js: Path, lg_id
     _shots(page, "3-streaming", axe_js, show="li.msg.assistant:last-child")
     # A message while it streams is refused; Stop ends the run and the refusal's
     # message with it.
+    assert _newest_answer_state(page) == "streaming", "the answer ended during the screenshots"
     page.fill("#input", "a message too soon")
     page.click("#send-button")
     page.wait_for_function("document.querySelector('#send-error').textContent"
@@ -442,6 +444,7 @@ def test_on_a_phone_opening_a_thread_shows_the_chat(processes: ProcessStack, bro
             assert not page.is_visible("#chat")
             assert page.evaluate("location.hash") == ""
     assert watch.page_errors == [], watch.page_errors
+    page.context.close()
 
 
 def _assert_uncovered(page: Any, selectors: list[str]) -> None:
@@ -506,6 +509,7 @@ def test_an_interrupt_is_answered_from_the_console(processes: ProcessStack, brow
         resumed = page.evaluate("window.threadlineConsole.resumed")  # since the reload
         assert [r["value"] for r in resumed] == ["ship it on Monday", True, False]
     assert watch.page_errors == [], watch.page_errors
+    page.context.close()
 
 
 # The builtin agent echoes the message ("You said: <message>."), so a message carries
