@@ -125,7 +125,8 @@ class Load:
                 post = Post(thread_id, "", "")
                 text = f"message {number} of thread {index}" + (
                     " [slow]" if rng.random() < self.config.slow_share else "") + (
-                    " [tools=2]" if uses_tools(index, number, self.config.tools_share) else "")
+                    " [tools=2]" if uses_tools(index, number, self.config.tools_share) else "") + (
+                    " [lookup]" if uses_tools(-1 - index, number, 0.5) else "")
                 key = f"m-{number}"
                 early = previous is not None and not self.ended[previous.run_id].is_set()
                 draw = rng.random()

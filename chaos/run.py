@@ -139,10 +139,12 @@ async def _collect(stack: Stack, load: Load) -> Observations:
 
 
 def _tool_log(stack: Stack) -> list[str]:
-    path = Path(stack.env.get("THREADLINE_AGENT_TOOL_LOG", "")) if stack.env else None
-    if path is None or not path.is_file():
+    """The builtin `lookup`'s side-effect log and the MCP server's execution log, one
+    after the other (their keys are of different runs: a run calls one or the other)."""
+    if not stack.env:
         return []
-    return path.read_text().splitlines()
+    paths = [Path(stack.env.get("THREADLINE_AGENT_TOOL_LOG", "")), stack.folder / "mcp.log"]
+    return [line for path in paths if path.is_file() for line in path.read_text().splitlines()]
 
 
 def _dump(path: Path, obs: Observations) -> None:

@@ -9,6 +9,8 @@ on free ports), so restarting it harms no other test; with
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,10 +48,16 @@ def chaos_env(bootstrap: str, folder: Path, replication: int) -> dict[str, str]:
         "THREADLINE_AGENT_TOKENS_PER_S": "60",
         "THREADLINE_AGENT_SLOW_TOKENS_PER_S": "8",
         "THREADLINE_AGENT_WORDS": "16",
-        # Messages marked [tools=2] (chaos.load) call the builtin `lookup` tool, whose
-        # side effects go to this log for the tool audit (chaos.tools_audit).
+        # Messages marked [tools=2] (chaos.load) call the MCP server's `lookup` (a stdio
+        # server each worker starts, streams/testing/mcp_server.py), or with [lookup]
+        # the builtin `lookup` tool; the side effects of both go to logs of the tool
+        # audit (chaos.tools_audit).
         "THREADLINE_AGENT_TOOL_LOG": str(folder / "tools.log"),
         "THREADLINE_AGENT_TOOL_DELAY_S": "0.3",
+        "THREADLINE_AGENT_MCP_SERVERS": json.dumps({"kb": {"command": [
+            sys.executable, "-m", "streams.testing.mcp_server", "--log", str(folder / "mcp.log"),
+            "--delay", "0.3"]}}),
+        "THREADLINE_AGENT_MCP_TOOL": "kb__lookup",
         "THREADLINE_LOG_LEVEL": "INFO",
     })
 

@@ -1,8 +1,11 @@
 """The tool audit: no completed tool call is ever made again.
 
-Messages marked `[tools=2]` make the builtin agent call its `lookup` tool twice;
+Messages marked `[tools=2]` make the builtin agent call a tool twice: the MCP
+server's `lookup` (streams/testing/mcp_server.py), or with `[lookup]` its own;
 each call appends `start <run_id>:<step> <pid> <ms>` and, when it returns,
-`done <run_id>:<step> <pid> <ms>` to the run's tool log. A call is **completed**
+`done <run_id>:<step> <pid> <ms>` to the run's tool log (the MCP server also logs
+`cancelled`, ignored here, and `dedup` for a key it had done before, counted as a
+call made: it reached the server). A call is **completed**
 once the processor decided its `StepRecorded` (the event's envelope time, when
 the processor produced it; its transaction commits a little later, so the check
 errs on the strict side; without that time, the event's `at_ms`, the worker's
@@ -48,10 +51,10 @@ def audit_tools(lines: Iterable[str], events: Iterable[Event],
     starts: dict[str, list[int]] = defaultdict(list)
     for line in lines:
         parts = line.split()
-        if len(parts) != 4 or parts[0] not in ("start", "done"):
+        if len(parts) != 4 or parts[0] not in ("start", "done", "cancelled", "dedup"):
             findings.violations.append(f"unreadable tool log line {line!r}")
             continue
-        if parts[0] == "start":
+        if parts[0] in ("start", "dedup"):
             findings.executions += 1
             starts[parts[1]].append(int(parts[3]))
     recorded: dict[str, int] = {}

@@ -27,7 +27,11 @@ turn, journaled) and a call of the `lookup` tool (journaled). `lookup` answers a
 fact derived from its query and cites a source; the reply ends with the facts.
 A message with `[tools=k]` takes k turns instead. Every call goes through
 `streams.agents.runtime.call_tool`, so a retried attempt replays the calls that
-completed and calls `lookup` again only for the rest.
+completed and calls `lookup` again only for the rest. With `THREADLINE_AGENT_MCP_TOOL`
+(and the servers of `THREADLINE_AGENT_MCP_SERVERS`), each turn calls that MCP tool
+(`server__tool`, with `{"query": ...}`) instead of `lookup`: the tests and the chaos
+program exercise MCP tools this way, without a model. A message marked `[lookup]`
+calls `lookup` all the same (the chaos program mixes both).
 """
 
 from __future__ import annotations
@@ -44,13 +48,14 @@ from pathlib import Path
 from pydantic import Field
 
 from streams.agents import AgentCitations, AgentError, AgentOutput, AgentStep, TextChunk
+from streams.agents.mcp import MCPEnv, MCPTools
 from streams.agents.runtime import call_tool, current, interrupt, model_turn_json
-from streams.agents.tools import Tool, ToolContext, ToolResult, log_side_effect
+from streams.agents.tools import Tool, ToolContext, ToolError, ToolResult, log_side_effect
 from streams.config import Settings
 from streams.core.domain import Citation, Step
 from streams.core.journal import MODEL_TURN
 from streams.core.records import HistoryMessage
-from streams.env import Section
+from streams.env import Section, SettingsError
 
 __all__ = ["BuiltinAgent", "BuiltinAgentEnv", "confirm_tool", "lookup_tool", "reply_for"]
 
@@ -133,11 +138,18 @@ class BuiltinAgent:
     tools: int = 0
     tool_delay_s: float = 0.0
     tool_log: str | None = None
+    mcp_tool: str | None = None  # the tool mode calls this MCP tool instead of `lookup`
+    mcp: MCPTools | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> BuiltinAgent:
         """The agent with its rates, length and steps from THREADLINE_AGENT_* settings."""
         env = BuiltinAgentEnv.read(settings.worker.extra)
+        mcp_tool = MCPEnv.read(settings.worker.extra).tool
+        mcp = MCPTools.from_settings(settings) if mcp_tool else None
+        if mcp_tool and mcp is None:
+            raise SettingsError("THREADLINE_AGENT_MCP_TOOL names an MCP tool, but "
+                                "THREADLINE_AGENT_MCP_SERVERS names no server")
         return cls(
             tokens_per_s=env.tokens_per_s,
             slow_tokens_per_s=env.slow_tokens_per_s,
@@ -146,6 +158,8 @@ class BuiltinAgent:
             tools=env.tools,
             tool_delay_s=env.tool_delay_s,
             tool_log=str(env.tool_log) if env.tool_log is not None else None,
+            mcp_tool=mcp_tool,
+            mcp=mcp,
         )
 
     async def run(
@@ -158,10 +172,10 @@ class BuiltinAgent:
         turns = int(marker.group(1)) if marker else self.tools
         facts: list[str] = []
         if turns > 0:
-            tool = lookup_tool(self.tool_delay_s, self.tool_log)
+            tool = await self._tool(message)
             for turn in range(1, turns + 1):
                 query = f"{message.strip()} #{turn}"
-                async for chunk in self._turn(turn, query, pause):
+                async for chunk in self._turn(turn, query, pause, tool.name):
                     yield chunk
                 result = await call_tool(tool, {"query": query})
                 if isinstance(result.content, dict):
@@ -195,8 +209,17 @@ class BuiltinAgent:
             yield AgentCitations((Citation(f"https://example.com/threadline/{source}",
                                            "Threadline builtin source"),))
 
+    async def _tool(self, message: str) -> Tool:
+        """`lookup`, or the MCP tool named by THREADLINE_AGENT_MCP_TOOL as it is listed now
+        (absent: a stand-in whose calls answer the model an error)."""
+        if self.mcp_tool is None or self.mcp is None or "[lookup]" in message:
+            return lookup_tool(self.tool_delay_s, self.tool_log)
+        found = {t.name: t for t in await self.mcp.tools()}.get(self.mcp_tool)
+        return found or _absent(self.mcp_tool)
+
     @staticmethod
-    async def _turn(turn: int, query: str, pause: float) -> AsyncIterator[AgentOutput]:
+    async def _turn(turn: int, query: str, pause: float,
+                    tool: str = "lookup") -> AsyncIterator[AgentOutput]:
         """One journaled model turn: its sentence, streamed, or replayed whole."""
         context = current()
         entry = context.replay(MODEL_TURN, "builtin")
@@ -208,12 +231,18 @@ class BuiltinAgent:
         for token in _tokens(text):
             await asyncio.sleep(pause)
             yield TextChunk(token)
-        call = {"name": "lookup", "arguments": json.dumps({"query": query})}
+        call = {"name": tool, "arguments": json.dumps({"query": query})}
         await context.record(MODEL_TURN, "builtin", "", model_turn_json(text, [call]))
 
+    def start(self) -> None:
+        """Start the MCP sessions, if any (the worker calls this as it starts)."""
+        if self.mcp is not None:
+            self.mcp.start()
+
     async def aclose(self) -> None:
-        """Nothing to release: the agent holds no connections."""
-        return None
+        """Stop the MCP sessions, if any (and so the stdio servers)."""
+        if self.mcp is not None:
+            await self.mcp.aclose()
 
     @staticmethod
     async def _trouble(message: str) -> None:
@@ -226,6 +255,13 @@ class BuiltinAgent:
         if "[crash]" in message:
             await asyncio.sleep(CRASH_GRACE_S)
             os._exit(CRASH_EXIT_STATUS)
+
+
+def _absent(name: str) -> Tool:
+    async def refuse(arguments: Mapping[str, object], context: ToolContext) -> None:
+        raise ToolError(f"there is no MCP tool named {name!r}")
+
+    return Tool(name, "", {}, refuse)
 
 
 _BUILTIN = BuiltinAgent()

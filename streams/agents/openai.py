@@ -15,7 +15,9 @@ timeouts, an error inside the stream and a stream cut short are retryable; other
 Settings (`settings.worker.extra`, typed and given their defaults in `OpenAIAgentEnv`): the
 server's base URL, a key sent as a bearer token if set, the model, an optional
 system prompt, the connect and read timeout, and optional tools: `package.module:attr`
-naming a sequence of `Tool`s, or a function of the settings that returns one.
+naming a sequence of `Tool`s, or a function of the settings that returns one; and
+the tools of the MCP servers of `THREADLINE_AGENT_MCP_SERVERS` (`streams.agents.mcp`),
+listed afresh at the start of each execution and named `server__tool`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import openai
 from pydantic import Field
 
 from streams.agents import AgentError, AgentOutput, TextChunk
+from streams.agents.mcp import MCPTools
 from streams.agents.runtime import call_tool, current, model_turn_json
 from streams.agents.tools import Tool, ToolContext, ToolError, by_name
 from streams.config import Settings
@@ -65,6 +68,7 @@ class OpenAIAgent:
         system_prompt: str | None = None,
         timeout_s: float = 60.0,
         tools: Sequence[Tool] = (),
+        mcp: MCPTools | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
@@ -72,6 +76,7 @@ class OpenAIAgent:
         self.system_prompt = system_prompt
         self.timeout_s = timeout_s
         self.tools = by_name(tools)
+        self.mcp = mcp  # more tools, listed at the start of each execution
         self._client: openai.AsyncOpenAI | None = None  # made on first use, in the loop
 
     @property
@@ -90,6 +95,7 @@ class OpenAIAgent:
             system_prompt=env.system_prompt,
             timeout_s=env.timeout_s,
             tools=tools if tools is not None else _load_tools(settings, env.tools),
+            mcp=MCPTools.from_settings(settings),
         )
 
     def messages(self, history: Sequence[HistoryMessage], message: str) -> list[dict[str, Any]]:
@@ -106,6 +112,7 @@ class OpenAIAgent:
         """Run the function-calling loop, streaming each turn's text, until the answer."""
         messages = self.messages(history, message)
         context = current()
+        tools = await self._tools()
         while True:
             entry = context.replay(MODEL_TURN, TURN_STEP_NAME)
             if entry is not None:
@@ -115,7 +122,7 @@ class OpenAIAgent:
                     yield TextChunk(text)
             else:
                 turn = _Turn()
-                async for chunk in self._stream_turn(messages, turn):
+                async for chunk in self._stream_turn(messages, turn, tools):
                     yield chunk
                 text, calls = "".join(turn.text), turn.tool_calls()
                 if not calls:
@@ -127,20 +134,29 @@ class OpenAIAgent:
                 {"id": c["id"], "type": "function",
                  "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]})
             for call in calls:
-                result = await call_tool(self.tools.get(call["name"]) or _unknown(call["name"]),
+                result = await call_tool(tools.get(call["name"]) or _unknown(call["name"]),
                                          call["arguments"])
                 messages.append({"role": "tool", "tool_call_id": call["id"],
                                  "content": result.for_model()})
 
-    async def _stream_turn(self, messages: list[dict[str, Any]],
-                           turn: _Turn) -> AsyncIterator[AgentOutput]:
+    async def _tools(self) -> dict[str, Tool]:
+        """The function tools and the MCP servers' tools as they are listed now."""
+        if self.mcp is None:
+            return self.tools
+        try:
+            return by_name([*self.tools.values(), *await self.mcp.tools()])
+        except ValueError as exc:  # a function tool named like an MCP tool
+            raise AgentError(str(exc), retryable=False) from None
+
+    async def _stream_turn(self, messages: list[dict[str, Any]], turn: _Turn,
+                           tools: Mapping[str, Tool]) -> AsyncIterator[AgentOutput]:
         if self._client is None:
             self._client = openai.AsyncOpenAI(
                 base_url=self.base_url, api_key=self.api_key or "unused", max_retries=0,
                 timeout=self.timeout_s)
         request: dict[str, Any] = {"model": self.model, "messages": messages, "stream": True}
-        if self.tools:
-            request["tools"] = [t.openai_schema() for t in self.tools.values()]
+        if tools:
+            request["tools"] = [t.openai_schema() for t in tools.values()]
         try:
             stream = await self._client.chat.completions.create(**request)
             async for chunk in stream:
@@ -172,11 +188,18 @@ class OpenAIAgent:
         if not turn.finished:
             raise AgentError("the completion stream ended before a finish reason", retryable=True)
 
+    def start(self) -> None:
+        """Start the MCP sessions, if any (the worker calls this as it starts)."""
+        if self.mcp is not None:
+            self.mcp.start()
+
     async def aclose(self) -> None:
-        """Close the HTTP client, if one was opened."""
+        """Close the HTTP client and the MCP sessions, if opened."""
         if self._client is not None:
             await self._client.close()
             self._client = None
+        if self.mcp is not None:
+            await self.mcp.aclose()
 
 
 _OPENAI = OpenAIAgent()

@@ -54,7 +54,7 @@ from streams.core.journal import (
 from streams.core.reasons import FailureCode
 from streams.core.records import HistoryMessage
 
-__all__ = ["MODEL_TURN", "InterruptRequested", "Recorder", "RunContext", "call_tool", "current",
+__all__ = ["MODEL_TURN", "SCHEMA_KEY", "InterruptRequested", "Recorder", "RunContext", "call_tool", "current",
            "drive", "interrupt", "model_turn_json"]
 
 # Sends an entry on its way; the fence (`RunContext.durable`) learns when it lands.
@@ -200,15 +200,11 @@ async def call_tool(tool: Tool, arguments: Mapping[str, Any] | str) -> ToolResul
     context = current()
     entry = context.replay(TOOL_CALL, tool.name)
     if entry is not None:
-        replayed = ToolResult.from_json(entry.output_json)
-        _emit_call(context, tool.name, entry.input_json, replayed)
-        return replayed
+        return _replayed(context, tool, entry)
     await context.ensure_synced()  # before any side effect: is this call recorded already?
     entry = context.replay(TOOL_CALL, tool.name)
     if entry is not None:
-        replayed = ToolResult.from_json(entry.output_json)
-        _emit_call(context, tool.name, entry.input_json, replayed)
-        return replayed
+        return _replayed(context, tool, entry)
     result: ToolResult | None = None
     try:
         args_json, parsed = _args_json(arguments)
@@ -233,18 +229,45 @@ async def call_tool(tool: Tool, arguments: Mapping[str, Any] | str) -> ToolResul
             result = ToolResult(error=str(exc))
         finally:
             context.in_tool = False
-    output_json = result.to_json()
+    output_json = _with_schema(tool, result.to_json())
     reason = context.refusal(TOOL_CALL, tool.name, args_json, output_json)
     if reason is not None and reason.startswith(FailureCode.STEP_TOO_LARGE):
         # Refused with a clear error to the agent; the model may ask for less.
         result = ToolResult(error=f"result refused: {reason}")
-        output_json = result.to_json()
+        output_json = _with_schema(tool, result.to_json())
         if context.refusal(TOOL_CALL, tool.name, args_json, output_json) is not None:
             result = ToolResult(error=FailureCode.STEP_TOO_LARGE.value)  # the shortest that says why
-            output_json = result.to_json()
+            output_json = _with_schema(tool, result.to_json())
     await context.record(TOOL_CALL, tool.name, args_json, output_json, wait=False)
     _emit_result(context, tool.name, result)
     return result
+
+
+# The key of a journaled tool result that holds its tool's schema digest (MCP tools).
+SCHEMA_KEY = "tool_schema"
+
+
+def _with_schema(tool: Tool, output_json: str) -> str:
+    if tool.schema_digest is None:
+        return output_json
+    body = json.loads(output_json)
+    body[SCHEMA_KEY] = tool.schema_digest
+    return json.dumps(body, ensure_ascii=False, sort_keys=True)
+
+
+def _replayed(context: RunContext, tool: Tool, entry: JournalEntry) -> ToolResult:
+    """The journaled result of a call, once its tool is checked: a call recorded with a
+    schema digest (an MCP tool's) replays only while the tool exists with that schema;
+    otherwise the attempt fails as a journal mismatch does (not retryably)."""
+    recorded = json.loads(entry.output_json).get(SCHEMA_KEY)
+    if recorded is not None and recorded != tool.schema_digest:
+        why = ("no longer exists" if tool.schema_digest is None
+               else f"changed its input schema ({recorded} -> {tool.schema_digest})")
+        raise AgentError(f"journal mismatch at step {entry.step}: the recorded call of tool "
+                         f"{tool.name!r} must be replayed, but the tool {why}", retryable=False)
+    replayed = ToolResult.from_json(entry.output_json)
+    _emit_call(context, tool.name, entry.input_json, replayed)
+    return replayed
 
 
 async def interrupt(payload: Any) -> Any:

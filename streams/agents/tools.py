@@ -87,6 +87,9 @@ class Tool:
     description: str
     parameters: Mapping[str, Any]
     function: ToolFunction = field(repr=False)
+    # A digest of the schema the tool had when it was listed (MCP tools): journaled with
+    # each call, and a replay whose tool now has another digest, or none, fails.
+    schema_digest: str | None = None
 
     def openai_schema(self) -> dict[str, Any]:
         """The tool as the chat completions API's `tools` entry."""

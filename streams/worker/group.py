@@ -72,6 +72,9 @@ class Worker:
         # THREADLINE_SCHEMA_REGISTRY_URL: the Confluent format; else single-object.
         self.codec = codec or Codec.from_settings(settings)
         self.agent = observed.ObservedAgent(agent)  # measured (and traced) calls
+        # An agent's optional `start()`: what it runs beside the worker from its start,
+        # e.g. its MCP servers' sessions (docs/agents.md); `aclose()` stops them.
+        self._start_agent = getattr(agent, "start", None)
         self.concurrency = max(1, settings.worker.concurrency if concurrency is None else concurrency)
         # Also the group member id (static membership): a restarted worker takes its
         # dispatch partitions back at once instead of after a rebalance.
@@ -113,6 +116,8 @@ class Worker:
         await asyncio.to_thread(ensure_topics, self.settings)
         await asyncio.to_thread(self.codec.register_schemas)  # blocking HTTP: off the loop
         await self.producer.start()
+        if callable(self._start_agent):
+            self._start_agent()
         await self.watch.start()
         self.consumer.subscribe([self.settings.topics.dispatch], listener=_Rebalance(self))
         await self.consumer.start()

@@ -43,3 +43,16 @@ def test_a_record_without_a_call_or_recorded_twice_or_a_bad_line() -> None:
     """A recorded call never made, one recorded twice, and an unreadable line are violations."""
     found = audit_tools(["nonsense"], [_recorded("r", 1, 1), _recorded("r", 1, 2)])
     assert len(found.violations) == 3
+
+
+def test_the_mcp_servers_dedup_is_a_call_made_and_cancelled_is_not() -> None:
+    """The MCP server's log: `dedup` (a key done before, answered again) counts as a call
+    made, a window repeat before the record and a duplicate after it; `cancelled` is not
+    a call."""
+    lines = ["start r:1 10 100", "done r:1 10 150", "dedup r:1 11 155",
+             "start r:3 11 300", "cancelled r:3 11 310", "start r:3 12 400", "done r:3 12 450"]
+    found = audit_tools(lines, [_recorded("r", 1, 160), _recorded("r", 3, 460)])
+    assert found.violations == []
+    assert (found.executions, found.repeated_in_window, found.duplicates) == (4, 2, 0)
+    late = audit_tools([*lines, "dedup r:1 13 900"], [_recorded("r", 1, 160), _recorded("r", 3, 460)])
+    assert late.duplicates == 1

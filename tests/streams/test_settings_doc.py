@@ -20,6 +20,7 @@ from pydantic.fields import FieldInfo
 from gateway.keys import OptionsEnv
 from streams.agents.builtin import BuiltinAgentEnv
 from streams.agents.example import TicketAgentEnv
+from streams.agents.mcp import MCPEnv
 from streams.agents.openai import OpenAIAgentEnv
 from streams.config import ENV_SECTIONS
 from streams.connectors.config import ConnectorEnv
@@ -28,7 +29,7 @@ from streams.env import Section
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "operations.md"
 SECTIONS: tuple[type[Section], ...] = (*ENV_SECTIONS, OptionsEnv, ConnectorEnv, BuiltinAgentEnv,
-                                        OpenAIAgentEnv, TicketAgentEnv)
+                                        OpenAIAgentEnv, TicketAgentEnv, MCPEnv)
 # A variable named in the code; a name ending in "_" is a prefix (THREADLINE_AGENT_*), not one.
 NAMED = re.compile(r"\bTHREADLINE_[A-Z0-9_]*[A-Z0-9]\b")
 NAME_CELL = re.compile(r"`((?:THREADLINE|KAFKA)_[A-Z0-9_]+)`")

@@ -1,0 +1,210 @@
+"""MCP tool calls against kill -9 (issue #29): the builtin agent's tool mode calls a real
+MCP server's `lookup` (streams/testing/mcp_server.py, the official SDK's `MCPServer`,
+THREADLINE_AGENT_MCP_TOOL), over stdio (each worker starts its own server) and over
+streamable HTTP (one server the test runs, the worker named in a header taken from
+the environment). Workers are SIGKILLed inside calls and between them, with a real
+processor on the session broker.
+
+The server logs each execution with its key (`start`/`done`, `cancelled`, and `dedup`
+for a key done before: the one window, closed by the server's dedupe on the key).
+Each completed, recorded call is `done` exactly once; each run has exactly one stored
+answer, whose steps are in the stream and in the stored message.
+
+Sizes: in `make test`, 6 runs of 3 calls with 4 kills per transport stand for the
+chaos-sized run (`-m chaos`): 50 runs of 3 calls with 10 kills per transport."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from streams.agents.builtin import BuiltinAgent
+from streams.agents.runtime import RunContext, drive
+from streams.agents.tools import Tool, ToolContext, ToolResult
+from streams.core.domain import Event, RunCompleted, RunFailed, StepRecorded
+from streams.core.records import StepOutput
+from streams.testing.mcp_server import fact_for
+from streams.testing.process import ChildProcess, wait_for
+from tests.streams.worker.test_journal_crash import _completed
+from tests.streams.worker.test_worker import (
+    FAST,
+    Stack,
+    _events,
+    _executions,
+    _lifecycle,
+    _of_run,
+    _output_of,
+    _read_stream,
+    _stack,
+    _text_of,
+)
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of the MCP server's execution log."""
+
+    what: str  # start | done | cancelled | dedup
+    run_id: str
+    step: int
+    who: str  # the worker: its pid (stdio) or its instance id (HTTP)
+    ms: int
+
+
+def _lines(log: Path) -> list[Line]:
+    if not log.exists():
+        return []
+    lines = []
+    for raw in log.read_text().splitlines():
+        what, key, who, ms = raw.split()
+        run_id, _, step = key.rpartition(":")
+        lines.append(Line(what, run_id, int(step), who, int(ms)))
+    return lines
+
+
+def _open(log: Path) -> list[Line]:
+    """Executions started and not (yet) done or cancelled, by the same caller."""
+    lines = _lines(log)
+    ended = {(x.run_id, x.step, x.who) for x in lines if x.what in ("done", "cancelled")}
+    return [x for x in lines if x.what == "start" and (x.run_id, x.step, x.who) not in ended]
+
+
+def _victim(stack: Stack, who: str) -> str | None:
+    return next((name for name, p in stack.workers.items()
+                 if p.alive() and who in (name, str(p.pid))), None)
+
+
+def _kill(stack: Stack, log: Path, kills: int) -> Counter[str]:
+    """Kill a worker `kills` times, alternately inside a call (a `start` without its end)
+    and between calls (right after a tool step is recorded); each restarted at once."""
+    landed: Counter[str] = Counter()
+    for n in range(kills):
+        if n % 2 == 0:
+            line = wait_for(lambda: next((x for x in _open(log) if _victim(stack, x.who)), None),
+                            120, interval=0.02)
+        else:
+            since = int(time.time() * 1000)
+
+            def fresh(events: list[Event], since: int = since) -> Line | None:
+                steps = {(e.run_id, e.entry.step) for e in events
+                         if isinstance(e, StepRecorded) and e.at_ms >= since
+                         and e.entry.kind == "tool_call"}
+                return next((x for x in _lines(log) if x.what == "done"
+                             and (x.run_id, x.step) in steps and _victim(stack, x.who)), None)
+
+            line = fresh(_events(stack.settings, lambda e: fresh(e) is not None, timeout=120))
+        assert line is not None
+        name = _victim(stack, line.who)
+        if name is None:
+            continue
+        inside = any(x.who == line.who for x in _open(log))
+        stack.workers[name].kill9()
+        landed["inside" if inside else "between"] += 1
+        stack.workers[name].start()
+    return landed
+
+
+class _SameAnswers:
+    """Stands for the MCP servers when computing the expected text: `kb__lookup`
+    answering as the test server does."""
+
+    async def tools(self) -> Sequence[Tool]:
+        async def lookup(arguments: Mapping[str, object], context: ToolContext) -> ToolResult:
+            query = str(arguments["query"])
+            return ToolResult({"query": query, "fact": fact_for(query)})
+        return (Tool("kb__lookup", "", {}, lookup),)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def _expected(message: str) -> str:
+    agent = BuiltinAgent(tokens_per_s=0, words=4, tools=3, mcp_tool="kb__lookup",
+                         mcp=_SameAnswers())  # type: ignore[arg-type]
+    outputs = [o async for o in drive(agent, (), message, RunContext(run_id="expected"))]
+    return "".join(getattr(o, "text", "") for o in outputs)
+
+
+def _check(stack: Stack, events: list[Event], run: str, text: str, log: Path) -> None:
+    of_run = _of_run(events, run)
+    completed = [e for e in of_run if isinstance(e, RunCompleted)]
+    assert len(completed) == 1 and not any(isinstance(e, RunFailed) for e in of_run), (
+        run, [(type(e).__name__, getattr(e, "error", "")) for e in of_run
+              if not isinstance(e, StepRecorded)], stack.logs())
+    answer = completed[0].message
+    assert answer.text == text
+    recorded = sorted({e.entry.step for e in of_run
+                       if isinstance(e, StepRecorded) and e.entry.kind == "tool_call"})
+    assert recorded == [1, 3, 5], recorded
+    done = Counter(x.step for x in _lines(log) if x.what == "done" and x.run_id == run)
+    assert done == Counter(recorded), (run, done)  # each completed, recorded call exactly once
+    assert [(s.kind, s.name) for s in answer.steps] == [("tool_call", "kb__lookup"),
+                                                        ("tool_result", "kb__lookup")] * 3
+    records = _read_stream(stack.settings, lambda r: bool(_lifecycle(r, run, "run_completed")))
+    final = _executions(_output_of(records, run))[-1]
+    assert _text_of(final) == answer.text  # the client's last message is the stored answer
+    assert sum(isinstance(r.out.payload, StepOutput) for r in final) == len(answer.steps)
+
+
+async def _kill_test(test_env: dict[str, str], tmp_path: Path, transport: str, runs: int,
+                     kills: int) -> None:
+    log = tmp_path / "mcp.log"
+    server_args = ["-m", "streams.testing.mcp_server", "--log", str(log), "--delay", "1.0"]
+    server: ChildProcess | None = None
+    servers: dict[str, dict[str, object]]
+    if transport == "stdio":
+        servers = {"kb": {"command": [sys.executable, *server_args]}}
+    else:
+        port_file = tmp_path / "mcp.port"
+        server = ChildProcess("mcp", [*server_args, "--transport", "http", "--port-file",
+                                      str(port_file)], {}, tmp_path / "mcp.out").start()
+        port = wait_for(lambda: port_file.exists() and port_file.read_text(), 60)
+        servers = {"kb": {"url": f"http://127.0.0.1:{port}/mcp",
+                          "headers": {"X-Threadline-Worker": "${THREADLINE_INSTANCE_ID}"}}}
+    env = {**test_env, **FAST, "THREADLINE_HEARTBEAT_TIMEOUT_S": "30",
+           "THREADLINE_AGENT_TOKENS_PER_S": "10", "THREADLINE_AGENT_WORDS": "4",
+           "THREADLINE_AGENT_TOOLS": "3", "THREADLINE_AGENT_MCP_TOOL": "kb__lookup",
+           "THREADLINE_AGENT_MCP_SERVERS": json.dumps(servers),
+           "THREADLINE_AGENT_MCP_CONNECT_TIMEOUT_S": "120"}
+    try:
+        with _stack(env, tmp_path, ["w1", "w2"]) as stack:
+            posted = [stack.post(f"order {i}") for i in range(runs)]
+            landed = _kill(stack, log, kills)
+            events = _completed(stack, [r for _, r in posted], timeout=120 + 10 * runs)
+            for i, (_, run) in enumerate(posted):
+                _check(stack, events, run, await _expected(f"order {i}"), log)
+            assert landed["inside"] >= 1 and landed["between"] >= 1, landed
+            lines = _lines(log)
+            started = Counter((x.run_id, x.step) for x in lines if x.what == "start")
+            windows = sum(x.what == "dedup" for x in lines) + sum(
+                n - 1 for n in started.values() if n > 1)
+            assert windows >= 1, Counter(x.what for x in lines)  # a killed call was asked again
+    finally:
+        if server is not None:
+            server.kill9()
+
+
+@pytest.mark.kafka
+@pytest.mark.chaos
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_sigkill_inside_and_between_mcp_calls_repeats_no_completed_call(
+        test_env: dict[str, str], tmp_path: Path, transport: str) -> None:
+    """6 runs of 3 MCP calls, 4 kills (stands for the chaos-sized test below)."""
+    await _kill_test(test_env, tmp_path, transport, runs=6, kills=4)
+
+
+@pytest.mark.kafka
+@pytest.mark.chaos
+@pytest.mark.chaos_sized
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_sigkill_across_50_runs_of_3_mcp_calls(
+        test_env: dict[str, str], tmp_path: Path, transport: str) -> None:
+    """Issue #29's kill test: 50 runs of 3 MCP calls, the worker killed 10 times."""
+    await _kill_test(test_env, tmp_path, transport, runs=50, kills=10)
