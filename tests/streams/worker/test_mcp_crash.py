@@ -28,8 +28,9 @@ import pytest
 from streams.agents.builtin import BuiltinAgent
 from streams.agents.runtime import RunContext, drive
 from streams.agents.tools import Tool, ToolContext, ToolResult
-from streams.core.domain import Event, RunCompleted, RunFailed, StepRecorded
+from streams.core.domain import Event, RetryScheduled, RunCompleted, RunFailed, StepRecorded
 from streams.core.records import StepOutput
+from streams.devtools.broker import free_port
 from streams.testing.mcp_server import fact_for
 from streams.testing.process import ChildProcess, wait_for
 from tests.streams.worker.test_journal_crash import _completed
@@ -125,8 +126,8 @@ class _SameAnswers:
         return None
 
 
-async def _expected(message: str) -> str:
-    agent = BuiltinAgent(tokens_per_s=0, words=4, tools=3, mcp_tool="kb__lookup",
+async def _expected(message: str, tools: int = 3) -> str:
+    agent = BuiltinAgent(tokens_per_s=0, words=4, tools=tools, mcp_tool="kb__lookup",
                          mcp=_SameAnswers())  # type: ignore[arg-type]
     outputs = [o async for o in drive(agent, (), message, RunContext(run_id="expected"))]
     return "".join(getattr(o, "text", "") for o in outputs)
@@ -208,3 +209,41 @@ async def test_sigkill_across_50_runs_of_3_mcp_calls(
         test_env: dict[str, str], tmp_path: Path, transport: str) -> None:
     """Issue #29's kill test: 50 runs of 3 MCP calls, the worker killed 10 times."""
     await _kill_test(test_env, tmp_path, transport, runs=50, kills=10)
+
+
+@pytest.mark.kafka
+@pytest.mark.chaos
+async def test_the_server_killed_mid_call_fails_the_attempt_and_the_retry_calls_again(
+        test_env: dict[str, str], tmp_path: Path) -> None:
+    """The HTTP server is SIGKILLed inside a run's first call and started again on its
+    port: the attempt fails retryably (`went away during a call`), the next attempt
+    replays the first turn and calls again with the same key, and the run completes
+    once. The window, counted: that key was started twice and done once."""
+    log, port = tmp_path / "mcp.log", free_port()
+    server = ChildProcess("mcp", ["-m", "streams.testing.mcp_server", "--log", str(log),
+                                  "--delay", "1.0", "--transport", "http", "--port", str(port)],
+                          {}, tmp_path / "mcp.out").start()
+    servers = {"kb": {"url": f"http://127.0.0.1:{port}/mcp"}}
+    env = {**test_env, **FAST, "THREADLINE_HEARTBEAT_TIMEOUT_S": "30",
+           "THREADLINE_AGENT_TOKENS_PER_S": "0", "THREADLINE_AGENT_WORDS": "4",
+           "THREADLINE_AGENT_MCP_TOOL": "kb__lookup", "THREADLINE_MAX_ATTEMPTS": "5",
+           "THREADLINE_AGENT_MCP_SERVERS": json.dumps(servers),
+           "THREADLINE_AGENT_MCP_CONNECT_TIMEOUT_S": "120"}
+    try:
+        with _stack(env, tmp_path, ["w1"]) as stack:
+            _, run = stack.post("order 1 [tools=2]")
+            first = wait_for(lambda: next((x for x in _open(log) if x.run_id == run), None), 120,
+                             interval=0.02)
+            assert first is not None and first.step == 1
+            server.kill9()
+            server.start()
+            events = _completed(stack, [run], timeout=240)
+            retried = [e for e in _of_run(events, run) if isinstance(e, RetryScheduled)]
+            assert retried and "went away during a call" in retried[0].reason, retried
+            completed = [e for e in _of_run(events, run) if isinstance(e, RunCompleted)]
+            assert len(completed) == 1, stack.logs()
+            assert completed[0].message.text == await _expected("order 1 [tools=2]", tools=2)
+            of_key = Counter(x.what for x in _lines(log) if (x.run_id, x.step) == (run, 1))
+            assert of_key["start"] == 2 and of_key["done"] == 1, of_key
+    finally:
+        server.kill9()
