@@ -380,3 +380,40 @@ async def test_over_http_the_headers_reference_the_environment_and_stay_out_of_l
     assert [line[:3] for line in _lines(tmp_path / "h.log")] == [["start", "run-h:0", "w7"],
                                                                 ["done", "run-h:0", "w7"]]
     assert not any("hunter2" in r.getMessage() for r in caplog.records)
+
+
+async def test_the_openai_agent_calls_mcp_tools_and_replays_any_cut(tmp_path: Path) -> None:
+    """The OpenAI agent, against the scripted model, offers the MCP tools (namespaced)
+    and calls `kb__lookup` three times through the journal; a journal cut anywhere
+    replays the recorded calls without calling the server again."""
+    from streams.agents.openai import OpenAIAgent
+    from streams.testing.openai_server import ScriptedOpenAI
+
+    log = tmp_path / "kb.log"
+    message = "where is my parcel [tools=3]"
+    mcp = MCPTools([_stdio("kb", log)], connect_timeout_s=120)
+    async with ScriptedOpenAI() as model:
+        agent = OpenAIAgent(model.base_url, api_key="k", mcp=mcp)
+        agent.start()
+        try:
+            first = RunContext(run_id="run-o")
+            outputs = [o async for o in drive(agent, (), message, first)]
+            calls = [e for e in first.journal if e.kind == "tool_call"]
+            assert [e.name for e in calls] == ["kb__lookup"] * 3
+            assert [json.loads(e.output_json)["content"]["fact"] for e in calls] == [
+                fact_for(f"{message} #{k}") for k in (1, 2, 3)]
+            text = "".join(getattr(o, "text", "") for o in outputs)
+            assert fact_for(f"{message} #3") in text
+            assert [x[:2] for x in _lines(log) if x[0] == "done"] == [
+                ["done", "run-o:1"], ["done", "run-o:3"], ["done", "run-o:5"]]
+            for cut in range(len(first.journal) + 1):
+                before = len(_lines(log))
+                again = RunContext(run_id="run-o", journal=list(first.journal[:cut]))
+                replayed = [o async for o in drive(agent, (), message, again)]
+                assert "".join(getattr(o, "text", "") for o in replayed) == text
+                assert again.journal == first.journal
+                # Only the calls past the cut reach the server (which dedupes their keys).
+                new = [x[1] for x in _lines(log)[before:] if x[0] in ("start", "dedup")]
+                assert new == [f"run-o:{s}" for s in (1, 3, 5) if s >= cut]
+        finally:
+            await agent.aclose()
