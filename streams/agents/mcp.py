@@ -90,12 +90,14 @@ class _Server:
     async def _keep_up(self) -> None:
         backoff = _BACKOFF_FIRST_S
         while True:
+            starts = self.starts
             try:
                 await self._serve_once()
-                backoff = _BACKOFF_FIRST_S
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the server would not start, or its session broke
+                if self.starts > starts:  # it was up: a new failure, not one more in a row
+                    backoff = _BACKOFF_FIRST_S
                 self.last_error = f"{type(exc).__name__}: {str(exc)[:_ERROR_CHARS]}"
                 log.warning("MCP server %s: %s; starting it again in %.1f s",
                             describe(self.spec), self.last_error, backoff)
