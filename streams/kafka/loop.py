@@ -95,7 +95,8 @@ from streams.kafka.faults import commit_fault
 from streams.kafka.takeover import Takeover
 from streams.kafka.watchdog import HUNG_EXIT_STATUS, CallHung, Watchdog
 
-__all__ = ["BATCH", "TXN_TIMEOUT_S", "Output", "TableLoop", "TableRole", "record_position"]
+__all__ = ["BATCH", "TXN_TIMEOUT_S", "Output", "TableLoop", "TableRole", "is_fatal",
+           "record_position"]
 
 log = logging.getLogger("threadline.kafka.loop")
 
@@ -281,7 +282,7 @@ class TableLoop:
         for msg in batch:
             error = msg.error()
             if error is not None:
-                if error.fatal():  # e.g. a static member fenced: only a restart recovers
+                if is_fatal(error):  # e.g. a static member fenced: only a restart recovers
                     raise KafkaException(error)
                 if error.code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error: %s", error)
@@ -443,6 +444,15 @@ class TableLoop:
                 if partition in self._positions:
                     raise
                 log.info("seek on partition %d: %s", partition, exc)  # no longer assigned
+
+
+def is_fatal(error: KafkaError) -> bool:
+    """Whether a consumed error ends the consumer. librdkafka hands a fatal consumer
+    error (FENCED_INSTANCE_ID: a static member fenced, which a member whose rejoin
+    timed out on a loaded host can be by its own new member id) to the application as
+    a message whose code is `_FATAL` but whose `fatal()` flag is not set; reading only
+    the flag, the processor logged it as a warning and consumed nothing ever after."""
+    return bool(error.fatal() or error.code() == KafkaError._FATAL)
 
 
 def _starts(batch: list[Message]) -> dict[int, int]:

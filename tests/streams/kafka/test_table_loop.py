@@ -24,7 +24,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from streams.config import Settings
 from streams.kafka.clients import librdkafka_config, table_consumer_config, table_producer_config
-from streams.kafka.loop import SLOW_TRANSACTION_S, Output, TableLoop, TransactionPhases
+from streams.kafka.loop import SLOW_TRANSACTION_S, Output, TableLoop, TransactionPhases, is_fatal
 from streams.kafka.watchdog import HUNG_EXIT_STATUS, CallHung, Watchdog
 
 pytestmark = pytest.mark.kafka
@@ -331,6 +331,17 @@ def test_a_retriable_send_offsets_error_is_done_again_on_a_new_producer(settings
     assert role.table == [b"a", b"b", b"c"]
     assert _read_committed(settings, out) == [b"copy:a", b"copy:b", b"copy:c"]  # nothing twice
     assert _committed_offset(settings, f"{settings.topic_prefix}loop-in") == 3
+
+
+def test_a_consumed_fatal_error_is_fatal_even_without_its_flag() -> None:
+    """librdkafka delivers a fatal consumer error (a static member fenced) as a message
+    with code _FATAL and the `fatal()` flag unset: seen in a CI run under load, the
+    processor logged it and stalled for good. The loop must take it as fatal."""
+    delivered = KafkaError(KafkaError._FATAL)
+    assert not delivered.fatal()  # what librdkafka hands over
+    assert is_fatal(delivered)
+    assert not is_fatal(KafkaError(KafkaError._PARTITION_EOF))
+    assert not is_fatal(KafkaError(KafkaError._TRANSPORT))
 
 
 def test_a_fatal_error_propagates(settings: Settings) -> None:

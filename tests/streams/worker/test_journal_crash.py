@@ -216,8 +216,11 @@ def test_a_new_attempt_replays_the_journal_from_its_dispatch_with_the_openai_age
             messages = [f"printer {i} is broken [tools=3]" for i in range(4)]
             posted = [stack.post(m) for m in messages]
             for _ in range(2):  # inside a call each time
+                # Bounded by progress (tickets written, the model server's log), not 90 s
+                # of wall clock, which a loaded CI machine ran out of.
                 call = wait_for(lambda: next((c for c in _open_calls(log)
-                                              if _victim(stack, c.pid)), None), 90, interval=0.02)
+                                              if _victim(stack, c.pid)), None), 90, interval=0.02,
+                                progress=lambda: (len(_calls(log)), len(server.output())))
                 assert call is not None
                 name = _victim(stack, call.pid)
                 if name is not None:
