@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -50,6 +50,9 @@ def _ms(seconds: float) -> int:
 def _upper(raw: object) -> object:
     return raw.strip().upper() if isinstance(raw, str) else raw
 
+
+# `${NAME}` in an agent setting: a reference to the environment variable NAME.
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 @dataclass(frozen=True, slots=True)
 class TopicNames:
@@ -298,13 +301,20 @@ class WorkerSettings:
     context_chars: int  # history handed to an agent with a dispatch, at most (newest first)
     concurrency: int  # attempts one worker process runs at once
     extra: Mapping[str, str]  # THREADLINE_AGENT_*: the agent's own settings
+    # The variables the agent's settings name as `${NAME}` (secrets by reference, e.g.
+    # an MCP server's header), read here so that no agent module reads the environment.
+    referenced: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_section(cls, env: WorkerEnv, extra: Mapping[str, str]) -> WorkerSettings:
-        """These settings from their section and the agent's variables."""
+    def from_section(cls, env: WorkerEnv, extra: Mapping[str, str],
+                     environ: Mapping[str, str] | None = None) -> WorkerSettings:
+        """These settings from their section and the agent's variables (and from
+        `environ`, the variables those name as `${NAME}`)."""
+        names = {m for v in extra.values() for m in _REFERENCE.findall(v)}
+        referenced = {n: (environ or {})[n] for n in sorted(names) if n in (environ or {})}
         return cls(agent=env.agent, heartbeat_interval_ms=_ms(env.heartbeat_interval_s),
                    delta_coalesce_ms=env.delta_coalesce_ms, context_chars=env.context_chars,
-                   concurrency=env.worker_concurrency, extra=extra)
+                   concurrency=env.worker_concurrency, extra=extra, referenced=referenced)
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,6 +416,7 @@ class Settings:
             observability=ObservabilitySettings.from_env(env),
             processor=ProcessorSettings.from_section(ProcessorEnv.read(env)),
             worker=WorkerSettings.from_section(
-                WorkerEnv.read(env), {k: v for k, v in env.items() if k.startswith("THREADLINE_AGENT_")}),
+                WorkerEnv.read(env), {k: v for k, v in env.items() if k.startswith("THREADLINE_AGENT_")},
+                env),
             gateway=GatewaySettings.from_section(GatewayEnv.read(env)),
         )

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -184,7 +183,7 @@ class MCPTools:
         self.call_timeout_s = call_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.max_tools = max_tools
-        self.environ = dict(os.environ if environ is None else environ)
+        self.environ = dict(environ or {})
         self.servers = {s.name: _Server(s, self) for s in servers}
 
     @classmethod
@@ -195,7 +194,8 @@ class MCPTools:
         if not servers:
             return None
         return cls(servers, call_timeout_s=env.call_timeout_s,
-                   connect_timeout_s=env.connect_timeout_s, max_tools=env.max_tools)
+                   connect_timeout_s=env.connect_timeout_s, max_tools=env.max_tools,
+                   environ=settings.worker.referenced)
 
     def start(self) -> None:
         """Start every server's session (in the background; `tools()` waits for them)."""

@@ -122,3 +122,12 @@ def test_the_agents_defaults_are_their_own() -> None:
     on = BuiltinAgent.from_settings(Settings.from_env({"THREADLINE_AGENT_STEPS": "yes",
                                                       "THREADLINE_AGENT_TOOL_LOG": "/tmp/x.log"}))
     assert on.steps and on.tool_log == "/tmp/x.log"
+
+
+def test_the_agent_gets_only_the_variables_its_settings_reference() -> None:
+    """`${NAME}` in an agent setting (an MCP server's header) brings NAME's value to the
+    worker's settings, read by the config module, and no other variable comes with it."""
+    servers = '{"t": {"url": "http://h/mcp", "headers": {"Authorization": "Bearer ${TOKEN}"}}}'
+    settings = Settings.from_env({"THREADLINE_AGENT_MCP_SERVERS": servers, "TOKEN": "s3cret",
+                                  "UNRELATED_SECRET": "x"})
+    assert settings.worker.referenced == {"TOKEN": "s3cret"}
