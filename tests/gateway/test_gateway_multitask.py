@@ -131,7 +131,10 @@ async def test_an_interrupted_runs_partial_answer_is_stored_marked(stack: Stack)
 async def test_reject_is_the_default_and_an_unknown_strategy_is_422(stack: Stack) -> None:
     """Without a strategy (or with reject) a double text is 409; anything else 422."""
     thread_id = await stack.create_thread()
-    status, first = await _post(stack, thread_id, "[slow] first", None)
+    # "[hang]", not "[slow]": a slow answer here is under a second, and on a loaded
+    # machine the run ended before the second post was decided (202, not 409). A hung
+    # run stays active until this test cancels it.
+    status, first = await _post(stack, thread_id, "[hang] first", None)
     assert status == 202, first
     for strategy in (None, "reject"):
         status, body = await _post(stack, thread_id, "second", strategy)
@@ -141,3 +144,8 @@ async def test_reject_is_the_default_and_an_unknown_strategy_is_422(stack: Stack
                 stack.url(f"/v1/threads/{thread_id}/user_message"),
                 json={"input_text": "x", "multitask_strategy": bad}, headers=AUTH_A) as response:
             assert response.status == 422, await response.text()
+    async with stack.session.post(
+            stack.url(f"/v1/threads/{thread_id}/runs/{first['run_id']}/cancel"),
+            headers=AUTH_A) as response:
+        assert response.status == 202, await response.text()
+    assert (await _run_end(stack, first["run_id"]))[0] == "run_cancelled"
