@@ -6,12 +6,25 @@ under `CI=true`, where a missing browser fails the run: CI must have installed i
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
+import json
 import os
 import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-__all__ = ["LAUNCH_ARGS", "chromium"]
+from tests.frontends.stack import ProcessStack
+from tests.npm_kit import NODE_DIR
+
+__all__ = ["LAUNCH_ARGS", "app_on_its_own_origin", "chromium", "give_browser_token",
+           "roles_progress"]
 
 # Headless in a container: no sandbox, no GPU, nothing fetched in the background.
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -27,3 +40,45 @@ def chromium() -> str:
                         "(infra/system-deps.sh)", pytrace=False)
         pytest.skip("no Chromium on this machine", allow_module_level=True)
     return path
+
+
+@contextlib.contextmanager
+def app_on_its_own_origin(entry: str, title: str, site: Path) -> Iterator[str]:
+    """A test app (`entry`, a JSX file under tests/node) bundled with the pinned esbuild
+    into `site` with an index page, served from an origin of its own (a port of
+    127.0.0.1); yields the origin. The app reads `config.json` from it."""
+    built = subprocess.run(
+        [str(NODE_DIR / "node_modules" / ".bin" / "esbuild"), entry, "--bundle",
+         "--format=esm", "--jsx=automatic", "--define:process.env.NODE_ENV=\"production\"",
+         f"--outfile={site / 'app.js'}", "--log-level=warning"],
+        cwd=NODE_DIR, capture_output=True, text=True, timeout=600, check=False)
+    assert built.returncode == 0, built.stdout + built.stderr
+    (site / "index.html").write_text(
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
+        '</head><body><div id="root"></div><script type="module" src="app.js"></script>'
+        '</body></html>')
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def give_browser_token(site: Path, stack: ProcessStack, api_url: str) -> None:
+    """Write the app's `config.json`: `api_url` and a tenant-wide browser token minted
+    as the tenant's backend would (never the API key)."""
+    status, token = stack.call("POST", "/v1/browser_tokens", {"ttl_s": 3600})
+    assert status == 201, token
+    (site / "config.json").write_text(json.dumps({"apiUrl": api_url, "token": token["token"]}))
+
+
+def roles_progress(stack: ProcessStack) -> int:
+    """Grows while the stack's roles work (their logs): a wait's progress."""
+    return sum(len(r.output()) for r in (stack.processor, stack.worker, stack.gateway))
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass

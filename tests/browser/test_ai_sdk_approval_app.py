@@ -14,11 +14,7 @@ Skipped where Chromium, Playwright, node or npm is absent (failed under CI=true)
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
-import subprocess
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,9 +22,9 @@ from typing import Any
 import pytest
 
 from streams.testing.process import wait_for
-from tests.browser_kit import LAUNCH_ARGS, chromium
+from tests.browser_kit import LAUNCH_ARGS, app_on_its_own_origin, chromium, give_browser_token, roles_progress
 from tests.frontends.stack import ProcessStack, process_stack
-from tests.npm_kit import NODE_DIR, node_modules
+from tests.npm_kit import node_modules
 
 pytestmark = pytest.mark.kafka
 
@@ -38,9 +34,6 @@ CHROMIUM = chromium()
 # A backstop for one browser wait: each wait is for a marker on screen, and the run it
 # waits on makes progress all along.
 SCREEN_TIMEOUT_MS = 180_000
-
-PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Approvals</title>
-</head><body><div id="root"></div><script type="module" src="app.js"></script></body></html>"""
 
 CONFIRM = '.tool[data-tool="confirm"]'
 
@@ -64,13 +57,7 @@ class ApprovalApp:
 
     def progress(self) -> int:
         """Grows while the roles work (their logs)."""
-        return sum(len(r.output()) for r in (self.stack.processor, self.stack.worker,
-                                             self.stack.gateway))
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+        return roles_progress(self.stack)
 
 
 @pytest.fixture(scope="module")
@@ -79,27 +66,11 @@ def app(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     browser token in its config (as a backend would hand it out)."""
     node_modules()
     site = tmp_path_factory.mktemp("ai-approval-site")
-    built = subprocess.run(
-        [str(NODE_DIR / "node_modules" / ".bin" / "esbuild"), "ai_approval/app.jsx", "--bundle",
-         "--format=esm", "--jsx=automatic", "--define:process.env.NODE_ENV=\"production\"",
-         f"--outfile={site / 'app.js'}", "--log-level=warning"],
-        cwd=NODE_DIR, capture_output=True, text=True, timeout=600, check=False)
-    assert built.returncode == 0, built.stdout + built.stderr
-    (site / "index.html").write_text(PAGE)
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(site)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    origin = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
-        with process_stack(kafka_bootstrap, tmp_path_factory.mktemp("ai-approval"),
-                           THREADLINE_CORS_ORIGINS=origin) as stack:
-            status, token = stack.call("POST", "/v1/browser_tokens", {"ttl_s": 3600})
-            assert status == 201, token
-            (site / "config.json").write_text(json.dumps(
-                {"apiUrl": stack.base, "token": token["token"]}))
-            yield ApprovalApp(origin, stack)
-    finally:
-        server.shutdown()
+    with app_on_its_own_origin("ai_approval/app.jsx", "Approvals", site) as origin, \
+            process_stack(kafka_bootstrap, tmp_path_factory.mktemp("ai-approval"),
+                          THREADLINE_CORS_ORIGINS=origin) as stack:
+        give_browser_token(site, stack, stack.base)
+        yield ApprovalApp(origin, stack)
 
 
 @pytest.fixture

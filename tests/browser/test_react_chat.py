@@ -15,11 +15,7 @@ Skipped where Chromium, Playwright, node or npm is absent (failed under CI=true)
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
-import subprocess
-import threading
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,9 +24,9 @@ from typing import Any
 import pytest
 
 from streams.testing.process import wait_for
-from tests.browser_kit import LAUNCH_ARGS, chromium
+from tests.browser_kit import LAUNCH_ARGS, app_on_its_own_origin, chromium, give_browser_token, roles_progress
 from tests.frontends.stack import ProcessStack, process_stack
-from tests.npm_kit import NODE_DIR, node_modules
+from tests.npm_kit import node_modules
 
 pytestmark = pytest.mark.kafka
 
@@ -40,10 +36,6 @@ CHROMIUM = chromium()
 # A backstop for one browser wait: what each test waits for is a marker on screen or
 # on the server, and the runs it waits on make progress all along.
 SCREEN_TIMEOUT_MS = 180_000
-
-PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Chat</title>
-</head><body><div id="root"></div><script type="module" src="app.js"></script></body></html>"""
-
 
 @dataclass
 class ChatApp:
@@ -72,8 +64,7 @@ class ChatApp:
 
     def progress(self) -> int:
         """Grows while the roles work (their logs)."""
-        return sum(len(r.output()) for r in (self.stack.processor, self.stack.worker,
-                                             self.stack.gateway))
+        return roles_progress(self.stack)
 
 
 def _text(message: dict[str, Any]) -> str:
@@ -89,32 +80,11 @@ def app(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     browser token in its config (as a backend would hand it out)."""
     node_modules()
     site = tmp_path_factory.mktemp("react-chat-site")
-    built = subprocess.run(
-        [str(NODE_DIR / "node_modules" / ".bin" / "esbuild"), "react_chat/app.jsx", "--bundle",
-         "--format=esm", "--jsx=automatic", "--define:process.env.NODE_ENV=\"production\"",
-         f"--outfile={site / 'app.js'}", "--log-level=warning"],
-        cwd=NODE_DIR, capture_output=True, text=True, timeout=600, check=False)
-    assert built.returncode == 0, built.stdout + built.stderr
-    (site / "index.html").write_text(PAGE)
-    handler = functools.partial(_QuietHandler, directory=str(site))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    origin = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
-        with process_stack(kafka_bootstrap, tmp_path_factory.mktemp("react-chat"),
-                           THREADLINE_CORS_ORIGINS=origin) as stack:
-            status, token = stack.call("POST", "/v1/browser_tokens", {"ttl_s": 3600})
-            assert status == 201, token
-            (site / "config.json").write_text(json.dumps(
-                {"apiUrl": stack.base + "/langgraph", "token": token["token"]}))
-            yield ChatApp(origin, stack)
-    finally:
-        server.shutdown()
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+    with app_on_its_own_origin("react_chat/app.jsx", "Chat", site) as origin, \
+            process_stack(kafka_bootstrap, tmp_path_factory.mktemp("react-chat"),
+                          THREADLINE_CORS_ORIGINS=origin) as stack:
+        give_browser_token(site, stack, stack.base + "/langgraph")
+        yield ChatApp(origin, stack)
 
 
 @pytest.fixture
