@@ -23,7 +23,7 @@ import pytest
 from tests.frontends.stack import ProcessStack
 from tests.npm_kit import NODE_DIR
 
-__all__ = ["LAUNCH_ARGS", "app_on_its_own_origin", "chromium", "give_browser_token",
+__all__ = ["LAUNCH_ARGS", "app_on_its_own_origin", "chromium", "give_browser_token", "launched",
            "roles_progress"]
 
 # Headless in a container: no sandbox, no GPU, nothing fetched in the background.
@@ -40,6 +40,18 @@ def chromium() -> str:
                         "(infra/system-deps.sh)", pytrace=False)
         pytest.skip("no Chromium on this machine", allow_module_level=True)
     return path
+
+
+@contextlib.contextmanager
+def launched() -> Iterator[Any]:
+    """Debian's Chromium, headless, launched through Playwright; closed after."""
+    from playwright.sync_api import sync_playwright  # only where a module got past its skip
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium(), args=LAUNCH_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
 
 
 @contextlib.contextmanager

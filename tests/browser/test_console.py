@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from gateway.adapters.console.timeline import TIMELINE_EVENTS
-from tests.browser_kit import LAUNCH_ARGS, chromium
+from tests.browser_kit import chromium, launched
 from tests.frontends.stack import KEY, ProcessStack, process_stack
 from tests.npm_kit import node_modules
 
@@ -63,12 +63,8 @@ def processes(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) ->
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """One Chromium for the module; each test opens its own pages."""
-    with playwright.sync_playwright() as pw:
-        launched = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        try:
-            yield launched
-        finally:
-            launched.close()
+    with launched() as chromium_browser:
+        yield chromium_browser
 
 
 @pytest.fixture(scope="module")

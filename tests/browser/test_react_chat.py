@@ -24,7 +24,13 @@ from typing import Any
 import pytest
 
 from streams.testing.process import wait_for
-from tests.browser_kit import LAUNCH_ARGS, app_on_its_own_origin, chromium, give_browser_token, roles_progress
+from tests.browser_kit import (
+    app_on_its_own_origin,
+    chromium,
+    give_browser_token,
+    launched,
+    roles_progress,
+)
 from tests.frontends.stack import ProcessStack, process_stack
 from tests.npm_kit import node_modules
 
@@ -90,12 +96,8 @@ def app(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
 @pytest.fixture
 def browser(app: ChatApp) -> Iterator[Any]:
     """Debian's Chromium, headless, for one test."""
-    with playwright.sync_playwright() as pw:
-        chromium_browser = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        try:
-            yield chromium_browser
-        finally:
-            chromium_browser.close()
+    with launched() as chromium_browser:
+        yield chromium_browser
 
 
 def _open(browser: Any, app: ChatApp, thread_id: str | None = None) -> Any:
