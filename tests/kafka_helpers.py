@@ -72,7 +72,7 @@ def read_topic(
     settings: Settings, topic: str, decode: Callable[[bytes], T], *,
     until: Callable[[list[T]], bool], timeout: float = 60.0, isolation: str = "read_committed",
 ) -> list[T]:
-    """Read a whole topic from the start until `until(records)` holds, or time out."""
+    """Read a whole topic from the start until `until(records)` holds (see read_messages)."""
     return read_messages(settings, topic, lambda msg: decode(msg.value() or b""), until=until,
                          timeout=timeout, isolation=isolation)
 
@@ -81,7 +81,11 @@ def read_messages(
     settings: Settings, topic: str, decode: Callable[[Message], T], *,
     until: Callable[[list[T]], bool], timeout: float = 60.0, isolation: str = "read_committed",
 ) -> list[T]:
-    """`read_topic` with the whole consumed message (its partition and offset too) decoded."""
+    """`read_topic` with the whole consumed message (its partition and offset too) decoded.
+
+    The wait is bounded by progress, not by the clock (a loaded machine is slow, not
+    stuck): it fails once `timeout` seconds pass with no new record and `until` still
+    false, instead of handing the caller a partial read to assert on."""
     consumer = Consumer({
         "bootstrap.servers": settings.bootstrap, "group.id": f"reader-{uuid.uuid4()}",
         "isolation.level": isolation, "enable.auto.commit": False,
@@ -90,9 +94,9 @@ def read_messages(
     md = consumer.list_topics(topic, timeout=10)
     consumer.assign([TopicPartition(topic, p, 0) for p in md.topics[topic].partitions])
     records: list[T] = []
-    deadline = time.monotonic() + timeout
+    since = time.monotonic()
     try:
-        while time.monotonic() < deadline:
+        while True:
             for msg in consumer.consume(500, timeout=0.2):
                 error = msg.error()
                 if error is not None:
@@ -100,9 +104,12 @@ def read_messages(
                         raise RuntimeError(error)
                     continue
                 records.append(decode(msg))
+                since = time.monotonic()
             if until(records):
                 return records
-        return records
+            if time.monotonic() - since > timeout:
+                raise AssertionError(f"{topic}: the awaited records are not there; {len(records)} "
+                                     f"read, none new for {timeout}s")
     finally:
         consumer.close()
 

@@ -170,14 +170,17 @@ def test_a_second_message_sent_while_an_answer_streams_is_enqueued(
     """From a second tab on the same thread, a message sent while the first answer
     streams is queued by the server (`multitaskStrategy: "enqueue"`, not a 409) and
     answered after it; both tabs end with the stored answers."""
-    first = _open(browser, app)
+    # Both tabs are open before the first question, so the second can send the moment
+    # the first answer shows (well inside its seconds of streaming), not after a page
+    # load that a loaded machine can stretch past the answer's end.
+    status, created = app.stack.call("POST", "/langgraph/threads", {})
+    assert status == 200, created
+    thread_id = created["thread_id"]
+    first, second = _open(browser, app, thread_id), _open(browser, app, thread_id)
     _send(first, "[slow] first question")
-    thread_id = _thread_of(first)
     first.wait_for_function(
         "(document.querySelector('#messages li.ai')?.textContent ?? '').length > 0",
         timeout=SCREEN_TIMEOUT_MS)
-    second = _open(browser, app, thread_id)
-    second.wait_for_selector("#messages li.human", timeout=SCREEN_TIMEOUT_MS)
     assert app.thread(thread_id)["status"] == "busy"  # the first run is still answering
     _send(second, "second question")
     # Idle alone is not enough: the queued run may not have started when the first ended.

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import pytest
 from confluent_kafka import Consumer, Message, TopicPartition
@@ -88,33 +88,53 @@ def _victim(stack: Stack, pid: int) -> str | None:
     return next((name for name, p in stack.workers.items() if p.alive() and p.pid == pid), None)
 
 
-def _kill_among_runs(stack: Stack, log: Path, runs: Sequence[str], kills: int) -> Counter[str]:
+class Logged(Protocol):
+    """A line of a side-effect log: what happened to which call."""
+
+    @property
+    def what(self) -> str:
+        """"start", "done", and per log others."""
+    @property
+    def run_id(self) -> str:
+        """The run that made the call."""
+    @property
+    def step(self) -> int:
+        """The call's step in its run."""
+
+
+L = TypeVar("L", bound=Logged)
+
+
+def kill_among_calls(stack: Stack, kills: int, *, lines: Callable[[], Sequence[L]],
+                     open_lines: Callable[[], Sequence[L]],
+                     worker_of: Callable[[L], str | None]) -> Counter[str]:
     """Kill a worker `kills` times, alternately inside a tool call (a `start` without its
-    `done`) and between calls (right after a tool step is recorded); each victim is
-    restarted at once. Returns how many kills landed inside a call and between."""
+    end) and between calls (right after a tool step is recorded); each victim is
+    restarted at once. `worker_of` names the live worker that wrote a line, if any.
+    Each wait lasts while the log or the events grow, not for a fixed time. Returns
+    how many kills landed inside a call and between."""
     landed: Counter[str] = Counter()
-    settings = stack.settings
     for n in range(kills):
         if n % 2 == 0:
-            call = wait_for(lambda: next((c for c in _open_calls(log)
-                                          if _victim(stack, c.pid)), None), 90, interval=0.02)
+            line = wait_for(lambda: next((x for x in open_lines() if worker_of(x)), None), 90,
+                            interval=0.02, progress=lambda: len(lines()))
         else:
             since = int(time.time() * 1000)
 
-            def fresh(events: list[Event], since: int = since) -> Call | None:
+            def fresh(events: list[Event], since: int = since) -> L | None:
                 # A tool step recorded from now on whose worker still runs.
                 steps = {(e.run_id, e.entry.step) for e in events
                          if isinstance(e, StepRecorded) and e.at_ms >= since
                          and e.entry.kind == "tool_call"}
-                return next((c for c in _calls(log) if c.what == "done"
-                             and (c.run_id, c.step) in steps and _victim(stack, c.pid)), None)
+                return next((x for x in lines() if x.what == "done"
+                             and (x.run_id, x.step) in steps and worker_of(x)), None)
 
-            call = fresh(_events(settings, lambda e: fresh(e) is not None, timeout=90))
-        assert call is not None
-        name = _victim(stack, call.pid)
+            line = fresh(_events(stack.settings, lambda e: fresh(e) is not None, timeout=90))
+        assert line is not None
+        name = worker_of(line)
         if name is None:
             continue
-        inside = any(c.pid == call.pid for c in _open_calls(log))
+        inside = any(worker_of(x) == name for x in open_lines())
         stack.workers[name].kill9()
         landed["inside" if inside else "between"] += 1
         stack.workers[name].start()
@@ -178,7 +198,9 @@ async def test_sigkill_between_and_inside_tool_calls_repeats_no_completed_call(
            "THREADLINE_AGENT_TOOL_LOG": str(log)}
     with _stack(env, tmp_path, ["w1", "w2"]) as stack:
         posted = [stack.post(f"order {i}") for i in range(8)]
-        landed = _kill_among_runs(stack, log, [r for _, r in posted], kills=4)
+        landed = kill_among_calls(stack, 4, lines=lambda: _calls(log),
+                                  open_lines=lambda: _open_calls(log),
+                                  worker_of=lambda c: _victim(stack, c.pid))
         events = _completed(stack, [r for _, r in posted], timeout=240)
         for i, (_, run) in enumerate(posted):
             _check_run(stack, events, run, await _builtin_text(f"order {i}", 4, 3), (1, 3, 5), log)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,11 +32,10 @@ from streams.core.records import StepOutput
 from streams.devtools.broker import free_port
 from streams.testing.mcp_server import fact_for
 from streams.testing.process import ChildProcess, wait_for
-from tests.streams.worker.test_journal_crash import _completed
+from tests.streams.worker.test_journal_crash import _completed, kill_among_calls
 from tests.streams.worker.test_worker import (
     FAST,
     Stack,
-    _events,
     _executions,
     _lifecycle,
     _of_run,
@@ -80,36 +78,6 @@ def _open(log: Path) -> list[Line]:
 def _victim(stack: Stack, who: str) -> str | None:
     return next((name for name, p in stack.workers.items()
                  if p.alive() and who in (name, str(p.pid))), None)
-
-
-def _kill(stack: Stack, log: Path, kills: int) -> Counter[str]:
-    """Kill a worker `kills` times, alternately inside a call (a `start` without its end)
-    and between calls (right after a tool step is recorded); each restarted at once."""
-    landed: Counter[str] = Counter()
-    for n in range(kills):
-        if n % 2 == 0:
-            line = wait_for(lambda: next((x for x in _open(log) if _victim(stack, x.who)), None),
-                            120, interval=0.02)
-        else:
-            since = int(time.time() * 1000)
-
-            def fresh(events: list[Event], since: int = since) -> Line | None:
-                steps = {(e.run_id, e.entry.step) for e in events
-                         if isinstance(e, StepRecorded) and e.at_ms >= since
-                         and e.entry.kind == "tool_call"}
-                return next((x for x in _lines(log) if x.what == "done"
-                             and (x.run_id, x.step) in steps and _victim(stack, x.who)), None)
-
-            line = fresh(_events(stack.settings, lambda e: fresh(e) is not None, timeout=120))
-        assert line is not None
-        name = _victim(stack, line.who)
-        if name is None:
-            continue
-        inside = any(x.who == line.who for x in _open(log))
-        stack.workers[name].kill9()
-        landed["inside" if inside else "between"] += 1
-        stack.workers[name].start()
-    return landed
 
 
 class _SameAnswers:
@@ -177,7 +145,9 @@ async def _kill_test(test_env: dict[str, str], tmp_path: Path, transport: str, r
     try:
         with _stack(env, tmp_path, ["w1", "w2"]) as stack:
             posted = [stack.post(f"order {i}") for i in range(runs)]
-            landed = _kill(stack, log, kills)
+            landed = kill_among_calls(stack, kills, lines=lambda: _lines(log),
+                                      open_lines=lambda: _open(log),
+                                      worker_of=lambda x: _victim(stack, x.who))
             events = _completed(stack, [r for _, r in posted], timeout=120 + 10 * runs)
             for i, (_, run) in enumerate(posted):
                 _check(stack, events, run, await _expected(f"order {i}"), log)
