@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install system-deps helm run test frontends chaos bench bench-peers lint clean
+.PHONY: install system-deps helm run test frontends console-shots chaos bench bench-peers lint clean
 
 $(STAMP): pyproject.toml infra/kafka/pom.xml infra/registry/pom.xml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ test: install system-deps helm lint
 # the tests) and the console in headless Chromium.
 frontends: install system-deps
 	$(PY) -m pytest -q -p no:cacheprovider --basetemp="$$(mktemp -d /tmp/threadline-test-XXXXXX)" tests/frontends tests/browser $(PYTEST_ARGS)
+
+# The console's screenshots in docs/console/ (docs/clients.md), taken anew by its
+# browser tests; a plain test run writes them to a temp folder.
+console-shots: install system-deps
+	THREADLINE_CONSOLE_SHOTS=$(CURDIR)/docs/console $(PY) -m pytest -q -p no:cacheprovider tests/browser/test_console.py $(PYTEST_ARGS)
 
 # The chaos program at full size (docs/chaos.md): its own broker, every role killed
 # with SIGKILL at seeded random moments, the broker restarted, then an audit.

@@ -225,16 +225,19 @@ def test_a_new_attempt_replays_the_journal_from_its_dispatch_with_the_openai_age
                           tmp_path / "openai.log").start()
     try:
         port = wait_for(lambda: port_file.exists() and port_file.read_text(), 30)
-        # The heartbeat timeout (3 s) must end the victim's attempt before the group's
-        # session timeout hands its dispatch to the other worker (same attempt, no retry:
-        # with 8 s that is what happened). At load 58 a live worker's heartbeats once
-        # stalled past 3 s during a call and the retry made the call again: the window
-        # docs/agents.md describes for a worker taken for dead.
+        # The heartbeat timeout must end the victim's attempt before the group's session
+        # timeout hands its dispatch to the other worker (same attempt, no retry: with
+        # FAST's 6 s session and an 8 s heartbeat timeout that is what happened), and it
+        # must not take a live worker for dead: at load 58 a live worker's heartbeats
+        # stalled past 3 s during a call, and the retry made the call again (the window
+        # docs/agents.md describes for a worker taken for dead). So 6 s for the
+        # heartbeats and 20 s for the session (the victim, a static member, takes its
+        # partitions back when it is started again).
         env = {**test_env, **FAST, "THREADLINE_AGENT": "streams.agents.example:create",
                "THREADLINE_AGENT_OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
                "THREADLINE_AGENT_TICKET_LOG": str(log), "THREADLINE_AGENT_TICKET_DELAY_S": "1.0",
-               "THREADLINE_HEARTBEAT_TIMEOUT_S": "3", "THREADLINE_HEARTBEAT_INTERVAL_S": "0.5",
-               "THREADLINE_MAX_ATTEMPTS": "10", "THREADLINE_RETRY_INITIAL_S": "0.2"}
+               "THREADLINE_HEARTBEAT_TIMEOUT_S": "6", "THREADLINE_HEARTBEAT_INTERVAL_S": "0.5",
+               "THREADLINE_SESSION_TIMEOUT_S": "20", "THREADLINE_MAX_ATTEMPTS": "10", "THREADLINE_RETRY_INITIAL_S": "0.2"}
         with _stack(env, tmp_path, ["w1", "w2"]) as stack:
             messages = [f"printer {i} is broken [tools=3]" for i in range(4)]
             posted = [stack.post(m) for m in messages]
