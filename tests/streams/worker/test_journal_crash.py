@@ -237,7 +237,8 @@ def test_a_new_attempt_replays_the_journal_from_its_dispatch_with_the_openai_age
                "THREADLINE_AGENT_OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
                "THREADLINE_AGENT_TICKET_LOG": str(log), "THREADLINE_AGENT_TICKET_DELAY_S": "1.0",
                "THREADLINE_HEARTBEAT_TIMEOUT_S": "6", "THREADLINE_HEARTBEAT_INTERVAL_S": "0.5",
-               "THREADLINE_SESSION_TIMEOUT_S": "20", "THREADLINE_MAX_ATTEMPTS": "10", "THREADLINE_RETRY_INITIAL_S": "0.2"}
+               "THREADLINE_SESSION_TIMEOUT_S": "20", "THREADLINE_MAX_ATTEMPTS": "10",
+               "THREADLINE_RETRY_INITIAL_S": "0.2"}
         with _stack(env, tmp_path, ["w1", "w2"]) as stack:
             messages = [f"printer {i} is broken [tools=3]" for i in range(4)]
             posted = [stack.post(m) for m in messages]
