@@ -50,7 +50,15 @@ from gateway.live.run_stream import STREAMS, RunStreams
 from gateway.model.decisions import CommandBus
 from gateway.model.read_model import ReadModel
 from streams.config import Settings
-from streams.core.domain import Event, RunAccepted, RunCancelled, ThreadCreated, ThreadDeleted
+from streams.core.domain import (
+    Event,
+    RunAccepted,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    ThreadCreated,
+    ThreadDeleted,
+)
 from streams.kafka.clients import aiokafka_config
 from streams.kafka.topics import ensure_topics
 from streams.observability.tracing import setup_tracing
@@ -104,6 +112,8 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
             read_model.note_accepted(event.run_id, event.thread_id)
         if isinstance(event, RunCancelled):  # a rolled-back run's records are gone: no wait
             read_model.note_settled(event.run_id)
+        if isinstance(event, RunCompleted | RunFailed | RunCancelled):
+            read_model.note_ended(event.thread_id, event.run_id)
         if isinstance(event, ThreadDeleted):  # its open streams end now
             read_model.note_deleted(event.thread_id)
             feed.drop_thread(event.thread_id)

@@ -396,6 +396,9 @@ class StreamFeed:
                         sub.close("unknown run")
             return
         window = self._window(thread_id)
+        if state.terminal and isinstance(output.payload, RunLifecycle):
+            # Before any subscriber sees `done`: its next read of the thread must hold the end.
+            self.read_model.note_ended(thread_id, output.run_id)
         for event in make_events(self.tokens, partition, record.offset, state.start, meta,
                                  output):
             window.events.append(event)

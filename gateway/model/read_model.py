@@ -128,6 +128,7 @@ class ReadModel:
         self._recent: dict[str, float] = {}
         self._created: dict[str, float] = {}  # threads decided created a moment ago
         self._accepted: dict[str, tuple[str, float]] = {}  # run -> its thread, until when to wait
+        self._ended: dict[str, tuple[str, float]] = {}  # thread -> its run just ended, until when
         self._initial_end: dict[TopicPartition, int] = {}
         self._checkpointed: dict[TopicPartition, int] = {}
         self._loaded = asyncio.Event()
@@ -293,6 +294,35 @@ class ReadModel:
         if len(self._accepted) > 10_000:
             self._accepted = {k: v for k, v in self._accepted.items() if v[1] > now}
 
+    def note_ended(self, thread_id: str, run_id: str) -> None:
+        """Mark a run as ended (its terminal record was read): until the model has read
+        the records that store its end, reads of the thread wait. One transaction wrote
+        them all, but its commit marker can reach the threads and messages partitions
+        after the stream's and the events', so a client that saw `done` could otherwise
+        read the history without the answer (seen under a CPU hog)."""
+        now = time.monotonic()
+        self._ended[thread_id] = (run_id, now + RECENT_WRITE_S)
+        if len(self._ended) > 10_000:
+            self._ended = {k: v for k, v in self._ended.items() if v[1] > now}
+
+    def _end_unread(self, thread_id: str) -> float | None:
+        """Until when a read of the thread waits for a run's end to be read, or None."""
+        pending = self._ended.get(thread_id)
+        if pending is None:
+            return None
+        run_id, until = pending
+        ref = self.store.run(run_id)
+        state = self.store.state(thread_id)
+        record = None if ref is None else self.store.message(thread_id, ref.seq)
+        read = (ref is None  # rolled back, or the thread deleted: nothing more to read
+                or (record is not None and record.run_status is not None
+                    and record.run_status.is_terminal and state is not None
+                    and (state.active_run is None or state.active_run.run_id != run_id)))
+        if read or until <= time.monotonic():
+            self._ended.pop(thread_id, None)
+            return None if read else until
+        return until
+
     def note_settled(self, run_id: str) -> None:
         """Stop waiting for a run's records: it was cancelled (a rollback deletes them)."""
         self._accepted.pop(run_id, None)
@@ -348,9 +378,15 @@ class ReadModel:
             ThreadState | None:
         """The tenant's thread, or None (unknown, deleted, or another tenant's)."""
         state = self.store.state(thread_id)
-        if fresh or state is None or not self.loaded or self._recently_written(thread_id):
+        if fresh or state is None or not self.loaded or self._recently_written(thread_id) \
+                or thread_id in self._ended:
             partitions = [partition_for(thread_id, self.settings.partitions)]
             caught_up = await self.catch_up(partitions)
+            while (until := self._end_unread(thread_id)) is not None:
+                if until <= time.monotonic():
+                    raise _behind()
+                await asyncio.sleep(_POLL_S)
+                await self.catch_up(partitions)
             state = self.store.state(thread_id)
             deadline = time.monotonic() + self.catch_up_timeout_s
             while state is None and self._created.get(thread_id, 0.0) > time.monotonic():

@@ -8,7 +8,9 @@ Tools:
   it to `--log`, and `cancelled <key> <who> <ms>` if the call is cancelled meanwhile.
   It dedupes by key, as docs/agents.md asks of a server with side effects: a key
   whose `done` is in the log already (by any process) is answered again without
-  doing it again, and logged `dedup <key> <who> <ms>`;
+  doing it again, and logged `dedup <key> <who> <ms>`; a key still in progress (in
+  any process: an HTTP call goes on after its killed caller's connection drops)
+  is waited for first, under a lock file per key beside the log;
   `<key>` is the `io.threadline/idempotency-key` of the request's `_meta` (`-` if
   none); `<who>` is the caller: the `X-Threadline-Worker` header over HTTP, the
   parent process id over stdio (the worker that started the server);
@@ -27,10 +29,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import fcntl
 import hashlib
 import os
 import socket
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +73,27 @@ def _done(path: str | None, key: str) -> bool:
         return any(line.startswith(f"done {key} ") for line in lines)
 
 
+@contextlib.asynccontextmanager
+async def _key_lock(path: str | None, key: str) -> AsyncIterator[None]:
+    """Hold the key's lock: one execution of a key at a time across processes. An
+    flock is let go when its holder dies, so a killed server leaves no stale lock."""
+    if not path:
+        yield
+        return
+    name = hashlib.sha256(key.encode()).hexdigest()[:16]
+    fd = os.open(f"{path}.{name}.lock", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                await asyncio.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)  # lets the lock go
+
+
 def _caller(ctx: Context[Any, Any]) -> tuple[str, str]:
     meta = ctx.request_context.meta or {}
     key = str(meta.get(IDEMPOTENCY_META_KEY) or "-")
@@ -93,10 +119,14 @@ def server(log: str | None, delay_s: float, *, rename: bool = False,
 
     async def once(ctx: Context[Any, Any], query: str) -> dict[str, str]:
         key, who = _caller(ctx)
-        if key != "-" and _done(log, key):
-            _log(log, "dedup", key, who)  # done before (the window): answered, not done again
-        else:
+        if key == "-":
             await timed(ctx, delay_s)
+            return {"query": query, "fact": fact_for(query)}
+        async with _key_lock(log, key):
+            if _done(log, key):
+                _log(log, "dedup", key, who)  # done before (the window): answered again
+            else:
+                await timed(ctx, delay_s)
         return {"query": query, "fact": fact_for(query)}
 
     if schema_v2:

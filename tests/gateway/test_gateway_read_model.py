@@ -409,3 +409,59 @@ async def test_a_thread_decided_created_is_waited_for_until_its_state_is_readabl
         producer.commit_transaction(30)
         state = await read
         assert state is not None and state.thread_id == thread_id
+
+
+async def test_a_read_after_a_runs_end_waits_for_the_answer_to_be_readable(
+        own_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same race at a run's end: the stream's `done` (or the event) can be read
+    before the transaction's marker reaches the messages partition, and a client that
+    saw `done` and then reads the history must find the answer in it (a CPU-hog CI
+    run found it missing). A thread whose run was seen ending is read once the
+    answer is readable, not before."""
+    thread_id = f"ended-{uuid.uuid4().hex[:8]}"
+    run_id = f"{thread_id}-run-0"
+    meta = new_meta(thread_id, TENANT, 1_000)
+    partition = partition_for(thread_id, own_settings.partitions)
+
+    def record(seq: int, status: RunStatus | None) -> bytes:
+        user = seq == 0
+        message = StoredMessage(f"{thread_id}-{seq}", "user" if user else "assistant",
+                                "question" if user else "answer", run_id, 1_000 + seq)
+        return CODEC.encode_message(MessageRecord(seq, message, status, 1 if user else 0), meta)
+
+    writer = Writer(own_settings)
+    writer.state(thread_id, messages=1)
+    writer.producer.produce(own_settings.topics.messages, record(0, RunStatus.RUNNING),
+                            message_key(thread_id, 0), partition=partition)
+    writer.flush()
+    producer = Producer({"bootstrap.servers": own_settings.bootstrap,
+                         "transactional.id": f"test-{thread_id}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(own_settings.topics.messages, record(0, RunStatus.COMPLETED),
+                     message_key(thread_id, 0), partition=partition)
+    producer.produce(own_settings.topics.messages, record(1, None),
+                     message_key(thread_id, 1), partition=partition)
+    assert producer.flush(30) == 0  # written, its commit marker not yet
+    async with _gateway(own_settings) as (_, model):
+        model.note_ended(thread_id, run_id)
+        read_to_the_end = asyncio.Event()
+        catch_up = model.catch_up
+
+        async def marked_catch_up(partitions: list[int] | None = None) -> bool:
+            caught_up = await catch_up(partitions)
+            read_to_the_end.set()
+            return caught_up
+
+        monkeypatch.setattr(model, "catch_up", marked_catch_up)
+        read = asyncio.create_task(model.thread(TENANT, thread_id))
+        # The model at the partition's end (the answer hidden), or the read answered early.
+        at_end = asyncio.create_task(read_to_the_end.wait())
+        await asyncio.wait({read, at_end}, return_when=asyncio.FIRST_COMPLETED)
+        at_end.cancel()
+        assert not read.done(), "answered before the run's end was readable"
+        assert [r.message.text for r in model.messages(thread_id).records] == ["question"]
+        producer.commit_transaction(30)
+        assert await read is not None
+        assert [r.message.text for r in model.messages(thread_id).records] == \
+            ["question", "answer"]
