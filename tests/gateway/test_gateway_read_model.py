@@ -377,6 +377,28 @@ async def test_a_thread_the_model_has_not_read_yet_is_503_not_404(own_settings: 
             assert status == 200 and thread["thread_id"] == thread_id, thread
 
 
+
+async def _read_held_back(model: Any, monkeypatch: pytest.MonkeyPatch,
+                          thread_id: str) -> asyncio.Task[ThreadState | None]:
+    """Start a read of the thread and return it once the model has read to the
+    partition's end (what the open transaction holds still hidden), asserting the
+    read is still waiting, not answered early (then it fails rather than hangs)."""
+    read_to_the_end = asyncio.Event()
+    catch_up = model.catch_up
+
+    async def marked_catch_up(partitions: list[int] | None = None) -> bool:
+        caught_up: bool = await catch_up(partitions)
+        read_to_the_end.set()
+        return caught_up
+
+    monkeypatch.setattr(model, "catch_up", marked_catch_up)
+    read = asyncio.create_task(model.thread(TENANT, thread_id))
+    at_end = asyncio.create_task(read_to_the_end.wait())
+    await asyncio.wait({read, at_end}, return_when=asyncio.FIRST_COMPLETED)
+    at_end.cancel()
+    assert not read.done(), "answered before the written records were readable"
+    return read
+
 async def test_a_thread_decided_created_is_waited_for_until_its_state_is_readable(
         own_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """The processor's transaction commits the decision and the state together, but
@@ -394,18 +416,7 @@ async def test_a_thread_decided_created_is_waited_for_until_its_state_is_readabl
     assert producer.flush(30) == 0  # written, its commit marker not yet
     async with _gateway(own_settings) as (_, model):
         model.note_created(thread_id)
-        read_to_the_end = asyncio.Event()
-        catch_up = model.catch_up
-
-        async def marked_catch_up(partitions: list[int] | None = None) -> bool:
-            caught_up = await catch_up(partitions)
-            read_to_the_end.set()
-            return caught_up
-
-        monkeypatch.setattr(model, "catch_up", marked_catch_up)
-        read = asyncio.create_task(model.thread(TENANT, thread_id))
-        await read_to_the_end.wait()  # the model is at the partition's end: state hidden
-        assert not read.done(), "answered before the state was readable"
+        read = await _read_held_back(model, monkeypatch, thread_id)
         producer.commit_transaction(30)
         state = await read
         assert state is not None and state.thread_id == thread_id
@@ -445,21 +456,7 @@ async def test_a_read_after_a_runs_end_waits_for_the_answer_to_be_readable(
     assert producer.flush(30) == 0  # written, its commit marker not yet
     async with _gateway(own_settings) as (_, model):
         model.note_ended(thread_id, run_id)
-        read_to_the_end = asyncio.Event()
-        catch_up = model.catch_up
-
-        async def marked_catch_up(partitions: list[int] | None = None) -> bool:
-            caught_up = await catch_up(partitions)
-            read_to_the_end.set()
-            return caught_up
-
-        monkeypatch.setattr(model, "catch_up", marked_catch_up)
-        read = asyncio.create_task(model.thread(TENANT, thread_id))
-        # The model at the partition's end (the answer hidden), or the read answered early.
-        at_end = asyncio.create_task(read_to_the_end.wait())
-        await asyncio.wait({read, at_end}, return_when=asyncio.FIRST_COMPLETED)
-        at_end.cancel()
-        assert not read.done(), "answered before the run's end was readable"
+        read = await _read_held_back(model, monkeypatch, thread_id)
         assert [r.message.text for r in model.messages(thread_id).records] == ["question"]
         producer.commit_transaction(30)
         assert await read is not None
