@@ -179,6 +179,10 @@ def test_a_deposed_owner_frozen_past_its_session_posts_nothing_twice(
         try:
             held = stack.double.waiting["xoxb-a"]
             stack.double.release("xoxb-a")  # a's calls take effect while a is frozen
+            # Past its session: b owns every partition. Without this wait, a's calls at
+            # the gate could be all of its turns, `answered` would hold at once, and a
+            # would thaw still a member, deposed by nothing (CI failure on 08b3d04).
+            stack.wait_for_group(1)
 
             def answered() -> bool:
                 posts = stack.double.bot_posts()
