@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import itertools
 import logging
 import os
 import re
@@ -40,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
@@ -76,7 +77,26 @@ __all__ = ["ActiveRunStart", "ReadModel", "RunView", "store_folder"]
 
 log = logging.getLogger("threadline.gateway")
 
+K = TypeVar("K")
+V = TypeVar("V")
+
 RECENT_WRITE_S = 30.0  # how long after a local write reads of the thread wait to catch up
+# Marks of recent writes kept at most (the oldest go first: a read of its thread then
+# answers from what the model holds, without waiting for the write).
+MARKS_KEPT = 100_000
+
+
+def remember(marks: dict[K, V], key: K, value: V, until: Callable[[V], float]) -> None:
+    """Set `marks[key]` and drop the expired marks from the front. Every mark expires
+    RECENT_WRITE_S after it is set, so insertion order is expiry order: each call
+    drops only what has expired (was a rebuild of the whole dict past 10,000)."""
+    marks.pop(key, None)
+    marks[key] = value
+    now = time.monotonic()
+    for first in list(itertools.islice(marks, 64)):
+        if until(marks[first]) > now and len(marks) <= MARKS_KEPT:
+            break
+        del marks[first]
 _POLL_S = 0.005
 DEFAULT_DELETE_RETENTION_MS = 24 * 3600 * 1000  # Kafka's default delete.retention.ms
 TOUCH_S = 600.0  # an idle store's saved_at is renewed this often
@@ -271,28 +291,20 @@ class ReadModel:
 
     def note_write(self, thread_id: str) -> None:
         """Mark a thread as just written, so its next reads catch up with Kafka first."""
-        now = time.monotonic()
-        self._recent[thread_id] = now + RECENT_WRITE_S
-        if len(self._recent) > 10_000:
-            self._recent = {k: v for k, v in self._recent.items() if v > now}
+        remember(self._recent, thread_id, time.monotonic() + RECENT_WRITE_S, float)
 
     def note_created(self, thread_id: str) -> None:
         """Mark a thread as decided created: until the model reads its state, reads of
         it wait (a transaction's commit marker reaches the threads partition after the
         events partition, so the decision can be seen before the state is readable)."""
-        now = time.monotonic()
-        self._created[thread_id] = now + RECENT_WRITE_S
-        if len(self._created) > 10_000:
-            self._created = {k: v for k, v in self._created.items() if v > now}
+        remember(self._created, thread_id, time.monotonic() + RECENT_WRITE_S, float)
 
     def note_accepted(self, run_id: str, thread_id: str) -> None:
         """Mark a run as decided accepted: until the model reads its user message, a
         read of the run waits (the same race as `note_created`'s: a client that joins
         a run the moment it was created must not get a 404)."""
-        now = time.monotonic()
-        self._accepted[run_id] = (thread_id, now + RECENT_WRITE_S)
-        if len(self._accepted) > 10_000:
-            self._accepted = {k: v for k, v in self._accepted.items() if v[1] > now}
+        remember(self._accepted, run_id, (thread_id, time.monotonic() + RECENT_WRITE_S),
+                  lambda mark: mark[1])
 
     def note_ended(self, thread_id: str, run_id: str) -> None:
         """Mark a run as ended (its terminal record was read): until the model has read
@@ -300,10 +312,8 @@ class ReadModel:
         them all, but its commit marker can reach the threads and messages partitions
         after the stream's and the events', so a client that saw `done` could otherwise
         read the history without the answer (seen under a CPU hog)."""
-        now = time.monotonic()
-        self._ended[thread_id] = (run_id, now + RECENT_WRITE_S)
-        if len(self._ended) > 10_000:
-            self._ended = {k: v for k, v in self._ended.items() if v[1] > now}
+        remember(self._ended, thread_id, (run_id, time.monotonic() + RECENT_WRITE_S),
+                  lambda mark: mark[1])
 
     def _end_unread(self, thread_id: str) -> float | None:
         """Until when a read of the thread waits for a run's end to be read, or None."""

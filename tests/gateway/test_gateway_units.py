@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 
 import pytest
 
@@ -12,6 +13,8 @@ from gateway.kafka import partition_for
 from gateway.live.feed import Subscriber
 from gateway.live.sse import RunTracker, SseEvent, iso_ms, make_events
 from gateway.live.tokens import BadEventId, EventId, ResumeTokens, derived_key
+from gateway.model import read_model
+from gateway.model.read_model import remember
 from streams.config import Settings
 from streams.core.domain import AssistantMessage
 from streams.core.ids import idempotent_message_id_for
@@ -246,3 +249,24 @@ def test_the_aiohttp_internals_the_live_path_writes_through_are_there() -> None:
     assert callable(StreamWriter._write_chunked_payload) and callable(StreamWriter._write)
     assert isinstance(StreamWriter.transport, property)
     assert StreamResponse()._payload_writer is None  # set by prepare()
+
+
+def test_recent_write_marks_drop_only_the_expired_and_stay_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mark set again moves to the back; expired marks go from the front on the next
+    set, unexpired ones stay; past MARKS_KEPT the oldest goes."""
+    now = time.monotonic()
+    marks: dict[str, float] = {}
+    remember(marks, "old", now - 1, float)  # expired as it is set: dropped at once
+    assert marks == {}
+    remember(marks, "a", now + 60, float)
+    remember(marks, "b", now + 60, float)
+    remember(marks, "a", now + 61, float)
+    assert list(marks) == ["b", "a"]
+    marks = {"x": now - 2, "y": now - 1, "z": now + 60}  # two expired at the front
+    remember(marks, "w", now + 60, float)
+    assert list(marks) == ["z", "w"]
+    monkeypatch.setattr(read_model, "MARKS_KEPT", 3)
+    for key in "pqrs":
+        remember(marks, key, now + 60, float)
+    assert list(marks) == ["q", "r", "s"]
