@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.peers.procs import cpu_by_root, cpu_used
+from bench.peers.procs import cpu_by_root, cpu_used, jit_cpu
 from bench.peers.system import System
 from bench.peers.workload import (
     STEPS,
@@ -79,6 +79,7 @@ class Batch:
     answered_at: dict[str, float] = field(default_factory=dict)
     to_first_call_ms: list[float] = field(default_factory=list)  # post -> first `begin`
     last_call_to_answer_ms: list[float] = field(default_factory=list)  # last `done` -> answer
+    jit_s: float = 0.0  # of cpu_s: the JIT compiler threads (a JVM warming up)
 
 
 def _log_lines(system: System) -> str:
@@ -98,7 +99,7 @@ async def batch(system: System, session: aiohttp.ClientSession, count: int, dela
     answered: dict[str, float] = {}
     deadline = time.monotonic() + RUN_TIMEOUT_S + (count / rate if rate else 0)
     load = load_text()
-    cpu0 = cpu_by_root(system.roots())
+    cpu0, jit0 = cpu_by_root(system.roots()), jit_cpu(system.roots().values())
     t0 = time.time()
 
     async def one(i: int) -> None:
@@ -113,6 +114,7 @@ async def batch(system: System, session: aiohttp.ClientSession, count: int, dela
     await asyncio.gather(*(one(i) for i in range(count)))
     t1 = max(answered.values(), default=time.time())
     cpu = cpu_used(cpu0, cpu_by_root(system.roots()))
+    jit = jit_cpu(system.roots().values()) - jit0
     runs = calls_by_run(parse(_log_lines(system)), ids.values())
     repeated, late, restarted = repeated_calls(runs)
     first, last = [], []
@@ -125,7 +127,7 @@ async def batch(system: System, session: aiohttp.ClientSession, count: int, dela
             last.append(answered[key] * 1000 - done)
     return Batch(count, len(answered), t1 - t0,
                  [answered[k] - posted[k] for k in answered], step_overheads_ms(runs),
-                 repeated + late, restarted, cpu, load, ids, answered, first, last)
+                 repeated + late, restarted, cpu, load, ids, answered, first, last, jit)
 
 
 async def measure_round(system: System, session: aiohttp.ClientSession, size: Size) \
@@ -142,6 +144,7 @@ async def measure_round(system: System, session: aiohttp.ClientSession, size: Si
         "CPU ms/run": sum(burst.cpu_s.values()) / max(burst.answered, 1) * 1000,
         "CPU ms/run by process": {name: round(s / max(burst.answered, 1) * 1000, 2)
                                   for name, s in burst.cpu_s.items()},
+        "JIT compiler CPU ms/run": round(burst.jit_s / max(burst.answered, 1) * 1000, 2),
         "throughput answered": f"{burst.answered}/{burst.runs}", "throughput load": burst.load,
         "latency p50 s": percentile(paced.latencies_s, 50),
         "latency p99 s": percentile(paced.latencies_s, 99),

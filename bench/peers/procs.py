@@ -80,6 +80,28 @@ def cpu_by_root(roots: dict[str, int]) -> dict[str, dict[int, float]]:
     return {name: tree_cpu([pid]) for name, pid in roots.items()}
 
 
+def jit_cpu(roots: Iterable[int]) -> float:
+    """CPU seconds of the JIT compiler threads (a JVM's `C1/C2 CompilerThread`) of the
+    trees: a JVM's start-up cost that a long-running broker pays once."""
+    total = 0.0
+    for pid in tree_pids(roots):
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{task}/comm") as f:
+                    if "CompilerThre" not in f.read():
+                        continue
+                with open(f"/proc/{pid}/task/{task}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / _TICKS
+    return total
+
+
 def cpu_used(before: dict[str, dict[int, float]], after: dict[str, dict[int, float]]) \
         -> dict[str, float]:
     """CPU seconds each named tree used between two `cpu_by_root` readings (a process

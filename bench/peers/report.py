@@ -85,6 +85,12 @@ def tables(results: dict[str, Any]) -> list[str]:
                 f"{proc} {statistics.median(v):.3g}" for proc, v in parts.items()))
     if split:
         out += ["", "CPU ms per run by process (median of the rounds): " + "; ".join(split) + "."]
+    jit = [f"{name} {_span(e['rounds'], 'JIT compiler CPU ms/run')}" for name, e in systems.items()
+           if any(r.get("JIT compiler CPU ms/run") for r in e.get("rounds", []))]
+    if jit:
+        out += ["", "Of the CPU per run, a JVM's JIT compiler threads (a start-up cost: the "
+                "systems start fresh each round, a production broker runs for months): "
+                + "; ".join(jit) + " ms."]
     ends = [f"{name}: post to first call {_span(e['rounds'], 'post to first call p50 ms (paced)')}"
             f" ms, last call to answer {_span(e['rounds'], 'last call to answer p50 ms (paced)')}"
             " ms" for name, e in systems.items()

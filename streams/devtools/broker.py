@@ -110,6 +110,10 @@ def _kafka_uuid() -> str:
 def _java(libs: Path, main: str, args: Sequence[str], log4j: Path, heap: str) -> list[str]:
     return [
         "java", *heap.split(), "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+        # C1 only: the C2 compiler spent about half of a fresh broker's CPU for minutes
+        # (idle and per run, 2 cores); C1 code served requests as fast here (issue #22,
+        # docs/benchmarks.md). An embedded broker lives for a dev session or a test run.
+        "-XX:TieredStopAtLevel=1",
         "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
         f"-Dlog4j.configuration=file:{log4j}", "-cp", f"{libs}/*", main, *args,
     ]

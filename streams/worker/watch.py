@@ -32,7 +32,14 @@ log = logging.getLogger("threadline.worker")
 
 LIFECYCLE_MARGIN_MS = 5_000  # clock slack when looking for a dispatch's lifecycle records
 CATCH_UP_TIMEOUT_S = 5.0
-WATCH_FETCH_WAIT_MS = 10
+# A fetch comes back on the first record, or after this when nothing is written: an
+# idle worker asks 10 times a second (at 10 ms, 100 times: with the processor's 20 ms,
+# most of an idle stack's broker CPU, issue #22). Not longer: a seek (a dispatch's
+# `prepare`) or a new assignment waits for the fetch parked at the broker.
+WATCH_FETCH_WAIT_MS = 100
+# What paces the fetches while records flow: read, then this pause, in which the next
+# fetch is under way (aiokafka sends none for a node while its records wait unread).
+WATCH_PACE_S = 0.01
 FATES_KEPT = 100_000  # runs whose fate is remembered, most recent first
 JOURNALS_KEPT = 10_000  # runs whose recorded steps are remembered, most recent first
 
@@ -59,17 +66,25 @@ class LifecycleWatch:
             **aiokafka_config(settings), client_id=f"{client_id}-lifecycle",
             group_id=None, enable_auto_commit=False, isolation_level="read_committed",
             auto_offset_reset="latest", request_timeout_ms=15_000,
-            # Most records here are other executions' text deltas: without a minimum,
-            # each of them woke a fetch (most of the worker's CPU while answers stream).
-            # The wait is short all the same: an execution's barrier and a dispatch's
-            # `prepare` wait for what this reads, so a fetch ends after 10 ms at most
-            # (at most 100 fetches a second, however much or little is written).
-            fetch_min_bytes=64 * 1024, fetch_max_wait_ms=WATCH_FETCH_WAIT_MS,
+            # Most records here are other executions' text deltas: a fetch for each of
+            # them was most of the worker's CPU while answers stream, so `_loop` paces
+            # the reads (at most 100 fetches a second, however much is written). An
+            # execution's barrier and a dispatch's `prepare` wait for what this reads:
+            # a record is read within a pause of its commit, not after a long-poll.
+            fetch_max_wait_ms=WATCH_FETCH_WAIT_MS,
+        )
+        # Offset queries on a client of their own: a broker answers one connection's
+        # requests in order, so behind the consumer's long-poll they would wait for it.
+        self.offsets = AIOKafkaConsumer(
+            **aiokafka_config(settings), client_id=f"{client_id}-lifecycle-offsets",
+            group_id=None, enable_auto_commit=False, isolation_level="read_committed",
+            request_timeout_ms=15_000,
         )
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Start the consumer and the reading loop."""
+        """Start the consumers and the reading loop."""
+        await self.offsets.start()
         await self.consumer.start()
         self._task = asyncio.create_task(self._loop(), name="lifecycle-watch")
 
@@ -79,6 +94,7 @@ class LifecycleWatch:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         await stop_client(self.consumer)
+        await stop_client(self.offsets)
 
     def journal_of(self, run_id: str) -> list[JournalEntry]:
         """The steps of `run_id` seen recorded (since its dispatches were prepared)."""
@@ -131,7 +147,7 @@ class LifecycleWatch:
         tp = TopicPartition(self.topic, partition)
         deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
         try:
-            end = (await self.consumer.end_offsets([tp]))[tp]
+            end = (await self.offsets.end_offsets([tp]))[tp]
             while time.monotonic() < deadline:
                 if await asyncio.wait_for(self.consumer.position(tp), CATCH_UP_TIMEOUT_S) >= end:
                     return True
@@ -144,10 +160,10 @@ class LifecycleWatch:
         tp = TopicPartition(self.topic, partition)
         log.debug("lifecycle partition %d: seeking to time %d", partition, timestamp_ms)
         try:
-            found = (await self.consumer.offsets_for_times({tp: max(timestamp_ms, 0)})).get(tp)
+            found = (await self.offsets.offsets_for_times({tp: max(timestamp_ms, 0)})).get(tp)
             # Nothing that new: the end. A plain `seek` takes effect at once, where
             # `seek_to_end` waits for an offset reset by the fetcher.
-            offset = (await self.consumer.end_offsets([tp]))[tp] if found is None else found.offset
+            offset = (await self.offsets.end_offsets([tp]))[tp] if found is None else found.offset
             self.consumer.seek(tp, offset)
         except KafkaError as exc:  # e.g. no longer assigned after a rebalance
             log.warning("lifecycle seek on partition %d failed: %s", partition, exc)
@@ -163,6 +179,8 @@ class LifecycleWatch:
                 for records in batch.values():
                     for record in records:
                         self._read(record.value or b"")
+                if batch:
+                    await asyncio.sleep(WATCH_PACE_S)
             except Exception:  # keep following: a dead follower would stop no attempt
                 log.exception("reading lifecycle records")
                 await asyncio.sleep(0.5)

@@ -402,7 +402,13 @@ async def test_kills_right_after_a_step_is_durable_repeat_no_completed_call(
     restarted at once: each run has one stored answer, each step is recorded once, and
     no call starts again once its report landed."""
     log = tmp_path / "tools.log"
+    # Each killed role is started again at once and, a static member, takes its own
+    # partitions back. A restart slower than FAST's 6 s session (a loaded machine) would
+    # rebalance instead, and an execution still running on a partition that moved races
+    # the new owner's: the documented two-executions window (docs/agents.md), not this
+    # test's case, which is the takeover by the restarted worker.
     env = {**test_env, **FAST, "THREADLINE_HEARTBEAT_TIMEOUT_S": "30",
+           "THREADLINE_SESSION_TIMEOUT_S": "60",
            "THREADLINE_AGENT_TOKENS_PER_S": "0", "THREADLINE_AGENT_WORDS": "3",
            "THREADLINE_AGENT_TOOLS": "2", "THREADLINE_AGENT_TOOL_DELAY_S": "0.2",
            "THREADLINE_AGENT_TOOL_LOG": str(log)}
@@ -459,11 +465,27 @@ async def test_kills_right_after_a_step_is_durable_repeat_no_completed_call(
         for (run, step), landed_ms in durable_at.items():
             late = [c for c in calls if c.what == "start" and c.run_id == run and c.step == step
                     and c.ms > landed_ms]
-            assert late == [], (run, step, landed_ms, late)
+            assert late == [], (run, step, landed_ms, late, _story(events, run),
+                                _log_lines(tmp_path, run))
         # The aimed steps are among them (a try of the same call killed before an earlier
         # kill's report landed may have completed too: the window, so not counted here).
         assert set(aimed) <= durable_at.keys(), aimed
         assert len(aimed) >= 4 and killed["processor"] >= 4, killed
+
+
+def _story(events: list[Any], run: str) -> list[str]:
+    """The run's events in short, for a failure's message."""
+    return [f"{type(e).__name__} attempt={getattr(e, 'attempt', '')} "
+            f"step={getattr(getattr(e, 'entry', None), 'step', '')} "
+            f"execution={getattr(getattr(e, 'entry', None), 'execution_id', '')}"
+            for e in _of_run(events, run)]
+
+
+def _log_lines(folder: Path, run: str) -> list[str]:
+    """Each role's log lines about `run` or an assignment, for a failure's message."""
+    return [f"{path.stem}: {line}" for path in sorted(folder.glob("*.log"))
+            for line in path.read_text(errors="replace").splitlines()
+            if run in line or "assigned" in line or "revoked" in line]
 
 
 def _step_reports_landed(settings: Settings, runs: set[str]) -> dict[tuple[str, int], int]:
