@@ -84,6 +84,10 @@ RECENT_WRITE_S = 30.0  # how long after a local write reads of the thread wait t
 # Marks of recent writes kept at most (the oldest go first: a read of its thread then
 # answers from what the model holds, without waiting for the write).
 MARKS_KEPT = 100_000
+_POLL_S = 0.005
+DEFAULT_DELETE_RETENTION_MS = 24 * 3600 * 1000  # Kafka's default delete.retention.ms
+TOUCH_S = 600.0  # an idle store's saved_at is renewed this often
+RESTORE_FETCH_BYTES = 4 << 20  # per fetch; 4 MiB reads ~10,000 records
 
 
 def remember(marks: dict[K, V], key: K, value: V, until: Callable[[V], float]) -> None:
@@ -97,10 +101,6 @@ def remember(marks: dict[K, V], key: K, value: V, until: Callable[[V], float]) -
         if until(marks[first]) > now and len(marks) <= MARKS_KEPT:
             break
         del marks[first]
-_POLL_S = 0.005
-DEFAULT_DELETE_RETENTION_MS = 24 * 3600 * 1000  # Kafka's default delete.retention.ms
-TOUCH_S = 600.0  # an idle store's saved_at is renewed this often
-RESTORE_FETCH_BYTES = 4 << 20  # per fetch; 4 MiB reads ~10,000 records
 
 
 @dataclass(frozen=True, slots=True)
