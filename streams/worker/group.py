@@ -314,7 +314,10 @@ class Worker:
         Unknown, or an assignment since: every record waits at the barrier."""
         topic = self.settings.topics.dispatch
         try:
-            ends = await self.consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
+            # The watch's offsets client: on this consumer's connection the query would
+            # wait behind its parked fetch.
+            ends = await self.watch.offsets.end_offsets(
+                [TopicPartition(topic, p) for p in partitions])
         except KafkaError as exc:
             log.warning("dispatch end offsets unknown (%s): every dispatch waits at its "
                         "barrier until the next assignment", exc)
