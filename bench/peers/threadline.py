@@ -113,6 +113,12 @@ class Threadline(System):
         self.children["worker"] = RoleProcess("worker", self.env, worker.log,
                                               die_with_parent=True).start()
         await self._healthy(session)
+        # The peers take the delay per run. Until the new worker has its partitions,
+        # runs would wait for a restart that only this harness makes: it was the
+        # latency workload's p99 (its first 6 runs, posted 0.1 s apart, began their
+        # first call together, 0.8 s after the first post).
+        await asyncio.to_thread(self.children["worker"].wait_for_log,
+                                "assigned dispatch partitions", GROUP_WAIT_S)
 
     @override
     async def prepare(self, session: aiohttp.ClientSession, count: int) -> list[str]:
