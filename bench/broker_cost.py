@@ -1,13 +1,15 @@
 """Where a run's cost goes, the broker's most of all (issue #22): Threadline as
 `bench.peers` runs it (the embedded broker and the three roles, shipped defaults
-but the peers' raised limits), idle and then in batches of runs posted at once.
+but the peers' raised limits), idle, then runs one at a time, then in batches of
+runs posted at once.
 
-For each batch, per run: every process's CPU, each broker thread's CPU (/proc, by
-thread name: its request handlers, its JIT compiler...), the broker's requests by
-type and records by topic (its JMX counters, read through the JDK's attach API by
-bench/jmx/KafkaCounts.java). Idle: the same a second.
+Idle, a second: every process's CPU, each broker thread's CPU (/proc, by thread
+name: its request handlers, its JIT compiler...), the broker's requests by type
+(its JMX counters, read through the JDK's attach API by bench/jmx/KafkaCounts.java).
+One at a time: post to answer, p50 and p90. Each batch, per run: the same CPU
+figures, and the broker's requests by type, records and bytes by topic.
 
-    python -m bench.broker_cost [--runs 200] [--batches 3]
+    python -m bench.broker_cost [--runs 200] [--batches 3] [--one-at-a-time 60]
     python -m bench.broker_cost --checkout /tmp/base   # another checkout's roles
                                                         # and broker, this harness
 
@@ -20,17 +22,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import aiohttp
 
-from bench.peers.procs import cpu_by_root
+from bench.common import percentile
+from bench.peers.procs import cpu_by_root, thread_cpu
 from bench.peers.threadline import Threadline
 from streams.testing.process import ROOT
 
@@ -46,24 +47,9 @@ def broker_counts(pid: int) -> dict[str, float]:
                          check=True).stdout
     counts: dict[str, float] = {}
     for line in out.splitlines():
-        kind, name, value, *_ = line.split()
-        if kind != "timems":
-            counts[f"{kind} {name}"] = float(value)
+        kind, name, value = line.split()
+        counts[f"{kind} {name}"] = float(value)
     return counts
-
-
-def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds of each thread of `pid`, summed by name with its digits as N."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = defaultdict(float)
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[re.sub(r"[0-9]+", "N", name)] += (int(fields[11]) + int(fields[12])) / ticks
-    return out
 
 
 def stack_cpu(roots: dict[str, int]) -> dict[str, float]:
@@ -92,13 +78,14 @@ async def batch(system: Threadline, session: aiohttp.ClientSession, slots: list[
     return sum(end is not None for end in ends)
 
 
-async def measure(runs: int, batches: int) -> None:
-    """Idle, then `batches` batches of `runs` runs at once; print each."""
+async def measure(runs: int, batches: int, one_at_a_time: int) -> None:
+    """Idle, `one_at_a_time` runs one after another, then `batches` batches of `runs`
+    runs at once; print each."""
     system = Threadline(Path(tempfile.mkdtemp(prefix="broker-cost-")))
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         await system.start(session)
         try:
-            slots = await system.prepare(session, WARMUP + runs * batches)
+            slots = await system.prepare(session, WARMUP + runs * batches + one_at_a_time)
             await batch(system, session, slots[:WARMUP], "warm")
             roots = system.roots()
             broker = roots["broker"]
@@ -115,6 +102,13 @@ async def measure(runs: int, batches: int) -> None:
                                               {k: v * 1000 for k, v in threads.items()}, IDLE_S), 0)
             show("broker requests", per({k: v for k, v in broker_counts(broker).items()
                                          if k.startswith("requests")}, counts, IDLE_S), 1)
+            latencies = []
+            for i, slot in enumerate(slots[WARMUP + runs * batches:]):
+                end = await system.run(session, slot, f"one-{i}", 0.0, time.monotonic() + 60, {})
+                if end is not None:
+                    latencies.append((end - system.posted_at[f"one-{i}"]) * 1000)
+            print(f"one at a time, post to answer: p50 {percentile(latencies, 50):.1f} ms, "
+                  f"p90 {percentile(latencies, 90):.1f} ms ({len(latencies)}/{one_at_a_time})")
             for n in range(batches):
                 counts, threads, cpu = broker_counts(broker), thread_cpu(broker), stack_cpu(roots)
                 started = time.monotonic()
@@ -129,7 +123,7 @@ async def measure(runs: int, batches: int) -> None:
                 show("CPU ms", {**cpu_ms, "total": sum(cpu_ms.values())})
                 show("broker threads CPU ms", per({k: v * 1000 for k, v in thread_cpu(broker).items()},
                                                   {k: v * 1000 for k, v in threads.items()}, unit))
-                for kind in ("requests", "records"):
+                for kind in ("requests", "records", "bytes"):
                     show(f"broker {kind}", {k.split(" ", 1)[1]: v for k, v in per(
                         {k: v for k, v in after.items() if k.startswith(kind)}, counts, unit).items()})
         finally:
@@ -142,14 +136,23 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=200, help="runs posted at once in a batch")
     parser.add_argument("--batches", type=int, default=3)
+    parser.add_argument("--one-at-a-time", type=int, default=60,
+                        help="runs posted one after another, for their latency")
     parser.add_argument("--checkout", type=Path, default=None,
                         help="run this checkout's roles and broker (e.g. a git worktree)")
     args = parser.parse_args()
     if args.checkout is not None and os.environ.get("BROKER_COST_CHECKOUT") != str(args.checkout):
-        env = {**os.environ, "PYTHONPATH": str(args.checkout.resolve()),
+        # This harness, the checkout's code: a folder of links to this bench/ and the
+        # checkout's packages (the roles start in the folder their code resolves to).
+        overlay = Path(tempfile.mkdtemp(prefix="broker-cost-checkout-"))
+        (overlay / "bench").symlink_to(Path(__file__).resolve().parent)
+        for package in ("streams", "gateway", "schemas"):
+            (overlay / package).symlink_to(args.checkout.resolve() / package)
+        env = {**os.environ, "PYTHONPATH": str(overlay),
                "BROKER_COST_CHECKOUT": str(args.checkout)}
-        os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], env)
-    asyncio.run(measure(args.runs, args.batches))
+        os.chdir(overlay)
+        os.execve(sys.executable, [sys.executable, "-m", "bench.broker_cost", *sys.argv[1:]], env)
+    asyncio.run(measure(args.runs, args.batches, args.one_at_a_time))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ import javax.management.*;
 import javax.management.remote.*;
 import java.util.*;
 
-/** Prints the broker's request counts by type and records in by topic: "kind name count". */
+/** Prints the broker's cumulative request counts by type, and records and bytes in by
+ *  topic, a line each: "requests|records|bytes name count" (bench/broker_cost.py). */
 public class KafkaCounts {
     public static void main(String[] args) throws Exception {
         VirtualMachine vm = VirtualMachine.attach(args[0]);
@@ -23,10 +24,6 @@ public class KafkaCounts {
             for (ObjectName n : s.queryNames(new ObjectName("kafka.server:type=BrokerTopicMetrics,name=BytesInPerSec,*"), null)) {
                 String t = n.getKeyProperty("topic");
                 System.out.println("bytes " + (t == null ? "ALL" : t) + " " + s.getAttribute(n, "Count"));
-            }
-            for (ObjectName n : s.queryNames(new ObjectName("kafka.network:type=RequestMetrics,name=TotalTimeMs,*"), null)) {
-                String r = n.getKeyProperty("request");
-                System.out.println("timems " + r + " " + s.getAttribute(n, "Mean") + " " + s.getAttribute(n, "Count"));
             }
         }
     }

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -80,26 +81,31 @@ def cpu_by_root(roots: dict[str, int]) -> dict[str, dict[int, float]]:
     return {name: tree_cpu([pid]) for name, pid in roots.items()}
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of each thread of `pid`, summed by thread name with
+    its digits as N (a JVM's `C2 CompilerThread0` and `1` are `CN CompilerThreN`)."""
+    out: dict[str, float] = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/comm") as f:
+                name = re.sub(r"[0-9]+", "N", f.read().strip())
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / _TICKS
+    return out
+
+
 def jit_cpu(roots: Iterable[int]) -> float:
     """CPU seconds of the JIT compiler threads (a JVM's `C1/C2 CompilerThread`) of the
     trees: a JVM's start-up cost that a long-running broker pays once."""
-    total = 0.0
-    for pid in tree_pids(roots):
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                with open(f"/proc/{pid}/task/{task}/comm") as f:
-                    if "CompilerThre" not in f.read():
-                        continue
-                with open(f"/proc/{pid}/task/{task}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += (int(fields[11]) + int(fields[12])) / _TICKS
-    return total
+    return sum(seconds for pid in tree_pids(roots) for name, seconds in thread_cpu(pid).items()
+               if "CompilerThre" in name)
 
 
 def cpu_used(before: dict[str, dict[int, float]], after: dict[str, dict[int, float]]) \

@@ -257,16 +257,16 @@ def test_recent_write_marks_drop_only_the_expired_and_stay_bounded(
     set, unexpired ones stay; past MARKS_KEPT the oldest goes."""
     now = time.monotonic()
     marks: dict[str, float] = {}
-    remember(marks, "old", now - 1, float)  # expired as it is set: dropped at once
+    remember(marks, "old", now - 3600, float)  # expired as it is set: dropped at once
     assert marks == {}
-    remember(marks, "a", now + 60, float)
-    remember(marks, "b", now + 60, float)
-    remember(marks, "a", now + 61, float)
+    remember(marks, "a", now + 3600, float)
+    remember(marks, "b", now + 3600, float)
+    remember(marks, "a", now + 3601, float)
     assert list(marks) == ["b", "a"]
-    marks = {"x": now - 2, "y": now - 1, "z": now + 60}  # two expired at the front
-    remember(marks, "w", now + 60, float)
+    marks = {"x": now - 3600, "y": now - 1800, "z": now + 3600}  # two expired at the front
+    remember(marks, "w", now + 3600, float)
     assert list(marks) == ["z", "w"]
     monkeypatch.setattr(read_model, "MARKS_KEPT", 3)
     for key in "pqrs":
-        remember(marks, key, now + 60, float)
+        remember(marks, key, now + 3600, float)
     assert list(marks) == ["q", "r", "s"]
