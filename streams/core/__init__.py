@@ -5,6 +5,10 @@
                 `evolve(state, event, policy) -> state`, the deadlines
     history     which message records an event writes, the message keys, the
                 agent's context window
+    branches    the history as a tree: heads, branch tips, parent links, the path
+                a run answers from
+    forks       regenerate, edit and switch branch, called by `thread`
+    keys        idempotency keys: fingerprints, expiry, the bounded map
     lifecycle   the lifecycle names on the wire, the records the processor mirrors,
                 and `RunFate`, the one fold of what happened to a run
     journal     a run's step journal: entries, caps, merge

@@ -24,12 +24,14 @@ __all__ = [
     "AssistantMessage",
     "AttemptDispatched",
     "AttemptStarted",
+    "BranchSwitched",
     "CancelRun",
     "CheckDeadlines",
     "Citation",
     "Command",
     "CreateThread",
     "DeleteThread",
+    "EditMessage",
     "Event",
     "ExecutionStarted",
     "HeartbeatRecorded",
@@ -64,6 +66,9 @@ __all__ = [
     "StepRecorded",
     "StoredMessage",
     "QueuedMessage",
+    "RegenerateAccepted",
+    "RegenerateAnswer",
+    "SwitchBranch",
     "ThreadCreated",
     "ThreadDeleted",
     "ThreadState",
@@ -101,6 +106,10 @@ class Policy:
     journal: JournalLimits = field(default_factory=JournalLimits)
     # How long an interrupted run waits for its resume before it fails; 0: forever.
     interrupt_timeout_ms: int = 0
+    # Branches a thread may hold, the current one included (streams.core.branches): a
+    # regenerate or edit that would make one more is refused. The state keeps one seq
+    # per branch, so this bounds it.
+    max_branches: int = 100
 
     def backoff_ms(self, failed_attempt: int) -> int:
         """Delay before the attempt after `failed_attempt` (1-based)."""
@@ -181,6 +190,47 @@ class PostUserMessage:
     idempotency_key: str | None
     now_ms: int
     multitask_strategy: MultitaskStrategy = MultitaskStrategy.REJECT
+
+
+@dataclass(frozen=True, slots=True)
+class RegenerateAnswer:
+    """Command: answer user message `message_id` again, on a new branch from it.
+
+    The run it starts is named by `idempotency_key` (`ids.regenerate_run_id_for`), so
+    the same key never answers twice; a run active on the thread is handled as
+    `multitask_strategy` says (docs/branches.md)."""
+
+    thread_id: str
+    tenant: str
+    message_id: str
+    idempotency_key: str
+    now_ms: int
+    multitask_strategy: MultitaskStrategy = MultitaskStrategy.REJECT
+
+
+@dataclass(frozen=True, slots=True)
+class EditMessage:
+    """Command: post `text` as user message `new_message_id` in place of user message
+    `message_id`: a new branch from that message's parent, which then runs."""
+
+    thread_id: str
+    tenant: str
+    message_id: str
+    new_message_id: str
+    text: str
+    idempotency_key: str | None
+    now_ms: int
+    multitask_strategy: MultitaskStrategy = MultitaskStrategy.REJECT
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchBranch:
+    """Command: make the branch whose head is message `seq` the thread's current one."""
+
+    thread_id: str
+    tenant: str
+    seq: int
+    now_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +355,7 @@ WorkerReport = (
 
 Command = (
     CreateThread | PostUserMessage | CancelRun | WorkerReport | CheckDeadlines | DeleteThread | ResumeRun
+    | RegenerateAnswer | EditMessage | SwitchBranch
 )
 
 
@@ -315,7 +366,14 @@ class Known:
     The state holds no per-message index (its size must not grow with the thread),
     so the shell reads the thread's stored history and hands the answer in here."""
 
-    message_run_id: str | None = None  # the run an earlier post of this message id started
+    # The run an earlier post of this message id started (PostUserMessage, and
+    # EditMessage's new_message_id); for RegenerateAnswer, the run its key names, if
+    # the stored history holds a record of it.
+    message_run_id: str | None = None
+    # RegenerateAnswer and EditMessage: the seq of the stored user message they name
+    # (-1: none on the thread), and that message's parent (-1: it is a root).
+    target_seq: int = -1
+    target_parent_seq: int = -1
 
 
 NOTHING_KNOWN = Known()
@@ -350,14 +408,44 @@ class MessageAccepted:
     text: str
     idempotency_key: str | None
     at_ms: int
+    # None: it continues the current branch (its parent is the branch's head). A seq:
+    # it starts a branch of its own from that message (-1: a new root), an edit's.
+    parent_seq: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class MessageQueued:
-    """Event: the message accepted just before waits behind the active run (enqueue)."""
+    """Event: a user message waits behind the active run (enqueue): by default the one
+    accepted just before; for a regenerate, the message at `seq`, answered by `run_id`."""
     thread_id: str
     message_id: str
     ahead: int  # messages queued before it
+    at_ms: int
+    seq: int | None = None  # None: the message accepted just before (the newest)
+    run_id: str | None = None  # None: the message's own run (`ids.run_id_for`)
+    branch: bool = False  # when its run starts, the branch at `seq` becomes current
+
+
+@dataclass(frozen=True, slots=True)
+class RegenerateAccepted:
+    """Event: a regenerate of the answer to user message `message_id` (at `seq`) was
+    accepted; `run_id` answers it again, on a branch from that message."""
+
+    thread_id: str
+    message_id: str
+    seq: int
+    run_id: str
+    idempotency_key: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class BranchSwitched:
+    """Event: the branch whose head is message `seq` became current; the head before it
+    is kept as the tip of its branch."""
+
+    thread_id: str
+    seq: int
     at_ms: int
 
 
@@ -526,6 +614,8 @@ Event = (
     | StepRecorded
     | RunInterrupted
     | ExecutionStarted
+    | RegenerateAccepted
+    | BranchSwitched
 )
 
 TERMINAL_EVENTS = (RunCompleted, RunFailed, RunCancelled)
@@ -604,6 +694,8 @@ class QueuedMessage:
     message_id: str
     seq: int
     at_ms: int
+    run_id: str | None = None  # None: the message's own run; a regenerate's otherwise
+    branch: bool = False  # its run starts on the branch at `seq` (a regenerate or edit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -612,8 +704,9 @@ class ThreadState:
 
     Bounded: its size does not depend on how many messages or runs the thread has
     had (the history is stored per message, see `streams.core.history`), only on the
-    idempotency keys, which `Policy` caps by age and count, and on the queue of
-    enqueued messages (ids and seqs, no text), capped by `Policy.max_queued_messages`."""
+    idempotency keys, which `Policy` caps by age and count, on the queue of
+    enqueued messages (ids and seqs, no text), capped by `Policy.max_queued_messages`,
+    and on the branch tips (one seq each), capped by `Policy.max_branches`."""
 
     thread_id: str
     tenant: str
@@ -632,3 +725,13 @@ class ThreadState:
     # The newest run a double text interrupted, until its worker's report of the
     # partial answer is stored (at most one is waited for: a newer one replaces it).
     interrupted: RunRecord | None = None
+    # Branches (streams.core.branches). The head of the current branch: where the next
+    # message goes; -1 means the newest stored message, which it always is on a thread
+    # that never branched, so states written before branches read as a straight line.
+    head_seq: int = -1
+    # The heads of the thread's other branches, oldest first; fewer than
+    # Policy.max_branches.
+    tip_seqs: tuple[int, ...] = ()
+    # The head of the branch the `interrupted` run was on, once another branch became
+    # current before its partial answer came (-1: the current branch).
+    interrupted_tip_seq: int = -1

@@ -16,6 +16,11 @@ A run interrupted by a later post (multitask_strategy interrupt) keeps its user
 message (run status cancelled) and, once its worker reports what it had streamed,
 gets that partial answer as an assistant record marked with run status cancelled
 (`PartialAnswerStored`), at the next seq: after the interrupting question.
+
+Branches (`streams.core.branches`): a record names its parent (`parent_seq`) when
+that is not the message before it, so a thread that never branched writes what it
+always did. A regenerate's run rewrites nothing when it ends and removes nothing
+when rolled back: its user message belongs to the message's own, earlier run.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from streams.core.branches import head_of, is_own_run, stored_parent
 from streams.core.domain import (
     Event,
     MessageAccepted,
@@ -66,6 +72,7 @@ class MessagePut:
     # answer of an interrupted run (PartialAnswerStored)
     run_status: RunStatus | None
     run_attempts: int = 0
+    parent_seq: int | None = None  # None: the message before it (seq - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +124,9 @@ def history_writes(before: ThreadState | None, event: Event) -> list[HistoryWrit
             message = StoredMessage(message_id=event.message_id, role="user", text=event.text,
                                     run_id=run_id_for(before.thread_id, event.message_id),
                                     created_at_ms=event.at_ms)
-            return [MessagePut(before.message_count, message, RunStatus.DISPATCHED)]
+            parent = head_of(before) if event.parent_seq is None else event.parent_seq
+            return [MessagePut(before.message_count, message, RunStatus.DISPATCHED,
+                               parent_seq=stored_parent(before.message_count, parent))]
         case RunCompleted():
             run = before.active_run
             if run is None or run.run_id != event.run_id:
@@ -126,13 +135,14 @@ def history_writes(before: ThreadState | None, event: Event) -> list[HistoryWrit
                                    text=event.message.text, run_id=run.run_id,
                                    created_at_ms=event.at_ms, steps=event.message.steps,
                                    citations=event.message.citations)
-            return [MessagePut(before.message_count, answer, None),
+            return [MessagePut(before.message_count, answer, None,
+                               parent_seq=stored_parent(before.message_count, head_of(before))),
                     *_run_ended(before, event.run_id, RunStatus.COMPLETED)]
         case RunFailed():
             return _run_ended(before, event.run_id, RunStatus.FAILED)
         case RunCancelled() if event.reason == CancelReason.ROLLED_BACK:
             run = before.active_run
-            if run is None or run.run_id != event.run_id or run.message_seq < 0:
+            if run is None or run.run_id != event.run_id or not is_own_run(before.thread_id, run):
                 return []
             return [MessageRemoved(run.message_seq)]
         case RunCancelled():
@@ -142,8 +152,10 @@ def history_writes(before: ThreadState | None, event: Event) -> list[HistoryWrit
                                    text=event.message.text, run_id=event.run_id,
                                    created_at_ms=event.at_ms, steps=event.message.steps,
                                    citations=event.message.citations)
+            tip = before.interrupted_tip_seq  # its branch, if no longer the current one
+            parent = tip if tip >= 0 else head_of(before)
             return [MessagePut(before.message_count, answer, RunStatus.CANCELLED,
-                               event.attempt)]
+                               event.attempt, stored_parent(before.message_count, parent))]
         case ThreadDeleted():
             return [HistoryErased(before.message_count)]
         case _:
@@ -152,7 +164,7 @@ def history_writes(before: ThreadState | None, event: Event) -> list[HistoryWrit
 
 def _run_ended(before: ThreadState, run_id: str, status: RunStatus) -> list[HistoryWrite]:
     run = before.active_run
-    if run is None or run.run_id != run_id or run.message_seq < 0:
+    if run is None or run.run_id != run_id or not is_own_run(before.thread_id, run):
         return []
     return [RunStatusChanged(run.message_seq, status, run.attempt)]
 

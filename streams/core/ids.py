@@ -17,6 +17,7 @@ __all__ = [
     "derived_envelope_id",
     "idempotent_message_id_for",
     "outbox_id_for",
+    "regenerate_run_id_for",
     "run_id_for",
     "uuid5_text",
     "workflow_id_for",
@@ -52,6 +53,12 @@ def run_id_for(thread_id: str, message_id: str) -> str:
     """The run id a user message starts: the same message always maps to the same run."""
     # Length-prefixed so that ("a:b", "c") and ("a", "b:c") cannot collide.
     return _uuid5(f"run:{len(thread_id)}:{thread_id}:{message_id}")
+
+
+def regenerate_run_id_for(thread_id: str, idempotency_key: str) -> str:
+    """The run a regenerate with this idempotency key starts: one key, one run, so a
+    regenerate sent twice answers once. Never a user message's run: another prefix."""
+    return _uuid5(f"regenerate:{len(thread_id)}:{thread_id}:{idempotency_key}")
 
 
 @lru_cache(maxsize=16_384)  # pure; decide, evolve and the lifecycle mirror ask in turn

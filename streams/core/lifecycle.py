@@ -114,9 +114,10 @@ def lifecycle_record(event: Event, before: ThreadState | None) -> StreamOutput |
     """The SSE-visible decisions, for the stream topic (see `RunLifecycle`); `before`
     is the state the event was decided on."""
     name = _NAMES.get(type(event))
-    if name is None or before is None:
+    # Every event named there has a run id (a MessageQueued's optional one is not).
+    run_id = getattr(event, "run_id", None)
+    if name is None or before is None or not isinstance(run_id, str):
         return None
-    run_id: str = event.run_id  # type: ignore[union-attr]
     run = before.active_run if before.active_run and before.active_run.run_id == run_id else None
     user_message_id = event.message_id if isinstance(event, RunAccepted) else \
         (run.message_id if run else "")

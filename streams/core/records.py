@@ -48,6 +48,9 @@ class MessageRecord:
     message: StoredMessage
     run_status: RunStatus | None = None  # user messages: the status of their run
     run_attempts: int = 0
+    # Its parent in the thread's tree (streams.core.branches): None for the message
+    # before it, as every record written before branches; -1 for a root.
+    parent_seq: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

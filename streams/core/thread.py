@@ -26,23 +26,29 @@ are rebuilt and wrapped read-only.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import replace
-from types import MappingProxyType
 from typing import assert_never
 
+from streams.core.branches import (
+    head_of,
+    with_branch_switched,
+    with_message_stored,
+    with_rollback,
+)
 from streams.core.domain import (
     NOTHING_KNOWN,
     ActiveRun,
     AssistantMessage,
     AttemptDispatched,
     AttemptStarted,
+    BranchSwitched,
     CancelRun,
     CheckDeadlines,
     Command,
     CreateThread,
     DeleteThread,
+    EditMessage,
     Event,
     ExecutionStarted,
     HeartbeatRecorded,
@@ -55,6 +61,8 @@ from streams.core.domain import (
     Policy,
     PostUserMessage,
     QueuedMessage,
+    RegenerateAccepted,
+    RegenerateAnswer,
     RejectReason,
     ReportAttemptCompleted,
     ReportAttemptFailed,
@@ -73,11 +81,13 @@ from streams.core.domain import (
     RunRejected,
     RunStatus,
     StepRecorded,
+    SwitchBranch,
     ThreadCreated,
     ThreadDeleted,
     ThreadState,
     WorkerReport,
 )
+from streams.core.forks import decide_branch_command
 from streams.core.ids import answer_message_id_for, run_id_for, workflow_id_for
 from streams.core.interrupts import (
     interrupt_deadline_ms,
@@ -88,6 +98,12 @@ from streams.core.interrupts import (
     timed_out,
 )
 from streams.core.journal import INTERRUPT, admit
+from streams.core.keys import (
+    bounded_keys,
+    key_conflict,
+    payload_fingerprint,
+    regenerate_fingerprint,
+)
 from streams.core.reasons import CancelReason, FailureCode
 
 __all__ = [
@@ -123,14 +139,6 @@ _RunEvent = (
 OUTPUT_TOO_LARGE = FailureCode.OUTPUT_TOO_LARGE
 
 
-# --- fingerprints ----------------------------------------------------------------
-
-
-def payload_fingerprint(text: str) -> str:
-    """SHA-256 hex digest of a message text, stored with its idempotency key."""
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
 # --- the decider ---------------------------------------------------------------
 
 
@@ -161,6 +169,8 @@ def decide(state: ThreadState | None, command: Command, policy: Policy,
             events = _check_deadlines(state, command, policy)
         case ResumeRun():
             events = resume_run(state, command, policy)
+        case RegenerateAnswer() | EditMessage() | SwitchBranch():
+            events = decide_branch_command(state, command, policy, known)
         case _:
             # mypy narrows what is left to the four worker reports.
             events = _worker_report(state, command, policy)
@@ -194,8 +204,20 @@ def evolve(state: ThreadState | None, event: Event, policy: Policy = _DEFAULT_PO
     if isinstance(event, MessageQueued):
         return _message_queued(state, event)
     if isinstance(event, PartialAnswerStored):
-        return replace(state, interrupted=None, message_count=state.message_count + 1,
+        # The interrupted run's branch: the current one, unless another became current.
+        head, tip = head_of(state), state.interrupted_tip_seq
+        parent = tip if tip >= 0 else head
+        stored = with_message_stored(state, parent, on_branch=parent == head)
+        return replace(stored, interrupted=None, interrupted_tip_seq=-1,
                        updated_at_ms=event.at_ms)
+    if isinstance(event, RegenerateAccepted):
+        record = IdempotencyRecord(message_id=event.message_id, run_id=event.run_id,
+                                   payload_fingerprint=regenerate_fingerprint(event.message_id),
+                                   at_ms=event.at_ms)
+        return replace(state, updated_at_ms=event.at_ms, idempotency=bounded_keys(
+            state.idempotency, event.idempotency_key, record, policy))
+    if isinstance(event, BranchSwitched):
+        return replace(with_branch_switched(state, event.seq), updated_at_ms=event.at_ms)
     return _run_event(state, event, policy)
 
 
@@ -288,16 +310,10 @@ def _post_user_message(
     if command.idempotency_key is not None and len(command.idempotency_key) > policy.max_id_chars:
         return reject(RejectReason.INVALID,
                       f"idempotency_key is longer than {policy.max_id_chars} characters", None)
-    if command.idempotency_key is not None:
-        record = state.idempotency.get(command.idempotency_key)
-        if record is not None and not _expired(record, command.now_ms, policy):
-            if record.payload_fingerprint == payload_fingerprint(command.text):
-                return reject(RejectReason.DUPLICATE, "idempotency key already used", record.run_id)
-            return reject(
-                RejectReason.PAYLOAD_MISMATCH,
-                "idempotency key already used with another payload",
-                record.run_id,
-            )
+    used = key_conflict(state, command.idempotency_key, payload_fingerprint(command.text),
+                        command.now_ms, policy)
+    if used is not None:
+        return reject(*used)
     existing_run_id = known.message_run_id
     if existing_run_id is None and command.message_id in state.rolled_back:
         existing_run_id = run_id_for(state.thread_id, command.message_id)
@@ -321,6 +337,10 @@ def _post_user_message(
                 if len(state.queued) >= policy.max_queued_messages:
                     return reject(RejectReason.CONFLICT, f"the thread already has "
                                   f"{len(state.queued)} messages queued, the limit", active.run_id)
+                if any(q.branch for q in state.queued):
+                    # It would wait on the branch the queued regenerate or edit leaves.
+                    return reject(RejectReason.CONFLICT, "a regenerate or edit is queued on "
+                                  "the thread: post once its run has started", active.run_id)
                 return [accepted, MessageQueued(thread_id=state.thread_id,
                                                 message_id=command.message_id,
                                                 ahead=len(state.queued), at_ms=command.now_ms)]
@@ -359,9 +379,13 @@ def _start_queued(state: ThreadState | None, events: list[Event], policy: Policy
     if after is None or after.active_run is not None or not after.queued:
         return events
     head, at_ms = after.queued[0], events[-1].at_ms
-    run_id = run_id_for(after.thread_id, head.message_id)
+    run_id = head.run_id or run_id_for(after.thread_id, head.message_id)
+    switched: list[Event] = []
+    if head.branch and head.seq != head_of(after):  # a regenerate's or edit's branch
+        switched = [BranchSwitched(thread_id=after.thread_id, seq=head.seq, at_ms=at_ms)]
     return [
         *events,
+        *switched,
         RunAccepted(thread_id=after.thread_id, run_id=run_id,
                     workflow_id=workflow_id_for(after.thread_id), message_id=head.message_id,
                     at_ms=at_ms),
@@ -592,10 +616,6 @@ def _backoff_ms(policy: Policy, failed_attempt: int) -> int:
 # --- evolve, per event ---------------------------------------------------------
 
 
-def _expired(record: IdempotencyRecord, now_ms: int, policy: Policy) -> bool:
-    return now_ms - record.at_ms > policy.idempotency_window_ms
-
-
 def output_bytes(report: ReportAttemptCompleted) -> int:
     """The UTF-8 size of what a completed attempt stores: text, steps and citations."""
     size = len(report.final_text.encode("utf-8", "surrogatepass"))
@@ -616,28 +636,19 @@ def _message_accepted(state: ThreadState, event: MessageAccepted, policy: Policy
             payload_fingerprint=payload_fingerprint(event.text),
             at_ms=event.at_ms,
         )
-        idempotency = _bounded_keys(idempotency, event.idempotency_key, record, policy)
-    return replace(state, message_count=state.message_count + 1, idempotency=idempotency,
-                   updated_at_ms=event.at_ms)
-
-
-def _bounded_keys(keys: Mapping[str, IdempotencyRecord], key: str, record: IdempotencyRecord,
-                  policy: Policy) -> Mapping[str, IdempotencyRecord]:
-    """`keys` with `key` added, less the expired keys and the oldest beyond the count
-    cap (insertion order is age order). A dropped key's message id still never runs
-    twice: `Known.message_run_id` answers that from the stored history."""
-    kept = {k: r for k, r in keys.items()
-            if k != key and not _expired(r, record.at_ms, policy)}
-    kept[key] = record
-    while len(kept) > max(policy.max_idempotency_keys, 1):
-        del kept[next(iter(kept))]
-    return MappingProxyType(kept)
+        idempotency = bounded_keys(idempotency, event.idempotency_key, record, policy)
+    if event.parent_seq is None:  # it continues the current branch
+        stored = with_message_stored(state, head_of(state), on_branch=True)
+    else:  # an edit: a branch of its own, made current by a BranchSwitched
+        stored = with_message_stored(state, event.parent_seq, on_branch=False)
+    return replace(stored, idempotency=idempotency, updated_at_ms=event.at_ms)
 
 
 def _message_queued(state: ThreadState, event: MessageQueued) -> ThreadState:
-    # decide emits MessageAccepted right before MessageQueued: the message is the newest.
-    queued = QueuedMessage(message_id=event.message_id, seq=state.message_count - 1,
-                           at_ms=event.at_ms)
+    # By default decide emits MessageAccepted right before: the message is the newest.
+    seq = state.message_count - 1 if event.seq is None else event.seq
+    queued = QueuedMessage(message_id=event.message_id, seq=seq, at_ms=event.at_ms,
+                           run_id=event.run_id, branch=event.branch)
     return replace(state, queued=(*state.queued, queued), updated_at_ms=event.at_ms)
 
 
@@ -645,10 +656,11 @@ def _run_accepted(state: ThreadState, event: RunAccepted) -> ThreadState:
     if state.active_run is not None:
         return state
     # A queued message's run: its seq is where it was stored, and it leaves the queue.
-    # Otherwise decide emitted MessageAccepted right before: the message is the newest.
-    seq, queued = state.message_count - 1, state.queued
+    # Otherwise it is the current branch's head: the message decide accepted right
+    # before, or the one a regenerate switched to.
+    seq, queued = head_of(state), state.queued
     for index, waiting in enumerate(queued):
-        if waiting.message_id == event.message_id:
+        if (waiting.run_id or run_id_for(state.thread_id, waiting.message_id)) == event.run_id:
             seq, queued = waiting.seq, (*queued[:index], *queued[index + 1:])
             break
     run = ActiveRun(
@@ -722,17 +734,20 @@ def _run_event(state: ThreadState, event: _RunEvent, policy: Policy) -> ThreadSt
                 last_heartbeat_ms=max(run.last_heartbeat_ms, event.at_ms)), event.at_ms)
         case RunCompleted():
             ended = _end_run(state, run, RunStatus.COMPLETED, event.at_ms)
-            return replace(ended, message_count=ended.message_count + 1)  # the answer is stored
+            # The answer is stored on the current branch (the run's: a branch changes
+            # only while no run is active, or by cancelling it).
+            return with_message_stored(ended, head_of(ended), on_branch=True)
         case RunFailed():
             return _end_run(state, run, RunStatus.FAILED, event.at_ms)
         case RunCancelled():
             ended = _end_run(state, run, RunStatus.CANCELLED, event.at_ms)
             if event.reason == CancelReason.INTERRUPTED:  # its worker reports what it had streamed
-                return replace(ended, interrupted=ended.last_run)
+                return replace(ended, interrupted=ended.last_run, interrupted_tip_seq=-1)
             if event.reason != CancelReason.ROLLED_BACK:
                 return ended
             keep = max(policy.max_idempotency_keys, 1)
-            return replace(ended, rolled_back=(*state.rolled_back, run.message_id)[-keep:])
+            return replace(with_rollback(ended, run),
+                           rolled_back=(*state.rolled_back, run.message_id)[-keep:])
         case _:
             assert_never(event)
 

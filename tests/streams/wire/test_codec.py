@@ -36,12 +36,14 @@ from streams.core.domain import (
     AssistantMessage,
     AttemptDispatched,
     AttemptStarted,
+    BranchSwitched,
     CancelRun,
     CheckDeadlines,
     Citation,
     Command,
     CreateThread,
     DeleteThread,
+    EditMessage,
     Event,
     ExecutionStarted,
     HeartbeatRecorded,
@@ -52,6 +54,8 @@ from streams.core.domain import (
     PartialAnswerStored,
     PostUserMessage,
     QueuedMessage,
+    RegenerateAccepted,
+    RegenerateAnswer,
     RejectReason,
     ReportAttemptCompleted,
     ReportAttemptFailed,
@@ -72,6 +76,7 @@ from streams.core.domain import (
     Step,
     StepRecorded,
     StoredMessage,
+    SwitchBranch,
     ThreadCreated,
     ThreadDeleted,
     ThreadState,
@@ -131,12 +136,19 @@ COMMANDS: list[Command] = [
     ReportStepCompleted(T, "r1", 1, "worker-a", ENTRY, 10),
     ResumeRun(T, "acme", "r1", '{"ok": true}', 11),
     ReportExecutionStarted(T, "r1", 1, "worker-a", "exec-1", 12),
+    *(RegenerateAnswer(T, "acme", "m1", "regen-1", 13, strategy) for strategy in MultitaskStrategy),
+    EditMessage(T, "acme", "m1", "m1-edit", "Hello again ✈️", "edit-1", 14),
+    EditMessage(T, "acme", "m1", "m1-edit", "Hello", None, 14, MultitaskStrategy.ROLLBACK),
+    SwitchBranch(T, "acme", 2**40, 15),
 ]
 EVENTS: list[Event] = [
     ThreadCreated(T, "acme", "Trip planning", 1),
     MessageAccepted(T, "m1", "Hello", "idem-1", 2),
     MessageAccepted(T, "m2", "Hello", None, 2),
     MessageQueued(T, "m2", 3, 2),
+    MessageAccepted(T, "m2-edit", "Hello", None, 2, parent_seq=-1),
+    MessageAccepted(T, "m2-edit", "Hello", "idem-2", 2, parent_seq=2**40),
+    MessageQueued(T, "m1", 0, 2, seq=0, run_id="r-regen", branch=True),
     RunAccepted(T, "r1", ids.workflow_id_for(T), "m1", 3),
     *(RunRejected(T, "m3", reason, "because", None, 4) for reason in RejectReason),
     RunRejected(T, "m1", RejectReason.DUPLICATE, "already ran", "r1", 4),
@@ -153,6 +165,8 @@ EVENTS: list[Event] = [
     StepRecorded(T, "r1", 2, ENTRY, 14),
     RunInterrupted(T, "r1", 2, 4, '{"question": "?"}', 15),
     ExecutionStarted(T, "r1", 2, "exec-2", 16),
+    RegenerateAccepted(T, "m1", 0, "r-regen", "regen-1", 17),
+    BranchSwitched(T, 2**40, 18),
 ]
 PARTS: list[StreamPart] = [
     MessageStart("assistant"),
@@ -170,6 +184,8 @@ MESSAGES = [
     MessageRecord(0, StoredMessage("m1", "user", "Hi ✈️", "r1", 2), RunStatus.COMPLETED, 2),
     MessageRecord(1, StoredMessage("m-a1", "assistant", "Hello", "r1", 3, STEPS, CITES)),
     MessageRecord(2**40, StoredMessage("m2", "user", "", "r2", 4), RunStatus.DISPATCHED),
+    MessageRecord(5, StoredMessage("m3", "user", "Edited", "r3", 5), RunStatus.DISPATCHED, 0, -1),
+    MessageRecord(6, StoredMessage("m-a3", "assistant", "Again", "r4", 6), None, 0, 2),
 ]
 DISPATCH = Dispatch(
     "r1", "m3", 2, "agent-thread-1", "And tomorrow?",
@@ -191,6 +207,12 @@ STATES = [
         updated_at_ms=5, queued=(QueuedMessage("m3", 3, 5), QueuedMessage("m4", 4, 6)),
         rolled_back=("m0",), interrupted=RunRecord("r0", "m0", RunStatus.CANCELLED, 2),
     ),
+    ThreadState(
+        T, "acme", "Branched", 1, message_count=9,
+        queued=(QueuedMessage("m1", 0, 5, "r-regen", True), QueuedMessage("m5", 8, 6, None, True)),
+        head_seq=4, tip_seqs=(3, 2**40), interrupted_tip_seq=3,
+    ),
+    ThreadState(T, "acme", "Rolled back to nothing", 1, message_count=1, head_seq=-2),
     *(
         ThreadState(T, "acme", "", 1, active_run=ActiveRun("r", "m", 1, status, 1, 2, None))
         for status in RunStatus
@@ -470,7 +492,7 @@ _AVRO_TYPE = {str: "string", bool: "boolean", bytes: "bytes", float: "double"}
 
 def _expected_avro(name: str, hint: Any) -> Any:
     if hint is int:
-        longs = ("_ms", "_count", "_seq")  # times, and counts and positions that only grow
+        longs = ("_ms", "_count", "_seq", "_seqs")  # times, and counts and positions that only grow
         return "long" if name.endswith(longs) or name in ("seq", "source_offset") else "int"
     if hint in _AVRO_TYPE:
         return _AVRO_TYPE[hint]
