@@ -12,6 +12,8 @@ figures, and the broker's requests by type, records and bytes by topic.
     python -m bench.broker_cost [--runs 200] [--batches 3] [--one-at-a-time 60]
     python -m bench.broker_cost --checkout /tmp/base   # another checkout's roles
                                                         # and broker, this harness
+    python -m bench.broker_cost --spy var/spy   # py-spy each Python role over the
+                                                # batches; prints where its CPU went
 
 `--checkout` runs an earlier commit (a `git worktree`) for a side-by-side: run both,
 alternating. Prints; writes nothing.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +36,7 @@ import aiohttp
 from bench.common import percentile
 from bench.peers.procs import cpu_by_root, thread_cpu
 from bench.peers.threadline import Threadline
+from bench.spy_summary import summarise
 from streams.testing.process import ROOT
 
 COUNTS = Path(__file__).resolve().parent / "jmx" / "KafkaCounts.java"
@@ -78,9 +82,30 @@ async def batch(system: Threadline, session: aiohttp.ClientSession, slots: list[
     return sum(end is not None for end in ends)
 
 
-async def measure(runs: int, batches: int, one_at_a_time: int) -> None:
+def start_spies(roots: dict[str, int], folder: Path) -> dict[str, subprocess.Popen[bytes]]:
+    """py-spy recording each Python role (raw, 200 samples a second) until stopped."""
+    folder.mkdir(parents=True, exist_ok=True)
+    spy = Path(sys.executable).with_name("py-spy")
+    return {role: subprocess.Popen([str(spy), "record", "--pid", str(pid), "--rate", "200",
+                                    "--format", "raw", "--output", str(folder / f"{role}.raw")],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for role, pid in roots.items() if role != "broker"}
+
+
+def stop_spies(spies: dict[str, subprocess.Popen[bytes]], folder: Path) -> None:
+    """End the recordings (py-spy writes its profile on SIGINT) and print each role's."""
+    for process in spies.values():
+        process.send_signal(signal.SIGINT)
+    for role, process in spies.items():
+        process.wait(timeout=60)
+        raw = folder / f"{role}.raw"
+        print(f"--- {role} ({raw}) ---")
+        print(summarise(str(raw), 15, 25) if raw.exists() else "no profile (py-spy failed?)")
+
+
+async def measure(runs: int, batches: int, one_at_a_time: int, spy: Path | None = None) -> None:
     """Idle, `one_at_a_time` runs one after another, then `batches` batches of `runs`
-    runs at once; print each."""
+    runs at once; print each. With `spy`, py-spy profiles of the roles over the batches."""
     system = Threadline(Path(tempfile.mkdtemp(prefix="broker-cost-")))
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         await system.start(session)
@@ -109,6 +134,7 @@ async def measure(runs: int, batches: int, one_at_a_time: int) -> None:
                     latencies.append((end - system.posted_at[f"one-{i}"]) * 1000)
             print(f"one at a time, post to answer: p50 {percentile(latencies, 50):.1f} ms, "
                   f"p90 {percentile(latencies, 90):.1f} ms ({len(latencies)}/{one_at_a_time})")
+            spies = start_spies(roots, spy) if spy is not None else {}
             for n in range(batches):
                 counts, threads, cpu = broker_counts(broker), thread_cpu(broker), stack_cpu(roots)
                 started = time.monotonic()
@@ -126,6 +152,8 @@ async def measure(runs: int, batches: int, one_at_a_time: int) -> None:
                 for kind in ("requests", "records", "bytes"):
                     show(f"broker {kind}", {k.split(" ", 1)[1]: v for k, v in per(
                         {k: v for k, v in after.items() if k.startswith(kind)}, counts, unit).items()})
+            if spy is not None:
+                stop_spies(spies, spy)
         finally:
             await system.stop()
 
@@ -140,6 +168,8 @@ def main() -> None:
                         help="runs posted one after another, for their latency")
     parser.add_argument("--checkout", type=Path, default=None,
                         help="run this checkout's roles and broker (e.g. a git worktree)")
+    parser.add_argument("--spy", type=Path, default=None,
+                        help="py-spy each Python role over the batches into this folder")
     args = parser.parse_args()
     if args.checkout is not None and os.environ.get("BROKER_COST_CHECKOUT") != str(args.checkout):
         # This harness, the checkout's code: a folder of links to this bench/ and the
@@ -152,7 +182,8 @@ def main() -> None:
                "BROKER_COST_CHECKOUT": str(args.checkout)}
         os.chdir(overlay)
         os.execve(sys.executable, [sys.executable, "-m", "bench.broker_cost", *sys.argv[1:]], env)
-    asyncio.run(measure(args.runs, args.batches, args.one_at_a_time))
+    asyncio.run(measure(args.runs, args.batches, args.one_at_a_time,
+                        None if args.spy is None else args.spy.resolve()))
 
 
 if __name__ == "__main__":

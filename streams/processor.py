@@ -83,7 +83,7 @@ from streams.message_store import ContextWindows, MessageStore
 from streams.migration import migrate_partition
 from streams.observability.processor import ProcessorObserver
 from streams.observability.tracing import header_of, record_traceparent
-from streams.wire import Codec, DecodeError, EnvelopeMeta
+from streams.wire import Codec, DecodeError, EnvelopeMeta, payload_header
 
 __all__ = ["Processor", "ProcessorStats", "run_processor"]
 
@@ -128,6 +128,7 @@ class _Output:
     topic: str
     key: bytes
     value: bytes | None  # None: a tombstone
+    payload_header: tuple[str, bytes] | None = None  # a stream record's (PAYLOAD_HEADER)
 
 
 @dataclass
@@ -356,7 +357,9 @@ class Processor:
         for out in decision.outputs:
             outputs.append(Output(out.topic, out.key, out.value, partition,
                                   self.history_stores.get(partition).changelog_delivered
-                                  if out.topic == self.topics.messages else None, headers))
+                                  if out.topic == self.topics.messages else None,
+                                  headers if out.payload_header is None
+                                  else [*(headers or ()), out.payload_header]))
         for record, seq, raw in decision.history:
             if record is None:
                 history.erase(meta.thread_id, seq)
@@ -419,7 +422,8 @@ class Processor:
             lifecycle = lifecycle_record(event, before)
             if lifecycle is not None:
                 outputs.append(_Output(self.topics.stream, key,
-                                       self.codec.encode_stream(lifecycle, event_meta)))
+                                       self.codec.encode_stream(lifecycle, event_meta),
+                                       payload_header(lifecycle.payload)))
             for write in history_writes(before, event):
                 self._history_outputs(write, meta.thread_id, event_meta, history, outputs, writes)
             before = after

@@ -56,15 +56,17 @@ def outcome_reason(command: ReportAttemptCompleted | ReportAttemptFailed) -> tup
 class ObservedOutlet(Outlet):
     """An `Outlet` that counts what goes through it."""
 
-    async def stream(self, output: StreamOutput, meta: EnvelopeMeta, partition: int) -> None:
+    async def stream(self, output: StreamOutput, meta: EnvelopeMeta,
+                     partition: int) -> asyncio.Future[Any]:
         """Send a stream record (see `Outlet.stream`), counted."""
-        await super().stream(output, meta, partition)
+        delivery = await super().stream(output, meta, partition)
         worker_metrics().stream_records.inc()
         if not isinstance(output.payload, TextDelta):  # the answer's parts, on the attempt's span
             span = trace.get_current_span()
             if span.is_recording():
                 span.add_event(f"stream {type(output.payload).__name__}",
                                {"threadline.seq": output.seq, "messaging.kafka.partition": partition})
+        return delivery
 
     async def command(self, command: Command, meta: EnvelopeMeta) -> asyncio.Future[Any]:
         """Send a report (see `Outlet.command`); counted once the broker acks it."""

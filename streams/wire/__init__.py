@@ -11,7 +11,8 @@ registry (`registry`) is configured.
 Modules, one concept each:
 
     errors      SerializationError, DecodeError (to the dead-letter topic), RegistryError
-    envelope    EnvelopeMeta, the envelope fields of a record, and new_meta
+    envelope    EnvelopeMeta, the envelope fields of a record, and new_meta; the
+                stream records' payload header
     binding     dataclass <-> Avro record, compiled per class
     reader      Avro binary decoding compiled per schema
     schemas     schemas/ and its retired versions, loaded once; fingerprints
@@ -25,12 +26,19 @@ passes it down, so the registry setting reaches every role.
 """
 
 from streams.wire.codec import Codec
-from streams.wire.envelope import EnvelopeMeta, new_meta
+from streams.wire.envelope import (
+    PAYLOAD_HEADER,
+    EnvelopeMeta,
+    new_meta,
+    payload_header,
+    payload_named,
+)
 from streams.wire.errors import DecodeError, RegistryError, SerializationError
 from streams.wire.registry import ConfluentRegistry
 from streams.wire.schemas import SCHEMA_DIR, TOP_LEVEL_SCHEMAS, schema_fingerprint, schema_registry
 
 __all__ = [
+    "PAYLOAD_HEADER",
     "SCHEMA_DIR",
     "TOP_LEVEL_SCHEMAS",
     "Codec",
@@ -40,6 +48,8 @@ __all__ = [
     "RegistryError",
     "SerializationError",
     "new_meta",
+    "payload_header",
+    "payload_named",
     "schema_fingerprint",
     "schema_registry",
 ]

@@ -5,7 +5,12 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-__all__ = ["EnvelopeMeta", "new_meta"]
+__all__ = ["PAYLOAD_HEADER", "EnvelopeMeta", "new_meta", "payload_header", "payload_named"]
+
+# A stream record's payload type (its Avro record name, e.g. `TextDelta`), as a Kafka
+# header: a reader that wants some kinds skips the others without decoding them.
+# Optional: a record without it (older writers) is decoded to find out.
+PAYLOAD_HEADER = "threadline-payload"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,3 +39,18 @@ def new_meta(
 ) -> EnvelopeMeta:
     """Envelope fields for a new record, with a fresh random envelope id."""
     return EnvelopeMeta(str(uuid.uuid4()), thread_id, tenant, now_ms, traceparent, tracestate)
+
+
+def payload_header(payload: object) -> tuple[str, bytes]:
+    """The `PAYLOAD_HEADER` of a record carrying `payload` (its class is its Avro name)."""
+    return PAYLOAD_HEADER, type(payload).__name__.encode()
+
+
+def payload_named(headers: object) -> bytes | None:
+    """The payload type a record's headers name (pairs, as aiokafka and confluent-kafka
+    give them), or None if they do not."""
+    if headers:
+        for name, value in headers:  # type: ignore[attr-defined]
+            if name == PAYLOAD_HEADER:
+                return value if isinstance(value, bytes) else None
+    return None

@@ -2,10 +2,10 @@
 
 Pure: no I/O, and the caller passes the (monotonic) time. An execution's
 records are: MessageStart, then per text part TextStart, TextDelta* (deltas
-coalesced for `coalesce_s`), TextEnd, then StepOutput*, CitationsOutput?,
-MessageEnd. Each record's `part_id` is `{execution_id}:{part}` with `part` one of
-`message`, `text:{n}`, `step:{n}`, `citations`, and `seq` numbers the execution's
-records from 0.
+coalesced for `coalesce_s`, and while the caller holds them), TextEnd, then
+StepOutput*, CitationsOutput?, MessageEnd. Each record's `part_id` is
+`{execution_id}:{part}` with `part` one of `message`, `text:{n}`, `step:{n}`,
+`citations`, and `seq` numbers the execution's records from 0.
 """
 
 from __future__ import annotations
@@ -69,9 +69,10 @@ class Answer:
         self.budget -= sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
         return self.budget >= 0
 
-    def add_text(self, chunk: str, now: float) -> list[StreamOutput]:
+    def add_text(self, chunk: str, now: float, hold: bool = False) -> list[StreamOutput]:
         """A chunk of text (spent already): opens a text part if none is open, and
-        sends the pending deltas once they have waited `coalesce_s`."""
+        sends the pending deltas once they have waited `coalesce_s`, unless `hold`
+        (the caller's previous delta is not delivered yet: see `Execution._stream`)."""
         out: list[StreamOutput] = []
         if self._part is None:
             self._part, self._parts = [], self._parts + 1
@@ -81,7 +82,7 @@ class Answer:
         self._pending.append(chunk)
         if self.flush_at is None:
             self.flush_at = now + self.coalesce_s
-        if now >= self.flush_at:
+        if now >= self.flush_at and not hold:
             out += self.flush()
         return out
 

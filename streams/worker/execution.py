@@ -54,9 +54,9 @@ from streams.core.domain import (
 )
 from streams.core.ids import answer_message_id_for
 from streams.core.journal import INTERRUPT, JournalEntry, merge
-from streams.core.records import Dispatch, StreamOutput
+from streams.core.records import Dispatch, StreamOutput, TextDelta
 from streams.core.thread import OUTPUT_TOO_LARGE
-from streams.wire import Codec, EnvelopeMeta, new_meta
+from streams.wire import Codec, EnvelopeMeta, new_meta, payload_header
 from streams.worker.answer import Answer
 from streams.worker.offsets import PartitionOffsets
 
@@ -93,12 +93,16 @@ class Outlet:
     agent: Agent
     worker_id: str
 
-    async def stream(self, output: StreamOutput, meta: EnvelopeMeta, partition: int) -> None:
-        """Send a stream record to `partition` of the stream topic (not waiting for its ack)."""
-        delivery = await self.producer.send(
+    async def stream(self, output: StreamOutput, meta: EnvelopeMeta,
+                     partition: int) -> asyncio.Future[Any]:
+        """Send a stream record to `partition` of the stream topic; the future is its
+        delivery (not waited for)."""
+        delivery: asyncio.Future[Any] = await self.producer.send(
             self.settings.topics.stream, self.codec.encode_stream(output, meta),
-            key=meta.thread_id.encode(), partition=partition)
+            key=meta.thread_id.encode(), partition=partition,
+            headers=[payload_header(output.payload)])
         delivery.add_done_callback(_log_failed_delivery)
+        return delivery
 
     async def command(self, command: Command, meta: EnvelopeMeta) -> asyncio.Future[Any]:
         """Send a report to the commands topic; the future is its delivery."""
@@ -110,6 +114,9 @@ class Outlet:
 
 
 _END = object()
+_DELIVERED = object()  # the last text delta's delivery completed
+# A text delta due waits this long at most for the previous one's delivery.
+DELTA_HOLD_MAX_S = 0.1
 
 
 @dataclass(eq=False)
@@ -143,6 +150,8 @@ class Execution:
     _unacked: deque[tuple[ReportStepCompleted, asyncio.Future[Any]]] = \
         field(default_factory=deque)
     _fence_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _delta_sent: asyncio.Future[Any] | None = None  # the last text delta's delivery
+    _woken: bool = False  # its delivery will put `_DELIVERED` on the queue
 
     def __post_init__(self) -> None:
         settings = self.outlet.settings
@@ -256,11 +265,17 @@ class Execution:
         await self._emit(answer.start())
         while True:
             flush_at = answer.flush_at
+            if flush_at is not None and self._delta_in_flight(queue):
+                flush_at += DELTA_HOLD_MAX_S  # `_DELIVERED` ends the hold sooner
             timeout = None if flush_at is None else max(0.0, flush_at - time.monotonic())
             try:
                 item = await asyncio.wait_for(queue.get(), timeout)
             except TimeoutError:
                 await self._emit(answer.flush())
+                continue
+            if item is _DELIVERED:
+                if answer.flush_at is not None and time.monotonic() >= answer.flush_at:
+                    await self._emit(answer.flush())
                 continue
             if item is _END:
                 break
@@ -277,7 +292,8 @@ class Execution:
                 if not answer.spend(output.text):
                     await self._emit(answer.close_text())
                     raise AgentError(OUTPUT_TOO_LARGE, retryable=False)
-                await self._emit(answer.add_text(output.text, time.monotonic()))
+                await self._emit(answer.add_text(output.text, time.monotonic(),
+                                                 hold=self._delta_in_flight(queue)))
             elif isinstance(output, AgentStep):
                 await self._emit(answer.close_text())
                 step = output.step
@@ -295,7 +311,23 @@ class Execution:
         for output in outputs:
             meta = new_meta(self.meta.thread_id, self.meta.tenant, now_ms(),
                             self.meta.traceparent, self.meta.tracestate)
-            await self.outlet.stream(output, meta, self.partition)
+            delivery = await self.outlet.stream(output, meta, self.partition)
+            if isinstance(output.payload, TextDelta):
+                self._delta_sent, self._woken = delivery, False
+
+    def _delta_in_flight(self, queue: asyncio.Queue[object]) -> bool:
+        """Whether the last text delta is not delivered yet; if so, its delivery puts
+        `_DELIVERED` on `queue`. Deltas wait for the previous one (at most
+        `DELTA_HOLD_MAX_S` past their coalescing time): under load the agent's tokens come
+        further apart than `delta_coalesce_ms` and each would be a record of its own,
+        more records to write and read as the worker falls behind (issue #22)."""
+        sent = self._delta_sent
+        if sent is None or sent.done():
+            return False
+        if not self._woken:
+            self._woken = True
+            sent.add_done_callback(lambda _: queue.put_nowait(_DELIVERED))
+        return True
 
     # --- reports ---
 

@@ -24,7 +24,7 @@ from streams.core.journal import JournalEntry, entry_from_json
 from streams.core.lifecycle import Lifecycle, RunFate
 from streams.core.records import RunLifecycle
 from streams.kafka.clients import aiokafka_config
-from streams.wire import Codec, DecodeError
+from streams.wire import Codec, DecodeError, payload_named
 
 __all__ = ["LifecycleWatch"]
 
@@ -40,6 +40,9 @@ WATCH_FETCH_WAIT_MS = 100
 # What paces the fetches while records flow: read, then this pause, in which the next
 # fetch is under way (aiokafka sends none for a node while its records wait unread).
 WATCH_PACE_S = 0.01
+# Most stream records are answers' parts, which the worker writes naming their payload
+# (`PAYLOAD_HEADER`): only lifecycle records and unnamed ones (older writers) are decoded.
+WANTED = (None, RunLifecycle.__name__.encode())
 FATES_KEPT = 100_000  # runs whose fate is remembered, most recent first
 JOURNALS_KEPT = 10_000  # runs whose recorded steps are remembered, most recent first
 
@@ -175,10 +178,11 @@ class LifecycleWatch:
                 continue
             try:
                 batch = await self.consumer.getmany(timeout_ms=200, max_records=2_000)
-                await self.codec.prepare(r.value for rs in batch.values() for r in rs)
-                for records in batch.values():
-                    for record in records:
-                        self._read(record.value or b"")
+                wanted = [r.value or b"" for records in batch.values() for r in records
+                          if payload_named(r.headers) in WANTED]
+                await self.codec.prepare(wanted)
+                for value in wanted:
+                    self._read(value)
                 if batch:
                     await asyncio.sleep(WATCH_PACE_S)
             except Exception:  # keep following: a dead follower would stop no attempt

@@ -76,6 +76,19 @@ def test_no_coalescing_sends_each_chunk() -> None:
     assert [o.payload for o in answer.add_text("b", now=5.0)] == [TextDelta("b")]
 
 
+def test_held_deltas_wait_past_their_window_until_released() -> None:
+    """Shows a held chunk is kept pending though its window has passed, and the next
+    unheld one (or a flush) sends everything pending as one delta."""
+    answer = _answer(coalesce_s=0.0)
+    answer.start()
+    assert [o.payload for o in answer.add_text("a", now=1.0, hold=True)] == [TextStart()]
+    assert answer.add_text("b", now=2.0, hold=True) == []
+    assert answer.flush_at == 1.0  # due since the first pending chunk
+    assert [o.payload for o in answer.add_text("c", now=3.0)] == [TextDelta("abc")]
+    answer.add_text("d", now=4.0, hold=True)
+    assert [o.payload for o in answer.close_text()] == [TextDelta("d"), TextEnd("abcd")]
+
+
 def test_the_budget_counts_utf8_bytes() -> None:
     """Shows the output budget counts UTF-8 bytes, not characters."""
     answer = _answer(budget=4)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,14 @@ from streams.core.domain import (
     ReportStepCompleted,
 )
 from streams.core.journal import JournalEntry
-from streams.core.records import Dispatch, HistoryMessage, MessageEnd, MessageStart, StreamOutput
+from streams.core.records import (
+    Dispatch,
+    HistoryMessage,
+    MessageEnd,
+    MessageStart,
+    StreamOutput,
+    TextDelta,
+)
 from streams.core.thread import OUTPUT_TOO_LARGE
 from streams.wire import EnvelopeMeta, new_meta
 from streams.worker.execution import SHUTDOWN_ERROR, Execution, Stop
@@ -62,9 +69,21 @@ class FakeOutlet:
     reports: list[Command] = field(default_factory=list)
     fail_once: set[int] = field(default_factory=set)  # steps whose first report fails
 
-    async def stream(self, output: StreamOutput, meta: EnvelopeMeta, partition: int) -> None:
-        """Keeps the stream record with the partition it was sent to."""
+    # Stream deliveries not completed yet, oldest first, while `hold_deliveries`.
+    pending: list[asyncio.Future[Any]] = field(default_factory=list)
+    hold_deliveries: bool = False
+
+    async def stream(self, output: StreamOutput, meta: EnvelopeMeta,
+                     partition: int) -> asyncio.Future[Any]:
+        """Keeps the stream record with the partition it was sent to; its delivery is
+        complete, or pending while `hold_deliveries`."""
         self.records.append((output, partition))
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self.hold_deliveries:
+            self.pending.append(done)
+        else:
+            done.set_result(None)
+        return done
 
     async def command(self, command: Command, meta: EnvelopeMeta) -> asyncio.Future[Any]:
         """Keeps the report and returns an already-acknowledged future."""
@@ -129,6 +148,68 @@ async def test_a_completed_attempt_streams_its_answer_and_reports() -> None:
     assert execution_started.execution_id == execution.execution_id
     assert isinstance(completed, ReportAttemptCompleted) and completed.final_text == "Hello"
     assert execution.outcome_acked and execution.finished
+
+
+class Chunks:
+    """Yields `count` one-letter chunks, one per `step` event, then ends."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.yielded = 0
+        self.step = asyncio.Event()
+
+    async def run(self, history: Sequence[HistoryMessage],
+                  message: str) -> AsyncIterator[AgentOutput]:
+        """One chunk each time `step` is set."""
+        for _ in range(self.count):
+            await self.step.wait()
+            self.step.clear()
+            self.yielded += 1
+            yield TextChunk("x")
+
+    async def aclose(self) -> None:
+        """Nothing to close."""
+        return None
+
+
+async def test_text_deltas_wait_for_the_previous_ones_delivery() -> None:
+    """Shows that while a text delta is undelivered the chunks after it are kept, and
+    its delivery sends them as one delta: tokens that come slower than the coalescing
+    window (a loaded worker) cost one record per delivery, not one each."""
+    agent = Chunks(6)
+    execution, outlet = _execution(agent)
+    outlet.hold_deliveries = True
+    task = asyncio.create_task(execution.run())
+
+    def deltas() -> list[str]:
+        return [o.payload.delta for o, _ in outlet.records if isinstance(o.payload, TextDelta)]
+
+    async def until(check: Callable[[], bool]) -> None:
+        while not check():
+            await asyncio.sleep(0)
+
+    agent.step.set()
+    await until(lambda: deltas() == ["x"])  # the first goes at once (no window)
+    for _ in range(3):  # three more while the first is in flight
+        agent.step.set()
+        await until(lambda: not agent.step.is_set())
+    assert agent.yielded == 4
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert deltas() == ["x"]
+    for delivery in outlet.pending:
+        if not delivery.done():
+            delivery.set_result(None)
+    await until(lambda: deltas() == ["x", "xxx"])
+    outlet.hold_deliveries = False
+    for _ in range(2):
+        agent.step.set()
+        await until(lambda: not agent.step.is_set())
+    await task
+    assert "".join(deltas()) == "x" * 6
+    assert [o.seq for o, _ in outlet.records] == list(range(len(outlet.records)))
+    completed = outlet.reports[-1]
+    assert isinstance(completed, ReportAttemptCompleted) and completed.final_text == "x" * 6
 
 
 async def test_an_agent_error_ends_the_message_and_reports_failure() -> None:
