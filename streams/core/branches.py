@@ -23,9 +23,11 @@ heads of the other branches (`tip_seqs`), so it stays bounded (`Policy.max_branc
 - `BranchSwitched` keeps the head it leaves as a tip, and takes the new head out of
   the tips. The partial answer of a run interrupted on a branch that is no longer
   current (`interrupted_tip_seq`) goes to that branch's tip.
-- A rolled-back user message is tombstoned; a path that meets a missing record
-  continues from the message before it (the straight-line rule), and a head that
-  was that message moves there too.
+- A rolled-back user message is tombstoned, and a head that was that message moves
+  to its parent (`RunAccepted.parent_seq` tells the run's). A path that meets a
+  missing record continues from the message before it (the straight-line rule).
+- A tip may lie on another branch's path (the head a rolled-back or failed run left
+  at an earlier message); it still counts as a branch of its own.
 
 Deleting a thread tombstones seq 0 .. message_count - 1: every branch's records.
 """
@@ -129,7 +131,8 @@ def with_branch_switched(state: ThreadState, seq: int) -> ThreadState:
     head = head_of(state)
     if seq == head:
         return state
-    tips = (*(t for t in state.tip_seqs if t != seq), head)
+    # A branch left with no message (its only one rolled back) is not kept.
+    tips = (*(t for t in state.tip_seqs if t != seq), *((head,) if head != ROOT else ()))
     interrupted_tip = state.interrupted_tip_seq
     if state.interrupted is not None and interrupted_tip < 0:
         interrupted_tip = head  # its partial answer belongs to the branch left behind
@@ -140,11 +143,11 @@ def with_branch_switched(state: ThreadState, seq: int) -> ThreadState:
 
 def with_rollback(state: ThreadState, run: ActiveRun) -> ThreadState:
     """`state` after `run` was rolled back: if its own user message was the head, the
-    head moves to the message before it, where a path through the tombstone goes on.
-    A regenerate's run removes nothing (its user message is an earlier run's)."""
+    head moves to that message's parent. A regenerate's run removes nothing (its user
+    message is an earlier run's)."""
     if not is_own_run(state.thread_id, run) or head_of(state) != run.message_seq:
         return state
-    return with_head(state, run.message_seq - 1)
+    return with_head(state, run.message_seq - 1 if run.parent_seq is None else run.parent_seq)
 
 
 def is_own_run(thread_id: str, run: ActiveRun) -> bool:

@@ -424,6 +424,7 @@ class MessageQueued:
     seq: int | None = None  # None: the message accepted just before (the newest)
     run_id: str | None = None  # None: the message's own run (`ids.run_id_for`)
     branch: bool = False  # when its run starts, the branch at `seq` becomes current
+    parent_seq: int | None = None  # the message's parent; None: the message before it
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,6 +458,9 @@ class RunAccepted:
     workflow_id: str
     message_id: str
     at_ms: int
+    # The parent of the run's user message in the thread's tree, when it is not the
+    # message before it: where the branch's head goes if the run is rolled back.
+    parent_seq: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -656,6 +660,8 @@ class ActiveRun:
     # deadline and no worker report applies): what the agent asked, JSON. Not a
     # RunStatus symbol: an enum symbol old readers lack would break them.
     interrupt_json: str | None = None
+    # The parent of the user message (streams.core.branches); None: the message before it.
+    parent_seq: int | None = None
 
     @property
     def awaiting_resume(self) -> bool:
@@ -696,6 +702,7 @@ class QueuedMessage:
     at_ms: int
     run_id: str | None = None  # None: the message's own run; a regenerate's otherwise
     branch: bool = False  # its run starts on the branch at `seq` (a regenerate or edit)
+    parent_seq: int | None = None  # the message's parent; None: the message before it
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,11 @@ regenerate or edit follows its `multitask_strategy` (docs/branches.md):
     interrupt  RunCancelled(interrupted) first, then the fork; the cancelled run's
                partial answer still goes to the branch it ran on
     rollback   RunCancelled(rolled_back) first (its user message is tombstoned), then
-               the fork; a regenerate of the very message being rolled back is a conflict
+               the fork
+
+A regenerate of the message whose own run is the active one, under enqueue or
+rollback, is a conflict: a rollback (now, or by a later post while it waits) would
+remove the message it answers.
 
 Refusals are `RunRejected` with the existing reasons (a new enum symbol would break
 old readers): `unknown_thread`, `invalid` (bad ids or text, no such user message, a
@@ -39,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import assert_never
 
-from streams.core.branches import forks_left, head_of, is_own_run, with_rollback
+from streams.core.branches import forks_left, head_of, is_own_run, stored_parent, with_rollback
 from streams.core.domain import (
     AttemptDispatched,
     BranchSwitched,
@@ -66,6 +70,7 @@ from streams.core.reasons import CancelReason
 __all__ = ["decide_branch_command"]
 
 BranchCommand = RegenerateAnswer | EditMessage | SwitchBranch
+_MAY_REMOVE = frozenset({MultitaskStrategy.ROLLBACK, MultitaskStrategy.ENQUEUE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,17 +125,19 @@ def _regenerate(state: ThreadState, command: RegenerateAnswer, policy: Policy,
                                   idempotency_key=command.idempotency_key, at_ms=command.now_ms)
     active = state.active_run
     strategy = command.multitask_strategy
-    if active is not None and strategy is MultitaskStrategy.ROLLBACK and \
-            active.message_seq == target and is_own_run(state.thread_id, active):
-        return _Refusal(RejectReason.CONFLICT, "rollback would remove the message to regenerate: "
-                        "its own run is the active one", active.run_id)
+    if active is not None and active.message_seq == target and \
+            is_own_run(state.thread_id, active) and strategy in _MAY_REMOVE:
+        # A rollback, now or by a later post while this waits, would remove the message.
+        return _Refusal(RejectReason.CONFLICT, "the message's own run is still active: "
+                        "regenerate it once that has ended, or with interrupt", active.run_id)
     if active is not None and strategy is MultitaskStrategy.ENQUEUE:
         refusal = _no_queue_room(state, policy) or _no_branch_room(state, policy, 1)
         if refusal is not None:
             return refusal
         return [accepted, MessageQueued(thread_id=state.thread_id, message_id=command.message_id,
                                         ahead=len(state.queued), at_ms=command.now_ms,
-                                        seq=target, run_id=run_id, branch=True)]
+                                        seq=target, run_id=run_id, branch=True,
+                                        parent_seq=stored_parent(target, known.target_parent_seq))]
     cancelled = _cancel_active(state, strategy, command.now_ms)
     if isinstance(cancelled, _Refusal):
         return cancelled
@@ -140,7 +147,8 @@ def _regenerate(state: ThreadState, command: RegenerateAnswer, policy: Policy,
         if refusal is not None:
             return refusal
         events.append(BranchSwitched(thread_id=state.thread_id, seq=target, at_ms=command.now_ms))
-    return [accepted, *events, *_run(state, run_id, command.message_id, command.now_ms)]
+    return [accepted, *events, *_run(state, run_id, command.message_id, command.now_ms,
+                                     stored_parent(target, known.target_parent_seq))]
 
 
 def _edit(state: ThreadState, command: EditMessage, policy: Policy,
@@ -164,7 +172,7 @@ def _edit(state: ThreadState, command: EditMessage, policy: Policy,
         return target
     parent, seq = known.target_parent_seq, state.message_count
     run = _run(state, run_id_for(state.thread_id, command.new_message_id),
-               command.new_message_id, command.now_ms)
+               command.new_message_id, command.now_ms, stored_parent(seq, parent))
 
     def accepted(parent_seq: int | None) -> MessageAccepted:
         return MessageAccepted(thread_id=state.thread_id, message_id=command.new_message_id,
@@ -178,7 +186,7 @@ def _edit(state: ThreadState, command: EditMessage, policy: Policy,
         # Stored now, off the current branch: the active run's answer still comes there.
         return [accepted(parent), MessageQueued(
             thread_id=state.thread_id, message_id=command.new_message_id, ahead=len(state.queued),
-            at_ms=command.now_ms, branch=True)]
+            at_ms=command.now_ms, branch=True, parent_seq=stored_parent(seq, parent))]
     cancelled = _cancel_active(state, command.multitask_strategy, command.now_ms)
     if isinstance(cancelled, _Refusal):
         return cancelled
@@ -262,6 +270,11 @@ def _cancel_active(state: ThreadState, strategy: MultitaskStrategy,
         case MultitaskStrategy.REJECT | MultitaskStrategy.ENQUEUE:
             return _Refusal(RejectReason.CONFLICT, "another run is active on the thread",
                             active.run_id)
+        case _ if any(not q.branch for q in state.queued):
+            # They wait on the current branch; a fork now would leave them behind.
+            return _Refusal(RejectReason.CONFLICT, "messages are queued on the current branch: "
+                            "regenerate or edit with enqueue, or once they have run",
+                            active.run_id)
         case MultitaskStrategy.INTERRUPT:
             reason, head = CancelReason.INTERRUPTED, head_of(state)
         case MultitaskStrategy.ROLLBACK:
@@ -272,9 +285,10 @@ def _cancel_active(state: ThreadState, strategy: MultitaskStrategy,
                          at_ms=now_ms)], head
 
 
-def _run(state: ThreadState, run_id: str, message_id: str, now_ms: int) -> list[Event]:
+def _run(state: ThreadState, run_id: str, message_id: str, now_ms: int,
+         parent_seq: int | None) -> list[Event]:
     return [RunAccepted(thread_id=state.thread_id, run_id=run_id,
                         workflow_id=workflow_id_for(state.thread_id), message_id=message_id,
-                        at_ms=now_ms),
+                        at_ms=now_ms, parent_seq=parent_seq),
             AttemptDispatched(thread_id=state.thread_id, run_id=run_id, message_id=message_id,
                               attempt=1, at_ms=now_ms)]

@@ -26,10 +26,10 @@ when rolled back: its user message belongs to the message's own, earlier run.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
-from streams.core.branches import head_of, is_own_run, stored_parent
+from streams.core.branches import head_of, is_own_run, parent_seq_of, stored_parent
 from streams.core.domain import (
     Event,
     MessageAccepted,
@@ -44,7 +44,7 @@ from streams.core.domain import (
 )
 from streams.core.ids import run_id_for
 from streams.core.reasons import CancelReason
-from streams.core.records import HistoryMessage
+from streams.core.records import HistoryMessage, MessageRecord
 
 __all__ = [
     "SEQ_DIGITS",
@@ -57,6 +57,7 @@ __all__ = [
     "history_writes",
     "message_key",
     "parse_message_key",
+    "relinked",
 ]
 
 SEQ_DIGITS = 20  # a long in decimal
@@ -93,9 +94,15 @@ class HistoryErased:
 
 @dataclass(frozen=True, slots=True)
 class MessageRemoved:
-    """A rolled-back run's message `seq` leaves the history: a tombstone of its key."""
+    """A rolled-back run's message `seq` leaves the history: a tombstone of its key.
+
+    With `parent_seq` (the message had a parent other than the one before it, on a
+    branched thread), every record stored after it whose parent it was is rewritten
+    with `parent_seq` as its parent (`relinked`), since a path through a tombstone
+    can only go on at the seq before it."""
 
     seq: int
+    parent_seq: int | None = None
 
 
 HistoryWrite = MessagePut | RunStatusChanged | HistoryErased | MessageRemoved
@@ -144,7 +151,7 @@ def history_writes(before: ThreadState | None, event: Event) -> list[HistoryWrit
             run = before.active_run
             if run is None or run.run_id != event.run_id or not is_own_run(before.thread_id, run):
                 return []
-            return [MessageRemoved(run.message_seq)]
+            return [MessageRemoved(run.message_seq, run.parent_seq)]
         case RunCancelled():
             return _run_ended(before, event.run_id, RunStatus.CANCELLED)
         case PartialAnswerStored():  # marked: an answer record whose run was cancelled
@@ -160,6 +167,15 @@ def history_writes(before: ThreadState | None, event: Event) -> list[HistoryWrit
             return [HistoryErased(before.message_count)]
         case _:
             return []
+
+
+def relinked(record: MessageRecord, removed: MessageRemoved) -> MessageRecord | None:
+    """`record` with the removed message's parent as its own, if the removed message
+    was its parent and had a parent of its own; None if it stays as it is."""
+    if removed.parent_seq is None or record.seq <= removed.seq or \
+            parent_seq_of(record) != removed.seq:
+        return None
+    return replace(record, parent_seq=stored_parent(record.seq, removed.parent_seq))
 
 
 def _run_ended(before: ThreadState, run_id: str, status: RunStatus) -> list[HistoryWrite]:

@@ -32,6 +32,7 @@ from typing import assert_never
 
 from streams.core.branches import (
     head_of,
+    stored_parent,
     with_branch_switched,
     with_message_stored,
     with_rollback,
@@ -327,7 +328,9 @@ def _post_user_message(
         at_ms=command.now_ms,
     )
     active = state.active_run
+    first: list[Event] = [accepted]
     cancelled: list[Event] = []
+    seq, parent = state.message_count, head_of(state)  # it continues the current branch
     if active is not None:
         match command.multitask_strategy:
             case MultitaskStrategy.REJECT:
@@ -343,18 +346,25 @@ def _post_user_message(
                                   "the thread: post once its run has started", active.run_id)
                 return [accepted, MessageQueued(thread_id=state.thread_id,
                                                 message_id=command.message_id,
-                                                ahead=len(state.queued), at_ms=command.now_ms)]
+                                                ahead=len(state.queued), at_ms=command.now_ms,
+                                                parent_seq=stored_parent(seq, parent))]
             case MultitaskStrategy.INTERRUPT | MultitaskStrategy.ROLLBACK:
                 reason = CancelReason.INTERRUPTED \
                     if command.multitask_strategy is MultitaskStrategy.INTERRUPT else CancelReason.ROLLED_BACK
                 cancelled = [RunCancelled(thread_id=state.thread_id, run_id=active.run_id,
                                           reason=reason, at_ms=command.now_ms)]
+                if reason == CancelReason.ROLLED_BACK and active.parent_seq is not None and \
+                        head_of(with_rollback(state, active)) != parent:
+                    # The head was the rolled-back message, on a branch of its own: the
+                    # new one takes its place there, so the cancel comes first.
+                    parent = head_of(with_rollback(state, active))
+                    first, cancelled = cancelled, first
             case _:
                 assert_never(command.multitask_strategy)
 
     run_id = run_id_for(state.thread_id, command.message_id)
     return [
-        accepted,
+        *first,
         *cancelled,
         RunAccepted(
             thread_id=state.thread_id,
@@ -362,6 +372,7 @@ def _post_user_message(
             workflow_id=workflow_id_for(state.thread_id),
             message_id=command.message_id,
             at_ms=command.now_ms,
+            parent_seq=stored_parent(seq, parent),
         ),
         AttemptDispatched(
             thread_id=state.thread_id,
@@ -388,7 +399,7 @@ def _start_queued(state: ThreadState | None, events: list[Event], policy: Policy
         *switched,
         RunAccepted(thread_id=after.thread_id, run_id=run_id,
                     workflow_id=workflow_id_for(after.thread_id), message_id=head.message_id,
-                    at_ms=at_ms),
+                    at_ms=at_ms, parent_seq=head.parent_seq),
         AttemptDispatched(thread_id=after.thread_id, run_id=run_id, message_id=head.message_id,
                           attempt=1, at_ms=at_ms),
     ]
@@ -648,7 +659,7 @@ def _message_queued(state: ThreadState, event: MessageQueued) -> ThreadState:
     # By default decide emits MessageAccepted right before: the message is the newest.
     seq = state.message_count - 1 if event.seq is None else event.seq
     queued = QueuedMessage(message_id=event.message_id, seq=seq, at_ms=event.at_ms,
-                           run_id=event.run_id, branch=event.branch)
+                           run_id=event.run_id, branch=event.branch, parent_seq=event.parent_seq)
     return replace(state, queued=(*state.queued, queued), updated_at_ms=event.at_ms)
 
 
@@ -673,6 +684,7 @@ def _run_accepted(state: ThreadState, event: RunAccepted) -> ThreadState:
         retry_due_ms=None,
         message_seq=seq,
         accepted_at_ms=event.at_ms,
+        parent_seq=event.parent_seq,
     )
     return replace(state, active_run=run, run_count=state.run_count + 1, queued=queued,
                    updated_at_ms=event.at_ms)

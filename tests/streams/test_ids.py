@@ -10,6 +10,7 @@ from streams.core.ids import (
     derived_envelope_id,
     idempotent_message_id_for,
     outbox_id_for,
+    regenerate_run_id_for,
     run_id_for,
     workflow_id_for,
 )
@@ -26,6 +27,8 @@ KNOWN = [
     (derived_envelope_id("env-1", 0), "70d60a1a-4842-540c-9c32-6baf1e87abf4"),
     (derived_envelope_id("env-1", 3), "54f64009-355c-5d87-9378-9ce4f90ce2c3"),
     (outbox_id_for("run-1", "answer"), "27cecc51-390f-5456-8ef3-5a833692568c"),
+    # Since branches (issue #30): a regenerate's run, named by its idempotency key.
+    (regenerate_run_id_for("t-1", "key-1"), "2ba31c42-b408-5f77-a417-fc3fb5dd1816"),
 ]
 
 
