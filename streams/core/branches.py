@@ -24,8 +24,10 @@ heads of the other branches (`tip_seqs`), so it stays bounded (`Policy.max_branc
   the tips. The partial answer of a run interrupted on a branch that is no longer
   current (`interrupted_tip_seq`) goes to that branch's tip.
 - A rolled-back user message is tombstoned, and a head that was that message moves
-  to its parent (`RunAccepted.parent_seq` tells the run's). A path that meets a
-  missing record continues from the message before it (the straight-line rule).
+  to its parent (`RunAccepted.parent_seq` tells the run's); the records that
+  followed it are relinked to that parent (`history.relinked`). A path that meets a
+  missing record continues from the message before it (the straight-line rule, exact
+  for a message whose parent was the one before it).
 - A tip may lie on another branch's path (the head a rolled-back or failed run left
   at an earlier message); it still counts as a branch of its own.
 

@@ -35,7 +35,8 @@ old readers): `unknown_thread`, `invalid` (bad ids or text, no such user message
 tip that is not one), `duplicate` (the key or new message id already ran: the run
 reported back), `payload_mismatch`, and `conflict` (a run active under `reject`, the
 queue full, the message still queued, `Policy.max_branches` reached, a switch while
-a run is active). A SwitchBranch refused names no message: `message_id` "".
+a run is active, a fork under interrupt or rollback while posts are queued, the
+regenerate above). A SwitchBranch refused names no message: `message_id` "".
 """
 
 from __future__ import annotations

@@ -19,6 +19,12 @@ a run, the same decision starts the oldest queued message's run, so at most one
 run is active and queued messages run once each, in order: the queue is part of
 the state, committed with the decision that changes it.
 
+Branches (issue #30, docs/branches.md): `RegenerateAnswer`, `EditMessage` and
+`SwitchBranch` are decided by `streams.core.forks`; `evolve` keeps the current
+branch's head and the other branches' tips with `streams.core.branches`. A post
+continues the current branch; on a thread that never branched the head is simply
+the newest message, and every event and state is what it was before branches.
+
 `evolve` is total: an event that does not apply to the state (which `decide` never
 produces) leaves the state unchanged. States are never mutated in place; mappings
 are rebuilt and wrapped read-only.

@@ -179,6 +179,20 @@ def test_an_edit_is_checked_like_a_post() -> None:
     assert when(ANSWERED, edit(), known)[0] == [rejected(RejectReason.DUPLICATE, EDIT, "m-1e", NOW)]
 
 
+def test_an_edit_sent_twice_with_its_key_runs_once() -> None:
+    """An edit's key works as a post's: the same edit again is a duplicate naming the
+    first run, whatever the strategy; the key with other text a payload mismatch."""
+    keyed = EditMessage(T, TENANT, "m-1", "m-1e", "hello, edited", "ek", NOW)
+    history = [*ANSWERED, *when(ANSWERED, keyed, M1)[0]]
+    for strategy in MultitaskStrategy:
+        again = replace(keyed, now_ms=NOW + 1, multitask_strategy=strategy)
+        assert when(history, again, M1)[0] == [
+            rejected(RejectReason.DUPLICATE, EDIT, "m-1e", NOW + 1)]
+    other = replace(keyed, text="other", new_message_id="m-1f", now_ms=NOW + 1)
+    assert when(history, other, M1)[0] == [
+        rejected(RejectReason.PAYLOAD_MISMATCH, EDIT, "m-1f", NOW + 1)]
+
+
 def test_a_regenerate_sent_twice_is_a_duplicate_naming_its_run() -> None:
     """The key is kept with the message it regenerated: the same again is a duplicate,
     the key for another message a payload mismatch; the shell's record of the run
