@@ -17,6 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from streams.core.domain import (
+    NOTHING_KNOWN,
     ActiveRun,
     CancelRun,
     CheckDeadlines,
@@ -24,10 +25,13 @@ from streams.core.domain import (
     Command,
     CreateThread,
     DeleteThread,
+    EditMessage,
     IdempotencyRecord,
+    Known,
     MultitaskStrategy,
     Policy,
     PostUserMessage,
+    RegenerateAnswer,
     ReportAttemptCompleted,
     ReportAttemptFailed,
     ReportAttemptStarted,
@@ -36,9 +40,10 @@ from streams.core.domain import (
     RunStatus,
     Step,
     StoredMessage,
+    SwitchBranch,
     ThreadState,
 )
-from streams.core.ids import run_id_for
+from streams.core.ids import regenerate_run_id_for, run_id_for
 from streams.core.thread import decide, evolve, next_deadline_ms
 from streams.migration import migrated
 from streams.testing.replay import History, save_history
@@ -50,6 +55,7 @@ POLICY = Policy(max_attempts=3, backoff_initial_ms=1_000, heartbeat_timeout_ms=5
 THREAD, TENANT, WORKER, T0 = "thread-1", "tenant-a", "worker-1", 1_700_000_000_000
 
 Deadline = Callable[[ThreadState | None], Command]
+Looked = tuple[Command, Known]  # a command and what the history table knew for it
 
 
 def due(now_ms: int | None = None) -> Deadline:
@@ -58,13 +64,17 @@ def due(now_ms: int | None = None) -> Deadline:
                                         else (next_deadline_ms(state, POLICY) or T0))
 
 
-def record(name: str, description: str, commands: Iterable[Command | Deadline],
+def record(name: str, description: str, commands: Iterable[Command | Deadline | Looked],
            start: ThreadState | None = None) -> History:
-    """Decide and fold `commands` from `start`, keeping every event and its state."""
+    """Decide and fold `commands` from `start`, keeping every event and its state (a
+    command given with a `Known` is decided with what the history table answered)."""
     state, steps = start, []
     for item in commands:
+        known = NOTHING_KNOWN
+        if isinstance(item, tuple):
+            item, known = item
         command = item(state) if callable(item) else item
-        for event in decide(state, command, POLICY):
+        for event in decide(state, command, POLICY, known):
             state = evolve(state, event, POLICY)
             steps.append(Recorded(event, state))
     return History(name, description, POLICY, tuple(steps), start)
@@ -153,6 +163,7 @@ def histories() -> list[History]:
                 post("m1", 10), started("m1", 1, 20), completed("m1", 1, 30, text="y" * 100)]),
         old_form_state(),
         *double_texts(),
+        branches(),
     ]
 
 
@@ -185,6 +196,23 @@ def double_texts() -> list[History]:
                [CREATE, post("m1", 10), started("m1", 1, 20), post("m2", 30, strategy=ROLLBACK),
                 started("m2", 1, 40), completed("m2", 1, 50), post("m1", 60)]),
     ]
+
+
+def branches() -> History:
+    """Regenerate, edit and switch (issue #30), each with what the history table knew."""
+    regen = regenerate_run_id_for(THREAD, "r1")
+    first = Known(target_seq=0, target_parent_seq=-1)  # m1: the thread's first message
+    return record(
+        "branches", "an answer regenerated (twice by one key: one run), an edited first "
+        "message, a switch back to the first branch, and a post there",
+        [CREATE, post("m1", 10), started("m1", 1, 20), completed("m1", 1, 30),
+         (RegenerateAnswer(THREAD, TENANT, "m1", "r1", T0 + 40), first),
+         (RegenerateAnswer(THREAD, TENANT, "m1", "r1", T0 + 45), first),
+         ReportAttemptStarted(THREAD, regen, 1, WORKER, T0 + 50),
+         ReportAttemptCompleted(THREAD, regen, 1, WORKER, "another answer", (), (), T0 + 60),
+         (EditMessage(THREAD, TENANT, "m1", "m1-edited", "hello again", None, T0 + 70), first),
+         started("m1-edited", 1, 80), completed("m1-edited", 1, 90),
+         SwitchBranch(THREAD, TENANT, 1, T0 + 100), post("m2", 110), completed("m2", 1, 120)])
 
 
 def main() -> int:

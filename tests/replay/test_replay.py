@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from streams.core import thread
+from streams.core import branches, thread
 from streams.core.domain import RetryScheduled, RunStatus
 from streams.testing.replay import History, ReplayMismatch, load_history, replay, to_json
 from tests.replay.record_histories import HISTORIES, histories
@@ -19,7 +19,7 @@ FILES = sorted(HISTORIES.glob("*.json"))
 KINDS = {"completed", "failed_after_retries", "failed_not_retryable", "heartbeat_missed", "never_started",
          "rejected", "cancelled", "deleted", "output_too_large", "migrated_0_1",
          "double_text_reject", "double_text_enqueue", "double_text_interrupt",
-         "double_text_rollback"}
+         "double_text_rollback", "branches"}
 
 
 def _load(name: str) -> History:
@@ -72,3 +72,16 @@ def test_a_renamed_field_fails_the_replay(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(thread, "_run_event", misread)
     with pytest.raises(ReplayMismatch, match="RetryScheduled"):
         replay(_load("heartbeat_missed"))
+
+
+def test_a_switch_that_forgets_the_branch_it_leaves_fails_the_replay(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded fault: BranchSwitched moves the head but keeps no tip of the branch left."""
+    switched = branches.with_branch_switched
+
+    def forgetful(state: Any, seq: int) -> Any:
+        return replace(switched(state, seq), tip_seqs=state.tip_seqs)
+
+    monkeypatch.setattr(thread, "with_branch_switched", forgetful)
+    with pytest.raises(ReplayMismatch, match="BranchSwitched"):
+        replay(_load("branches"))
