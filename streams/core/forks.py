@@ -26,9 +26,10 @@ regenerate or edit follows its `multitask_strategy` (docs/branches.md):
     rollback   RunCancelled(rolled_back) first (its user message is tombstoned), then
                the fork
 
-A regenerate of the message whose own run is the active one, under enqueue or
-rollback, is a conflict: a rollback (now, or by a later post while it waits) would
-remove the message it answers.
+A regenerate of the message whose own run is the active one is a conflict under
+every strategy: cancel that run first, or regenerate once it has ended (queued, a
+rollback could remove the message; under interrupt, the cancelled run's partial
+answer and the new answer would share one branch).
 
 Refusals are `RunRejected` with the existing reasons (a new enum symbol would break
 old readers): `unknown_thread`, `invalid` (bad ids or text, no such user message, a
@@ -71,7 +72,6 @@ from streams.core.reasons import CancelReason
 __all__ = ["decide_branch_command"]
 
 BranchCommand = RegenerateAnswer | EditMessage | SwitchBranch
-_MAY_REMOVE = frozenset({MultitaskStrategy.ROLLBACK, MultitaskStrategy.ENQUEUE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,11 +126,11 @@ def _regenerate(state: ThreadState, command: RegenerateAnswer, policy: Policy,
                                   idempotency_key=command.idempotency_key, at_ms=command.now_ms)
     active = state.active_run
     strategy = command.multitask_strategy
-    if active is not None and active.message_seq == target and \
-            is_own_run(state.thread_id, active) and strategy in _MAY_REMOVE:
-        # A rollback, now or by a later post while this waits, would remove the message.
+    if active is not None and active.message_seq == target and is_own_run(state.thread_id, active):
+        # Queued, a rollback (now or by a later post) could remove the message; under
+        # interrupt, its own partial answer and the new one would share one branch.
         return _Refusal(RejectReason.CONFLICT, "the message's own run is still active: "
-                        "regenerate it once that has ended, or with interrupt", active.run_id)
+                        "cancel it, or regenerate once it has ended", active.run_id)
     if active is not None and strategy is MultitaskStrategy.ENQUEUE:
         refusal = _no_queue_room(state, policy) or _no_branch_room(state, policy, 1)
         if refusal is not None:

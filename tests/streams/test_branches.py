@@ -19,6 +19,7 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
+from streams.core import branches, forks, history, thread
 from streams.core.branches import (
     ROOT,
     branch_count,
@@ -229,6 +230,15 @@ def check_invariants(shell: Shell) -> None:
     run = state.active_run
     if run is not None and run.message_seq in shell.records:
         assert run.message_seq in shell.path(head)
+    # No branch is lost: every stored message is on the path of a head or a tip; and
+    # no branch holds two answers to one question (a regenerate's is on its own).
+    paths = [shell.path(seq) for seq in (head, *state.tip_seqs)]
+    assert set(shell.records) == {seq for path in paths for seq in path}
+    for path in paths:
+        questions = [shell.run_message_seq[shell.records[seq].message.run_id] for seq in path
+                     if shell.records[seq].message.role == "assistant"
+                     and shell.records[seq].run_status is None]
+        assert len(questions) == len(set(questions)), (path, questions)
 
 
 @hypothesis.settings(max_examples=300, deadline=None)
@@ -488,3 +498,58 @@ def test_the_worked_example_of_branches() -> None:
     assert events[0] == RegenerateAccepted(T, "u0", 0, regenerate_run_id_for(T, "again"), "again", 4)
     shell.complete()
     assert shell.path(6) == [6, 0] and tips(shell) == (3, 5)
+
+
+# --- seeded faults: the properties above can fail -----------------------------------
+
+
+def _forget_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forks, "key_conflict", lambda *args: None)
+
+
+def _keep_no_tip(monkeypatch: pytest.MonkeyPatch) -> None:
+    switched = branches.with_branch_switched
+    monkeypatch.setattr(thread, "with_branch_switched",
+                        lambda state, seq: replace(switched(state, seq), tip_seqs=state.tip_seqs))
+
+
+def _write_no_parent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(history, "stored_parent", lambda seq, parent: None)
+
+
+@pytest.mark.parametrize(("fault", "ops"), [
+    # A regenerate's key forgotten: sent again under interrupt, its run starts twice.
+    (_forget_keys, [("post", 0, 0, REJECT), ("complete", 0, 0, REJECT),
+                    ("regenerate", 0, 0, REJECT), ("regenerate", 0, 0, INTERRUPT)]),
+    # A switch that keeps no tip: the branch left is lost, and the bound miscounts.
+    (_keep_no_tip, [("post", 0, 0, REJECT), ("complete", 0, 0, REJECT),
+                    ("regenerate", 0, 0, REJECT), ("complete", 0, 0, REJECT),
+                    ("switch", 0, 0, REJECT)]),
+    # Records written without their parent: a regenerated answer reads as following
+    # the answer before it, not its question.
+    (_write_no_parent, [("post", 0, 0, REJECT), ("complete", 0, 0, REJECT),
+                        ("regenerate", 0, 0, REJECT), ("complete", 0, 0, REJECT)]),
+], ids=["keys-forgotten", "switch-keeps-no-tip", "no-parent-written"])
+def test_a_seeded_fault_breaks_a_property(fault: Any, ops: list[Op],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each fault, planted in the core, makes `check_invariants` fail on a short history
+    (the same history passes without it)."""
+    def run_all() -> None:
+        shell = Shell()
+        for step, op in enumerate(ops, start=1):
+            run_op(shell, op, step)
+            check_invariants(shell)
+        state = shell.state
+        assert state is not None
+        heads = {head_of(state), *state.tip_seqs}
+        assert len(heads) == branch_count(state)  # every branch still named
+        if shell.state is not None and shell.state.active_run is None and state.tip_seqs:
+            before = {seq: shell.path(seq) for seq in heads}
+            shell.send(SwitchBranch(T, TENANT, state.tip_seqs[0], 999))
+            assert shell.state is not None
+            assert {head_of(shell.state), *shell.state.tip_seqs} == set(before)
+
+    run_all()
+    fault(monkeypatch)
+    with pytest.raises(AssertionError):
+        run_all()
