@@ -20,7 +20,7 @@ from aiohttp import web
 
 from gateway.adapters import ai_sdk, console, langgraph
 from gateway.adapters.demo import demo_page
-from gateway.api import interrupts, rest
+from gateway.api import branches, interrupts, rest
 from gateway.api.openapi import openapi
 from gateway.http.auth import BROWSER_TOKENS_PATH, RedactingAccessLogger, auth_middleware
 from gateway.http.browser_tokens import BrowserTokens
@@ -145,6 +145,12 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     app.router.add_delete("/v1/threads/{thread_id}", rest.delete_thread)
     app.router.add_get("/v1/threads/{thread_id}/messages", rest.list_messages)
     app.router.add_post("/v1/threads/{thread_id}/user_message", rest.post_user_message)
+    app.router.add_post("/v1/threads/{thread_id}/messages/{message_id}/regenerate",
+                        branches.regenerate)
+    app.router.add_post("/v1/threads/{thread_id}/messages/{message_id}/edit",
+                        branches.edit_message)
+    app.router.add_get("/v1/threads/{thread_id}/branches", branches.list_branches)
+    app.router.add_post("/v1/threads/{thread_id}/branches/current", branches.switch_branch)
     app.router.add_post("/v1/threads/{thread_id}/runs/{run_id}/cancel", rest.cancel_run)
     app.router.add_post("/v1/threads/{thread_id}/runs/{run_id}/resume", interrupts.resume_run)
     app.router.add_get("/v1/threads/{thread_id}/stream", streaming.thread_stream)

@@ -22,6 +22,16 @@ def _json(description: str, ref: str) -> dict[str, Any]:
 _THREAD_ID = {"name": "thread_id", "in": "path", "required": True, "schema": {"type": "string"}}
 _RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
 _UNAUTHORIZED = _problem("Missing or unknown API key")
+_MESSAGE_ID = {"name": "message_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_KEY = {"name": "Idempotency-Key", "in": "header", "schema": {"type": "string", "maxLength": 255},
+        "description": "The same key answers with the same run (a regenerate without one "
+                       "is not safe to resend)."}
+_BRANCH = {"name": "branch", "in": "query", "schema": {"type": "integer"},
+           "description": "Read this branch (a seq from GET .../branches) instead of the "
+                          "current one."}
+_STRATEGY = {"type": "string", "default": "reject",
+             "enum": ["reject", "enqueue", "interrupt", "rollback"],
+             "description": "What to do if a run is active (docs/branches.md)"}
 _CHAT_ID = {"name": "chat_id", "in": "path", "required": True, "schema": {"type": "string"},
             "description": "The client's chat id (useChat's id), namespaced per tenant"}
 _NOT_FOUND = _problem("No such thread or run for this tenant")
@@ -159,6 +169,11 @@ SPEC: dict[str, Any] = {
                                   "description": "When the last event changed the thread."},
                 "workflow_id": {"type": "string"},
                 "message_count": {"type": "integer"}, "run_count": {"type": "integer"},
+                "branch": {"type": "integer", "description": (
+                    "The current branch: the seq of its newest message (-1: none yet). "
+                    "docs/branches.md")},
+                "branch_count": {"type": "integer", "description": "Branches, the current "
+                                 "one included (1 until a regenerate or edit)."},
                 "active_run": {"type": ["object", "null"], "properties": {
                     "run_id": {"type": "string"}, "message_id": {"type": "string"},
                     "attempt": {"type": "integer"}, "status": {"type": "string"},
@@ -180,6 +195,8 @@ SPEC: dict[str, Any] = {
                                "replayed": {"type": "boolean"}}},
             "Messages": {"type": "object", "properties": {
                 "thread_id": {"type": "string"},
+                "branch": {"type": "integer", "description": "The branch read: the seq of "
+                           "its newest message."},
                 "messages": {"type": "array", "items": {"type": "object", "properties": {
                     "seq": {"type": "integer", "description": "0-based position in the thread."},
                     "message_id": {"type": "string"},
@@ -188,10 +205,45 @@ SPEC: dict[str, Any] = {
                     "created_at_ms": {"type": "integer"}, "steps": {"type": "array"},
                     "citations": {"type": "array"},
                     "run_status": {"type": ["string", "null"], "description": (
-                        "User messages only: the status of the run the message started.")}}}},
+                        "User messages only: the status of the run the message started.")},
+                    "parent_seq": {"type": "integer", "description": (
+                        "The message before it on its branch (-1: none, a first "
+                        "message); seq - 1 unless it starts a branch.")}}}},
                 "next_cursor": {"type": ["string", "null"], "description": (
                     "Continues in the direction read: pass it as `after` (or as `before` "
                     "if this page was read with `before`); null at the end.")}}},
+            "Regenerated": {"type": "object", "properties": {
+                "workflow_id": {"type": "string"},
+                "run_id": {"type": "string", "description": "The new answer's run, named by "
+                           "the Idempotency-Key: the same key is the same run."},
+                "message_id": {"type": "string", "description": "The question answered again."},
+                "branch": {"type": "integer", "description": "The question's seq: the new "
+                           "answer follows it, on a new branch that becomes current."},
+                "status": {"type": "string", "enum": ["accepted", "pending"]},
+                "replayed": {"type": "boolean"}}},
+            "Edited": {"type": "object", "properties": {
+                "workflow_id": {"type": "string"}, "run_id": {"type": "string"},
+                "message_id": {"type": "string", "description": "The new user message."},
+                "edited_message_id": {"type": "string"},
+                "status": {"type": "string", "enum": ["accepted", "pending"]},
+                "replayed": {"type": "boolean"}}},
+            "Branches": {"type": "object", "properties": {
+                "thread_id": {"type": "string"},
+                "current": {"type": "integer", "description": "The current branch."},
+                "branches": {"type": "array", "items": {"type": "object", "properties": {
+                    "branch": {"type": "integer", "description": (
+                        "The seq of its newest message: its name in `?branch=` and in "
+                        "POST .../branches/current.")},
+                    "current": {"type": "boolean"},
+                    "fork_seq": {"type": "integer", "description": (
+                        "The newest message it shares with the current branch (-1: none, "
+                        "an edit of the first message).")},
+                    "first_seq": {"type": ["integer", "null"], "description": (
+                        "Its first message after the fork (null: the current branch, or a "
+                        "tip on the current branch's path).")},
+                    "message_count": {"type": "integer"},
+                    "message_id": {"type": ["string", "null"]},
+                    "role": {"type": ["string", "null"]}}}}}},
             "Resume": {"type": "object", "properties": {
                 "run_id": {"type": "string"},
                 "status": {"type": "string", "enum": ["resumed", "pending"]}}},
@@ -276,12 +328,65 @@ SPEC: dict[str, Any] = {
                                       "type": "object"}}}},
                           "401": _UNAUTHORIZED, "404": _NOT_FOUND}}},
         "/v1/threads/{thread_id}/messages": {"get": {
-            "summary": "Stored messages, user and assistant, oldest first, a page at a "
-                       "time (without limit: the first 100, with next_cursor)",
-            "parameters": [_THREAD_ID, _LIMIT_MESSAGES, *_CURSORS],
+            "summary": "Stored messages of the current branch (or `branch`), user and "
+                       "assistant, oldest first, a page at a time (without limit: the "
+                       "first 100, with next_cursor)",
+            "parameters": [_THREAD_ID, _LIMIT_MESSAGES, *_CURSORS, _BRANCH],
             "responses": {"200": _json("A page of messages", "Messages"),
                           "400": _problem("Bad limit or cursor"), "401": _UNAUTHORIZED,
+                          "404": _problem("No such thread, or no such branch")}}},
+        "/v1/threads/{thread_id}/messages/{message_id}/regenerate": {"post": {
+            "summary": "Answer a user message again (or, named by an answer, its question) "
+                       "on a new branch from it, which becomes current (docs/branches.md)",
+            "parameters": [_THREAD_ID, _MESSAGE_ID, _KEY],
+            "requestBody": {"required": False, "content": {"application/json": {"schema": {
+                "type": "object", "properties": {"multitask_strategy": _STRATEGY}}}}},
+            "responses": {"202": _json("Accepted, pending, or the run of a repeated "
+                                       "Idempotency-Key", "Regenerated"),
+                          "401": _UNAUTHORIZED,
+                          "404": _problem("No such thread or message"),
+                          "409": _problem("A run is active (reject), the message's own run "
+                                          "is active, posts are queued, or the thread has "
+                                          "its most branches (branch-conflict)"),
+                          "422": _problem("Bad body, the key used with another message, or "
+                                          "no answerable user message"),
+                          "429": _POSTS}}},
+        "/v1/threads/{thread_id}/messages/{message_id}/edit": {"post": {
+            "summary": "Post new text in place of a user message: a new message on a new "
+                       "branch from the edited one's parent, which becomes current and runs",
+            "parameters": [_THREAD_ID, _MESSAGE_ID, _KEY],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "required": ["input_text"], "properties": {
+                    "input_text": {"type": "string", "minLength": 1},
+                    "message_id": {"type": "string", "description": (
+                        "The new message's id (default: from the Idempotency-Key, else "
+                        "random); it never runs twice.")},
+                    "multitask_strategy": _STRATEGY}}}}},
+            "responses": {"202": _json("Accepted, pending, or the original run of a "
+                                       "repeated Idempotency-Key", "Edited"),
+                          "401": _UNAUTHORIZED,
+                          "404": _problem("No such thread or message"),
+                          "409": _problem("As for a regenerate (branch-conflict)"),
+                          "422": _problem("Empty or too long input, bad body, or the "
+                                          "Idempotency-Key used with another body"),
+                          "429": _POSTS}}},
+        "/v1/threads/{thread_id}/branches": {"get": {
+            "summary": "The thread's branches, the current one first, with where each "
+                       "forks from it",
+            "parameters": [_THREAD_ID],
+            "responses": {"200": _json("The branches", "Branches"), "401": _UNAUTHORIZED,
                           "404": _NOT_FOUND}}},
+        "/v1/threads/{thread_id}/branches/current": {"post": {
+            "summary": "Make a branch current (`{branch}`: its seq); posts go on from it",
+            "parameters": [_THREAD_ID],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "required": ["branch"],
+                "properties": {"branch": {"type": "integer"}}}}}},
+            "responses": {"200": {"description": "switched, or current already"},
+                          "202": {"description": "pending"}, "401": _UNAUTHORIZED,
+                          "404": _problem("No such thread or branch"),
+                          "409": _problem("A run is active: switch once it has ended"),
+                          "422": _problem("Bad body")}}},
         "/v1/threads/{thread_id}/user_message": {"post": {
             "summary": "Post a user message: starts a run",
             "parameters": [_THREAD_ID, {"name": "Idempotency-Key", "in": "header",

@@ -32,10 +32,12 @@ from gateway.http.problems import Problem
 from gateway.kafka import partition_for
 from gateway.keys import BUS, LIMITER, READ_MODEL, SETTINGS
 from gateway.live.sse import iso_ms
+from gateway.model.branches import branch_heads, is_straight
 from gateway.model.decisions import new_traceparent
 from gateway.model.read_model import RunView
 from gateway.model.titles import display_title
 from streams.clock import now_ms
+from streams.core.branches import branch_count, head_of, parent_seq_of
 from streams.core.domain import (
     CancelRun,
     CreateThread,
@@ -58,9 +60,10 @@ from streams.core.ids import idempotent_message_id_for, run_id_for, workflow_id_
 from streams.core.records import MessageRecord
 
 __all__ = ["MAX_MESSAGES_PAGE", "MAX_THREADS_PAGE", "MESSAGES_PAGE", "THREADS_PAGE",
-           "cancel", "cancel_run", "create_thread", "decided_run", "delete_thread", "get_thread",
-           "list_messages", "list_threads", "multitask_strategy", "own_run", "post_user_message",
-           "submit_user_message"]
+           "cancel", "cancel_run", "create_thread", "cursor", "decided_run", "delete_thread",
+           "get_thread", "idempotency_key", "list_messages", "list_threads", "message_json",
+           "multitask_strategy", "own_run", "own_thread", "post_user_message", "seq_cursor",
+           "string_field", "submit_user_message"]
 
 MESSAGES_PAGE, MAX_MESSAGES_PAGE = 100, 1000  # GET /v1/threads/{id}/messages: default, max
 THREADS_PAGE, MAX_THREADS_PAGE = 50, 200  # GET /v1/threads
@@ -70,7 +73,8 @@ MAX_ID_CHARS = 200  # a thread id named in a body (ours are uuids)
 MAX_KEY_CHARS = 255
 
 
-def _string(body: dict[str, Any], name: str, default: str | None = None) -> str:
+def string_field(body: dict[str, Any], name: str, default: str | None = None) -> str:
+    """The body's string `name` (or `default`), Unicode text; 422 otherwise."""
     value = body.get(name, default)
     if not isinstance(value, str):
         raise Problem(422, "invalid-body", f"'{name}' must be a string", field=name)
@@ -82,7 +86,8 @@ def _string(body: dict[str, Any], name: str, default: str | None = None) -> str:
     return value
 
 
-def _message(record: MessageRecord, state: ThreadState) -> dict[str, Any]:
+def message_json(record: MessageRecord, state: ThreadState) -> dict[str, Any]:
+    """A stored message as the native API shows it."""
     m = record.message
     body: dict[str, Any] = {
         "seq": record.seq, "message_id": m.message_id, "role": m.role, "text": m.text,
@@ -90,6 +95,7 @@ def _message(record: MessageRecord, state: ThreadState) -> dict[str, Any]:
         "steps": [{"kind": s.kind, "name": s.name, "payload_json": s.payload_json}
                   for s in m.steps],
         "citations": [{"url": c.url, "title": c.title} for c in m.citations],
+        "parent_seq": parent_seq_of(record),  # its parent in the thread's tree (branches)
     }
     if m.role == "user":
         run = state.active_run
@@ -112,6 +118,7 @@ def _thread(state: ThreadState, title: str) -> dict[str, Any]:
         "updated_at_ms": state.updated_at_ms or state.created_at_ms,
         "workflow_id": workflow_id_for(state.thread_id), "message_count": state.message_count,
         "run_count": state.run_count,
+        "branch": head_of(state), "branch_count": branch_count(state),
         "active_run": None if run is None else {
             "run_id": run.run_id, "message_id": run.message_id, "attempt": run.attempt,
             "status": run.shown_status, "accepted_at_ms": run.accepted_at_ms or None,
@@ -122,14 +129,16 @@ def _thread(state: ThreadState, title: str) -> dict[str, Any]:
     }
 
 
-async def _own_thread(request: web.Request) -> ThreadState:
+async def own_thread(request: web.Request) -> ThreadState:
+    """The caller's thread named in the path, or 404."""
     state = await request.config_dict[READ_MODEL].thread(request[TENANT], request.match_info["thread_id"])
     if state is None:
         raise Problem(404, "not-found", "no such thread")
     return state
 
 
-def _cursor(*parts: object) -> str:
+def cursor(*parts: object) -> str:
+    """An opaque page cursor holding `parts` (the first names the list)."""
     raw = json.dumps(parts, separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
@@ -147,7 +156,8 @@ def _parse_cursor(request: web.Request, name: str, kind: str) -> list[Any] | Non
     return parts[1:]
 
 
-def _seq_cursor(request: web.Request, name: str) -> int | None:
+def seq_cursor(request: web.Request, name: str) -> int | None:
+    """The message seq of the query's cursor `name` (`before=end`: past the newest)."""
     if name == "before" and request.query.get(name) == "end":
         return END_SEQ
     parts = _parse_cursor(request, name, "m")
@@ -195,7 +205,7 @@ def _utf8(text: str) -> bool:
 async def create_thread(request: web.Request) -> web.Response:
     """POST /v1/threads"""
     body = await read_json_body(request, required=False)
-    title = _string(body, "title", "")
+    title = string_field(body, "title", "")
     if len(title) > MAX_TITLE_CHARS:
         raise Problem(422, "invalid-body", f"'title' is longer than {MAX_TITLE_CHARS} characters")
     tenant, thread_id = request[TENANT], str(uuid.uuid4())
@@ -217,24 +227,47 @@ async def create_thread(request: web.Request) -> web.Response:
 
 async def get_thread(request: web.Request) -> web.Response:
     """GET /v1/threads/{thread_id}"""
-    state = await _own_thread(request)
+    state = await own_thread(request)
     return json_answer(200, _thread(state, request.config_dict[READ_MODEL].display_title(state)))
 
 
 async def list_messages(request: web.Request) -> web.Response:
-    """GET /v1/threads/{thread_id}/messages?limit=&after=|before="""
+    """GET /v1/threads/{thread_id}/messages?limit=&after=|before=&branch=
+
+    The current branch (a thread that never branched: every message), or with `branch`
+    the branch whose head or tip is that seq (`GET .../branches`)."""
     limit = query_limit(request, MESSAGES_PAGE, MAX_MESSAGES_PAGE)
-    after, before = _seq_cursor(request, "after"), _seq_cursor(request, "before")
-    state = await _own_thread(request)
-    page = request.config_dict[READ_MODEL].messages(state.thread_id, after=after, before=before,
-                                             limit=limit)
+    after, before = seq_cursor(request, "after"), seq_cursor(request, "before")
+    state = await own_thread(request)
+    read_model = request.config_dict[READ_MODEL]
+    branch = _branch_param(request, state)
+    if branch is None and is_straight(state):
+        page = read_model.messages(state.thread_id, after=after, before=before, limit=limit)
+    else:
+        page = read_model.branch_messages(state, head_of(state) if branch is None else branch,
+                                          after=after, before=before, limit=limit)
     next_cursor = None
     if page.more and page.records:
         backward = before is not None and after is None
-        next_cursor = _cursor("m", page.records[0 if backward else -1].seq)
+        next_cursor = cursor("m", page.records[0 if backward else -1].seq)
     return json_answer(200, {"thread_id": state.thread_id,
-                       "messages": [_message(r, state) for r in page.records],
+                       "branch": head_of(state) if branch is None else branch,
+                       "messages": [message_json(r, state) for r in page.records],
                        "next_cursor": next_cursor})
+
+
+def _branch_param(request: web.Request, state: ThreadState) -> int | None:
+    raw = request.query.get("branch")
+    if raw is None:
+        return None
+    try:
+        seq = int(raw)
+    except ValueError:
+        seq = None
+    if seq is None or seq not in branch_heads(state):
+        raise Problem(404, "no-such-branch", f"'branch' {raw!r} names no branch of this thread "
+                      "(GET /v1/threads/{thread_id}/branches lists them)", field="branch")
+    return seq
 
 
 async def list_threads(request: web.Request) -> web.Response:
@@ -249,7 +282,7 @@ async def list_threads(request: web.Request) -> web.Response:
     read_model = request.config_dict[READ_MODEL]
     page = await read_model.threads(request[TENANT], after=after, limit=limit)
     last = page.states[-1] if page.states else None
-    next_cursor = None if not page.more or last is None else _cursor(
+    next_cursor = None if not page.more or last is None else cursor(
         "t", last.updated_at_ms or last.created_at_ms, last.thread_id)
     return json_answer(200, {"threads": [_thread(s, read_model.display_title(s))
                                          for s in page.states],
@@ -258,7 +291,7 @@ async def list_threads(request: web.Request) -> web.Response:
 
 async def delete_thread(request: web.Request) -> web.Response:
     """DELETE /v1/threads/{thread_id}"""
-    state = await _own_thread(request)
+    state = await own_thread(request)
     tenant, thread_id = request[TENANT], state.thread_id
     read_model = request.config_dict[READ_MODEL]
     read_model.note_write(thread_id)
@@ -273,7 +306,8 @@ async def delete_thread(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
-def _idempotency_key(request: web.Request) -> str | None:
+def idempotency_key(request: web.Request) -> str | None:
+    """The request's Idempotency-Key header, checked; None without one."""
     key = request.headers.get("Idempotency-Key")
     if key is None:
         return None
@@ -286,12 +320,12 @@ def _idempotency_key(request: web.Request) -> str | None:
 
 async def post_user_message(request: web.Request) -> web.Response:
     """POST /v1/threads/{thread_id}/user_message"""
-    state = await _own_thread(request)
+    state = await own_thread(request)
     body = await read_json_body(request, required=True)
-    text = _string(body, "input_text")
+    text = string_field(body, "input_text")
     strategy = multitask_strategy(body.get("multitask_strategy", MultitaskStrategy.REJECT.value))
     event, message_id = await submit_user_message(request, state, text,
-                                                  _idempotency_key(request), strategy=strategy)
+                                                  idempotency_key(request), strategy=strategy)
     return _post_answer(event, state.thread_id, message_id)
 
 
@@ -366,7 +400,7 @@ def decided_run(event: Event, thread_id: str, message_id: str) -> tuple[str, boo
 async def own_run(request: web.Request) -> tuple[ThreadState, RunView]:
     """The thread and run named in the path (`/v1/threads/{thread_id}/runs/{run_id}`),
     both the caller's, or 404."""
-    state = await _own_thread(request)
+    state = await own_thread(request)
     run = await request.config_dict[READ_MODEL].run(request[TENANT], request.match_info["run_id"])
     if run is None or run.state.thread_id != state.thread_id:
         raise Problem(404, "not-found", "no such run on this thread")
@@ -378,7 +412,7 @@ async def cancel_run(request: web.Request) -> web.Response:
     run_id = request.match_info["run_id"]
     state, run = await own_run(request)
     body = await read_json_body(request, required=False)
-    reason = _string(body, "reason", "cancelled by the client")[:500]
+    reason = string_field(body, "reason", "cancelled by the client")[:500]
     if run.status is not None and run.status.is_terminal:
         raise Problem(409, "run-finished", f"the run already ended ({run.status.value})",
                       run_status=run.status.value)

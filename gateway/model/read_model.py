@@ -56,6 +56,7 @@ from gateway.kafka import (
     stop_task,
     topic_partitions,
 )
+from gateway.model.branches import Branch, branches, page_of, path_oldest_first
 from gateway.model.read_store import (
     MESSAGES,
     THREADS,
@@ -436,6 +437,20 @@ class ReadModel:
                  limit: int = 100) -> MessagePage:
         """One page of a thread's messages, by sequence number."""
         return self.store.messages(thread_id, after=after, before=before, limit=limit)
+
+    def branch_messages(self, state: ThreadState, seq: int, *, after: int | None = None,
+                        before: int | None = None, limit: int = 100) -> MessagePage:
+        """One page of the branch ending at message `seq` (`gateway.model.branches`), as
+        `messages` pages: the path is walked through the parent index (no decode), and
+        only the page's records are decoded."""
+        store = self.store
+        path = path_oldest_first(seq, partial(store.link, state.thread_id))
+        chosen, more = page_of(path, after=after, before=before, limit=limit)
+        return MessagePage(store.messages_at(state.thread_id, chosen), more, len(chosen))
+
+    def branches(self, state: ThreadState) -> list[Branch]:
+        """The thread's branches, the current one first, with where each forks."""
+        return branches(state, partial(self.store.link, state.thread_id))
 
     def display_title(self, state: ThreadState) -> str:
         """The thread's display title (`gateway.model.titles`): its title, or if that is

@@ -23,6 +23,10 @@ Rows (keys are bytes; `len2(x)` is x's UTF-8 length as 2 bytes, then x):
     R run_id                         len2(thread_id) + seq(8) of the run's user message
     L len2(tenant) inv(8) thread_id  the tenant's threads, newest updated_at first
     A thread_id                      the thread's active run (tenant, run_id, accepted_at)
+    P len2(thread_id) seq(8)         the message's parent seq (signed 8), only when its
+                                     record names one (a branch's first message)
+    G len2(thread_id) run_id         a regenerate's run (its R row points at the user
+                                     message it answers again), so a delete finds it
 
 Length prefixes make each thread's rows one contiguous key range whatever
 characters the ids hold, so a page of messages is one seek and `limit` steps.
@@ -46,6 +50,7 @@ from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
 from streams.clock import now_ms
 from streams.core.domain import ActiveRun, RunRecord, RunStatus, ThreadState
 from streams.core.history import message_key, parse_message_key
+from streams.core.ids import run_id_for
 from streams.core.records import MessageRecord
 from streams.wire import (
     Codec,
@@ -53,14 +58,16 @@ from streams.wire import (
     new_meta,
 )
 
-__all__ = ["ActiveRunStart", "MessagePage", "ReadStore", "RunRef", "ThreadPage"]
+__all__ = ["ActiveRunStart", "Link", "MessagePage", "ReadStore", "RunRef", "ThreadPage"]
 
 log = logging.getLogger("threadline.gateway")
 
-FORMAT = 2
+FORMAT = 3  # 3: parent rows (P) and regenerate runs (G), issue #30
 _META = b"\x00meta"
 _CHECKPOINT = b"\x01"
 _THREAD, _MESSAGE, _BY_ID, _RUN, _LIST, _ACTIVE = b"T", b"S", b"N", b"R", b"L", b"A"
+_PARENT, _REGENERATE = b"P", b"G"
+_PARENT_SEQ = struct.Struct(">q")
 _SEQ = struct.Struct(">Q")
 _HEADER = struct.Struct(">qH")  # updated_at_ms, tenant length (then the tenant)
 _INV = (1 << 63) - 1
@@ -97,6 +104,14 @@ class RunRef:
 
     thread_id: str
     seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A stored message as far as the thread's tree goes (`streams.core.branches.Linked`)."""
+
+    seq: int
+    parent_seq: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +280,24 @@ class ReadStore:
         self._put(_THREAD + key, header + state.tenant.encode("utf-8", "surrogatepass") + value)
         self._put(_listing_key(state.tenant, _listed_at(state), thread_id), b"")
         self._set_active(thread_id, state.tenant, state.active_run)
+        self._index_regenerates(thread_id, state)
         return None
+
+    def _index_regenerates(self, thread_id: str, state: ThreadState) -> None:
+        """Index the runs of regenerates (active or queued): no record is keyed by
+        them, so the R row points at the user message they answer again."""
+        runs = [(q.run_id, q.message_id, q.seq) for q in state.queued if q.run_id is not None]
+        run = state.active_run
+        if run is not None and run.message_seq >= 0:
+            runs.append((run.run_id, run.message_id, run.message_seq))
+        for run_id, message_id, seq in runs:
+            if run_id == run_id_for(thread_id, message_id):
+                continue  # the message's own run: its record indexes it
+            mark = _thread_prefix(_REGENERATE, thread_id) + run_id.encode("utf-8", "surrogatepass")
+            if self._get(mark) is None:
+                self._put(mark, b"")
+                self._put(_RUN + run_id.encode("utf-8", "surrogatepass"),
+                          _len2(thread_id) + _SEQ.pack(seq))
 
     def _set_active(self, thread_id: str, tenant: str | None, run: ActiveRun | None) -> None:
         key = _ACTIVE + thread_id.encode("utf-8", "surrogatepass")
@@ -312,16 +344,23 @@ class ReadStore:
         row = _thread_prefix(_MESSAGE, thread_id) + _SEQ.pack(seq)
         old = self._get(row)
         old_header = None if old is None else old[:_header_size(old)]
+        parent_row = _thread_prefix(_PARENT, thread_id) + _SEQ.pack(seq)
         if value is None:
             if old is not None:
                 self._unindex(thread_id, old)
                 self._delete(row)
+            if self._get(parent_row) is not None:
+                self._delete(parent_row)
             return
         try:
             _, record = self.codec.decode_message(value)
         except DecodeError as exc:
             log.warning("skipping an undecodable message record: %s", exc)
             return
+        if record.parent_seq is not None:
+            self._put(parent_row, _PARENT_SEQ.pack(record.parent_seq))
+        elif self._get(parent_row) is not None:
+            self._delete(parent_row)
         message = record.message
         header = _len2(message.message_id) + \
             _len2(message.run_id if message.role == "user" else "")
@@ -352,6 +391,12 @@ class ReadStore:
             if stored is not None:
                 self._unindex(thread_id, stored)
             self._delete(row)
+        for row in self._keys_staged_and_stored(_thread_prefix(_PARENT, thread_id)):
+            self._delete(row)
+        prefix = _thread_prefix(_REGENERATE, thread_id)
+        for mark in self._keys_staged_and_stored(prefix):
+            self._delete(mark)
+            self._delete(_RUN + mark[len(prefix):])
 
     # --- reads ---------------------------------------------------------------------
 
@@ -379,6 +424,19 @@ class ReadStore:
         """The message at this sequence number of a thread, or None."""
         raw = self._db.get(_thread_prefix(_MESSAGE, thread_id) + _SEQ.pack(seq))
         return None if raw is None else self.codec.decode_message(raw[_header_size(raw):])[1]
+
+    def link(self, thread_id: str, seq: int) -> Link | None:
+        """The message at `seq` as a node of the thread's tree (two point reads, no
+        decode), or None if no record is stored there."""
+        if self._db.get(_thread_prefix(_MESSAGE, thread_id) + _SEQ.pack(seq)) is None:
+            return None
+        raw = self._db.get(_thread_prefix(_PARENT, thread_id) + _SEQ.pack(seq))
+        return Link(seq, None if raw is None else int(_PARENT_SEQ.unpack(raw)[0]))
+
+    def messages_at(self, thread_id: str, seqs: list[int]) -> list[MessageRecord]:
+        """The stored records at these seqs, in their order (missing ones left out)."""
+        self.rows_read += len(seqs)
+        return [r for r in (self.message(thread_id, s) for s in seqs) if r is not None]
 
     def message_seq(self, thread_id: str, message_id: str) -> int | None:
         """The sequence number of a thread's message with this id, or None."""

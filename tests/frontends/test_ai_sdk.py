@@ -233,7 +233,8 @@ def test_a_tools_interrupt_is_approved_with_the_sdks_own_api(
 
 def test_the_chat_endpoint_keeps_the_native_rules(processes: ProcessStack) -> None:
     """The header; a resend of the same message replays its run; another message while a
-    run is active is 409; a regenerate is 422; an idle or unknown chat resumes with 204."""
+    run is active is 409, and so is a regenerate of the message whose run it is
+    (docs/branches.md); an idle or unknown chat resumes with 204."""
     chat_id = f"rules-{uuid.uuid4().hex[:8]}"
     first = {"id": chat_id, "trigger": "submit-message", "messageId": None,
              "messages": [_user("m1", "first question")]}
@@ -252,7 +253,7 @@ def test_the_chat_endpoint_keeps_the_native_rules(processes: ProcessStack) -> No
         status, _, problem = _chat(processes, {**first, "messages": [_user("m3", "more")]})
         assert status == 409, problem
         assert json.loads(problem)["active_run_id"]
-        assert _chat(processes, {**slow, "trigger": "regenerate-message"})[0] == 422
+        assert _chat(processes, {**slow, "trigger": "regenerate-message"})[0] == 409
         cancel = urllib.request.Request(
             f"{processes.base}/v1/ai/chat/{chat_id}/cancel", method="POST",
             headers={"Authorization": f"Bearer {KEY}"})

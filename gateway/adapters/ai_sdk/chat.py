@@ -13,21 +13,29 @@
   `{"approved", "reason"}` once (a repeat, or a concurrent twin, finds it answered and
   resumes nothing; another answer to it while the run goes on is `409`) and streams
   what follows the interrupt. `409` if the chat's runs do not wait on that approval.
+  Branches (docs/branches.md): a user message whose id the chat holds already (its
+  own, or the UI id it was posted with), sent with other text, is an edit (`sendMessage
+  ({text, messageId})`): a new message on a new branch from the old one's parent, its
+  key the Idempotency-Key header or one made from the UI id and the text, so a resend
+  runs once. `trigger: "regenerate-message"` (`regenerate()`) answers the last user
+  message again on a new branch (`_regenerate`).
 * `GET /v1/ai/chat/{chat_id}/stream`: the transport's reconnect. The active run,
   replayed from its start out of Kafka and then live (to its end, or to a tool approval
   not answered yet), or `204` when none is active.
 * `POST /v1/ai/chat/{chat_id}/cancel`: cancels the active run (the SDK's `stop()`
   only aborts the fetch; a closed connection never cancels a run).
-* `GET /v1/ai/chat/{chat_id}/messages`: the stored messages as `UIMessage`s.
+* `GET /v1/ai/chat/{chat_id}/messages`: the current branch's messages as `UIMessage`s.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 import uuid
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -40,7 +48,7 @@ from gateway.adapters.ai_sdk.ui_stream import (
     chunk_frame,
     ui_message,
 )
-from gateway.api import rest
+from gateway.api import branches, rest
 from gateway.api.interrupts import resume
 from gateway.http.auth import TENANT
 from gateway.http.plumbing import END_SEQ, query_limit, read_json_body
@@ -49,11 +57,14 @@ from gateway.keys import BUS, READ_MODEL
 from gateway.live.run_stream import Gone
 from gateway.live.sse import SseEvent
 from gateway.live.streaming import serve_run
+from gateway.model.branches import is_straight, path_oldest_first
 from gateway.model.decisions import new_traceparent
 from gateway.model.read_model import RunView
 from streams.clock import now_ms
-from streams.core.domain import CreateThread, ThreadCreated, ThreadState
-from streams.core.ids import run_id_for
+from streams.core.branches import head_of
+from streams.core.domain import CreateThread, MultitaskStrategy, ThreadCreated, ThreadState
+from streams.core.ids import idempotent_message_id_for, run_id_for
+from streams.core.records import MessageRecord
 
 __all__ = ["UiFraming", "cancel_chat", "chat", "chat_messages", "chat_thread_id", "resume_chat"]
 
@@ -174,10 +185,12 @@ async def chat(request: web.Request) -> web.StreamResponse:
     body = await read_json_body(request, required=True)  # the same body rules as /v1
     chat_id = _chat_id(body.get("id"))
     trigger = body.get("trigger", "submit-message")
-    if trigger != "submit-message":
-        raise Problem(422, "unsupported-trigger", "only 'submit-message': a message is "
-                      "answered once, so it cannot be regenerated", field="trigger")
+    if trigger not in ("submit-message", "regenerate-message"):
+        raise Problem(422, "unsupported-trigger", "'trigger' must be 'submit-message' or "
+                      "'regenerate-message'", field="trigger")
     messages = body.get("messages")
+    if trigger == "regenerate-message":
+        return await _regenerate(request, chat_id, body)
     if isinstance(messages, list) and messages and isinstance(messages[-1], dict) and \
             messages[-1].get("role") == "assistant":
         return await _approve(request, chat_id, approval_in(messages[-1]))
@@ -187,12 +200,88 @@ async def chat(request: web.Request) -> web.StreamResponse:
         if not text.strip():
             raise Problem(422, "invalid-input", "the user message has no text", field="messages")
         state = await _create(request, chat_id, text)
-    key = request.headers.get("Idempotency-Key") or ui_id or None
-    event, message_id = await rest.submit_user_message(request, state, text, key)
-    if event is None:
-        run_id = run_id_for(state.thread_id, message_id)
+    stored = _stored_user_message(request, state, ui_id)
+    if stored is not None and stored.message.text != text:
+        run_id = await _edit(request, state, stored.message.message_id, ui_id, text)
     else:
-        run_id, _ = rest.decided_run(event, state.thread_id, message_id)
+        key = request.headers.get("Idempotency-Key") or ui_id or None
+        event, message_id = await rest.submit_user_message(request, state, text, key)
+        if event is None:
+            run_id = run_id_for(state.thread_id, message_id)
+        else:
+            run_id, _ = rest.decided_run(event, state.thread_id, message_id)
+    run = await _run(request, run_id)
+    return await serve_run(request, run, _framing(run.state, run))
+
+
+def _stored_user_message(request: web.Request, state: ThreadState,
+                         ui_id: str) -> MessageRecord | None:
+    """The thread's user message a UI message id names: its own id, or the id it was
+    posted with (`submit_user_message` makes the message id from the key); or None."""
+    if not ui_id:
+        return None
+    store = request.config_dict[READ_MODEL].store
+    for message_id in (ui_id, idempotent_message_id_for(request[TENANT], state.thread_id, ui_id)):
+        seq = store.message_seq(state.thread_id, message_id)
+        record = None if seq is None else store.message(state.thread_id, seq)
+        if record is not None and record.message.role == "user":
+            return record
+    return None
+
+
+async def _edit(request: web.Request, state: ThreadState, message_id: str, ui_id: str,
+                text: str) -> str:
+    """Edit the stored user message to `text`: the run of the new message."""
+    digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+    key = request.headers.get("Idempotency-Key") or f"ai-sdk-edit:{ui_id}:{digest}"
+    new_id = idempotent_message_id_for(request[TENANT], state.thread_id, key)
+    event = await branches.edit(request, state, message_id, text, new_id, key,
+                                MultitaskStrategy.REJECT, field="messages")
+    if event is None:
+        return run_id_for(state.thread_id, new_id)
+    return rest.decided_run(event, state.thread_id, new_id)[0]
+
+
+def _current_path(request: web.Request, state: ThreadState) -> list[int]:
+    store = request.config_dict[READ_MODEL].store
+    return path_oldest_first(head_of(state), partial(store.link, state.thread_id))
+
+
+async def _regenerate(request: web.Request, chat_id: str, body: dict[str, Any]) -> \
+        web.StreamResponse:
+    """`regenerate()`: answer the last user message of the current branch again, on a
+    new branch from it, and stream the new answer.
+
+    The key is the Idempotency-Key header, else made from what is regenerated: the
+    answer `messageId` names (the SDK's `regenerate({messageId})`), else the answer
+    that now follows the question on the current branch (each regenerate replaces
+    it, so a second click regenerates again, while a resend of the same request
+    before its answer became current runs once)."""
+    state = await _thread(request, chat_id)
+    if state is None:
+        raise Problem(404, "not-found", "no such chat")
+    ui_id, _ = _newest_user_message(body.get("messages"))
+    store = request.config_dict[READ_MODEL].store
+    path = _current_path(request, state)
+    stored = _stored_user_message(request, state, ui_id)
+    seq = stored.seq if stored is not None and stored.seq in path else None
+    if seq is None:  # the UI's id names another branch's message: the current question
+        seq = next((s for s in reversed(path) if (r := store.message(state.thread_id, s))
+                    is not None and r.message.role == "user"), None)
+    if seq is None:
+        raise Problem(422, "invalid-input", "the chat has no user message to answer again",
+                      field="messages")
+    key = request.headers.get("Idempotency-Key")
+    named = body.get("messageId")
+    if key is None and isinstance(named, str) and named and named != ui_id:
+        key = f"ai-sdk-regenerate:{named}"
+    if key is None:
+        after = path[path.index(seq) + 1:]
+        answer = store.message(state.thread_id, after[0]) if after else None
+        key = f"ai-sdk-regenerate:{answer.message.message_id}" if answer is not None else \
+            f"ai-sdk-regenerate:{seq}:{path[-1]}"
+    run_id, _, _ = await branches.regenerate_answer(request, state, seq, key,
+                                                    MultitaskStrategy.REJECT)
     run = await _run(request, run_id)
     return await serve_run(request, run, _framing(run.state, run))
 
@@ -295,6 +384,9 @@ async def chat_messages(request: web.Request) -> web.Response:
     state = await _thread(request, request.match_info["chat_id"])
     if state is None:
         return web.json_response({"messages": []})
-    page = request.config_dict[READ_MODEL].messages(state.thread_id, before=END_SEQ, limit=limit)
+    read_model = request.config_dict[READ_MODEL]
+    page = read_model.messages(state.thread_id, before=END_SEQ, limit=limit) \
+        if is_straight(state) else \
+        read_model.branch_messages(state, head_of(state), before=END_SEQ, limit=limit)
     return web.json_response({"thread_id": state.thread_id,
                               "messages": [ui_message(r) for r in page.records]})
