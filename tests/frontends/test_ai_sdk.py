@@ -104,6 +104,25 @@ def test_the_sdk_streams_two_answers_equal_to_the_stored_messages(
     assert {"run_accepted", "attempt_dispatched", "run_completed"} <= set(result["data"])
 
 
+def test_the_sdk_regenerates_and_edits_on_branches(processes: ProcessStack) -> None:
+    """`regenerate()` twice and an edit (`sendMessage({text, messageId})`): each streams
+    a new answer that the chat shows in place of the old one, equal to the stored
+    current branch; the thread keeps every branch (issue #30)."""
+    result = NodeScript(processes, "branches").result()
+    assert result["errors"] == []
+    steps = result["steps"]
+    assert [s["status"] for s in steps] == ["ready"] * 4
+    assert all(s["roles"] == ["user", "assistant"] for s in steps), steps
+    answer_ids = [s["ids"][1] for s in steps]
+    assert len(set(answer_ids)) == 4, answer_ids  # each a new answer
+    assert steps[3]["userText"] == "what is a tree"
+    stored = result["stored"]
+    assert [m["id"] for m in stored][1:] == [answer_ids[3]]
+    assert _text(stored[0]) == "what is a tree" and _text(stored[1]) == steps[3]["text"]
+    status, listed = processes.call("GET", f"/v1/threads/{result['threadId']}/branches")
+    assert status == 200 and len(listed["branches"]) == 4, listed
+
+
 def test_cancel_then_stop_really_stops_the_run(processes: ProcessStack) -> None:
     """The cancel endpoint ends the run (not only the fetch); nothing is left to resume."""
     result = NodeScript(processes, "stop").result()

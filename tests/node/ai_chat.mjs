@@ -232,6 +232,28 @@ const scenarios = {
              allText: texts.map((p) => p.text).join(""), metadata: message.metadata, errors: chat.errors,
              stored: await stored(chat.id) };
   },
+
+  // Branches (issue #30): regenerate() twice (the last answer, then one named by its
+  // id), then an edit of the first message (sendMessage with its messageId). After
+  // each, the chat's messages and the stored current branch.
+  async branches() {
+    const chat = newChat(`node-branches-${Date.now()}`);
+    const shot = () => ({ status: chat.status, ids: chat.messages.map((m) => m.id),
+                          roles: chat.messages.map((m) => m.role),
+                          text: answerText(lastAssistant(chat)) });
+    const steps = [];
+    await chat.sendMessage({ text: "what is a branch" });
+    steps.push(shot());
+    await chat.regenerate();
+    steps.push(shot());
+    await chat.regenerate({ messageId: lastAssistant(chat).id });
+    steps.push(shot());
+    const firstUser = chat.messages[0].id;
+    await chat.sendMessage({ text: "what is a tree", messageId: firstUser });
+    steps.push({ ...shot(), userText: chat.messages[0].parts.find((p) => p.type === "text").text });
+    return { chatId: chat.id, steps, errors: chat.errors,
+             threadId: lastAssistant(chat).metadata.thread_id, stored: await stored(chat.id) };
+  },
 };
 
 scenarios.approve = () => approval(true, undefined);
