@@ -60,6 +60,7 @@ __all__ = ["Observations", "Post", "Report", "Seen", "WatchLog", "audit"]
 
 
 
+
 @dataclass(frozen=True, slots=True)
 class Seen:
     """One SSE event as a client received it."""
@@ -91,6 +92,10 @@ class Post:
     ended_at: float | None = None  # when the client learned the run ended
     strategy: str = "reject"  # its multitask_strategy
     interrupts: str | None = None  # interrupt: the run it was posted to cancel
+
+
+# The accepted posts by (message id, run id): a message's own run, or a regenerate's.
+_Accepted = dict[tuple[str, str], Post]
 
 
 @dataclass(slots=True)
@@ -167,7 +172,8 @@ def audit(obs: Observations) -> Report:
     report = Report(threads=len({p.thread_id for p in obs.posts}),
                     messages=len({p.message_id for p in obs.posts}))
     report.conflicts = sum(s == 409 for p in obs.posts for s in p.statuses)
-    accepted = {p.message_id: p for p in obs.posts if p.accepted}
+    # By message and run: two regenerates of one message are two runs, not a duplicate.
+    accepted = {(p.message_id, p.run_id): p for p in obs.posts if p.accepted}
     report.accepted = len(accepted)
     report.enqueued = sum(p.strategy == "enqueue" for p in accepted.values())
     superseded = _audit_double_texts(obs, accepted, report)
@@ -180,7 +186,7 @@ def audit(obs: Observations) -> Report:
     if obs.topics is not None:
         findings = audit_topics(obs.topics, [p for p in accepted.values()
                                              if p.run_id not in superseded],
-                                queued={p.message_id for p in accepted.values()
+                                queued={(p.message_id, p.run_id) for p in accepted.values()
                                         if p.strategy == "enqueue"})
         report.aborted = findings.aborted
         for counter, text in findings.violations:
@@ -199,7 +205,7 @@ def audit(obs: Observations) -> Report:
     return report
 
 
-def _audit_double_texts(obs: Observations, accepted: dict[str, Post],
+def _audit_double_texts(obs: Observations, accepted: _Accepted,
                         report: Report) -> dict[str, str]:
     """Check the order of runs on each thread and the runs other posts cancelled;
     return run id -> reason for the runs rightly left unanswered (interrupted or
@@ -245,7 +251,7 @@ def _audit_double_texts(obs: Observations, accepted: dict[str, Post],
     return superseded
 
 
-def _audit_decisions(obs: Observations, accepted: dict[str, Post], report: Report,
+def _audit_decisions(obs: Observations, accepted: _Accepted, report: Report,
                      superseded: dict[str, str]) -> None:
     messages = _count(e.message_id for e in obs.events if isinstance(e, MessageAccepted))
     runs = _count(e.run_id for e in obs.events if isinstance(e, RunAccepted))
@@ -277,7 +283,7 @@ def _audit_decisions(obs: Observations, accepted: dict[str, Post], report: Repor
             report._fail(None, f"run {run_id} accepted for a message no client posted")
 
 
-def _audit_stored(obs: Observations, accepted: dict[str, Post], report: Report,
+def _audit_stored(obs: Observations, accepted: _Accepted, report: Report,
                   superseded: dict[str, str]) -> dict[str, str]:
     """Check the stored messages; return run id -> stored answer text."""
     completed = {e.run_id: e.message.text for e in obs.events if isinstance(e, RunCompleted)}
@@ -369,7 +375,7 @@ def _audit_reference(ref: list[Seen] | None, post: Post, answer: str | None,
         report.cut_short += 1
 
 
-def _audit_watcher(log: WatchLog, obs: Observations, accepted: dict[str, Post],
+def _audit_watcher(log: WatchLog, obs: Observations, accepted: _Accepted,
                    answers: dict[str, str], report: Report) -> None:
     if log.run_id is not None:
         expected = {log.run_id}

@@ -218,10 +218,12 @@ def dead_letter_identities(dead: DeadLetter) -> tuple[Identity, ...]:
 
 
 def audit_topics(reads: TopicReads, posts: list[_Post],
-                 queued: set[str] | frozenset[str] = frozenset()) -> Findings:
+                 queued: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset()
+                 ) -> Findings:
     """Check `reads`; `posts` are the accepted posts that must be answered, in the
-    order each thread's client posted them; `queued` the message ids posted with
-    multitask_strategy enqueue."""
+    order each thread's client posted them; `queued` the (message id, run id) of those
+    posted with multitask_strategy enqueue (a run id too: two queued regenerates of
+    one message are two runs)."""
     findings = Findings()
     _once(reads.committed, findings)
     _aborted(reads, findings)
@@ -273,7 +275,7 @@ def _aborted(reads: TopicReads, report: Findings) -> None:
 
 
 def _history(history: list[HistoryRecord], posts: list[_Post], report: Findings,
-             queued: set[str] | frozenset[str] = frozenset()) -> None:
+             queued: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset()) -> None:
     by_thread: dict[str, list[HistoryRecord]] = defaultdict(list)
     for rec in sorted(history, key=lambda r: (r.partition, r.offset)):
         by_thread[rec.thread_id].append(rec)
@@ -308,8 +310,9 @@ def _history(history: list[HistoryRecord], posts: list[_Post], report: Findings,
         # and the partial answer of the run it interrupted may stand; a queued
         # message's own answer follows the runs before it.
         between = [newest.get((post.thread_id, s)) for s in range(seq + 1, answer_seq)]
-        if answer_seq <= seq or (post.message_id not in queued and not all(
-                r is not None and ((r.message.role == "user" and r.message.message_id in queued)
+        if answer_seq <= seq or ((post.message_id, post.run_id) not in queued and not all(
+                r is not None and ((r.message.role == "user" and
+                                    (r.message.message_id, r.message.run_id) in queued)
                                    or _partial(r))
                 for r in between)):
             report._fail("gaps", f"history of {post.thread_id}: message {post.message_id} at "

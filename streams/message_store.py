@@ -8,7 +8,18 @@ thread's rows sort together:
 
     b"m" <thread> <seq, 8 bytes big-endian>  -> the messages-topic record (bytes)
     b"c" <thread> <seq, 8 bytes big-endian>  -> the same message as agent context
+                                                (and its parent, if not seq - 1)
     b"i" <thread> <user message id>           -> its seq: the duplicate-post index
+    b"r" <thread> <run id>                    -> the seq of an answer that is not its
+                                                parent question's own (a regenerate's)
+
+The `r` rows let a regenerate's key answer once past its idempotency window: its
+run id is named by the key (`ids.regenerate_run_id_for`), and a stored answer of that
+run makes a repeat a duplicate (`Known.message_run_id`). An answer whose parent is the
+user message it answers, by that message's own run, gets no row (every answer on a
+thread that never branched, but for queued and interrupted runs' answers); one whose
+parent row is not (yet) there when it is restored gets one: a row too many is never
+read as anything but the run it names.
 
 The context rows exist because every dispatch reads up to 50 earlier messages: as
 `role, message id, text` behind a length they cost a slice and two UTF-8 decodes,
@@ -32,13 +43,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 
+from streams.core.branches import parent_seq_of
 from streams.core.history import parse_message_key
 from streams.core.ids import run_id_for
 from streams.core.records import HistoryMessage, MessageRecord
 from streams.kafka.state_store import PartitionStore
 from streams.wire import Codec, DecodeError
 
-__all__ = ["ContextWindows", "MessageStore"]
+__all__ = ["ContextLink", "ContextWindows", "MessageStore"]
 
 
 def _thread(thread_id: str) -> bytes:
@@ -54,30 +66,62 @@ def _index(thread_id: str, message_id: str) -> bytes:
     return b"i" + _thread(thread_id) + message_id.encode("utf-8", "surrogatepass")
 
 
+def _answer_index(thread_id: str, run_id: str) -> bytes:
+    return b"r" + _thread(thread_id) + run_id.encode("utf-8", "surrogatepass")
+
+
 def _context_row(thread_id: str, seq: int) -> bytes:
     return b"c" + _thread(thread_id) + seq.to_bytes(8, "big")
+
+
+# A context row of a message with a parent of its own starts with this byte and the
+# parent (8 bytes, signed); any other row starts with its role's length (4 or 9), as
+# every row written before branches does.
+_LINKED = 0xFE
+
+
+@dataclass(frozen=True, slots=True)
+class ContextLink:
+    """A stored message as agent context, with its place in the thread's tree
+    (a `streams.core.branches.Linked`)."""
+
+    seq: int
+    parent_seq: int | None  # None: the message before it
+    message: HistoryMessage
 
 
 def _context_value(record: MessageRecord) -> bytes:
     message = record.message
     message_id = message.message_id.encode("utf-8", "surrogatepass")
     role = message.role.encode("utf-8", "surrogatepass")
-    return (len(role).to_bytes(1, "big") + role + len(message_id).to_bytes(4, "big") + message_id
-            + message.text.encode("utf-8", "surrogatepass"))
+    linked = b"" if record.parent_seq is None else \
+        bytes([_LINKED]) + record.parent_seq.to_bytes(8, "big", signed=True)
+    return (linked + len(role).to_bytes(1, "big") + role + len(message_id).to_bytes(4, "big")
+            + message_id + message.text.encode("utf-8", "surrogatepass"))
 
 
-def _context(value: bytes) -> HistoryMessage:
+def _context(seq: int, value: bytes) -> ContextLink:
+    parent = None
+    if value[0] == _LINKED:
+        parent, value = int.from_bytes(value[1:9], "big", signed=True), value[9:]
     role_end = 1 + value[0]
     id_end = role_end + 4 + int.from_bytes(value[role_end:role_end + 4], "big")
-    return HistoryMessage(value[role_end + 4:id_end].decode("utf-8", "surrogatepass"),
-                          value[1:role_end].decode("utf-8", "surrogatepass"),
-                          value[id_end:].decode("utf-8", "surrogatepass"))
+    return ContextLink(seq, parent, HistoryMessage(
+        value[role_end + 4:id_end].decode("utf-8", "surrogatepass"),
+        value[1:role_end].decode("utf-8", "surrogatepass"),
+        value[id_end:].decode("utf-8", "surrogatepass")))
+
+
+def _link(record: MessageRecord) -> ContextLink:
+    message = record.message
+    return ContextLink(record.seq, record.parent_seq,
+                       HistoryMessage(message.message_id, message.role, message.text))
 
 
 @dataclass(slots=True)
 class _Window:
     next_seq: int  # the window holds every message older than this (up to its size)
-    messages: deque[tuple[int, HistoryMessage]] = field(default_factory=deque)  # oldest first
+    messages: deque[ContextLink] = field(default_factory=deque)  # oldest first
     chars: int = 0
 
 
@@ -96,7 +140,7 @@ class ContextWindows:
         self._windows: OrderedDict[tuple[int, str], _Window] = OrderedDict()
 
     def newest_first(self, partition: int, thread_id: str,
-                     before_seq: int) -> list[HistoryMessage] | None:
+                     before_seq: int) -> list[ContextLink] | None:
         """The cached context older than `before_seq`, newest first; None if not cached."""
         window = self._windows.get((partition, thread_id))
         if window is None or not before_seq <= window.next_seq <= before_seq + 1:
@@ -104,37 +148,38 @@ class ContextWindows:
             return None
         self._windows.move_to_end((partition, thread_id))
         self.hits += 1
-        return [m for seq, m in reversed(window.messages) if seq < before_seq]
+        return [link for link in reversed(window.messages) if link.seq < before_seq]
 
     def fill(self, partition: int, thread_id: str, next_seq: int,
-             newest_first: list[tuple[int, HistoryMessage]]) -> None:
+             newest_first: list[ContextLink]) -> None:
         """Cache the thread's newest messages older than `next_seq`, read from the store."""
         self.drop(partition, thread_id)
         window = _Window(next_seq)
-        for seq, message in reversed(newest_first[: self.size]):
-            window.messages.append((seq, message))
-            window.chars += len(message.text)
+        for link in reversed(newest_first[: self.size]):
+            window.messages.append(link)
+            window.chars += len(link.message.text)
         self._windows[(partition, thread_id)] = window
         self.chars += window.chars
         self._evict()
 
-    def stored(self, partition: int, thread_id: str, seq: int, message: HistoryMessage) -> None:
-        """Message `seq` was staged: extend the thread's window if it ends just before."""
+    def stored(self, partition: int, thread_id: str, link: ContextLink) -> None:
+        """Message `link.seq` was staged: extend the thread's window if it ends just before."""
         window = self._windows.get((partition, thread_id))
         if window is None:
             return
-        if seq != window.next_seq:
-            if seq > window.next_seq or any(s == seq and m != message for s, m in window.messages):
+        if link.seq != window.next_seq:
+            if link.seq > window.next_seq or any(old.seq == link.seq and old != link
+                                                 for old in window.messages):
                 self.drop(partition, thread_id)  # a gap or a changed row: read it again
             return  # a user message rewritten with its run's status: same context
-        window.messages.append((seq, message))
-        window.next_seq = seq + 1
-        window.chars += len(message.text)
-        self.chars += len(message.text)
+        window.messages.append(link)
+        window.next_seq = link.seq + 1
+        window.chars += len(link.message.text)
+        self.chars += len(link.message.text)
         while len(window.messages) > self.size:
-            _, old = window.messages.popleft()
-            window.chars -= len(old.text)
-            self.chars -= len(old.text)
+            old = window.messages.popleft()
+            window.chars -= len(old.message.text)
+            self.chars -= len(old.message.text)
         self._evict()
 
     def drop(self, partition: int, thread_id: str) -> None:
@@ -184,33 +229,50 @@ class MessageStore:
             return None
         return run_id_for(thread_id, message_id)
 
+    def seq_of_message(self, thread_id: str, message_id: str) -> int | None:
+        """The seq of the stored user message `message_id`, if the thread has it."""
+        value = self.store.get(_index(thread_id, message_id))
+        return None if value is None else int.from_bytes(value, "big")
+
+    def answered(self, thread_id: str, run_id: str) -> bool:
+        """Whether an answer of `run_id` that is not its question's own run's is stored
+        (a regenerate's: see the module docstring)."""
+        return self.store.get(_answer_index(thread_id, run_id)) is not None
+
+    def link(self, thread_id: str, seq: int) -> ContextLink | None:
+        """Message `seq` as context, with its parent; None if it is not stored."""
+        value = self.store.get(_context_row(thread_id, seq))
+        if value is not None:
+            return _context(seq, value)
+        record = self.record(thread_id, seq)  # a row stored before context rows existed
+        return None if record is None else _link(record)
+
     def context(self, thread_id: str, before_seq: int, limit: int) -> list[HistoryMessage]:
         """At most `limit` of the newest messages older than `before_seq`, as agent
-        context, newest first."""
+        context, newest first (by seq, whatever their branch)."""
+        return [link.message for link in self.links(thread_id, before_seq, limit)]
+
+    def links(self, thread_id: str, before_seq: int, limit: int) -> list[ContextLink]:
+        """At most `limit` of the newest messages older than `before_seq`, newest first:
+        every stored message between the last of them and `before_seq` is there."""
         windows = self.windows
         if windows is None or limit >= windows.size:
-            return [m for _, m in islice(self._read_newest_first(thread_id, before_seq), limit)]
+            return list(islice(self._read_newest_first(thread_id, before_seq), limit))
         cached = windows.newest_first(self.partition, thread_id, before_seq)
         if cached is None:
             # From `before_seq` itself: a retry's user message is stored already, and a
             # window that holds it stays valid when the answer comes.
             read = list(islice(self._read_newest_first(thread_id, before_seq + 1), windows.size))
-            next_seq = before_seq + 1 if read and read[0][0] == before_seq else before_seq
+            next_seq = before_seq + 1 if read and read[0].seq == before_seq else before_seq
             windows.fill(self.partition, thread_id, next_seq, read)
-            cached = [m for seq, m in read if seq < before_seq]
+            cached = [link for link in read if link.seq < before_seq]
         return cached[:limit]
 
-    def _read_newest_first(self, thread_id: str,
-                           before_seq: int) -> Iterator[tuple[int, HistoryMessage]]:
+    def _read_newest_first(self, thread_id: str, before_seq: int) -> Iterator[ContextLink]:
         for seq in range(before_seq - 1, -1, -1):
-            value = self.store.get(_context_row(thread_id, seq))
-            if value is not None:
-                yield seq, _context(value)
-                continue
-            record = self.record(thread_id, seq)  # a row stored before context rows existed
-            if record is not None:
-                message = record.message
-                yield seq, HistoryMessage(message.message_id, message.role, message.text)
+            link = self.link(thread_id, seq)
+            if link is not None:
+                yield link
 
     def put(self, thread_id: str, record: MessageRecord, raw: bytes,
             changelog_offset: int | None = None) -> None:
@@ -218,12 +280,18 @@ class MessageStore:
         self.store.put(_row(thread_id, record.seq), raw, changelog_offset)
         self.store.put(_context_row(thread_id, record.seq), _context_value(record))
         if self.windows is not None:
-            message = record.message
-            self.windows.stored(self.partition, thread_id, record.seq,
-                                HistoryMessage(message.message_id, message.role, message.text))
-        if record.message.role == "user":
-            self.store.put(_index(thread_id, record.message.message_id),
-                           record.seq.to_bytes(8, "big"))
+            self.windows.stored(self.partition, thread_id, _link(record))
+        message = record.message
+        if message.role == "user":
+            self.store.put(_index(thread_id, message.message_id), record.seq.to_bytes(8, "big"))
+        elif not self._answers_own_question(thread_id, record):
+            self.store.put(_answer_index(thread_id, message.run_id), record.seq.to_bytes(8, "big"))
+
+    def _answers_own_question(self, thread_id: str, record: MessageRecord) -> bool:
+        parent_seq = parent_seq_of(record)
+        parent = self.link(thread_id, parent_seq) if parent_seq >= 0 else None
+        return parent is not None and parent.message.role == "user" and \
+            run_id_for(thread_id, parent.message.message_id) == record.message.run_id
 
     def erase(self, thread_id: str, seq: int, changelog_offset: int | None = None) -> None:
         """Stage the removal of message `seq` and its index row."""
@@ -236,6 +304,8 @@ class MessageStore:
                 message = None
             if message is not None and message.role == "user":
                 self.store.delete(_index(thread_id, message.message_id))
+            elif message is not None:
+                self.store.delete(_answer_index(thread_id, message.run_id))
         self.store.delete(_context_row(thread_id, seq))
         self.store.delete(row, changelog_offset)
         if self.windows is not None:

@@ -8,6 +8,12 @@ new state (changelog) as the records of the step; the Kafka runtime's table loop
 input offsets, and only then commits the tables (KIP-447: a deposed instance is
 fenced by the group generation).
 
+The state holds no messages: the partition's history table (`streams.message_store`)
+tells the core what it needs beyond the state (`Known`: the run a message id already
+started, the stored user message a regenerate or edit names, whether a regenerate's
+key was answered), and each dispatch's context is the run's branch of the history,
+the path above its message (`branches.run_context_seqs`, docs/branches.md).
+
 Why not Faust's `exactly_once` mode: in faust-streaming 0.15.3 table changelog
 writes go through `send_soon`, outside the transaction; commit failures are
 logged and swallowed (`Producer.commit_transaction`); and table rows reach
@@ -32,18 +38,20 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from streams.clock import now_ms
 from streams.config import Settings
+from streams.core.branches import Linked, parent_seq_of, run_context_seqs
 from streams.core.domain import (
     NOTHING_KNOWN,
     AttemptDispatched,
     CheckDeadlines,
     Command,
+    EditMessage,
     Event,
     Known,
     MessageAccepted,
     PostUserMessage,
+    RegenerateAnswer,
     ReportAttemptCompleted,
     ReportAttemptFailed,
-    RunCancelled,
     RunFailed,
     ThreadState,
     WorkerReport,
@@ -57,10 +65,11 @@ from streams.core.history import (
     context_window,
     history_writes,
     message_key,
+    relinked,
 )
-from streams.core.ids import derived_envelope_id
+from streams.core.ids import derived_envelope_id, regenerate_run_id_for
 from streams.core.lifecycle import dispatch_record, lifecycle_record
-from streams.core.reasons import CancelReason, FailureCode
+from streams.core.reasons import FailureCode
 from streams.core.records import DeadLetter, HistoryMessage, MessageRecord
 from streams.core.thread import (
     decide,
@@ -79,7 +88,7 @@ from streams.kafka.loop import Output, TableLoop, record_position
 from streams.kafka.restore import ChangelogReader, restore_tables
 from streams.kafka.state_store import PartitionStore, TableStores
 from streams.kafka.topics import ensure_topics, record_limit
-from streams.message_store import ContextWindows, MessageStore
+from streams.message_store import ContextLink, ContextWindows, MessageStore
 from streams.migration import migrate_partition
 from streams.observability.processor import ProcessorObserver
 from streams.observability.tracing import header_of, record_traceparent
@@ -390,9 +399,7 @@ class Processor:
     def _decide(self, state: ThreadState | None, command: Command, meta: EnvelopeMeta,
                 partition: int, key: bytes, history: MessageStore) -> _Decision | None:
         """Decide `command` and encode every record it writes (nothing is produced)."""
-        known = NOTHING_KNOWN
-        if isinstance(command, PostUserMessage) and state is not None:
-            known = Known(history.run_of_message(state.thread_id, command.message_id))
+        known = _known(state, command, history)
         events = decide(state, command, self.policy, known)
         if not events:
             return None
@@ -400,7 +407,7 @@ class Processor:
         writes: list[tuple[MessageRecord | None, int, bytes | None]] = []
         before = state
         accepted: dict[str, str] = {}  # user messages accepted by this very command: their texts
-        removed: set[str] = set()  # user messages this command rolled back
+        stored_count = state.message_count if state is not None else 0  # the rest is in `writes`
         for index, event in enumerate(events):
             after = evolve(before, event, self.policy)
             owner = after or before
@@ -413,19 +420,17 @@ class Processor:
             outputs.append(_Output(self.topics.events, key, self.codec.encode_event(event, event_meta)))
             if isinstance(event, MessageAccepted):
                 accepted[event.message_id] = event.text
-            if isinstance(event, RunCancelled) and event.reason == CancelReason.ROLLED_BACK and \
-                    before is not None and before.active_run is not None:
-                removed.add(before.active_run.message_id)
             if isinstance(event, AttemptDispatched) and after is not None:
                 outputs.append(self._dispatch(event, after, event_meta, key, history,
-                                              accepted.get(event.message_id), writes, removed))
+                                              accepted.get(event.message_id), writes, stored_count))
             lifecycle = lifecycle_record(event, before)
             if lifecycle is not None:
                 outputs.append(_Output(self.topics.stream, key,
                                        self.codec.encode_stream(lifecycle, event_meta),
                                        payload_header(lifecycle.payload)))
             for write in history_writes(before, event):
-                self._history_outputs(write, meta.thread_id, event_meta, history, outputs, writes)
+                self._history_outputs(write, meta.thread_id, event_meta, history, outputs, writes,
+                                      before.message_count if before is not None else 0)
             before = after
         self.observer.events(events)
         too_large = any(isinstance(e, RunFailed) and e.error == FailureCode.OUTPUT_TOO_LARGE for e in events)
@@ -434,11 +439,12 @@ class Processor:
 
     def _history_outputs(self, write: HistoryWrite, thread_id: str, meta: EnvelopeMeta,
                          history: MessageStore, outputs: list[_Output],
-                         writes: list[tuple[MessageRecord | None, int, bytes | None]]) -> None:
+                         writes: list[tuple[MessageRecord | None, int, bytes | None]],
+                         message_count: int) -> None:
         match write:
             case MessagePut():
                 record = MessageRecord(write.seq, write.message, write.run_status,
-                                       write.run_attempts)
+                                       write.run_attempts, write.parent_seq)
             case RunStatusChanged():
                 stored = _staged(writes, write.seq) or history.record(thread_id, write.seq)
                 if stored is None:
@@ -449,6 +455,16 @@ class Processor:
                 outputs.append(_Output(self.topics.messages, message_key(thread_id, write.seq),
                                        None))
                 writes.append((None, write.seq, None))
+                if write.parent_seq is None:
+                    return  # its children go on at the seq before it: its parent
+                # Only what was stored while its run was active follows it: a few records.
+                for seq in range(write.seq + 1, message_count):
+                    stored = _staged(writes, seq) or history.record(thread_id, seq)
+                    moved = relinked(stored, write) if stored is not None else None
+                    if moved is not None:
+                        raw = self.codec.encode_message(moved, meta)
+                        outputs.append(_Output(self.topics.messages, message_key(thread_id, seq), raw))
+                        writes.append((moved, seq, raw))
                 return
             case HistoryErased():
                 for seq in range(write.message_count):
@@ -492,30 +508,17 @@ class Processor:
     def _dispatch(self, event: AttemptDispatched, state: ThreadState, meta: EnvelopeMeta,
                   key: bytes, history: MessageStore, input_text: str | None,
                   staged: Sequence[tuple[MessageRecord | None, int, bytes | None]] = (),
-                  removed: set[str] | frozenset[str] = frozenset()) -> _Output:
-        """The dispatch record: the user message and as much recent history as the
-        context budget (THREADLINE_CONTEXT_CHARS) and the record limit allow."""
+                  stored_count: int = 0) -> _Output:
+        """The dispatch record: the user message and as much of the history above it
+        on its branch as the context budget (THREADLINE_CONTEXT_CHARS) and the record
+        limit allow. `staged` is what this decision wrote so far (not in `history`
+        yet); `history` holds every message below `stored_count`."""
         run = state.active_run
         seq = run.message_seq if run is not None else -1
-        if input_text is None:  # a retry or a queued message: stored before this decision
+        if input_text is None:  # a retry, a queued message or a regenerate: stored before
             stored = history.record(state.thread_id, seq) if seq >= 0 else None
             input_text = stored.message.text if stored is not None else ""
-        # Messages still queued are not context yet. A message that waited in the queue
-        # sees what was stored after it while it waited (the answers before it).
-        waiting = {q.message_id for q in state.queued}
-        before = seq
-        if run is not None and seq < state.message_count - 1:
-            waiting.add(run.message_id)
-            before = state.message_count
-        newest = history.context(state.thread_id, before, HISTORY_LIMIT + len(waiting)) \
-            if waiting else history.context(state.thread_id, seq, HISTORY_LIMIT)
-        # What this decision stored before the dispatch (the answer of the run that
-        # ended) is not in the store yet; what it rolled back still is.
-        fresh = [HistoryMessage(r.message.message_id, r.message.role, r.message.text)
-                 for r, s, _ in sorted(staged, key=lambda w: -w[1]) if r is not None and s < before]
-        skip = waiting | set(removed) | {m.message_id for m in fresh}
-        newest = [m for m in fresh if m.message_id not in waiting | set(removed)] + \
-            [m for m in newest if m.message_id not in skip]
+        newest = _branch_context(state, history, staged, stored_count)
         budget = self.settings.worker.context_chars
         while True:
             context = context_window(newest, budget, HISTORY_LIMIT)
@@ -584,6 +587,66 @@ class Processor:
 
 
 _ENVELOPE_ROOM = 16 * 1024  # of a record, for the envelope and ids around an answer
+
+
+def _known(state: ThreadState | None, command: Command, history: MessageStore) -> Known:
+    """What the history table knows that `command` needs decided (`Known`)."""
+    if state is None:
+        return NOTHING_KNOWN
+    thread_id = state.thread_id
+    match command:
+        case PostUserMessage():
+            return Known(history.run_of_message(thread_id, command.message_id))
+        case RegenerateAnswer():
+            run_id = regenerate_run_id_for(thread_id, command.idempotency_key)
+            return _target(history, thread_id, command.message_id,
+                           run_id if history.answered(thread_id, run_id) else None)
+        case EditMessage():
+            return _target(history, thread_id, command.message_id,
+                           history.run_of_message(thread_id, command.new_message_id))
+        case _:
+            return NOTHING_KNOWN
+
+
+def _target(history: MessageStore, thread_id: str, message_id: str,
+            run_id: str | None) -> Known:
+    """`Known` of a regenerate or edit: the seq and parent of the user message it names."""
+    seq = history.seq_of_message(thread_id, message_id)
+    link = history.link(thread_id, seq) if seq is not None else None
+    if seq is None or link is None or link.message.role != "user":
+        return Known(run_id)
+    return Known(run_id, target_seq=seq, target_parent_seq=parent_seq_of(link))
+
+
+def _branch_context(state: ThreadState, history: MessageStore,
+                    staged: Sequence[tuple[MessageRecord | None, int, bytes | None]],
+                    stored_count: int) -> list[HistoryMessage]:
+    """The active run's context, newest first: its branch's path above it, less the
+    messages still queued (`branches.run_context_seqs`), at most HISTORY_LIMIT."""
+    thread_id = state.thread_id
+    links: dict[int, Linked | None] = {}
+    # The newest stored messages, from the thread's window when it is cached: every
+    # seq from `covered` to `stored_count` not among them is not stored.
+    newest = history.links(thread_id, stored_count, HISTORY_LIMIT + len(state.queued))
+    covered = newest[-1].seq if len(newest) == HISTORY_LIMIT + len(state.queued) else 0
+    links.update((link.seq, link) for link in newest)
+    links.update((s, r) for r, s, _ in staged)  # in order: the last write of a seq wins
+
+    def record_at(seq: int) -> Linked | None:
+        if seq not in links:
+            links[seq] = history.link(thread_id, seq) if seq < covered else None
+        return links[seq]
+
+    context: list[HistoryMessage] = []
+    for seq in run_context_seqs(state, record_at):
+        found = links[seq]
+        assert isinstance(found, MessageRecord | ContextLink)
+        message = found.message
+        context.append(message if isinstance(message, HistoryMessage)
+                       else HistoryMessage(message.message_id, message.role, message.text))
+        if len(context) >= HISTORY_LIMIT:
+            break
+    return context
 
 
 def _staged(writes: list[tuple[MessageRecord | None, int, bytes | None]],

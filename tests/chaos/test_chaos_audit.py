@@ -490,3 +490,15 @@ def test_the_audit_catches_double_text_breakage(name: str) -> None:
     assert not report.ok, name
     value = getattr(report, counter)
     assert (len(value) if isinstance(value, list) else value) >= 1, (name, report.violations)
+
+
+def test_two_runs_of_one_message_are_audited_apart() -> None:
+    """Accepted posts are told apart by message and run (issue #30: two regenerates of
+    one message are two runs): a second run of the message that never ended is lost,
+    not hidden behind the first one's clean answer."""
+    obs = _clean()
+    obs.posts.insert(0, Post(THREAD, MESSAGE, "run-regenerate", accepted=True, statuses=[202]))
+    report = audit(obs)
+    assert report.accepted == 2
+    assert report.lost >= 1 and any("run-regenerate" in v for v in report.violations), \
+        report.violations

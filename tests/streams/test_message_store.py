@@ -3,6 +3,7 @@ the duplicate index, erasing, and restoring from the changelog's records."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import hypothesis
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from streams.core.domain import RunStatus, StoredMessage
 from streams.core.history import context_window, message_key
-from streams.core.ids import run_id_for
+from streams.core.ids import regenerate_run_id_for, run_id_for
 from streams.core.records import HistoryMessage, MessageRecord
 from streams.kafka.state_store import PartitionStore
 from streams.message_store import ContextWindows, MessageStore, _context_row, _row
@@ -116,8 +117,11 @@ def test_cached_context_is_what_the_store_holds(steps: list[tuple[str, object]],
                 count += 1
             elif action == "rewrite" and count:
                 stored = plain.record(T, int(str(arg)) % count)
-                if stored is not None:
-                    record = MessageRecord(stored.seq, stored.message, RunStatus.COMPLETED, 2)
+                if stored is not None:  # its run ended; some also relinked (a rollback)
+                    number = int(str(arg))
+                    parent = None if number % 3 == 0 else number % (stored.seq + 1) - 1
+                    record = MessageRecord(stored.seq, stored.message, RunStatus.COMPLETED, 2,
+                                           parent)
                     cached.put(T, record, CODEC.encode_message(record, new_meta(T, "x", 1)))
             elif action == "erase":
                 for seq in range(count):
@@ -125,7 +129,7 @@ def test_cached_context_is_what_the_store_holds(steps: list[tuple[str, object]],
                 count = 0 if arg else count
             elif action == "read":
                 before = max(0, count - int(str(arg)))
-                assert cached.context(T, before, limit) == plain.context(T, before, limit)
+                assert cached.links(T, before, limit) == plain.links(T, before, limit)
             elif action == "commit":
                 db.commit()
                 committed = count
@@ -134,4 +138,45 @@ def test_cached_context_is_what_the_store_holds(steps: list[tuple[str, object]],
                 windows.clear()
                 count = committed
         assert windows.chars == sum(len(m.text) for w in windows._windows.values()
-                                    for _, m in w.messages)
+                                    for m in (link.message for link in w.messages))
+
+
+def test_a_parent_link_is_read_back_from_the_context_row_and_after_a_restore(
+        tmp_path: Path) -> None:
+    """A record with a parent of its own keeps it in its context row (the path a dispatch
+    walks); one without reads as following the message before it, as before branches."""
+    written = MessageStore(PartitionStore(tmp_path / "a"), CODEC)
+    restored = MessageStore(PartitionStore(tmp_path / "b"), CODEC)
+    for seq, parent in enumerate([None, None, None, 0, -1]):
+        record, _ = _record(seq, f"text {seq}")
+        record = replace(record, parent_seq=parent)
+        raw = CODEC.encode_message(record, new_meta(T, "x", 1))
+        written.put(T, record, raw)
+        restored.restore(message_key(T, seq), raw, seq)
+    for store in (written, restored):
+        assert [(link.seq, link.parent_seq) for link in store.links(T, 5, 50)] == \
+            [(4, -1), (3, 0), (2, None), (1, None), (0, None)]
+        link = store.link(T, 3)
+        assert link is not None and link.message == HistoryMessage("m-3", "user", "text 3")
+        assert store.link(T, 9) is None
+
+
+def test_a_regenerate_answer_is_indexed_by_its_run(tmp_path: Path) -> None:
+    """An answer of another run than its question's own (a regenerate's) is indexed by run,
+    restored so, and forgotten when erased; a question's own answer is not indexed."""
+    regen = regenerate_run_id_for(T, "key")
+    question, _ = _record(0, "question")
+    own = MessageRecord(1, StoredMessage("a-1", "assistant", "answer", run_id_for(T, "m-0"), 1))
+    again = MessageRecord(2, StoredMessage("a-2", "assistant", "again", regen, 2), parent_seq=0)
+    written = MessageStore(PartitionStore(tmp_path / "a"), CODEC)
+    restored = MessageStore(PartitionStore(tmp_path / "b"), CODEC)
+    for record in (question, own, again):
+        raw = CODEC.encode_message(record, new_meta(T, "x", 1))
+        written.put(T, record, raw)
+        restored.restore(message_key(T, record.seq), raw, record.seq)
+    for store in (written, restored):
+        assert store.answered(T, regen)
+        assert not store.answered(T, run_id_for(T, "m-0"))
+        assert store.seq_of_message(T, "m-0") == 0 and store.seq_of_message(T, "a-2") is None
+    restored.restore(message_key(T, 2), None, 3)
+    assert not restored.answered(T, regen)

@@ -94,7 +94,9 @@ def test_enqueued_messages_run_in_order_each_seeing_the_answers_before_it(
     producer.flush(10)
     third = _dispatches(settings, thread, 3)[2]
     assert (third.message_id, third.input_text) == ("m3", "third")
-    assert [m.text for m in third.history] == ["first", "answer one", "second", "answer two"]
+    # Its branch's path above it, in the order stored: "second" was stored before
+    # "answer one" (it waited), so the context shows it so (branches.run_context_seqs).
+    assert [m.text for m in third.history] == ["first", "second", "answer one", "answer two"]
 
 
 @pytest.mark.parametrize("strategy", [MultitaskStrategy.INTERRUPT, MultitaskStrategy.ROLLBACK])
