@@ -32,7 +32,7 @@ from gateway.http.problems import Problem
 from gateway.kafka import partition_for
 from gateway.keys import BUS, LIMITER, READ_MODEL, SETTINGS
 from gateway.live.sse import iso_ms
-from gateway.model.branches import branch_heads, is_straight
+from gateway.model.branches import branch_heads
 from gateway.model.decisions import new_traceparent
 from gateway.model.read_model import RunView
 from gateway.model.titles import display_title
@@ -241,11 +241,11 @@ async def list_messages(request: web.Request) -> web.Response:
     state = await own_thread(request)
     read_model = request.config_dict[READ_MODEL]
     branch = _branch_param(request, state)
-    if branch is None and is_straight(state):
-        page = read_model.messages(state.thread_id, after=after, before=before, limit=limit)
+    if branch is None:
+        page = read_model.current_messages(state, after=after, before=before, limit=limit)
     else:
-        page = read_model.branch_messages(state, head_of(state) if branch is None else branch,
-                                          after=after, before=before, limit=limit)
+        page = read_model.branch_messages(state, branch, after=after, before=before,
+                                          limit=limit)
     next_cursor = None
     if page.more and page.records:
         backward = before is not None and after is None

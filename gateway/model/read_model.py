@@ -56,7 +56,7 @@ from gateway.kafka import (
     stop_task,
     topic_partitions,
 )
-from gateway.model.branches import Branch, branches, page_of, path_oldest_first
+from gateway.model.branches import Branch, branches, is_straight, page_of, path_oldest_first
 from gateway.model.read_store import (
     MESSAGES,
     THREADS,
@@ -68,6 +68,7 @@ from gateway.model.read_store import (
 )
 from gateway.model.titles import display_title, needs_message
 from streams.config import Settings
+from streams.core.branches import head_of
 from streams.core.domain import RunStatus, ThreadState
 from streams.core.records import MessageRecord
 from streams.heap import release_free_memory
@@ -447,6 +448,15 @@ class ReadModel:
         path = path_oldest_first(seq, partial(store.link, state.thread_id))
         chosen, more = page_of(path, after=after, before=before, limit=limit)
         return MessagePage(store.messages_at(state.thread_id, chosen), more, len(chosen))
+
+    def current_messages(self, state: ThreadState, *, after: int | None = None,
+                         before: int | None = None, limit: int = 100) -> MessagePage:
+        """One page of the thread's current branch: every message of a thread that never
+        branched (one range scan), else the path from the current head."""
+        if is_straight(state):
+            return self.store.messages(state.thread_id, after=after, before=before, limit=limit)
+        return self.branch_messages(state, head_of(state), after=after, before=before,
+                                    limit=limit)
 
     def branches(self, state: ThreadState) -> list[Branch]:
         """The thread's branches, the current one first, with where each forks."""

@@ -83,6 +83,9 @@ async def test_a_regenerate_answers_again_on_a_new_branch_and_keeps_the_old_one(
             for b in listed["branches"]] == [
         (current[1]["seq"], True, current[1]["seq"], None, 2),
         (first_answer["seq"], False, question["seq"], first_answer["seq"], 2)]
+    status, lg_state = await stack.get(f"/langgraph/threads/{thread_id}/state")
+    assert status == 200 and [m["id"] for m in lg_state["values"]["messages"]] == [
+        m["message_id"] for m in current], lg_state  # LangGraph reads the current branch too
     old = await _messages(stack, thread_id, branch=first_answer["seq"])
     assert [m["message_id"] for m in old] == [question["message_id"], first_answer["message_id"]]
     # Named by the answer, a regenerate answers its question again.

@@ -57,7 +57,7 @@ from gateway.keys import BUS, READ_MODEL
 from gateway.live.run_stream import Gone
 from gateway.live.sse import SseEvent
 from gateway.live.streaming import serve_run
-from gateway.model.branches import is_straight, path_oldest_first
+from gateway.model.branches import path_oldest_first
 from gateway.model.decisions import new_traceparent
 from gateway.model.read_model import RunView
 from streams.clock import now_ms
@@ -385,8 +385,6 @@ async def chat_messages(request: web.Request) -> web.Response:
     if state is None:
         return web.json_response({"messages": []})
     read_model = request.config_dict[READ_MODEL]
-    page = read_model.messages(state.thread_id, before=END_SEQ, limit=limit) \
-        if is_straight(state) else \
-        read_model.branch_messages(state, head_of(state), before=END_SEQ, limit=limit)
+    page = read_model.current_messages(state, before=END_SEQ, limit=limit)
     return web.json_response({"thread_id": state.thread_id,
                               "messages": [ui_message(r) for r in page.records]})

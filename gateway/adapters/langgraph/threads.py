@@ -72,8 +72,8 @@ async def values_view(request: web.Request, state: ThreadState, cap: int | None 
                       before: int | None = None) -> tuple[dict[str, Any], int | None]:
     """The newest `cap` (VALUES_CAP) messages before seq `before`, and the seq to page on
     from (None at the first message)."""
-    page = request.config_dict[READ_MODEL].messages(
-        state.thread_id, before=END_SEQ if before is None else before,
+    page = request.config_dict[READ_MODEL].current_messages(  # the current branch
+        state, before=END_SEQ if before is None else before,
         limit=VALUES_CAP if cap is None else cap)
     older = page.records[0].seq if page.more and page.records else None
     queued = {q.message_id for q in state.queued}
