@@ -232,6 +232,29 @@ def test_a_regenerate_answers_from_the_path_above_its_message_on_a_branched_thre
     assert [e.seq for e in thread.events() if isinstance(e, BranchSwitched)] == [4, 2]
 
 
+def test_a_rolled_back_message_off_the_newest_line_has_its_children_relinked(
+        thread: Thread) -> None:
+    """A message whose parent is not the one before it (posted after a switch back) is
+    rolled back while a message queued behind it waits: that message's record is
+    rewritten with the removed one's parent, so its branch's path (and the context) still
+    runs through the branch it was posted on, not the newest line."""
+    thread.post("m1", "second")
+    thread.answer(run_id_for(thread.id, "m1"), "answer one")  # 2, 3
+    thread.send(EditMessage(thread.id, "t", "m1", "m1-edited", "second, edited", None, _now()))
+    thread.answer(run_id_for(thread.id, "m1-edited"), "answer one, edited")  # 4, 5
+    thread.send(SwitchBranch(thread.id, "t", 3, _now()))
+    thread.post("m2", "third")  # 6, parent 3: its run active
+    thread.post("m3", "fourth", MultitaskStrategy.ENQUEUE)  # 7, after m2
+    thread.post("m4", "fifth", MultitaskStrategy.ROLLBACK)  # m2 rolled back; 8
+    dispatch = thread.dispatch_of(run_id_for(thread.id, "m4"))
+    assert _texts(dispatch) == ["first", "answer zero", "second", "answer one"]
+    history = thread.history()
+    assert history[6] is None
+    assert history[7] is not None and history[7].message.message_id == "m3"
+    assert history[7].parent_seq == 3  # was None (after m2): relinked to m2's parent
+    assert history[8] is not None and history[8].parent_seq is None
+
+
 @pytest.mark.parametrize("strategy", list(MultitaskStrategy))
 def test_a_regenerate_while_a_run_is_active_follows_the_strategy(
         thread: Thread, strategy: MultitaskStrategy) -> None:
