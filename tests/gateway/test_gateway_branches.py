@@ -200,3 +200,17 @@ async def test_the_ai_sdk_chat_regenerates_and_edits(stack: Stack) -> None:
     assert texts[0] == "what is a topic" and len(body["messages"]) == 2, body
     status, branches = await stack.get(f"/v1/threads/{body['thread_id']}/branches")
     assert len(branches["branches"]) == 3, branches
+    # Edited back to its first text: a new answer on a fourth branch, not a resend of
+    # the first post (whose branch is no longer current).
+    back = {"id": chat_id, "trigger": "submit-message", "messageId": "ui-1",
+            "messages": [_user("ui-1", "what is kafka")]}
+    status, edited_back = await _chat(stack, back)
+    assert status == 200 and edited_back[-1] == "[DONE]", edited_back
+    assert edited_back[0]["messageId"] not in (first_answer, again[0]["messageId"],
+                                               edited[0]["messageId"])
+    status, resent = await _chat(stack, back)  # the same request again: the same run
+    assert status == 200 and resent[0]["messageId"] == edited_back[0]["messageId"]
+    status, body = await stack.get(f"/v1/ai/chat/{chat_id}/messages")
+    assert [m["id"] for m in body["messages"]][1:] == [edited_back[0]["messageId"]], body
+    status, branches = await stack.get(f"/v1/threads/{body['thread_id']}/branches")
+    assert len(branches["branches"]) == 4, branches

@@ -14,7 +14,8 @@
   resumes nothing; another answer to it while the run goes on is `409`) and streams
   what follows the interrupt. `409` if the chat's runs do not wait on that approval.
   Branches (docs/branches.md): a user message whose id the chat holds already (its
-  own, or the UI id it was posted with), sent with other text, is an edit (`sendMessage
+  own, or the UI id it was posted with), sent with other text (or with its own, when
+  the current branch left it: an edit back), is an edit (`sendMessage
   ({text, messageId})`): a new message on a new branch from the old one's parent, its
   key the Idempotency-Key header or one made from the UI id and the text, so a resend
   runs once. `trigger: "regenerate-message"` (`regenerate()`) answers the last user
@@ -201,7 +202,10 @@ async def chat(request: web.Request) -> web.StreamResponse:
             raise Problem(422, "invalid-input", "the user message has no text", field="messages")
         state = await _create(request, chat_id, text)
     stored = _stored_user_message(request, state, ui_id)
-    if stored is not None and stored.message.text != text:
+    # An edit: other text, or the same text as a message the current branch left (an
+    # edit back to it); a message on the current branch with its own text is a resend.
+    if stored is not None and (stored.message.text != text
+                               or stored.seq not in _current_path(request, state)):
         run_id = await _edit(request, state, stored.message.message_id, ui_id, text)
     else:
         key = request.headers.get("Idempotency-Key") or ui_id or None
