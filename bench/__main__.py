@@ -28,6 +28,7 @@ BENCHMARKS = {
     "growth": "bench.growth",
     "observability": "bench.observability_cost",
     "capacity": "bench.capacity",
+    "branches": "bench.branches",
 }
 
 

@@ -134,7 +134,7 @@ class Commands:
         self.offsets.close()
 
 
-def _same_partition_threads(prefix: str, partitions: int, count: int) -> Iterator[str]:
+def same_partition_threads(prefix: str, partitions: int, count: int) -> Iterator[str]:
     """Thread ids all on partition 0: every measured command goes to one partition,
     so the short and the long thread share the processor's batches alike."""
     n = 0
@@ -146,7 +146,7 @@ def _same_partition_threads(prefix: str, partitions: int, count: int) -> Iterato
             yield thread
 
 
-def _burst_cpu(kafka: Commands, pid: int, threads: list[str], first: int) -> float:
+def burst_cpu(kafka: Commands, pid: int, threads: list[str], first: int) -> float:
     """CPU µs per command of a burst (TURNS_EACH turns on each of `threads`) handed to
     the processor at once: it is stopped (SIGSTOP) while the burst is produced, so it
     finds every command queued when it resumes and decides them in full batches, the
@@ -175,13 +175,13 @@ def _cpu_rounds(kafka: Commands, pid: int, shorts: list[str], longs: list[str]) 
         bursts = [(fresh, SHORT_TURNS, short_cpu),
                   (longs, LONG_TURNS + r * TURNS_EACH, long_cpu)]
         for threads, first, out in bursts if r % 2 == 0 else bursts[::-1]:
-            out.append(_burst_cpu(kafka, pid, threads, first))
+            out.append(burst_cpu(kafka, pid, threads, first))
         print(f"  [{r + 1}/{CPU_ROUNDS}] CPU µs/cmd {SHORT} {short_cpu[-1]:.0f}, "
               f"{LONG} {long_cpu[-1]:.0f}  (load {load_text()})", flush=True)
     return short_cpu, long_cpu
 
 
-async def _post(session: aiohttp.ClientSession, stack: Stack, thread: str) \
+async def post_message(session: aiohttp.ClientSession, stack: Stack, thread: str) \
         -> tuple[float, str, str]:
     """Latency ms, run id, status ("accepted"; "pending" if the decision took longer
     than the gateway waits)."""
@@ -205,7 +205,7 @@ async def _post_rounds(stack: Stack, kafka: Commands, shorts: list[str], longs: 
         for r in range(POST_ROUNDS + WARMUP_POSTS):
             sides = [(shorts[r // TURNS_EACH], latencies[0]), (longs[r % len(longs)], latencies[1])]
             for thread, out in sides if r % 2 == 0 else sides[::-1]:
-                elapsed, run_id, status = await _post(session, stack, thread)
+                elapsed, run_id, status = await post_message(session, stack, thread)
                 kafka.complete(thread, run_id)
                 kafka.decided()
                 if r >= WARMUP_POSTS:
@@ -214,7 +214,8 @@ async def _post_rounds(stack: Stack, kafka: Commands, shorts: list[str], longs: 
     return latencies[0], latencies[1], pending
 
 
-async def _wait_ready(stack: Stack, timeout: float = 180) -> None:
+async def wait_ready(stack: Stack, timeout: float = 180) -> None:
+    """Wait until the gateway answers /readyz (a role that exits fails it)."""
     deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
@@ -239,10 +240,10 @@ def turns(bootstrap: str) -> list[Figure]:
     post_threads = -(-(POST_ROUNDS + WARMUP_POSTS) // TURNS_EACH)
     try:
         kafka.ready()
-        asyncio.run(_wait_ready(stack))
-        shorts = list(_same_partition_threads("short", partitions,
+        asyncio.run(wait_ready(stack))
+        shorts = list(same_partition_threads("short", partitions,
                                               CPU_ROUNDS * THREADS + post_threads))
-        longs = list(_same_partition_threads("long", partitions, THREADS))
+        longs = list(same_partition_threads("long", partitions, THREADS))
         now = int(time.time() * 1000)
         t0 = time.monotonic()
         for thread in [*shorts, *longs]:

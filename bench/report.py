@@ -21,6 +21,7 @@ TITLES = {
     "growth-gateway": "7. Growth: a gateway with 1k against 100k threads (cold start, warm restart)",
     "observability": "8. Observability cost: metrics and tracing off and on, side by side",
     "capacity": "9. Capacity: each role's cost per run, step, token and thread (docs/scaling.md)",
+    "branches": "10. Branches: a 2,000-turn thread with 50 branches against a straight one (processor)",
 }
 NOTES = ROOT / "bench" / "NOTES.md"
 PNG = DOCS / "benchmarks.png"
@@ -58,6 +59,7 @@ def _at_most(case: str, metric: str, bound: float) -> Callable[[dict[str, Figure
 EOS = "threadline processor, exactly-once"
 LONG = "at turn 1,000"
 LARGE = "gateway, 100,000 threads"
+BRANCHED = "50 branches, 2,000 turns"  # bench.branches
 TARGETS = [
     Target("processor", "exactly-once processor >= 0.5x the bare EOS loop (events only)",
            _at_least(EOS, "x bare loop, events only", 0.5)),
@@ -77,6 +79,10 @@ TARGETS = [
            _at_most(LONG, "x CPU µs/cmd", 1.2)),
     Target("growth", "POST -> 202 p50 at turn 1,000 <= 1.2x turn 10",
            _at_most(LONG, "x POST p50", 1.2)),
+    Target("branches", "processor CPU per command, 50 branches <= 1.2x a straight thread",
+           _at_most(BRANCHED, "x CPU µs/cmd", 1.2)),
+    Target("branches", "POST -> 202 p50, 50 branches <= 1.2x a straight thread",
+           _at_most(BRANCHED, "x POST p50", 1.2)),
     Target("observability", "processor with metrics + tracing at 1% >= 0.95x observability off",
            _at_least("processor, metrics + tracing 1%", "x off", 0.95)),
     Target("growth-gateway", "gateway RSS after a cold start, 100k threads <= 1.5x 1k",
@@ -286,6 +292,7 @@ _PANELS: dict[str, Callable[[object, list[Figure]], None]] = {
     "replay": lambda ax, g: _bars(ax, [f.case for f in g], _panel_values(g, ["seconds"]), "s"),
     "growth": lambda ax, g: _ratios(ax, g),
     "growth-gateway": lambda ax, g: _ratios(ax, g),
+    "branches": lambda ax, g: _ratios(ax, g),
 }
 
 
