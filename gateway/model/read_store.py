@@ -26,7 +26,9 @@ Rows (keys are bytes; `len2(x)` is x's UTF-8 length as 2 bytes, then x):
     P len2(thread_id) seq(8)         the message's parent seq (signed 8), only when its
                                      record names one (a branch's first message)
     G len2(thread_id) run_id         a regenerate's run (its R row points at the user
-                                     message it answers again), so a delete finds it
+                                     message it answers again: from the state while it
+                                     is active or queued, from its answer's parent once
+                                     stored), so a delete finds it
 
 Length prefixes make each thread's rows one contiguous key range whatever
 characters the ids hold, so a page of messages is one seek and `limit` steps.
@@ -48,6 +50,7 @@ from typing import Any
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
 
 from streams.clock import now_ms
+from streams.core.branches import parent_seq_of
 from streams.core.domain import ActiveRun, RunRecord, RunStatus, ThreadState
 from streams.core.history import message_key, parse_message_key
 from streams.core.ids import run_id_for
@@ -291,13 +294,8 @@ class ReadStore:
         if run is not None and run.message_seq >= 0:
             runs.append((run.run_id, run.message_id, run.message_seq))
         for run_id, message_id, seq in runs:
-            if run_id == run_id_for(thread_id, message_id):
-                continue  # the message's own run: its record indexes it
-            mark = _thread_prefix(_REGENERATE, thread_id) + run_id.encode("utf-8", "surrogatepass")
-            if self._get(mark) is None:
-                self._put(mark, b"")
-                self._put(_RUN + run_id.encode("utf-8", "surrogatepass"),
-                          _len2(thread_id) + _SEQ.pack(seq))
+            if run_id != run_id_for(thread_id, message_id):  # not the message's own run
+                self._index_regenerate(thread_id, run_id, seq)
 
     def _set_active(self, thread_id: str, tenant: str | None, run: ActiveRun | None) -> None:
         key = _ACTIVE + thread_id.encode("utf-8", "surrogatepass")
@@ -376,6 +374,19 @@ class ReadStore:
         if message.role == "user" and message.run_id:
             self._put(_RUN + message.run_id.encode("utf-8", "surrogatepass"),
                       _len2(thread_id) + _SEQ.pack(seq))
+        elif message.role == "assistant" and message.run_id:
+            # A regenerate's answer follows the question it answers again: its run is
+            # indexed there even if no state that showed it active was read (compacted).
+            self._index_regenerate(thread_id, message.run_id, parent_seq_of(record))
+
+    def _index_regenerate(self, thread_id: str, run_id: str, seq: int) -> None:
+        """Point a regenerate's run at its question (once: a user message's own run is
+        indexed by its record already, and keeps that)."""
+        key = _RUN + run_id.encode("utf-8", "surrogatepass")
+        if self._get(key) is None and seq >= 0:
+            self._put(_thread_prefix(_REGENERATE, thread_id) +
+                      run_id.encode("utf-8", "surrogatepass"), b"")
+            self._put(key, _len2(thread_id) + _SEQ.pack(seq))
 
     def _unindex(self, thread_id: str, row: bytes) -> None:
         message_id, run_id = _row_ids(row)

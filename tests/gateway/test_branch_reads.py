@@ -124,6 +124,18 @@ def test_a_straight_thread_is_read_as_before() -> None:
     assert is_straight(state) and branch_heads(state) == [3]
 
 
+def test_a_regenerates_run_is_found_by_its_answer_too(tmp_path: Path) -> None:
+    """With no state read that showed the run active (compacted away), its answer's
+    record points the run at the question it follows; a message's own run keeps the
+    user message its record names."""
+    store = _filled(tmp_path, _state())
+    ref = store.run(REGENERATE_RUN)
+    assert ref is not None and (ref.thread_id, ref.seq) == (T, 0)
+    for seq in (0, 2, 4):
+        own = store.run(run_id_for(T, f"m{seq}"))
+        assert own is not None and own.seq == seq
+
+
 def test_a_regenerates_run_is_found_and_a_delete_erases_every_branch(tmp_path: Path) -> None:
     """The run of a regenerate names no record; the state's active run indexes it at its
     question. Deleting the thread removes its rows, links and run index."""
