@@ -10,6 +10,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from gateway.model.branches import (
     Branch,
     branch_heads,
@@ -155,3 +158,38 @@ def test_a_regenerates_run_is_found_and_a_delete_erases_every_branch(tmp_path: P
     store.apply_message(message_key(T, 4), CODEC.encode_message(straight, new_meta(T, "ten", 0)))
     store.commit({})
     assert store.link(T, 4) == Link(4, None)
+
+
+@st.composite
+def _trees(draw: st.DrawFn) -> tuple[dict[int, Link], ThreadState]:
+    """A thread's records (some missing: rolled back) with random parents, and a
+    state whose head and tips are stored seqs."""
+    n = draw(st.integers(1, 30))
+    links = {}
+    for seq in range(n):
+        if seq and draw(st.booleans()) and draw(st.booleans()):
+            continue  # tombstoned
+        parent = draw(st.one_of(st.none(), st.integers(-1, seq - 1))) if seq else None
+        links[seq] = Link(seq, parent)
+    stored = sorted(links)
+    if not stored:
+        links[0], stored = Link(0, None), [0]
+    heads = draw(st.lists(st.sampled_from(stored), min_size=1, max_size=6, unique=True))
+    return links, replace(ThreadState(T, "ten", "t", 0, message_count=n),
+                          head_seq=heads[0], tip_seqs=tuple(heads[1:]))
+
+
+@given(_trees())
+def test_each_branch_forks_at_the_newest_message_it_shares_with_the_current_one(
+        tree: tuple[dict[int, Link], ThreadState]) -> None:
+    """Against set arithmetic on the paths: the fork is the newest shared message, the
+    first message of its own the oldest on its path only, the count its path's length."""
+    links, state = tree
+    current = set(path_oldest_first(state.head_seq, links.get))
+    for branch in branches(state, links.get)[1:]:
+        own_path = path_oldest_first(branch.seq, links.get)
+        shared = current.intersection(own_path)
+        own = [s for s in own_path if s not in current]
+        assert branch.fork_seq == max(shared, default=-1)
+        assert branch.first_seq == (min(own) if own else None)
+        assert branch.message_count == len(own_path)
