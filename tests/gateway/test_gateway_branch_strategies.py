@@ -130,3 +130,19 @@ async def test_a_regenerate_of_the_active_runs_own_message_is_409_under_every_st
                                       {"multitask_strategy": strategy}, key=f"own-{strategy}")
         assert status == 409, (strategy, problem)
     await _cancel(stack, thread_id, hung)
+
+
+async def test_an_edit_follows_the_strategy_too(stack: Stack) -> None:
+    """reject: 409; enqueue: the edited question is stored at once off the current
+    branch and runs once the active run has ended, its branch then current."""
+    thread_id, question, hung = await _hung_behind_an_answer(stack)
+    path = f"/v1/threads/{thread_id}/messages/{question['message_id']}/edit"
+    status, problem = await _call(stack, path, {"input_text": "first, edited"}, key="e1")
+    assert status == 409 and problem["active_run_id"] == hung, problem
+    status, queued = await _call(stack, path, {"input_text": "first, edited",
+                                               "multitask_strategy": "enqueue"}, key="e2")
+    assert status == 202 and queued["status"] == "accepted", queued
+    await _cancel(stack, thread_id, hung)
+    assert (await _end(stack, queued["run_id"]))[0] == "run_completed", stack.logs()
+    assert await _texts(stack, thread_id) == [
+        ("user", "first, edited"), ("assistant", queued["run_id"])]
