@@ -301,6 +301,30 @@ def test_a_regenerate_while_a_run_is_active_follows_the_strategy(
         assert mine is not None and mine.message.text == "answer one" and mine.parent_seq is None
 
 
+def test_an_edit_enqueued_behind_a_run_is_stored_at_once_and_runs_on_its_branch(
+        thread: Thread) -> None:
+    """An edit under enqueue stores its message now, off the current branch; the active
+    run's answer still goes to its own branch; then the edit's branch becomes current
+    and its run gets that branch's path (a root: none) and its text from the store."""
+    thread.post("m1", "second")  # 2, its run active
+    thread.send(EditMessage(thread.id, "t", "m0", "m0-edited", "first, edited", None, _now(),
+                            MultitaskStrategy.ENQUEUE))  # 3, a root
+    edited_run = run_id_for(thread.id, "m0-edited")
+    events = thread.events()
+    queued = _of(events, MessageQueued)
+    assert len(queued) == 1 and isinstance(queued[0], MessageQueued) and queued[0].branch
+    assert not _of(events, RunAccepted, edited_run)
+    thread.answer(run_id_for(thread.id, "m1"), "answer one")  # 4, after m1
+    dispatch = thread.dispatch_of(edited_run)
+    assert (dispatch.input_text, _texts(dispatch)) == ("first, edited", [])
+    thread.answer(edited_run, "answer zero, edited")  # 5, after the edit (not after 4)
+    assert [e.seq for e in thread.events() if isinstance(e, BranchSwitched)] == [3]
+    history = thread.history()
+    assert history[3] is not None and history[3].parent_seq == -1
+    assert history[4] is not None and history[4].parent_seq == 2
+    assert history[5] is not None and history[5].parent_seq == 3
+
+
 def test_a_regenerate_rolled_back_keeps_its_message_in_the_context(thread: Thread) -> None:
     """A regenerate's run rolled back by a later post removes no message: its question
     (an earlier run's) stays stored and in the new run's context."""
