@@ -1,12 +1,14 @@
 """The LangGraph Platform runs API (an Agent Protocol subset), under `/langgraph`.
 
 What `langgraph-sdk` (and agent-chat-ui, assistant-ui, CopilotKit through it) calls:
-threads (create, get, search, state, history), the one assistant, and runs (create,
-stream, wait, list, get, join, join_stream, cancel). `create_app()` is the API as an
+threads (create, get, search, state, history with checkpoints), the one assistant, and
+runs (create, stream, wait, list, get, join, join_stream, cancel), runs from a
+checkpoint (a regenerate or an edit: a new branch). `create_app()` is the API as an
 aiohttp sub-app, which the gateway mounts at `PREFIX`: the gateway's middlewares (API
 keys, with the SDK's `x-api-key`; readiness; limits; problem+json) apply to it.
 
 Modules: `threads` (threads, the assistant, finding a thread by its client's id),
+`checkpoints` (state, history and runs from a checkpoint over the thread's tree),
 `runs` (runs), `stream` (run streams from `gateway.live.run_stream`: resumable, every SSE
 `id:` a Kafka position), `events` (the pure event mapping), `views` (the JSON
 objects, thread ids per tenant). Responses carry `Location` (the join
@@ -18,13 +20,20 @@ has the mapping tables.
 `rollback` (docs/multitask.md). Human in the loop: `__interrupt__` in the stream (which
 then ends), threads and runs `interrupted`, `command.resume` continues the same run
 (`runs`). Not served (a 422 names them): `command.goto`/`update`,
-`interrupt_before`/`after`, checkpoints, cancel `action=rollback`.
+`interrupt_before`/`after`, subgraph checkpoints, cancel `action=rollback`; threads.copy
+answers 501 (docs/clients.md says why).
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
+from gateway.adapters.langgraph.checkpoints import (
+    get_history,
+    get_state,
+    get_state_at,
+    post_state_at,
+)
 from gateway.adapters.langgraph.runs import (
     cancel_run,
     create_run,
@@ -36,10 +45,9 @@ from gateway.adapters.langgraph.runs import (
     wait_run,
 )
 from gateway.adapters.langgraph.threads import (
+    copy_thread,
     create_thread,
     get_assistant,
-    get_history,
-    get_state,
     get_thread,
     search_assistants,
     search_threads,
@@ -64,7 +72,10 @@ def create_app() -> web.Application:
     r.add_post("/threads/search", search_threads)
     r.add_get("/threads/{thread_id}", get_thread)
     r.add_get("/threads/{thread_id}/state", get_state)
+    r.add_get("/threads/{thread_id}/state/{checkpoint_id}", get_state_at)
+    r.add_post("/threads/{thread_id}/state/checkpoint", post_state_at)
     r.add_post("/threads/{thread_id}/history", get_history)
+    r.add_post("/threads/{thread_id}/copy", copy_thread)
     r.add_post("/assistants/search", search_assistants)
     r.add_get("/assistants/{assistant_id}", get_assistant)
     r.add_post("/threads/{thread_id}/runs", create_run)

@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.adapters.langgraph.checkpoints import run_from_checkpoint, wanted_checkpoint
 from gateway.adapters.langgraph.events import modes_from, modes_from_query
 from gateway.adapters.langgraph.stream import links, stream_run_events, wait_for_run
 from gateway.adapters.langgraph.threads import (
@@ -58,7 +59,7 @@ __all__ = ["cancel_run", "create_run", "get_run", "join_run", "join_stream", "li
 
 
 def _check_unsupported(body: dict[str, Any]) -> None:
-    for name in ("interrupt_before", "interrupt_after", "checkpoint", "checkpoint_id"):
+    for name in ("interrupt_before", "interrupt_after"):
         if body.get(name):
             raise Problem(422, "unsupported", f"'{name}' is not supported by this server",
                           field=name)
@@ -104,6 +105,9 @@ async def _resume_command(request: web.Request,
                       "'goto' nor 'update')", field="command")
     if body.get("input") is not None:
         raise Problem(422, "invalid-body", "'command' and 'input' are exclusive", field="input")
+    if wanted_checkpoint(body) is not None:
+        raise Problem(422, "invalid-body", "'command' and a checkpoint are exclusive (a "
+                      "resume continues the interrupted run)", field="checkpoint_id")
     state = await own_thread(request)
     run_id, pending = interrupted_run(state), pending_interrupt(state)
     if run_id is None or pending is None:
@@ -118,15 +122,23 @@ async def _resume_command(request: web.Request,
 
 
 async def _start(request: web.Request, body: dict[str, Any]) -> tuple[ThreadState, str]:
-    """Post the run's user message (as POST /v1/.../user_message does): the thread, run id."""
-    text = _input_text(body)
+    """Post the run's user message (as POST /v1/.../user_message does), or with a
+    checkpoint, regenerate or edit from it (`checkpoints.run_from_checkpoint`): the
+    thread, run id."""
+    checkpoint = wanted_checkpoint(body)
+    text = None if checkpoint is not None and body.get("input") is None else _input_text(body)
     strategy = rest.multitask_strategy(body.get("multitask_strategy") or "reject")
     lg_id = request.match_info["thread_id"]
     state = await find_thread(request, lg_id)
     if state is None:
-        if body.get("if_not_exists") != "create":
+        if body.get("if_not_exists") != "create" or checkpoint is not None:
             raise Problem(404, "not-found", "no such thread")
         state = await create_lg_thread(request, lg_id)
+    if checkpoint is not None:
+        run_id = await run_from_checkpoint(request, state, checkpoint, text, strategy)
+        if run_id is not None:
+            return state, run_id
+    assert text is not None  # a checkpoint without input never posts
     event, message_id = await rest.submit_user_message(request, state, text, None, field="input",
                                                       strategy=strategy)
     _check_accepted(event)

@@ -149,7 +149,7 @@ def _part_id(sse_id: str | None, index: int, count: int) -> str | None:
 async def _fill(request: web.Request, state: ThreadState, part: Part) -> Any:
     if not isinstance(part.data, StateValues):
         return part.data
-    await _caught_up(request, state)
+    state = await _caught_up(request, state)
     values = (await values_view(request, state))[0]
     interrupt = part.data.interrupt
     return values if interrupt is None else {**values, "__interrupt__": [interrupt]}
@@ -177,9 +177,12 @@ async def wait_for_run(request: web.Request, state: ThreadState, run_id: str,
                     break
             if ended:
                 break
-    await _caught_up(request, state)
+    state = await _caught_up(request, state)
     if translator.interrupt is None:
         await _settled(request, run_id)
+        # the answer may have moved the branch's head since
+        state = await request.config_dict[READ_MODEL].thread(request[TENANT],
+                                                             state.thread_id) or state
     values = (await values_view(request, state))[0]
     if translator.interrupt is not None:
         values["__interrupt__"] = [translator.interrupt]
@@ -201,7 +204,9 @@ async def _settled(request: web.Request, run_id: str) -> None:
         await asyncio.sleep(SETTLE_POLL_S)
 
 
-async def _caught_up(request: web.Request, state: ThreadState) -> None:
-    """The read model has read the thread's partition to its end now."""
+async def _caught_up(request: web.Request, state: ThreadState) -> ThreadState:
+    """The read model has read the thread's partition to its end now: the thread then
+    (its current branch may have moved since `state`, by a regenerate or an edit)."""
     config = request.config_dict
     await config[READ_MODEL].catch_up([config[FEED].partition_of(state.thread_id)])
+    return await config[READ_MODEL].thread(request[TENANT], state.thread_id) or state

@@ -18,7 +18,6 @@ from gateway.adapters.langgraph.views import (
     conversation,
     internal_thread_id,
     lg_message,
-    state_tasks,
     thread_json,
     thread_status,
 )
@@ -30,10 +29,9 @@ from gateway.model.decisions import new_traceparent
 from streams.clock import now_ms
 from streams.core.domain import CreateThread, ThreadCreated, ThreadState
 
-__all__ = ["ASSISTANT_NAMES", "MAX_OFFSET", "MAX_PAGE", "VALUES_CAP", "create_lg_thread",
-           "create_thread", "find_thread", "get_assistant", "get_history", "get_state",
-           "get_thread", "own_thread",
-           "search_assistants", "search_threads", "values_view"]
+__all__ = ["ASSISTANT_NAMES", "MAX_OFFSET", "MAX_PAGE", "VALUES_CAP", "copy_thread",
+           "create_lg_thread", "create_thread", "find_thread", "get_assistant", "get_thread",
+           "own_thread", "search_assistants", "search_threads", "values_view"]
 
 VALUES_CAP = 50  # messages in a `values` part or a state, newest first (page with ?before=)
 SEARCH_VALUES_CAP = 10  # messages in each thread of a search
@@ -144,35 +142,16 @@ async def search_threads(request: web.Request) -> web.Response:
         for s in chosen[offset:offset + limit]])
 
 
-async def get_state(request: web.Request) -> web.Response:
-    """GET /threads/{thread_id}/state[?before=seq]: the newest messages, bounded."""
-    state = await own_thread(request)
-    before = request.query.get("before")
-    if before is not None and not (before.isascii() and before.isdigit() and
-                                   int(before) < END_SEQ):
-        raise Problem(400, "bad-cursor", "'before' is the messages_before of a state")
-    return web.json_response(await _state(request, state, None if before is None else
-                                          int(before)))
-
-
-async def _state(request: web.Request, state: ThreadState,
-                 before: int | None = None) -> dict[str, Any]:
-    values, older = await values_view(request, state, None, before)
-    view = thread_json(state, values)
-    tasks = state_tasks(state)
-    return {"values": values, "next": [] if state.active_run is None else ["agent"],
-            "tasks": tasks, "interrupts": [i for t in tasks for i in t["interrupts"]],
-            "checkpoint": {"thread_id": view["thread_id"], "checkpoint_ns": "",
-                           "checkpoint_id": str(state.message_count)},
-            "parent_checkpoint": None, "created_at": view["updated_at"],
-            "metadata": {"messages_before": older, "message_count": state.message_count,
-                         **view["metadata"]}}
-
-
-async def get_history(request: web.Request) -> web.Response:
-    """POST /threads/{thread_id}/history: the current state only (no checkpoints)."""
-    state = await own_thread(request)
-    return web.json_response([await _state(request, state)])
+async def copy_thread(request: web.Request) -> web.Response:
+    """POST /threads/{thread_id}/copy: not served (501). A copy writes the source's
+    records under a new thread, on another partition: not one decision, so not atomic
+    nor exactly once without a copy protocol of its own (docs/clients.md). A run from
+    an earlier checkpoint forks within the thread instead (a new branch)."""
+    await own_thread(request)
+    raise Problem(501, "unsupported", "threads.copy is not supported by this server: a "
+                  "copy would write the thread's records under another thread, which no "
+                  "one decision can do atomically; fork within the thread instead (a run "
+                  "from a checkpoint_id makes a new branch)")
 
 
 async def search_assistants(request: web.Request) -> web.Response:

@@ -1,0 +1,159 @@
+"""LangGraph checkpoints over a thread's branches (issue #30), driven by the official
+`langgraph-sdk` against the real stack: get_history lists the current branch's
+checkpoints; a run from an earlier checkpoint with new input edits (a new branch);
+a run from a user message's checkpoint without input regenerates its answer. Each
+branch's stored history is read natively (GET /v1/threads/{id}/messages) and through
+get_state / get_history, and they agree."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from langgraph_sdk import get_client
+from langgraph_sdk.errors import NotFoundError
+
+from tests.gateway.conftest import Stack
+
+pytestmark = pytest.mark.kafka
+
+
+def _client(stack: Stack) -> Any:
+    return get_client(url=stack.url("/langgraph"), api_key="key-a")
+
+
+def _input(text: str) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": text}]}
+
+
+def _ids(states: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
+    """Each checkpoint's id and its parent's."""
+    return [(s["checkpoint"]["checkpoint_id"],
+             s["parent_checkpoint"] and s["parent_checkpoint"]["checkpoint_id"]) for s in states]
+
+
+def _lg(state: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return [(m["type"], m["id"], m["content"]) for m in state["values"]["messages"]]
+
+
+@contextlib.contextmanager
+def _problem(status: int, slug: str) -> Iterator[None]:
+    """The SDK raises an httpx.HTTPStatusError (or its subclass) of this problem."""
+    with pytest.raises(httpx.HTTPStatusError) as raised:
+        yield
+    response = raised.value.response
+    assert response.status_code == status and response.json()["type"].endswith(slug), \
+        response.text
+
+
+async def _native(stack: Stack, thread_id: str, branch: int | None = None) -> \
+        list[tuple[str, str, str]]:
+    query = "" if branch is None else f"?branch={branch}"
+    status, body = await stack.get(f"/v1/threads/{thread_id}/messages{query}")
+    assert status == 200, body
+    return [("human" if m["role"] == "user" else "ai", m["message_id"], m["text"])
+            for m in body["messages"]]
+
+
+async def _two_turns(stack: Stack, client: Any) -> str:
+    thread_id = await stack.create_thread()  # a /v1 thread keeps its id on /langgraph
+    await client.runs.wait(thread_id, "agent", input=_input("first"))
+    await client.runs.wait(thread_id, "agent", input=_input("second"))
+    return thread_id
+
+
+async def test_history_lists_the_checkpoints_newest_first(stack: Stack) -> None:
+    """Each stored message is a checkpoint (its seq + 1; "0" the empty thread), its
+    parent the message before it, its values the path up to it."""
+    client = _client(stack)
+    thread_id = await _two_turns(stack, client)
+    history = await client.threads.get_history(thread_id)
+    assert _ids(history) == [("4", "3"), ("3", "2"), ("2", "1"), ("1", "0"), ("0", None)]
+    native = await _native(stack, thread_id)
+    assert [_lg(s) for s in history] == [native[:n] for n in (4, 3, 2, 1, 0)]
+    state = await client.threads.get_state(thread_id)
+    assert _ids([state]) == [("4", "3")] and _lg(state) == native
+    assert [s["next"] for s in history[1:]] == [["agent"], [], ["agent"], []]
+
+    assert _ids(await client.threads.get_history(thread_id, limit=2)) == [("4", "3"), ("3", "2")]
+    older = await client.threads.get_history(thread_id, before="3")
+    assert _ids(older) == [("2", "1"), ("1", "0"), ("0", None)]
+    at = await client.threads.get_state(thread_id, checkpoint_id="2")
+    assert _ids([at]) == [("2", "1")] and _lg(at) == native[:2]
+    with pytest.raises(NotFoundError):
+        await client.threads.get_state(thread_id, checkpoint_id="99")
+
+
+async def test_an_edit_from_an_earlier_checkpoint_and_a_regenerate(stack: Stack) -> None:
+    """Input from the checkpoint before a user message edits it: a new branch from its
+    parent, the old one kept. No input from a user message's checkpoint answers it
+    again, once per Idempotency-Key. Native reads and LangGraph's agree on each branch."""
+    client = _client(stack)
+    thread_id = await _two_turns(stack, client)
+    old = await _native(stack, thread_id)
+
+    values = await client.runs.wait(thread_id, "agent", input=_input("second, edited"),
+                                    checkpoint_id="2")
+    edited = await _native(stack, thread_id)
+    assert edited[:2] == old[:2] and len(edited) == 4
+    assert edited[2][0] == "human" and edited[2][2] == "second, edited"
+    assert edited[3][0] == "ai" and edited[3][1] != old[3][1]
+    assert [(m["type"], m["id"], m["content"]) for m in values["messages"]] == edited
+    state = await client.threads.get_state(thread_id)
+    assert _lg(state) == edited and _ids([state]) == [("6", "5")]
+    history = await client.threads.get_history(thread_id)
+    assert _ids(history) == [("6", "5"), ("5", "2"), ("2", "1"), ("1", "0"), ("0", None)]
+    assert [_lg(s) for s in history] == [edited[:n] for n in (4, 3, 2, 1, 0)]
+    # the old branch is kept: natively by ?branch=, and as its checkpoints
+    assert await _native(stack, thread_id, branch=3) == old
+    assert _lg(await client.threads.get_state(thread_id, checkpoint_id="4")) == old
+    old_history = await client.threads.get_history(
+        thread_id, checkpoint={"thread_id": thread_id, "checkpoint_ns": "",
+                               "checkpoint_id": "4"})
+    assert _ids(old_history) == [("4", "3"), ("3", "2"), ("2", "1"), ("1", "0"), ("0", None)]
+
+    # a regenerate of the edited question, sent twice with one key: one new answer
+    key = {"Idempotency-Key": "regenerate-edited-once"}
+    run = await client.runs.create(thread_id, "agent", checkpoint_id="5", headers=key)
+    again = await client.runs.create(thread_id, "agent", checkpoint_id="5", headers=key)
+    assert again["run_id"] == run["run_id"]
+    values = await client.runs.join(thread_id, run["run_id"])
+    regenerated = await _native(stack, thread_id)
+    assert regenerated[:3] == edited[:3] and regenerated[3][1] != edited[3][1]
+    assert [(m["type"], m["id"], m["content"]) for m in values["messages"]] == regenerated
+    state = await client.threads.get_state(thread_id)
+    assert _lg(state) == regenerated and _ids([state]) == [("7", "5")]
+    assert await _native(stack, thread_id, branch=5) == edited  # the edit's answer kept
+    status, branches = await stack.get(f"/v1/threads/{thread_id}/branches")
+    assert status == 200 and len(branches["branches"]) == 3, branches
+
+    # a stream from the first question's checkpoint: its answer again, streamed
+    parts = [p async for p in client.runs.stream(thread_id, "agent", checkpoint_id="1",
+                                                 stream_mode="values")]
+    latest = await _native(stack, thread_id)
+    assert latest[0] == old[0] and len(latest) == 2 and latest[1][1] != old[1][1]
+    assert [(m["type"], m["id"], m["content"])
+            for m in [p for p in parts if p.event == "values"][-1].data["messages"]] == latest
+
+
+async def test_what_a_checkpoint_cannot_start_is_a_clear_problem(stack: Stack) -> None:
+    """No input at an answer's checkpoint, input after a user message, a checkpoint of
+    another branch, and threads.copy are refused, each saying why."""
+    client = _client(stack)
+    thread_id = await _two_turns(stack, client)
+    with _problem(422, "checkpoint-unsupported"):
+        await client.runs.wait(thread_id, "agent", checkpoint_id="2")  # at an answer
+    with _problem(422, "checkpoint-unsupported"):
+        await client.runs.wait(thread_id, "agent", input=_input("x"), checkpoint_id="3")
+    await client.runs.wait(thread_id, "agent", input=_input("edited"), checkpoint_id="2")
+    with _problem(422, "checkpoint-unsupported"):  # off the current branch
+        await client.runs.wait(thread_id, "agent", input=_input("x"), checkpoint_id="4")
+    with _problem(422, "unsupported"):
+        await client.runs.wait(thread_id, "agent", input=_input("x"),
+                               checkpoint={"checkpoint_ns": "sub", "checkpoint_id": "2"})
+    with _problem(501, "unsupported"):
+        await client.threads.copy(thread_id)
+    assert len(await _native(stack, thread_id)) == 4  # nothing else was stored
