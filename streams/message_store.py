@@ -3,7 +3,7 @@ ids already ran.
 
 Rows live in one `PartitionStore` per partition, restored from the messages topic
 (its changelog) like the threads table is from the threads topic, so it only ever
-holds committed history. Two kinds of row, both prefixed by the thread so one
+holds committed history. Four kinds of row, each prefixed by the thread so one
 thread's rows sort together:
 
     b"m" <thread> <seq, 8 bytes big-endian>  -> the messages-topic record (bytes)
@@ -19,7 +19,10 @@ run makes a repeat a duplicate (`Known.message_run_id`). An answer whose parent 
 user message it answers, by that message's own run, gets no row (every answer on a
 thread that never branched, but for queued and interrupted runs' answers); one whose
 parent row is not (yet) there when it is restored gets one: a row too many is never
-read as anything but the run it names.
+read as anything but the run it names. A regenerate's run that ended with no answer
+stored (failed, or cancelled before any partial answer) leaves no row: past the
+window its key would start that run again (a limit; the messages topic holds no
+record of it).
 
 The context rows exist because every dispatch reads up to 50 earlier messages: as
 `role, message id, text` behind a length they cost a slice and two UTF-8 decodes,
@@ -32,7 +35,8 @@ message id never starts a second run, however old, without the state growing.
 
 `ContextWindows` keeps recently active threads' newest context decoded in memory,
 so that a dispatch at turn 1,000 (a full window of 50 messages) costs what one at
-turn 10 does instead of 50 row reads and decodes. It holds staged rows, so the
+turn 10 does instead of 50 row reads and decodes; each entry keeps its parent link,
+so a dispatch walks its branch's path through the window (`ContextLink`). It holds staged rows, so the
 processor clears it whenever it rolls its stores back or loses a partition.
 """
 
