@@ -139,9 +139,37 @@ async def test_an_edit_from_an_earlier_checkpoint_and_a_regenerate(stack: Stack)
             for m in [p for p in parts if p.event == "values"][-1].data["messages"]] == latest
 
 
+async def test_checkpoints_of_another_branch(stack: Stack) -> None:
+    """Input from the checkpoint before a user message of a branch that is not current
+    edits that message; no input at its user message regenerates it; both make their
+    branch current."""
+    client = _client(stack)
+    thread_id = await _two_turns(stack, client)
+    await client.runs.wait(thread_id, "agent", input=_input("third"))
+    old = await _native(stack, thread_id)  # seqs 0-5
+    await client.runs.wait(thread_id, "agent", input=_input("second, edited"),
+                           checkpoint_id="2")  # seqs 6, 7 on a new branch
+    await client.runs.wait(thread_id, "agent", input=_input("third, edited"),
+                           checkpoint_id="4")  # after the old branch's second answer
+    edited = await _native(stack, thread_id)
+    assert edited[:4] == old[:4] and edited[4][2] == "third, edited"
+    assert edited[5][0] == "ai" and edited[5][1] != old[5][1] and len(edited) == 6
+    state = await client.threads.get_state(thread_id)
+    assert _lg(state) == edited and _ids([state]) == [("10", "9")]
+    assert _ids(await client.threads.get_history(thread_id, limit=3)) == [
+        ("10", "9"), ("9", "4"), ("4", "3")]
+
+    await client.runs.wait(thread_id, "agent", checkpoint_id="7")  # "second, edited"
+    again = await _native(stack, thread_id)
+    assert again[2][2] == "second, edited" and len(again) == 4 and again[3][0] == "ai"
+    assert again[3][1] not in {m[1] for m in old + edited}
+    assert _lg(await client.threads.get_state(thread_id)) == again
+
+
 async def test_what_a_checkpoint_cannot_start_is_a_clear_problem(stack: Stack) -> None:
-    """No input at an answer's checkpoint, input after a user message, a checkpoint of
-    another branch, and threads.copy are refused, each saying why."""
+    """No input at an answer's checkpoint, input after a user message, input at the
+    newest message of a branch that is not current, a subgraph checkpoint, and
+    threads.copy are refused, each saying why."""
     client = _client(stack)
     thread_id = await _two_turns(stack, client)
     with _problem(422, "checkpoint-unsupported"):
@@ -149,11 +177,13 @@ async def test_what_a_checkpoint_cannot_start_is_a_clear_problem(stack: Stack) -
     with _problem(422, "checkpoint-unsupported"):
         await client.runs.wait(thread_id, "agent", input=_input("x"), checkpoint_id="3")
     await client.runs.wait(thread_id, "agent", input=_input("edited"), checkpoint_id="2")
-    with _problem(422, "checkpoint-unsupported"):  # off the current branch
+    with _problem(422, "checkpoint-unsupported"):  # the old branch's newest
         await client.runs.wait(thread_id, "agent", input=_input("x"), checkpoint_id="4")
     with _problem(422, "unsupported"):
         await client.runs.wait(thread_id, "agent", input=_input("x"),
                                checkpoint={"checkpoint_ns": "sub", "checkpoint_id": "2"})
+    with _problem(404, "no-such-checkpoint"):
+        await client.runs.wait(thread_id, "agent", checkpoint_id="99")
     with _problem(501, "unsupported"):
         await client.threads.copy(thread_id)
     assert len(await _native(stack, thread_id)) == 4  # nothing else was stored

@@ -17,8 +17,9 @@ A run from a checkpoint (`checkpoint_id`, or `checkpoint: {checkpoint_id}`):
 - no input, at a user message: its answer again (a regenerate, keyed by the
   request's Idempotency-Key, else a fresh one);
 - input, at the current branch's newest message: a post, as without a checkpoint;
-- input, at the parent of a user message on the current branch: an edit of that
-  message (a sibling with the same parent, on a new branch that becomes current);
+- input, at the parent of a user message (on the current branch, else on another):
+  an edit of that message (a sibling with the same parent, on a new branch that
+  becomes current);
 - anything else: 422 `checkpoint-unsupported`, saying what to send instead.
 """
 
@@ -222,6 +223,28 @@ async def post_state_at(request: web.Request) -> web.Response:
     return await _state_at(request, raw, "checkpoint")
 
 
+def _child_on(path: Iterator[int], seq: int) -> int | None:
+    """The message after `seq` on a path (newest first), or None if `seq` is its newest
+    or not on it. A path's seqs fall toward the root, so it is read down to `seq` only."""
+    child = None
+    for on_path in path:
+        if on_path <= seq:
+            return child if on_path == seq else None
+        child = on_path
+    return child if seq == ROOT else None
+
+
+def _child(read_model: ReadModel, state: ThreadState, seq: int, head: int) -> int | None:
+    """A message whose parent is `seq`: on the current branch if it has one, else on
+    the first other branch that does (any will do: an edit's sibling has the same
+    parent)."""
+    for newest in (head, *state.tip_seqs):
+        child = _child_on(_path(read_model, state, newest), seq)
+        if child is not None:
+            return child
+    return None
+
+
 def _unsupported(detail: str, raw: str) -> Problem:
     return Problem(422, "checkpoint-unsupported", detail, field="checkpoint_id",
                    checkpoint_id=raw)
@@ -246,17 +269,12 @@ async def run_from_checkpoint(request: web.Request, state: ThreadState, raw: str
     head = _head(read_model, state)[0]
     if seq == head:
         return None
-    child = None
-    for on_path in _path(read_model, state, head):  # the current branch's message after it
-        if on_path == seq:
-            break
-        child = on_path
-    else:
-        if seq != ROOT:
-            raise _unsupported("the checkpoint is not on the thread's current branch; make "
-                               "its branch current first (POST /v1/threads/{id}/branches/"
-                               "current)", raw)
-    edited = None if child is None else read_model.store.message(state.thread_id, child)
+    child = _child(read_model, state, seq, head)
+    if child is None:
+        raise _unsupported("the checkpoint is the newest message of a branch that is not "
+                           "current: make that branch current (POST /v1/threads/{id}/"
+                           "branches/current) and run without a checkpoint", raw)
+    edited = read_model.store.message(state.thread_id, child)
     if edited is None or edited.message.role != "user":
         raise _unsupported("input from this checkpoint would follow a user message with "
                            "another: send no input to answer it again, or start from the "
