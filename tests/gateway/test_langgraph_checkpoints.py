@@ -3,7 +3,8 @@
 checkpoints; a run from an earlier checkpoint with new input edits (a new branch);
 a run from a user message's checkpoint without input regenerates its answer. Each
 branch's stored history is read natively (GET /v1/threads/{id}/messages) and through
-get_state / get_history, and they agree."""
+get_state / get_history, and they agree. A checkpoint's run follows the multitask
+strategy and its Idempotency-Key like any regenerate or edit."""
 
 from __future__ import annotations
 
@@ -187,3 +188,33 @@ async def test_what_a_checkpoint_cannot_start_is_a_clear_problem(stack: Stack) -
     with _problem(501, "unsupported"):
         await client.threads.copy(thread_id)
     assert len(await _native(stack, thread_id)) == 4  # nothing else was stored
+
+
+async def test_a_checkpoint_run_while_a_run_is_active_and_an_edit_sent_twice(stack: Stack) -> None:
+    """A regenerate from a checkpoint while a run is active follows the multitask
+    strategy (reject: 409); an edit sent twice with one Idempotency-Key runs once."""
+    client = _client(stack)
+    thread_id = await _two_turns(stack, client)
+    run = await client.runs.create(thread_id, "agent", input=_input("[hang] hold on"))
+    async with contextlib.aclosing(client.runs.join_stream(
+            thread_id, run["run_id"], stream_mode="messages-tuple")) as joined:
+        async for part in joined:
+            if part.event == "messages":
+                break  # a marker: the run is answering
+    with _problem(409, "branch-conflict"):
+        await client.runs.wait(thread_id, "agent", checkpoint_id="1")
+    await client.runs.cancel(thread_id, run["run_id"], wait=True)
+    before = await _native(stack, thread_id)
+
+    key = {"Idempotency-Key": "edit-the-second-once"}
+    first = await client.runs.create(thread_id, "agent", input=_input("second, once"),
+                                     checkpoint_id="2", headers=key)
+    second = await client.runs.create(thread_id, "agent", input=_input("second, once"),
+                                      checkpoint_id="2", headers=key)
+    assert second["run_id"] == first["run_id"]
+    await client.runs.join(thread_id, first["run_id"])
+    edited = await _native(stack, thread_id)
+    assert edited[:2] == before[:2] and [m[2] for m in edited[2:3]] == ["second, once"]
+    assert len(edited) == 4
+    status, branches = await stack.get(f"/v1/threads/{thread_id}/branches")
+    assert status == 200 and len(branches["branches"]) == 2, branches
