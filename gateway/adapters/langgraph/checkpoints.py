@@ -146,7 +146,7 @@ def _past(state: ThreadState, path: list[MessageRecord], more: bool, at: int) ->
     parent = None if record is None else path[at + 1].seq if at + 1 < len(path) else ROOT
     source = {"source": "input", "step": -1} if record is None else {
         "source": "input" if record.message.role == "user" else "loop",
-        "step": len(path) - at - 1, "run_id": record.message.run_id}
+        "seq": record.seq, "run_id": record.message.run_id}  # no step count: not walked
     return {"values": values,
             "next": ["agent"] if record is not None and record.message.role == "user" else [],
             "tasks": [], "interrupts": [],
