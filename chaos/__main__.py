@@ -38,7 +38,8 @@ PRESETS = {
     "cluster": Preset(4, 50.0, {"processor": 1, "worker": 1, "gateway": 1, "broker": 1}, 3),
 }
 
-HEADER = ("| seed | threads | messages | accepted | 409s | enqueued | interrupted | answered "
+HEADER = ("| seed | threads | messages | accepted | 409s | enqueued | interrupted "
+          "| regenerated (key sent twice) | edited | answered "
           "| lost | duplicated | gaps "
           "| stuck | kills p/w/g/b | self-exits | watched runs (unwatched) | reconnects "
           "| streams cut short | aborted records | aimed kills | guarantee "
@@ -56,7 +57,8 @@ def table_row(outcome: Outcome) -> str:
                                                  outcome.moving_s))
     exits = sum(outcome.self_exits.values())
     return (f"| {outcome.config.seed} | {r.threads} | {r.messages} | {r.accepted} | "
-            f"{r.conflicts} | {r.enqueued} | {r.interrupted} | {r.answered} | {r.lost} | "
+            f"{r.conflicts} | {r.enqueued} | {r.interrupted} | "
+            f"{r.regenerated} ({r.keys_resent}) | {r.edited} | {r.answered} | {r.lost} | "
             f"{r.duplicated} | {r.gaps} | {r.stuck} | "
             f"{kills} | {exits} | {r.watched_runs} ({r.unwatched}) | {outcome.reconnects} | "
             f"{r.cut_short} | {r.aborted} | {outcome.aimed} | "

@@ -30,6 +30,10 @@ The checks, for every message a client saw accepted (202, `pending` too):
   a rolled-back run's message is counted as answered-then-removed (`rolled_back`):
   it must be gone from the stored history, not lost; an enqueued message is
   answered once like any other, in order (`enqueued` counts them);
+* regenerates and edits (issue #30, `chaos.branch_audit`): each answered once, on
+  its branch, a regenerate's key naming one run however often it was sent; the
+  stored history read is every branch's (`GET .../branches`, then `?branch=`), so
+  an answer left on an older branch is not lost (`regenerated`, `edited` count them);
 * and overall: no two equal decisions in the events topic (decisions are pure
   functions of their commands, so any duplicate shows as an equal pair), nothing
   dead-lettered, no 500 answered, nothing waiting past its deadline.
@@ -42,6 +46,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from chaos.branch_audit import audit_branches
 from chaos.tools_audit import audit_tools
 from chaos.topic_audit import TopicReads, audit_topics
 from streams.core.domain import (
@@ -92,6 +97,13 @@ class Post:
     ended_at: float | None = None  # when the client learned the run ended
     strategy: str = "reject"  # its multitask_strategy
     interrupts: str | None = None  # interrupt: the run it was posted to cancel
+    # Branches (issue #30, chaos.branch_audit): "post", "regenerate" (`message_id` is the
+    # question answered again, `run_id` the regenerate's run) or "edit" (`message_id`
+    # the new message, `edits` the one it replaces).
+    kind: str = "post"
+    edits: str | None = None
+    run_ids: list[str] = field(default_factory=list)  # the run each 202 named, in order
+    key_resent: bool = False  # a regenerate whose key was sent again once accepted
 
 
 # The accepted posts by (message id, run id): a message's own run, or a regenerate's.
@@ -119,7 +131,7 @@ class Observations:
     """Everything the run collected for the audit: posts, events, stored answers, streams, topics."""
     posts: list[Post]
     events: list[Event]  # the events topic, read_committed, in partition order
-    stored: dict[str, list[dict[str, object]]]  # thread id -> GET .../messages
+    stored: dict[str, list[dict[str, object]]]  # thread id -> every branch's messages, by seq
     references: dict[str, list[Seen]]  # run id -> uninterrupted replay
     watchers: list[WatchLog]
     dead_letters: int = 0
@@ -127,6 +139,8 @@ class Observations:
     stuck: list[str] = field(default_factory=list)  # waits that passed their deadline
     topics: TopicReads | None = None  # the transactional topics; None: not audited
     tool_log: list[str] | None = None  # the builtin tool's side-effect log; None: not audited
+    # thread id -> branch -> its seqs root first (GET .../messages?branch=); None: not read
+    paths: dict[str, dict[int, list[int]]] | None = None
 
 
 @dataclass(slots=True)
@@ -150,6 +164,9 @@ class Report:
     aborted: int = 0  # records of aborted transactions (hidden from read_committed readers)
     tool_calls: int = 0  # tool functions entered (chaos.tools_audit)
     tool_duplicates: int = 0  # completed tool calls made again: violations
+    regenerated: int = 0  # regenerates accepted (issue #30)
+    edited: int = 0  # edits accepted (issue #30)
+    keys_resent: int = 0  # regenerates whose key was sent twice (one run each)
     violations: list[str] = field(default_factory=list)
 
     @property
@@ -176,9 +193,15 @@ def audit(obs: Observations) -> Report:
     accepted = {(p.message_id, p.run_id): p for p in obs.posts if p.accepted}
     report.accepted = len(accepted)
     report.enqueued = sum(p.strategy == "enqueue" for p in accepted.values())
+    report.regenerated = sum(p.kind == "regenerate" for p in accepted.values())
+    report.edited = sum(p.kind == "edit" for p in accepted.values())
+    report.keys_resent = sum(p.key_resent for p in accepted.values())
     superseded = _audit_double_texts(obs, accepted, report)
     _audit_decisions(obs, accepted, report, superseded)
     answers = _audit_stored(obs, accepted, report, superseded)
+    for counter, text in audit_branches(list(accepted.values()), obs.events, obs.stored,
+                                        obs.paths, superseded):
+        report._fail(counter, text)
     for post in accepted.values():
         _audit_reference(obs.references.get(post.run_id), post, answers.get(post.run_id), report)
     for log in obs.watchers:
@@ -187,7 +210,11 @@ def audit(obs: Observations) -> Report:
         findings = audit_topics(obs.topics, [p for p in accepted.values()
                                              if p.run_id not in superseded],
                                 queued={(p.message_id, p.run_id) for p in accepted.values()
-                                        if p.strategy == "enqueue"})
+                                        if p.strategy == "enqueue"},
+                regenerates={(p.message_id, p.run_id) for p in accepted.values()
+                             if p.kind == "regenerate"},
+                edits={p.message_id: p.edits for p in accepted.values()
+                       if p.kind == "edit" and p.edits is not None})
         report.aborted = findings.aborted
         for counter, text in findings.violations:
             report._fail(counter, text)

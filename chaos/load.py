@@ -12,6 +12,13 @@ the next message waits for it) or `interrupt` (accepted at once, the run is
 cancelled; only when nothing is queued, so the interrupted run is the previous
 post's). Half the accepted runs also get a run watcher (`GET /v1/runs/{id}/events`).
 
+Some turns fork instead (issue #30, docs/branches.md), once the previous run ended:
+a regenerate of an earlier answer (`POST .../messages/{id}/regenerate` with an
+`Idempotency-Key`; for some the key is sent once more after it is accepted, which
+must name the same run) or an edit of an earlier user message (`POST
+.../messages/{id}/edit`, new text under a new message id). Their draws come from a
+random stream of their own, seeded like the rest.
+
 Watchers reconnect with `Last-Event-ID` whenever their connection ends, whether a
 gateway died or the watcher cut it on purpose after a random number of events.
 """
@@ -23,6 +30,7 @@ import base64
 import contextlib
 import random
 import time
+import uuid
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -46,6 +54,9 @@ class LoadConfig:
     impatient_share: float = 0.2  # posts sent while the previous run is still going
     enqueue_share: float = 0.15  # of those: with multitask_strategy enqueue
     interrupt_share: float = 0.1  # of those: with multitask_strategy interrupt
+    regenerate_share: float = 0.06  # turns that regenerate an earlier answer (issue #30)
+    edit_share: float = 0.04  # turns that edit an earlier user message
+    resend_key_share: float = 0.3  # of the regenerates: the key sent once more
     run_watcher_share: float = 0.5
     mean_events_before_cut: float = 25.0  # deliberate cuts
     run_deadline_s: float = 150.0  # a run not ended this long after its post is stuck
@@ -104,6 +115,9 @@ class Load:
     async def _thread(self, session: aiohttp.ClientSession, index: int, posting_until: float,
                       drain_until: float) -> None:
         rng = random.Random(self.config.seed * 1_000 + index)
+        # The forks' draws come from their own stream, so the seed replays them and
+        # the plain posts' draws stay as they were before forks were in the mix.
+        branches = random.Random(f"branches/{self.config.seed}/{index}")
         api = Api(session, self.bases, rng)
         try:
             thread_id = await self._create(api, index, drain_until)
@@ -122,36 +136,23 @@ class Load:
         number = 0
         try:
             while time.monotonic() < posting_until:
-                post = Post(thread_id, "", "")
-                text = f"message {number} of thread {index}" + (
-                    " [slow]" if rng.random() < self.config.slow_share else "") + (
-                    " [tools=2]" if uses_tools(index, number, self.config.tools_share) else "") + (
-                    " [lookup]" if uses_tools(-1 - index, number, 0.5) else "")
-                key = f"m-{number}"
-                early = previous is not None and not self.ended[previous.run_id].is_set()
-                draw = rng.random()
-                if early and draw < self.config.enqueue_share:
-                    post.strategy = "enqueue"
-                elif early and previous is not None and previous.strategy != "enqueue" and \
-                        draw < self.config.enqueue_share + self.config.interrupt_share:
-                    post.strategy, post.interrupts = "interrupt", previous.run_id
-                if post.strategy != "reject":
-                    # Double-texting is never a conflict: resent (same key) until decided.
-                    while not post.accepted:
-                        await self._post(api, post, text, key, drain_until, pending_ok=True)
-                        if not post.accepted:
-                            await asyncio.sleep(0.5)
-                elif early and rng.random() < self.config.impatient_share:
-                    # Early: a 409, or accepted if the run just ended; `pending` may still
-                    # turn out a conflict, so then the message is sent again below.
-                    await self._post(api, post, text, key, drain_until, pending_ok=False)
-                if not post.accepted:
-                    if previous is not None:
-                        await self._until_ended(api, previous, drain_until)
-                    while not post.accepted:  # a 409 now is not expected, but is retried
-                        await self._post(api, post, text, key, drain_until, pending_ok=True)
-                        if not post.accepted:
-                            await asyncio.sleep(0.5)
+                draw = branches.random()
+                targets = self._targets(posted) if draw < self.config.regenerate_share + \
+                    self.config.edit_share else []
+                if previous is not None and targets:
+                    # A fork while no run is active: under `reject` (docs/branches.md)
+                    # anything else would be a 409.
+                    await self._until_ended(api, previous, drain_until)
+                    target = branches.choice(targets)
+                    if draw < self.config.regenerate_share:
+                        post = await self._regenerate(
+                            api, target, f"r-{number}",
+                            branches.random() < self.config.resend_key_share, drain_until)
+                    else:
+                        post = await self._edit(api, target, index, number, drain_until)
+                else:
+                    post = await self._message(api, rng, thread_id, index, number, previous,
+                                               drain_until)
                 self.posts.append(post)
                 posted.append(post)
                 if rng.random() < self.config.run_watcher_share:
@@ -184,6 +185,97 @@ class Load:
             if time.monotonic() > deadline:
                 raise GaveUp(f"thread {thread_id} never appeared")
             await asyncio.sleep(0.3)
+
+    async def _message(self, api: Api, rng: random.Random, thread_id: str, index: int,
+                       number: int, previous: Post | None, drain_until: float) -> Post:
+        """Post message `number` of the thread, early (a 409, or double-texted) or once
+        the previous run ended, until it is accepted."""
+        post = Post(thread_id, "", "")
+        text = f"message {number} of thread {index}" + (
+            " [slow]" if rng.random() < self.config.slow_share else "") + (
+            " [tools=2]" if uses_tools(index, number, self.config.tools_share) else "") + (
+            " [lookup]" if uses_tools(-1 - index, number, 0.5) else "")
+        key = f"m-{number}"
+        early = previous is not None and not self.ended[previous.run_id].is_set()
+        draw = rng.random()
+        if early and draw < self.config.enqueue_share:
+            post.strategy = "enqueue"
+        elif early and previous is not None and previous.strategy != "enqueue" and \
+                draw < self.config.enqueue_share + self.config.interrupt_share:
+            post.strategy, post.interrupts = "interrupt", previous.run_id
+        if post.strategy != "reject":
+            # Double-texting is never a conflict: resent (same key) until decided.
+            while not post.accepted:
+                await self._post(api, post, text, key, drain_until, pending_ok=True)
+                if not post.accepted:
+                    await asyncio.sleep(0.5)
+        elif early and rng.random() < self.config.impatient_share:
+            # Early: a 409, or accepted if the run just ended; `pending` may still
+            # turn out a conflict, so then the message is sent again below.
+            await self._post(api, post, text, key, drain_until, pending_ok=False)
+        if not post.accepted:
+            if previous is not None:
+                await self._until_ended(api, previous, drain_until)
+            while not post.accepted:  # a 409 now is not expected, but is retried
+                await self._post(api, post, text, key, drain_until, pending_ok=True)
+                if not post.accepted:
+                    await asyncio.sleep(0.5)
+        return post
+
+    def _targets(self, posted: list[Post]) -> list[Post]:
+        """The user messages a regenerate or edit may name: posted or edited ones whose
+        own run was seen to end, not cancelled by a later post's interrupt."""
+        interrupted = {p.interrupts for p in posted if p.interrupts is not None}
+        return [p for p in posted if p.kind != "regenerate" and p.run_id in self.end_seen
+                and p.run_id not in interrupted]
+
+    async def _regenerate(self, api: Api, target: Post, key: str, resend: bool,
+                          deadline: float) -> Post:
+        """Regenerate the answer to `target` under `key`; with `resend`, send the key
+        once more after it is accepted (it must name the same run, and run it once)."""
+        post = Post(target.thread_id, target.message_id, "", kind="regenerate")
+        path = f"/v1/threads/{target.thread_id}/messages/{target.message_id}/regenerate"
+        body = {"multitask_strategy": "reject"}
+        await self._fork(api, post, path, body, key, deadline)
+        if resend:
+            post.key_resent = True
+            status, answer = await api.call("POST", path, body=body,
+                                            headers={"Idempotency-Key": key}, deadline=deadline)
+            post.statuses.append(status)
+            if status == 202 and isinstance(answer, dict):
+                post.run_ids.append(str(answer.get("run_id")))
+        return post
+
+    async def _edit(self, api: Api, target: Post, index: int, number: int,
+                    deadline: float) -> Post:
+        """Edit `target`: new text under a new message id, on a branch from its parent."""
+        new_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"chaos/{target.thread_id}/edit/{number}"))
+        post = Post(target.thread_id, new_id, "", kind="edit", edits=target.message_id)
+        await self._fork(
+            api, post, f"/v1/threads/{target.thread_id}/messages/{target.message_id}/edit",
+            {"input_text": f"message {number} of thread {index}, edited", "message_id": new_id,
+             "multitask_strategy": "reject"}, f"e-{number}", deadline)
+        return post
+
+    async def _fork(self, api: Api, post: Post, path: str, body: dict[str, str], key: str,
+                    deadline: float) -> None:
+        """Send a regenerate or edit with its key until it is decided and accepted. A 404
+        (a gateway whose read model has not got the message yet) or a 409 is sent again."""
+        while True:
+            status, answer = await api.call("POST", path, body=body,
+                                            headers={"Idempotency-Key": key}, deadline=deadline)
+            post.statuses.append(status)
+            if status == 202 and isinstance(answer, dict):
+                post.run_id = str(answer["run_id"])
+                post.run_ids.append(post.run_id)
+                if answer.get("status") != "pending":
+                    post.accepted, post.accepted_at = True, time.monotonic()
+                    return
+            elif status not in (404, 409):
+                raise GaveUp(f"{post.kind} of {post.message_id} answered {status}: {answer}")
+            if time.monotonic() > deadline:
+                raise GaveUp(f"{post.kind} of {post.message_id} never accepted: {post.statuses}")
+            await asyncio.sleep(0.5)
 
     async def _post(self, api: Api, post: Post, text: str, key: str, deadline: float, *,
                     pending_ok: bool) -> None:

@@ -95,33 +95,62 @@ async def _reference(session: aiohttp.ClientSession, bases: list[str], run_id: s
     return seen
 
 
-async def _history(api: Api, thread_id: str, deadline: float) -> list[dict[str, Any]]:
-    """The thread's whole stored history, page after page (a page holds at most 1,000)."""
+async def _pages(api: Api, thread_id: str, deadline: float,
+                 branch: int | None) -> list[dict[str, Any]] | None:
+    """One branch's stored messages root first (None: the current one), page after page
+    (a page holds at most 1,000); None if the gateways gave up."""
     messages: list[dict[str, Any]] = []
     cursor = ""
     while True:
-        path = f"/v1/threads/{thread_id}/messages?limit=1000" + (f"&after={cursor}" if cursor else "")
+        path = f"/v1/threads/{thread_id}/messages?limit=1000" + (
+            f"&branch={branch}" if branch is not None else "") + (f"&after={cursor}" if cursor else "")
         try:
             status, body = await api.call("GET", path, deadline=deadline)
         except GaveUp:
-            return messages
+            return None
         if status != 200:
-            return messages
+            return None
         messages += body.get("messages", [])
         cursor = body.get("next_cursor") or ""
         if not cursor:
             return messages
 
 
+async def _history(api: Api, thread_id: str, deadline: float) -> tuple[
+        list[dict[str, Any]], dict[int, list[int]]]:
+    """The thread's whole stored history, every branch's (issue #30: a read shows one
+    branch), merged by seq; and each branch's seqs root first."""
+    current = await _pages(api, thread_id, deadline, None) or []
+    by_seq = {int(m["seq"]): m for m in current}
+    paths: dict[int, list[int]] = {}
+    try:
+        status, body = await api.call("GET", f"/v1/threads/{thread_id}/branches", deadline=deadline)
+    except GaveUp:
+        status, body = 0, None
+    branches = body.get("branches", []) if status == 200 and isinstance(body, dict) else []
+    for branch in branches:
+        seq = branch.get("branch")
+        if not isinstance(seq, int):
+            continue
+        messages = current if branch.get("current") else \
+            await _pages(api, thread_id, deadline, seq)
+        if messages is None:
+            continue
+        paths[seq] = [int(m["seq"]) for m in messages]
+        by_seq.update((int(m["seq"]), m) for m in messages)
+    return [by_seq[seq] for seq in sorted(by_seq)], paths
+
+
 async def _collect(stack: Stack, load: Load) -> Observations:
     reads = await asyncio.to_thread(topic_reads, stack.settings)
     stored: dict[str, list[dict[str, Any]]] = {}
+    paths: dict[str, dict[int, list[int]]] = {}
     references: dict[str, list[Seen]] = {}
     async with aiohttp.ClientSession() as session:
         api = Api(session, stack.bases, random.Random(0))
         deadline = time.monotonic() + 120
         for thread_id in sorted({p.thread_id for p in load.posts}):
-            stored[thread_id] = await _history(api, thread_id, deadline)
+            stored[thread_id], paths[thread_id] = await _history(api, thread_id, deadline)
         gate = asyncio.Semaphore(8)
 
         async def fetch(run_id: str) -> None:
@@ -135,7 +164,7 @@ async def _collect(stack: Stack, load: Load) -> Observations:
     return Observations(posts=load.posts, events=[e for _, e in reads.events], stored=stored,
                         references=references, watchers=load.watchers, dead_letters=dead,
                         server_errors=load.server_errors + api.server_errors, stuck=load.stuck,
-                        topics=reads, tool_log=_tool_log(stack))
+                        topics=reads, tool_log=_tool_log(stack), paths=paths)
 
 
 def _tool_log(stack: Stack) -> list[str]:

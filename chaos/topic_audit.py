@@ -51,14 +51,22 @@ gap (a rolled-back message's tombstone keeps its seq). A message queued behind a
 run (multitask_strategy enqueue) is stored when posted and answered when its turn
 comes, so its answer follows it, not necessarily at the next seq, and it may
 stand between an earlier message and that message's answer.
+
+Branches (issue #30): an answer that follows its message at the next seq must be
+linked to it (`parent_seq`). A regenerate's answer is stored at the next free seq
+and linked to the older question it answers again (whatever stands between belongs
+to other branches), so its seqs are checked by that link instead of by order; an
+edit's new message must have the parent of the message it replaces.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from streams.core.branches import parent_seq_of
 from streams.core.domain import (
     AttemptDispatched,
     AttemptStarted,
@@ -217,17 +225,21 @@ def dead_letter_identities(dead: DeadLetter) -> tuple[Identity, ...]:
 # --- the checks ---------------------------------------------------------------------
 
 
-def audit_topics(reads: TopicReads, posts: list[_Post],
-                 queued: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset()
+Pairs = set[tuple[str, str]] | frozenset[tuple[str, str]]  # (message id, run id)
+
+
+def audit_topics(reads: TopicReads, posts: Sequence[_Post], queued: Pairs = frozenset(),
+                 regenerates: Pairs = frozenset(), edits: dict[str, str] | None = None
                  ) -> Findings:
     """Check `reads`; `posts` are the accepted posts that must be answered, in the
     order each thread's client posted them; `queued` the (message id, run id) of those
     posted with multitask_strategy enqueue (a run id too: two queued regenerates of
-    one message are two runs)."""
+    one message are two runs); `regenerates` those that answer a stored message again;
+    `edits` new message id -> the message it replaces."""
     findings = Findings()
     _once(reads.committed, findings)
     _aborted(reads, findings)
-    _history(reads.history, posts, findings, queued)
+    _history(reads.history, posts, findings, queued, regenerates, edits or {})
     _states(reads, findings)
     return findings
 
@@ -274,8 +286,9 @@ def _aborted(reads: TopicReads, report: Findings) -> None:
                          f"{record.offset} ({record.what[:100]}) has no committed twin")
 
 
-def _history(history: list[HistoryRecord], posts: list[_Post], report: Findings,
-             queued: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset()) -> None:
+def _history(history: list[HistoryRecord], posts: Sequence[_Post], report: Findings,
+             queued: Pairs = frozenset(), regenerates: Pairs = frozenset(),
+             edits: dict[str, str] | None = None) -> None:
     by_thread: dict[str, list[HistoryRecord]] = defaultdict(list)
     for rec in sorted(history, key=lambda r: (r.partition, r.offset)):
         by_thread[rec.thread_id].append(rec)
@@ -306,6 +319,29 @@ def _history(history: list[HistoryRecord], posts: list[_Post], report: Findings,
             continue
         (seq,), (answer_seq,) = user_seqs, answer_seqs
         user, answer = newest[(post.thread_id, seq)], newest[(post.thread_id, answer_seq)]
+        if (post.message_id, post.run_id) in regenerates:
+            # Answered again: the question stands at an older seq and the new answer
+            # at the next free one, linked to it (whatever stands between is other
+            # branches'); the question's record keeps its own run's status.
+            if answer is None or answer_seq <= seq or parent_seq_of(answer) != seq:
+                report._fail("gaps", f"history of {post.thread_id}: regenerate {post.run_id} "
+                             f"of the message at seq {seq}: its answer at {answer_seq} is "
+                             "linked elsewhere (off its branch)")
+            if answer is None or answer.message.run_id != post.run_id:
+                report._fail("lost", f"history of {post.thread_id}: seq {answer_seq} ends as "
+                             f"something other than the answer of run {post.run_id}")
+            continue
+        if answer_seq == seq + 1 and answer is not None and parent_seq_of(answer) != seq:
+            report._fail("gaps", f"history of {post.thread_id}: the answer of run {post.run_id} "
+                         f"at seq {answer_seq} is linked to seq {parent_seq_of(answer)}, not its "
+                         f"message at {seq} (off its branch)")
+        replaced = (edits or {}).get(post.message_id)
+        if replaced is not None and user is not None:
+            old_seqs = users.get((post.thread_id, replaced), set())
+            old = newest.get((post.thread_id, min(old_seqs))) if len(old_seqs) == 1 else None
+            if old is None or parent_seq_of(old) != parent_seq_of(user):
+                report._fail("gaps", f"history of {post.thread_id}: edit {post.message_id} at "
+                             f"seq {seq} is not beside the message it replaces, {replaced}")
         # Between a message and its answer only messages queued meanwhile (enqueue)
         # and the partial answer of the run it interrupted may stand; a queued
         # message's own answer follows the runs before it.
