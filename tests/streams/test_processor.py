@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,16 +58,6 @@ def _events(settings: Settings, until: object, timeout: float = 60) -> list[obje
 
 def _count(kind: type, records: list[object]) -> int:
     return sum(isinstance(r, kind) for r in records)
-
-
-@pytest.fixture
-def processor(test_env: dict[str, str], tmp_path: Path) -> Iterator[RoleProcess]:
-    """A processor role process on the test topics."""
-    settings = Settings.from_env(test_env)
-    ensure_topics(settings)
-    proc = RoleProcess("processor", test_env, tmp_path / "processor.log").start()
-    yield proc
-    proc.stop()
 
 
 def test_a_run_goes_from_post_to_completion_through_kafka_alone(

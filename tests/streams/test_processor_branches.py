@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -61,16 +61,6 @@ pytestmark = pytest.mark.kafka
 
 def _now() -> int:
     return int(time.time() * 1000)
-
-
-@pytest.fixture
-def processor(test_env: dict[str, str], tmp_path: Path) -> Iterator[RoleProcess]:
-    """A processor role process on the test topics."""
-    settings = Settings.from_env(test_env)
-    ensure_topics(settings)
-    proc = RoleProcess("processor", test_env, tmp_path / "processor.log").start()
-    yield proc
-    proc.stop()
 
 
 class Thread:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Message
@@ -22,7 +21,6 @@ from streams.core.domain import (
 from streams.core.history import message_key
 from streams.core.ids import run_id_for
 from streams.core.records import Dispatch, MessageRecord, RunLifecycle
-from streams.kafka.topics import ensure_topics
 from streams.testing.process import RoleProcess
 from streams.wire import Codec
 from tests.kafka_helpers import command_producer, read_messages, read_topic, send_command
@@ -34,16 +32,6 @@ pytestmark = pytest.mark.kafka
 
 def _now() -> int:
     return int(time.time() * 1000)
-
-
-@pytest.fixture
-def processor(test_env: dict[str, str], tmp_path: Path) -> Iterator[RoleProcess]:
-    """A processor role process on the test topics."""
-    settings = Settings.from_env(test_env)
-    ensure_topics(settings)
-    proc = RoleProcess("processor", test_env, tmp_path / "processor.log").start()
-    yield proc
-    proc.stop()
 
 
 def _dispatches(settings: Settings, thread: str, count: int) -> list[Dispatch]:
