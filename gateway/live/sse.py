@@ -164,6 +164,8 @@ def _payload_fields(output: StreamOutput) -> tuple[str, dict[str, Any]]:
         case RunLifecycle():
             fields: dict[str, Any] = {"user_message_id": payload.user_message_id,
                                       "detail": payload.detail}
+            if payload.branch_seq is not None:  # run_completed: the answer's branch (its seq)
+                fields["branch"] = payload.branch_seq
             if payload.message is not None:
                 m = payload.message
                 fields["message"] = {

@@ -121,13 +121,15 @@ def lifecycle_record(event: Event, before: ThreadState | None) -> StreamOutput |
     run = before.active_run if before.active_run and before.active_run.run_id == run_id else None
     user_message_id = event.message_id if isinstance(event, RunAccepted) else \
         (run.message_id if run else "")
-    attempt, detail, message = 0, "", None
+    attempt, detail, message, branch = 0, "", None, None
     if isinstance(event, AttemptDispatched):
         attempt = event.attempt
     elif isinstance(event, RetryScheduled):
         attempt, detail = event.failed_attempt, event.reason
     elif isinstance(event, RunCompleted):
         attempt, message = event.attempt, event.message
+        # Stored at the next seq (`history.history_writes`), on the current branch.
+        branch = before.message_count if run is not None else None
     elif isinstance(event, RunFailed):
         attempt, detail = event.attempt, event.error
     elif isinstance(event, RunCancelled):
@@ -141,7 +143,7 @@ def lifecycle_record(event: Event, before: ThreadState | None) -> StreamOutput |
         attempt, detail = event.attempt, entry_to_json(event.entry)
     return StreamOutput(run_id=run_id, attempt=attempt, message_id=answer_message_id_for(run_id),
                         part_id="lifecycle", seq=0,
-                        payload=RunLifecycle(name.value, user_message_id, detail, message))
+                        payload=RunLifecycle(name.value, user_message_id, detail, message, branch))
 
 
 def dispatch_record(event: AttemptDispatched, thread_id: str, input_text: str,

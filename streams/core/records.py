@@ -124,6 +124,8 @@ class RunLifecycle:
     user_message_id: str
     detail: str
     message: AssistantMessage | None = None
+    # run_completed: the seq of the stored answer, its branch's newest message (issue #30).
+    branch_seq: int | None = None
 
 
 StreamPart = (

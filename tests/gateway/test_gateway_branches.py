@@ -68,9 +68,12 @@ async def test_a_regenerate_answers_again_on_a_new_branch_and_keeps_the_old_one(
     status, again = await _call(stack, path, key="regen-1")
     assert status == 202 and again.get("replayed") is True, again
     assert again["run_id"] == regenerated["run_id"]
-    assert await _ended(stack, regenerated["run_id"]) == "run_completed", stack.logs()
+    events = await read_sse(stack.session, stack.url(f"/v1/runs/{regenerated['run_id']}/events"),
+                            headers=AUTH_A, timeout=60)
+    assert events[-2].event == "run_completed", stack.logs()
 
     current = await _messages(stack, thread_id)
+    assert events[-2].json["branch"] == current[1]["seq"]  # the stream names the branch
     assert [m["role"] for m in current] == ["user", "assistant"]
     assert current[0]["message_id"] == question["message_id"]
     assert current[1]["run_id"] == regenerated["run_id"]

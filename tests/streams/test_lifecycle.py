@@ -103,7 +103,7 @@ def test_lifecycle_records_mirror_the_run_decisions() -> None:
     answer = AssistantMessage(answer_message_id_for(RUN), "hi", (), ())
     completed = lifecycle_record(RunCompleted(T, RUN, 2, answer, 5), BEFORE)
     assert completed is not None and completed.payload == \
-        RunLifecycle("run_completed", "m-1", "", answer)
+        RunLifecycle("run_completed", "m-1", "", answer, BEFORE.message_count)
     assert type(completed.payload.event) is str
 
 
