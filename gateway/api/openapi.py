@@ -76,14 +76,19 @@ _LG_OBJECT = {"description": "A LangGraph object (see langgraph-sdk's schema)",
               "content": {"application/json": {"schema": {"type": ["object", "array", "null"]}}}}
 _LG_BODY = {"required": False, "content": {"application/json": {"schema": {"type": "object"}}}}
 _LG_RUN_BODY = {"required": True, "content": {"application/json": {"schema": {
-    "type": "object", "required": ["input"], "properties": {
+    "type": "object", "properties": {
         "assistant_id": {"type": "string", "description": "`agent` or the assistant's id"},
-        "input": {"type": "object", "description": '{"messages": [{"role": "user", '
-                                                   '"content": "..."}]}'},
+        "input": {"type": ["object", "null"],
+                  "description": '{"messages": [{"role": "user", "content": "..."}]}; '
+                                 'none with a checkpoint at a user message: regenerate'},
+        "checkpoint_id": {"type": "string", "description": "run from this checkpoint: "
+                          "regenerate, edit or post (docs/clients.md)"},
+        "checkpoint": {"type": "object", "description": "{checkpoint_id}, as checkpoint_id"},
         "stream_mode": {"type": ["string", "array"],
                         "description": "values, messages, messages-tuple, updates, custom"},
-        "multitask_strategy": {"type": "string", "enum": ["reject"],
-                               "description": "only reject (409 while a run is active)"},
+        "multitask_strategy": {"type": "string",
+                               "enum": ["reject", "enqueue", "interrupt", "rollback"],
+                               "description": "with a run active: docs/multitask.md"},
         "if_not_exists": {"type": "string", "enum": ["create", "reject"]}}}}}}
 _LG_SSE = {"description": "text/event-stream: metadata, then the parts of the stream modes, "
                           "then end; each id: resumes with Last-Event-ID",
@@ -113,8 +118,19 @@ _LG_PATHS: dict[str, Any] = {
         "The thread's state: the newest 50 messages; metadata.messages_before pages on",
         _LG_OBJECT, [_THREAD_ID, {"name": "before", "in": "query", "schema": {
             "type": "string"}, "description": "messages_before of a state"}])},
+    f"{_LG}/threads/{{thread_id}}/state/{{checkpoint_id}}": {"get": _lg(
+        "The state at a checkpoint (a message's seq + 1), on any branch", _LG_OBJECT,
+        [_THREAD_ID, {"name": "checkpoint_id", "in": "path", "required": True,
+                      "schema": {"type": "string"}}])},
+    f"{_LG}/threads/{{thread_id}}/state/checkpoint": {"post": _lg(
+        "The state at the body's checkpoint.checkpoint_id", _LG_OBJECT, [_THREAD_ID],
+        _LG_BODY)},
     f"{_LG}/threads/{{thread_id}}/history": {"post": _lg(
-        "The current state only", _LG_OBJECT, [_THREAD_ID], _LG_BODY)},
+        "The current branch's checkpoints, newest first (limit, before, checkpoint)",
+        _LG_OBJECT, [_THREAD_ID], _LG_BODY)},
+    f"{_LG}/threads/{{thread_id}}/copy": {"post": _lg(
+        "Not served: 422 unsupported (a run from a checkpoint forks within the thread)",
+        _LG_OBJECT, [_THREAD_ID], _LG_BODY)},
     f"{_LG}/assistants/search": {"post": _lg("The one assistant", _LG_OBJECT, body=_LG_BODY)},
     f"{_LG}/assistants/{{assistant_id}}": {"get": _lg("The assistant (`agent`)", _LG_OBJECT, [
         {"name": "assistant_id", "in": "path", "required": True, "schema": {"type": "string"}}])},

@@ -185,7 +185,7 @@ async def test_what_a_checkpoint_cannot_start_is_a_clear_problem(stack: Stack) -
                                checkpoint={"checkpoint_ns": "sub", "checkpoint_id": "2"})
     with _problem(404, "no-such-checkpoint"):
         await client.runs.wait(thread_id, "agent", checkpoint_id="99")
-    with _problem(501, "unsupported"):
+    with _problem(422, "unsupported"):
         await client.threads.copy(thread_id)
     assert len(await _native(stack, thread_id)) == 4  # nothing else was stored
 

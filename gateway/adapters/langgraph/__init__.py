@@ -21,7 +21,7 @@ has the mapping tables.
 then ends), threads and runs `interrupted`, `command.resume` continues the same run
 (`runs`). Not served (a 422 names them): `command.goto`/`update`,
 `interrupt_before`/`after`, subgraph checkpoints, cancel `action=rollback`; threads.copy
-answers 501 (docs/clients.md says why).
+answers 422 (docs/clients.md says why).
 """
 
 from __future__ import annotations

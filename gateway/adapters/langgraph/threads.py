@@ -143,12 +143,13 @@ async def search_threads(request: web.Request) -> web.Response:
 
 
 async def copy_thread(request: web.Request) -> web.Response:
-    """POST /threads/{thread_id}/copy: not served (501). A copy writes the source's
+    """POST /threads/{thread_id}/copy: not served (422, like the API's other unserved
+    features: a 5xx would say the server failed). A copy writes the source's
     records under a new thread, on another partition: not one decision, so not atomic
     nor exactly once without a copy protocol of its own (docs/clients.md). A run from
     an earlier checkpoint forks within the thread instead (a new branch)."""
     await own_thread(request)
-    raise Problem(501, "unsupported", "threads.copy is not supported by this server: a "
+    raise Problem(422, "unsupported", "threads.copy is not supported by this server: a "
                   "copy would write the thread's records under another thread, which no "
                   "one decision can do atomically; fork within the thread instead (a run "
                   "from a checkpoint_id makes a new branch)")
