@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.api.rest import (
+    check_input_text,
     decided_run,
     idempotency_key,
     multitask_strategy,
@@ -26,7 +27,7 @@ from gateway.http.auth import TENANT
 from gateway.http.limits import tenant_active_runs
 from gateway.http.plumbing import json_answer, read_json_body
 from gateway.http.problems import Problem
-from gateway.keys import BUS, LIMITER, READ_MODEL, SETTINGS
+from gateway.keys import BUS, LIMITER, READ_MODEL
 from gateway.model.branches import branch_heads
 from gateway.model.decisions import new_traceparent
 from gateway.model.read_model import ReadModel
@@ -148,12 +149,7 @@ async def edit(request: web.Request, state: ThreadState, message_id: str, text: 
     """Post `text` as user message `new_message_id` in place of user message
     `message_id`, on a new branch from its parent: the decision (None while pending).
     Every API that edits goes through here."""
-    limit = request.config_dict[SETTINGS].policy.max_input_chars
-    if not text.strip():
-        raise Problem(422, "invalid-input", f"'{field}' is empty", field=field)
-    if len(text) > limit:
-        raise Problem(422, "invalid-input", f"'{field}' has {len(text)} characters, the "
-                      f"limit is {limit}", field=field)
+    check_input_text(request, text, field)
     _admit_run(request)
     event = await _decide(request, state, EditMessage(
         state.thread_id, request[TENANT], message_id, new_message_id, text, key, now_ms(),

@@ -60,7 +60,8 @@ from streams.core.ids import idempotent_message_id_for, run_id_for, workflow_id_
 from streams.core.records import MessageRecord
 
 __all__ = ["MAX_MESSAGES_PAGE", "MAX_THREADS_PAGE", "MESSAGES_PAGE", "THREADS_PAGE",
-           "cancel", "cancel_run", "create_thread", "cursor", "decided_run", "delete_thread",
+           "cancel", "cancel_run", "check_input_text", "create_thread", "cursor", "decided_run",
+           "delete_thread",
            "get_thread", "idempotency_key", "list_messages", "list_threads", "message_json",
            "multitask_strategy", "own_run", "own_thread", "post_user_message", "seq_cursor",
            "string_field", "submit_user_message"]
@@ -339,6 +340,16 @@ def multitask_strategy(value: object) -> MultitaskStrategy:
                       field="multitask_strategy") from None
 
 
+def check_input_text(request: web.Request, text: str, field: str) -> None:
+    """A user message's text (named `field` in errors): not empty, within the limit."""
+    limit = request.config_dict[SETTINGS].policy.max_input_chars
+    if not text.strip():
+        raise Problem(422, "invalid-input", f"'{field}' is empty", field=field)
+    if len(text) > limit:
+        raise Problem(422, "invalid-input", f"'{field}' has {len(text)} characters, the "
+                      f"limit is {limit}", field=field)
+
+
 async def submit_user_message(request: web.Request, state: ThreadState, text: str,
                               key: str | None, field: str = "input_text",
                               strategy: MultitaskStrategy = MultitaskStrategy.REJECT) -> \
@@ -347,12 +358,7 @@ async def submit_user_message(request: web.Request, state: ThreadState, text: st
     the thread with `strategy` for a run already active: the decision (None while
     pending) and the user message's id (the key's, if one is given). Every API that
     posts a user message goes through here."""
-    limit = request.config_dict[SETTINGS].policy.max_input_chars
-    if not text.strip():
-        raise Problem(422, "invalid-input", f"'{field}' is empty", field=field)
-    if len(text) > limit:
-        raise Problem(422, "invalid-input", f"'{field}' has {len(text)} characters, the "
-                      f"limit is {limit}", field=field)
+    check_input_text(request, text, field)
     tenant, thread_id = request[TENANT], state.thread_id
     read_model = request.config_dict[READ_MODEL]
     request.config_dict[LIMITER].admit_run(tenant, tenant_active_runs(read_model, tenant))
