@@ -200,7 +200,9 @@ def audit(obs: Observations) -> Report:
     _audit_decisions(obs, accepted, report, superseded)
     answers = _audit_stored(obs, accepted, report, superseded)
     for counter, text in audit_branches(list(accepted.values()), obs.events, obs.stored,
-                                        obs.paths, superseded):
+                                        obs.paths, superseded,
+                                        {p.message_id for p in accepted.values()
+                                         if p.strategy == "enqueue"}):
         report._fail(counter, text)
     for post in accepted.values():
         _audit_reference(obs.references.get(post.run_id), post, answers.get(post.run_id), report)

@@ -9,9 +9,11 @@ or edit whose run was not cancelled by a later post:
 * a regenerate's key named one run, however often it was sent (a 202 each time,
   the deliberate second send included), and the events hold one
   `RegenerateAccepted` for that run;
-* its answer's parent is its question (a regenerate: the user message it answers
-  again, at an older seq; an edit: the new message), and some branch's path holds
-  the question directly followed by that answer;
+* its answer is linked to its question (a regenerate: the user message it answers
+  again, at an older seq; an edit: the new message) through the parent links, past
+  only messages posted meanwhile with `enqueue` (stored at once on the branch, before
+  the running answer, as for any post), and some branch read holds the question and
+  then the answer the same way;
 * an edit's new message stands beside the message it replaces: both have the same
   parent, and the replaced message is still stored (on the older branch).
 
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from itertools import pairwise
 from typing import Protocol
 
 from streams.core.domain import Event, RegenerateAccepted
@@ -55,10 +56,11 @@ class _Post(Protocol):
 def audit_branches(posts: Sequence[_Post], events: Sequence[Event],
                    stored: dict[str, list[dict[str, object]]],
                    paths: dict[str, dict[int, list[int]]] | None,
-                   superseded: dict[str, str]) -> list[Violation]:
+                   superseded: dict[str, str], queued: set[str] | None = None) -> list[Violation]:
     """The violations of the accepted `posts` that regenerate or edit; `stored` is every
     branch's messages of each thread, `paths` each branch's seqs root first (None, or
-    a thread missing: not read), `superseded` the runs a later post rightly cancelled."""
+    a thread missing: not read), `superseded` the runs a later post rightly cancelled,
+    `queued` the message ids posted with multitask_strategy enqueue."""
     found: list[Violation] = []
     regenerated = Counter(e.run_id for e in events if isinstance(e, RegenerateAccepted))
     for post in posts:
@@ -76,12 +78,13 @@ def audit_branches(posts: Sequence[_Post], events: Sequence[Event],
                           "RegenerateAccepted decisions"))
         if post.run_id not in superseded:
             found += _on_its_branch(post, stored.get(post.thread_id, []),
-                                    None if paths is None else paths.get(post.thread_id) or None)
+                                    None if paths is None else paths.get(post.thread_id) or None,
+                                    queued or set())
     return found
 
 
 def _on_its_branch(post: _Post, messages: list[dict[str, object]],
-                   paths: dict[int, list[int]] | None) -> list[Violation]:
+                   paths: dict[int, list[int]] | None, queued: set[str]) -> list[Violation]:
     users = [m for m in messages if m.get("role") == "user"
              and m.get("message_id") == post.message_id]
     answers = [m for m in messages if m.get("role") == "assistant"
@@ -90,12 +93,16 @@ def _on_its_branch(post: _Post, messages: list[dict[str, object]],
         return []  # lost or stored twice: chaos.audit says so
     question, answer = users[0], answers[0]
     found: list[Violation] = []
-    if answer.get("parent_seq") != question.get("seq"):
+    by_seq = {m.get("seq"): m for m in messages}
+    if not _answers(_ancestors(answer, by_seq), question, queued):
         found.append(("gaps", f"{post.kind} run {post.run_id}: its answer at seq "
-                      f"{answer.get('seq')} follows seq {answer.get('parent_seq')}, not its "
-                      f"question at {question.get('seq')}: answered off its branch"))
+                      f"{answer.get('seq')} is not linked to its question at "
+                      f"{question.get('seq')} (answered off its branch)"))
+    at = answer.get("seq")
     if paths is not None and not any(
-            _follows(path, question.get("seq"), answer.get("seq")) for path in paths.values()):
+            _answers([by_seq.get(s, {}) for s in reversed(path[:path.index(at)])], question,
+                     queued)
+            for path in paths.values() if isinstance(at, int) and at in path):
         found.append(("gaps", f"{post.kind} run {post.run_id}: no branch reads its question "
                       f"(seq {question.get('seq')}) and then its answer (seq {answer.get('seq')})"))
     if post.kind == "edit":
@@ -110,5 +117,25 @@ def _on_its_branch(post: _Post, messages: list[dict[str, object]],
     return found
 
 
-def _follows(path: list[int], first: object, second: object) -> bool:
-    return any(a == first and b == second for a, b in pairwise(path))
+def _ancestors(message: dict[str, object],
+               by_seq: dict[object, dict[str, object]]) -> list[dict[str, object]]:
+    """The messages above `message` through the parent links, nearest first."""
+    found: list[dict[str, object]] = []
+    parent = message.get("parent_seq")
+    while isinstance(parent, int) and parent in by_seq and len(found) <= len(by_seq):
+        found.append(by_seq[parent])
+        parent = by_seq[parent].get("parent_seq")
+    return found
+
+
+def _answers(above: list[dict[str, object]], question: dict[str, object],
+             queued: set[str]) -> bool:
+    """Whether the messages `above` an answer (nearest first) reach `question` past
+    only messages posted meanwhile with multitask_strategy enqueue (stored at once,
+    on the branch, before the running answer: docs/multitask.md)."""
+    for message in above:
+        if message.get("seq") == question.get("seq"):
+            return True
+        if message.get("role") != "user" or message.get("message_id") not in queued:
+            return False
+    return False

@@ -54,9 +54,10 @@ stand between an earlier message and that message's answer.
 
 Branches (issue #30): an answer that follows its message at the next seq must be
 linked to it (`parent_seq`). A regenerate's answer is stored at the next free seq
-and linked to the older question it answers again (whatever stands between belongs
-to other branches), so its seqs are checked by that link instead of by order; an
-edit's new message must have the parent of the message it replaces.
+and linked to the older question it answers again (past only messages queued behind
+its run meanwhile, as for any post; whatever else stands between belongs to other
+branches), so its seqs are checked by those links instead of by order; an edit's
+new message must have the parent of the message it replaces.
 """
 
 from __future__ import annotations
@@ -323,7 +324,8 @@ def _history(history: list[HistoryRecord], posts: Sequence[_Post], report: Findi
             # Answered again: the question stands at an older seq and the new answer
             # at the next free one, linked to it (whatever stands between is other
             # branches'); the question's record keeps its own run's status.
-            if answer is None or answer_seq <= seq or parent_seq_of(answer) != seq:
+            if answer is None or answer_seq <= seq or not _linked(answer, seq, post.thread_id,
+                                                                  newest, queued):
                 report._fail("gaps", f"history of {post.thread_id}: regenerate {post.run_id} "
                              f"of the message at seq {seq}: its answer at {answer_seq} is "
                              "linked elsewhere (off its branch)")
@@ -365,6 +367,20 @@ def _history(history: list[HistoryRecord], posts: Sequence[_Post], report: Findi
             report._fail("gaps", f"history of {post.thread_id}: message {post.message_id} at "
                          f"seq {seq}, before a message posted earlier")
         last_seq[post.thread_id] = seq
+
+
+def _linked(answer: MessageRecord, seq: int, thread_id: str,
+            newest: dict[tuple[str, int], MessageRecord | None], queued: Pairs) -> bool:
+    """Whether `answer`'s parent links reach the message at `seq` past only messages
+    queued meanwhile (enqueue: stored at once on the branch, before the running answer)."""
+    parent = parent_seq_of(answer)
+    while parent > seq:
+        record = newest.get((thread_id, parent))
+        if record is None or record.message.role != "user" or \
+                (record.message.message_id, record.message.run_id) not in queued:
+            return False
+        parent = parent_seq_of(record)
+    return parent == seq
 
 
 def _partial(record: MessageRecord) -> bool:

@@ -29,7 +29,7 @@ THREAD = "th-b"
 # seq 0 the question (msg-1) and 1 its answer (run-1): the first branch;
 # seq 2 a regenerate's answer (run-r), its parent 0: the second branch;
 # seq 3 an edit of msg-1 (msg-e, a new root) and 4 its answer (run-e): the current one.
-ANSWERS = {"run-1": "first", "run-r": "again", "run-e": "edited"}
+ANSWERS = {"run-1": "first", "run-r": "again", "run-e": "edited", "run-q": "queued"}
 
 
 def _user(seq: int, message_id: str, run_id: str, parent: int | None) -> MessageRecord:
@@ -177,3 +177,40 @@ def test_the_topic_audit_takes_a_regenerate_for_a_late_post_only_when_told() -> 
     named = audit_topics(obs.topics, posts, regenerates={("msg-1", "run-r")})
     assert not named.violations, named.violations
 
+
+
+def _queued_behind_the_regenerate(strategy: str) -> Observations:
+    """msg-1 answered, then regenerated (run-r) while msg-q is posted with `strategy`:
+    enqueued, msg-q is stored at once on the regenerate's branch (seq 2, parent 0),
+    before the running answer (seq 3, whose parent is then msg-q), and answered last."""
+    records = [_user(0, "msg-1", "run-1", None), _answer(1, "run-1", None),
+               _user(2, "msg-q", "run-q", 0), _answer(3, "run-r", None),
+               _answer(4, "run-q", None)]
+    events: list[Event] = [
+        MessageAccepted(THREAD, "msg-1", "hi", "m-0", 1),
+        RunAccepted(THREAD, "run-1", "wf", "msg-1", 1),
+        RunCompleted(THREAD, "run-1", 1, AssistantMessage("run-1-answer", "first"), 2),
+        RegenerateAccepted(THREAD, "msg-1", 0, "run-r", "r-1", 3),
+        RunAccepted(THREAD, "run-r", "wf", "msg-1", 3),
+        MessageAccepted(THREAD, "msg-q", "hi", "m-2", 4),
+        RunCompleted(THREAD, "run-r", 1, AssistantMessage("run-r-answer", "again"), 5),
+        RunAccepted(THREAD, "run-q", "wf", "msg-q", 5),
+        RunCompleted(THREAD, "run-q", 1, AssistantMessage("run-q-answer", "queued"), 6),
+    ]
+    posts = [Post(THREAD, "msg-1", "run-1", accepted=True, statuses=[202]),
+             Post(THREAD, "msg-1", "run-r", accepted=True, statuses=[202], kind="regenerate",
+                  run_ids=["run-r"]),
+             Post(THREAD, "msg-q", "run-q", accepted=True, statuses=[202], strategy=strategy)]
+    return _observed(records, events, {1: [0, 1], 4: [0, 2, 3, 4]}, posts)
+
+
+def test_a_message_enqueued_behind_a_regenerate_may_stand_before_its_answer() -> None:
+    """Found by make chaos (seed 3001): a post enqueued behind a regenerate's run is
+    stored before that run's answer, on its branch, as behind any run. Enqueued, it
+    passes; the same records with the message not enqueued are off the branch."""
+    report = audit(_queued_behind_the_regenerate("enqueue"))
+    assert report.ok, report.violations
+    report = audit(_queued_behind_the_regenerate("reject"))
+    assert report.gaps >= 1
+    assert any("run-r" in v and "off its branch" in v for v in report.violations), \
+        report.violations
