@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol
 
+from chaos.topic_audit import AcceptedPost
 from streams.core.domain import Event, RegenerateAccepted
 
 __all__ = ["audit_branches"]
@@ -34,13 +35,7 @@ __all__ = ["audit_branches"]
 Violation = tuple[str | None, str]  # (report counter or None, text)
 
 
-class _Post(Protocol):
-    @property
-    def thread_id(self) -> str: ...
-    @property
-    def message_id(self) -> str: ...
-    @property
-    def run_id(self) -> str: ...
+class _Post(AcceptedPost, Protocol):
     @property
     def kind(self) -> str: ...
     @property

@@ -92,6 +92,7 @@ from streams.core.domain import (
 from streams.core.records import DeadLetter, Dispatch, MessageRecord
 
 __all__ = [
+    "AcceptedPost",
     "Findings",
     "HistoryRecord",
     "StateRecord",
@@ -153,13 +154,18 @@ class TopicReads:
     step_decided_ms: dict[str, int] = field(default_factory=dict)
 
 
-class _Post(Protocol):
+class AcceptedPost(Protocol):
+    """What the audits read of a post the API accepted (`chaos.audit.Post` is one)."""
+
     @property
-    def thread_id(self) -> str: ...
+    def thread_id(self) -> str:
+        """The thread it was posted to."""
     @property
-    def message_id(self) -> str: ...
+    def message_id(self) -> str:
+        """Its user message (a regenerate: the question answered again)."""
     @property
-    def run_id(self) -> str: ...
+    def run_id(self) -> str:
+        """The run that answers it."""
 
 
 @dataclass(slots=True)
@@ -229,7 +235,7 @@ def dead_letter_identities(dead: DeadLetter) -> tuple[Identity, ...]:
 Pairs = set[tuple[str, str]] | frozenset[tuple[str, str]]  # (message id, run id)
 
 
-def audit_topics(reads: TopicReads, posts: Sequence[_Post], queued: Pairs = frozenset(),
+def audit_topics(reads: TopicReads, posts: Sequence[AcceptedPost], queued: Pairs = frozenset(),
                  regenerates: Pairs = frozenset(), edits: dict[str, str] | None = None
                  ) -> Findings:
     """Check `reads`; `posts` are the accepted posts that must be answered, in the
@@ -287,7 +293,7 @@ def _aborted(reads: TopicReads, report: Findings) -> None:
                          f"{record.offset} ({record.what[:100]}) has no committed twin")
 
 
-def _history(history: list[HistoryRecord], posts: Sequence[_Post], report: Findings,
+def _history(history: list[HistoryRecord], posts: Sequence[AcceptedPost], report: Findings,
              queued: Pairs = frozenset(), regenerates: Pairs = frozenset(),
              edits: dict[str, str] | None = None) -> None:
     by_thread: dict[str, list[HistoryRecord]] = defaultdict(list)

@@ -56,15 +56,18 @@ class Stack:
             assert response.status == 201, body
             return str(body["thread_id"])
 
+    async def call(self, path: str, body: dict[str, Any] | None = None, auth: dict[str, str] = AUTH_A,
+                   key: str | None = None) -> tuple[int, dict[str, Any]]:
+        """POST `body` ({} if none) to `path` as `auth`'s tenant, with an Idempotency-Key
+        if given; its status and JSON body."""
+        headers = {**auth, **({"Idempotency-Key": key} if key is not None else {})}
+        async with self.session.post(self.url(path), json=body or {}, headers=headers) as response:
+            return response.status, await response.json(content_type=None)
+
     async def post(self, thread_id: str, text: str, auth: dict[str, str] = AUTH_A,
                    key: str | None = None) -> tuple[int, dict[str, Any]]:
         """Post a user message to a thread (with an Idempotency-Key if given); its status and JSON body."""
-        headers = dict(auth)
-        if key is not None:
-            headers["Idempotency-Key"] = key
-        async with self.session.post(self.url(f"/v1/threads/{thread_id}/user_message"),
-                                     json={"input_text": text}, headers=headers) as response:
-            return response.status, await response.json(content_type=None)
+        return await self.call(f"/v1/threads/{thread_id}/user_message", {"input_text": text}, auth, key)
 
     async def get(self, path: str, auth: dict[str, str] = AUTH_A) -> tuple[int, Any]:
         """GET `path` as `auth`'s tenant; its status and JSON body."""

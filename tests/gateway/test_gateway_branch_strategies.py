@@ -16,13 +16,6 @@ from tests.gateway.conftest import AUTH_A, Stack
 pytestmark = pytest.mark.kafka
 
 
-async def _call(stack: Stack, path: str, body: dict[str, Any] | None = None,
-                key: str | None = None) -> tuple[int, dict[str, Any]]:
-    headers = {**AUTH_A, **({"Idempotency-Key": key} if key else {})}
-    async with stack.session.post(stack.url(path), json=body or {}, headers=headers) as response:
-        return response.status, await response.json(content_type=None)
-
-
 async def _end(stack: Stack, run_id: str) -> tuple[str, str]:
     """The run's terminal event and detail; ("gone", "") once no record names it."""
     try:
@@ -64,7 +57,7 @@ def _regenerate_path(thread_id: str, message_id: str) -> str:
 
 
 async def _cancel(stack: Stack, thread_id: str, run_id: str) -> None:
-    status, body = await _call(stack, f"/v1/threads/{thread_id}/runs/{run_id}/cancel")
+    status, body = await stack.call(f"/v1/threads/{thread_id}/runs/{run_id}/cancel")
     assert status == 202, body
 
 
@@ -72,8 +65,8 @@ async def test_reject_refuses_a_regenerate_while_a_run_is_active(stack: Stack) -
     """reject (the default): 409 naming the active run; nothing changes."""
     thread_id, question, hung = await _hung_behind_an_answer(stack)
     for body in ({}, {"multitask_strategy": "reject"}):
-        status, problem = await _call(stack, _regenerate_path(thread_id, question["message_id"]),
-                                      body, key="r1")
+        status, problem = await stack.call(_regenerate_path(thread_id, question["message_id"]),
+                                           body, key="r1")
         assert status == 409 and problem["active_run_id"] == hung, problem
     await _cancel(stack, thread_id, hung)
     status, listed = await stack.get(f"/v1/threads/{thread_id}/branches")
@@ -84,8 +77,8 @@ async def test_enqueue_regenerates_once_the_active_run_has_ended(stack: Stack) -
     """enqueue: 202 at once; the active run goes on to its end on the old branch, then
     the regenerate's run answers on the new one."""
     thread_id, question, hung = await _hung_behind_an_answer(stack)
-    status, queued = await _call(stack, _regenerate_path(thread_id, question["message_id"]),
-                                 {"multitask_strategy": "enqueue"}, key="r1")
+    status, queued = await stack.call(_regenerate_path(thread_id, question["message_id"]),
+                                      {"multitask_strategy": "enqueue"}, key="r1")
     assert status == 202 and queued["status"] == "accepted", queued
     await _cancel(stack, thread_id, hung)  # its end lets the queued regenerate run
     assert (await _end(stack, queued["run_id"]))[0] == "run_completed", stack.logs()
@@ -103,9 +96,8 @@ async def test_interrupt_and_rollback_cancel_the_run_and_regenerate(
     """interrupt: the active run is cancelled, its question kept on the old branch;
     rollback: its question is removed. Either way the new answer is current."""
     thread_id, question, hung = await _hung_behind_an_answer(stack)
-    status, regenerated = await _call(
-        stack, _regenerate_path(thread_id, question["message_id"]),
-        {"multitask_strategy": strategy}, key="r1")
+    status, regenerated = await stack.call(
+        _regenerate_path(thread_id, question["message_id"]), {"multitask_strategy": strategy}, key="r1")
     assert status == 202, regenerated
     ended = await _end(stack, hung)
     assert ended == ("run_cancelled", detail) or (strategy == "rollback" and ended[0] == "gone")
@@ -126,8 +118,8 @@ async def test_a_regenerate_of_the_active_runs_own_message_is_409_under_every_st
     status, body = await stack.get(f"/v1/threads/{thread_id}/messages")
     second = next(m for m in body["messages"] if m["run_id"] == hung)
     for strategy in ("reject", "enqueue", "interrupt", "rollback"):
-        status, problem = await _call(stack, _regenerate_path(thread_id, second["message_id"]),
-                                      {"multitask_strategy": strategy}, key=f"own-{strategy}")
+        status, problem = await stack.call(_regenerate_path(thread_id, second["message_id"]),
+                                           {"multitask_strategy": strategy}, key=f"own-{strategy}")
         assert status == 409, (strategy, problem)
     await _cancel(stack, thread_id, hung)
 
@@ -137,10 +129,10 @@ async def test_an_edit_follows_the_strategy_too(stack: Stack) -> None:
     branch and runs once the active run has ended, its branch then current."""
     thread_id, question, hung = await _hung_behind_an_answer(stack)
     path = f"/v1/threads/{thread_id}/messages/{question['message_id']}/edit"
-    status, problem = await _call(stack, path, {"input_text": "first, edited"}, key="e1")
+    status, problem = await stack.call(path, {"input_text": "first, edited"}, key="e1")
     assert status == 409 and problem["active_run_id"] == hung, problem
-    status, queued = await _call(stack, path, {"input_text": "first, edited",
-                                               "multitask_strategy": "enqueue"}, key="e2")
+    status, queued = await stack.call(path, {"input_text": "first, edited",
+                                             "multitask_strategy": "enqueue"}, key="e2")
     assert status == 202 and queued["status"] == "accepted", queued
     await _cancel(stack, thread_id, hung)
     assert (await _end(stack, queued["run_id"]))[0] == "run_completed", stack.logs()

@@ -16,13 +16,6 @@ from tests.gateway.conftest import AUTH_A, AUTH_B, Stack
 pytestmark = pytest.mark.kafka
 
 
-async def _call(stack: Stack, path: str, body: dict[str, Any] | None = None,
-                key: str | None = None) -> tuple[int, dict[str, Any]]:
-    headers = {**AUTH_A, **({"Idempotency-Key": key} if key else {})}
-    async with stack.session.post(stack.url(path), json=body or {}, headers=headers) as response:
-        return response.status, await response.json(content_type=None)
-
-
 async def _ended(stack: Stack, run_id: str) -> str:
     """The run's terminal event, read from its stream to `done`."""
     events = await read_sse(stack.session, stack.url(f"/v1/runs/{run_id}/events"),
@@ -61,11 +54,11 @@ async def test_a_regenerate_answers_again_on_a_new_branch_and_keeps_the_old_one(
     thread_id, question = await _answered_thread(stack)
     [first_answer] = [m for m in await _messages(stack, thread_id) if m["role"] == "assistant"]
     path = f"/v1/threads/{thread_id}/messages/{question['message_id']}/regenerate"
-    status, regenerated = await _call(stack, path, key="regen-1")
+    status, regenerated = await stack.call(path, key="regen-1")
     assert status == 202 and regenerated["status"] == "accepted", regenerated
     assert regenerated["branch"] == question["seq"]
     assert regenerated["message_id"] == question["message_id"]
-    status, again = await _call(stack, path, key="regen-1")
+    status, again = await stack.call(path, key="regen-1")
     assert status == 202 and again.get("replayed") is True, again
     assert again["run_id"] == regenerated["run_id"]
     events = await read_sse(stack.session, stack.url(f"/v1/runs/{regenerated['run_id']}/events"),
@@ -92,8 +85,8 @@ async def test_a_regenerate_answers_again_on_a_new_branch_and_keeps_the_old_one(
     old = await _messages(stack, thread_id, branch=first_answer["seq"])
     assert [m["message_id"] for m in old] == [question["message_id"], first_answer["message_id"]]
     # Named by the answer, a regenerate answers its question again.
-    status, by_answer = await _call(
-        stack, f"/v1/threads/{thread_id}/messages/{current[1]['message_id']}/regenerate",
+    status, by_answer = await stack.call(
+        f"/v1/threads/{thread_id}/messages/{current[1]['message_id']}/regenerate",
         key="regen-2")
     assert status == 202 and by_answer["branch"] == question["seq"], by_answer
     assert await _ended(stack, by_answer["run_id"]) == "run_completed", stack.logs()
@@ -107,12 +100,12 @@ async def test_an_edit_branches_from_the_edited_messages_parent_and_a_switch_goe
     the first branch current again, and then posts go on from there."""
     thread_id, question = await _answered_thread(stack, "first text")
     path = f"/v1/threads/{thread_id}/messages/{question['message_id']}/edit"
-    status, edited = await _call(stack, path, {"input_text": "second text",
-                                               "message_id": "edited-1"}, key="edit-1")
+    status, edited = await stack.call(path, {"input_text": "second text",
+                                             "message_id": "edited-1"}, key="edit-1")
     assert status == 202 and edited["message_id"] == "edited-1", edited
     assert edited["edited_message_id"] == question["message_id"]
-    status, again = await _call(stack, path, {"input_text": "second text",
-                                              "message_id": "edited-1"}, key="edit-1")
+    status, again = await stack.call(path, {"input_text": "second text",
+                                            "message_id": "edited-1"}, key="edit-1")
     assert status == 202 and again["run_id"] == edited["run_id"], again
     assert await _ended(stack, edited["run_id"]) == "run_completed", stack.logs()
     current = await _messages(stack, thread_id)
@@ -121,11 +114,11 @@ async def test_an_edit_branches_from_the_edited_messages_parent_and_a_switch_goe
     status, listed = await stack.get(f"/v1/threads/{thread_id}/branches")
     [_, old] = listed["branches"]
     assert (old["fork_seq"], old["first_seq"], old["message_count"]) == (-1, 0, 2), listed
-    status, switched = await _call(stack, f"/v1/threads/{thread_id}/branches/current",
-                                   {"branch": old["branch"]})
+    status, switched = await stack.call(f"/v1/threads/{thread_id}/branches/current",
+                                        {"branch": old["branch"]})
     assert status == 200 and switched["status"] == "switched", switched
-    status, same = await _call(stack, f"/v1/threads/{thread_id}/branches/current",
-                               {"branch": old["branch"]})
+    status, same = await stack.call(f"/v1/threads/{thread_id}/branches/current",
+                                    {"branch": old["branch"]})
     assert status == 200 and same["status"] == "current", same
     assert (await _messages(stack, thread_id))[0]["text"] == "first text"
     status, posted = await stack.post(thread_id, "go on")
@@ -138,22 +131,21 @@ async def test_an_edit_branches_from_the_edited_messages_parent_and_a_switch_goe
 async def test_branch_requests_that_name_nothing_are_problems(stack: Stack) -> None:
     """An unknown message or branch is a 404 problem; another tenant sees no thread."""
     thread_id, question = await _answered_thread(stack)
-    status, problem = await _call(stack, f"/v1/threads/{thread_id}/messages/nope/regenerate")
+    status, problem = await stack.call(f"/v1/threads/{thread_id}/messages/nope/regenerate")
     assert status == 404 and problem["type"].endswith("no-such-message"), problem
-    status, problem = await _call(stack, f"/v1/threads/{thread_id}/messages/nope/edit",
-                                  {"input_text": "x"})
+    status, problem = await stack.call(f"/v1/threads/{thread_id}/messages/nope/edit",
+                                       {"input_text": "x"})
     assert status == 404, problem
     status, problem = await stack.get(f"/v1/threads/{thread_id}/messages?branch=99")
     assert status == 404 and problem["type"].endswith("no-such-branch"), problem
-    status, problem = await _call(stack, f"/v1/threads/{thread_id}/branches/current",
-                                  {"branch": 99})
+    status, problem = await stack.call(f"/v1/threads/{thread_id}/branches/current",
+                                       {"branch": 99})
     assert status == 404, problem
-    status, problem = await _call(stack, f"/v1/threads/{thread_id}/branches/current",
-                                  {"branch": "x"})
+    status, problem = await stack.call(f"/v1/threads/{thread_id}/branches/current",
+                                       {"branch": "x"})
     assert status == 422, problem
-    status, problem = await _call(
-        stack, f"/v1/threads/{thread_id}/messages/{question['message_id']}/edit",
-        {"input_text": "  "})
+    status, problem = await stack.call(
+        f"/v1/threads/{thread_id}/messages/{question['message_id']}/edit", {"input_text": "  "})
     assert status == 422, problem
     status, _ = await stack.get(f"/v1/threads/{thread_id}/branches", auth=AUTH_B)
     assert status == 404

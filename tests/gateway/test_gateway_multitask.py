@@ -19,10 +19,7 @@ async def _post(stack: Stack, thread_id: str, text: str, strategy: str | None,
     body: dict[str, Any] = {"input_text": text}
     if strategy is not None:
         body["multitask_strategy"] = strategy
-    headers = {**AUTH_A, **({"Idempotency-Key": key} if key else {})}
-    async with stack.session.post(stack.url(f"/v1/threads/{thread_id}/user_message"),
-                                  json=body, headers=headers) as response:
-        return response.status, await response.json(content_type=None)
+    return await stack.call(f"/v1/threads/{thread_id}/user_message", body, key=key)
 
 
 async def _run_end(stack: Stack, run_id: str) -> tuple[str, str]:
