@@ -39,13 +39,17 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer
 from streams.clock import now_ms
 from streams.config import Settings
 from streams.core.branches import Linked, parent_seq_of, run_context_seqs
+from streams.core.copies import MAX_PARTS, imported_writes
 from streams.core.domain import (
     NOTHING_KNOWN,
     AttemptDispatched,
     CheckDeadlines,
     Command,
+    CopyThread,
     EditMessage,
     Event,
+    HistoryImported,
+    ImportHistory,
     Known,
     MessageAccepted,
     PostUserMessage,
@@ -53,6 +57,7 @@ from streams.core.domain import (
     ReportAttemptCompleted,
     ReportAttemptFailed,
     RunFailed,
+    ThreadCopied,
     ThreadState,
     WorkerReport,
 )
@@ -92,9 +97,12 @@ from streams.message_store import ContextLink, ContextWindows, MessageStore
 from streams.migration import migrate_partition
 from streams.observability.processor import ProcessorObserver
 from streams.observability.tracing import header_of, record_traceparent
+from streams.thread_copies import import_commands, import_parts
 from streams.wire import Codec, DecodeError, EnvelopeMeta, payload_header
 
 __all__ = ["Processor", "ProcessorStats", "run_processor"]
+
+PARTITION_UA = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the producer's partitioner picks
 
 log = logging.getLogger("threadline.processor")
 
@@ -138,6 +146,9 @@ class _Output:
     key: bytes
     value: bytes | None  # None: a tombstone
     payload_header: tuple[str, bytes] | None = None  # a stream record's (PAYLOAD_HEADER)
+    # None: the command's own partition (every table, changelog and output topic is
+    # partitioned alike); PARTITION_UA: the partitioner's, for another thread's command.
+    partition: int | None = None
 
 
 @dataclass
@@ -364,7 +375,8 @@ class Processor:
         self.observer.command(command, "decided")
         headers = self.observer.end_decision(span, "decided", partition, key, decision.events)
         for out in decision.outputs:
-            outputs.append(Output(out.topic, out.key, out.value, partition,
+            outputs.append(Output(out.topic, out.key, out.value,
+                                  partition if out.partition is None else out.partition,
                                   self.history_stores.get(partition).changelog_delivered
                                   if out.topic == self.topics.messages else None,
                                   headers if out.payload_header is None
@@ -400,6 +412,10 @@ class Processor:
                 partition: int, key: bytes, history: MessageStore) -> _Decision | None:
         """Decide `command` and encode every record it writes (nothing is produced)."""
         known = _known(state, command, history)
+        parts = None
+        if isinstance(command, CopyThread) and state is not None and state.tenant == command.tenant:
+            parts = import_parts(state, history, self.max_record_bytes)
+            known = replace(known, copy_parts=len(parts) if parts is not None else MAX_PARTS + 1)
         events = decide(state, command, self.policy, known)
         if not events:
             return None
@@ -431,11 +447,36 @@ class Processor:
             for write in history_writes(before, event):
                 self._history_outputs(write, meta.thread_id, event_meta, history, outputs, writes,
                                       before.message_count if before is not None else 0)
+            if isinstance(event, HistoryImported) and isinstance(command, ImportHistory):
+                for put in imported_writes(command):
+                    self._history_outputs(put, meta.thread_id, event_meta, history, outputs,
+                                          writes, 0)
+            if isinstance(event, ThreadCopied) and isinstance(command, CopyThread) and \
+                    state is not None and parts is not None:
+                outputs += self._copy_outputs(command, state, parts, meta, len(events))
             before = after
         self.observer.events(events)
         too_large = any(isinstance(e, RunFailed) and e.error == FailureCode.OUTPUT_TOO_LARGE for e in events)
         return _Decision(before, outputs, writes, deleted=state is not None and before is None,
                          too_large_output=too_large, events=tuple(events))
+
+    def _copy_outputs(self, command: CopyThread, state: ThreadState,
+                      parts: list[list[MessageRecord]], meta: EnvelopeMeta,
+                      first_index: int) -> list[_Output]:
+        """The ImportHistory commands of a decided copy, keyed by the copy: on its
+        partition by the partitioner every producer of commands uses (murmur2)."""
+        key = command.target_thread_id.encode()
+        outputs: list[_Output] = []
+        for index, part in enumerate(import_commands(command, state, parts)):
+            part_meta = EnvelopeMeta(
+                envelope_id=derived_envelope_id(meta.envelope_id, first_index + index),
+                thread_id=part.thread_id, tenant=part.tenant, produced_at_ms=now_ms(),
+                traceparent=meta.traceparent, tracestate=meta.tracestate,
+                schema_version=meta.schema_version)
+            outputs.append(_Output(self.topics.commands, key,
+                                   self.codec.encode_command(part, part_meta),
+                                   partition=PARTITION_UA))
+        return outputs
 
     def _history_outputs(self, write: HistoryWrite, thread_id: str, meta: EnvelopeMeta,
                          history: MessageStore, outputs: list[_Output],

@@ -8,6 +8,8 @@
     branches    the history as a tree: heads, branch tips, parent links, the path
                 a run answers from
     forks       regenerate, edit and switch branch, called by `thread`
+    copies      a thread copied into a new one in parts (CopyThread, ImportHistory),
+                called by `thread`
     keys        idempotency keys: fingerprints, expiry, the bounded map
     lifecycle   the lifecycle names on the wire, the records the processor mirrors,
                 and `RunFate`, the one fold of what happened to a run

@@ -29,13 +29,17 @@ __all__ = [
     "CheckDeadlines",
     "Citation",
     "Command",
+    "CopiedMessage",
+    "CopyThread",
     "CreateThread",
     "DeleteThread",
     "EditMessage",
     "Event",
     "ExecutionStarted",
     "HeartbeatRecorded",
+    "HistoryImported",
     "IdempotencyRecord",
+    "ImportHistory",
     "JournalEntry",
     "JournalLimits",
     "Known",
@@ -69,6 +73,7 @@ __all__ = [
     "RegenerateAccepted",
     "RegenerateAnswer",
     "SwitchBranch",
+    "ThreadCopied",
     "ThreadCreated",
     "ThreadDeleted",
     "ThreadState",
@@ -159,6 +164,18 @@ class StoredMessage:
     citations: tuple[Citation, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class CopiedMessage:
+    """A stored message of a copied thread, at the same seq and parent in the copy
+    (`streams.core.copies`): a messages-topic record without its envelope."""
+
+    seq: int
+    message: StoredMessage
+    run_status: RunStatus | None = None
+    run_attempts: int = 0
+    parent_seq: int | None = None
+
+
 # --- commands: imperative, from the gateway, producers, workers, the clock ---
 
 
@@ -230,6 +247,38 @@ class SwitchBranch:
     thread_id: str
     tenant: str
     seq: int
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CopyThread:
+    """Command: copy the thread, every branch of it, into new thread `target_thread_id`
+    (`streams.core.copies`): its processor sends the stored history there as
+    `ImportHistory` commands, in the transaction that decides this one."""
+
+    thread_id: str
+    tenant: str
+    target_thread_id: str
+    title: str
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ImportHistory:
+    """Command from the processor of a copied thread: part `part` of `parts` of its
+    history, for the copy `thread_id`. Part 0 creates the copy; until the last part is
+    in, the copy takes no post."""
+
+    thread_id: str
+    tenant: str
+    source_thread_id: str
+    title: str
+    part: int
+    parts: int
+    messages: tuple[CopiedMessage, ...]
+    message_count: int
+    head_seq: int
+    tip_seqs: tuple[int, ...]
     now_ms: int
 
 
@@ -355,7 +404,7 @@ WorkerReport = (
 
 Command = (
     CreateThread | PostUserMessage | CancelRun | WorkerReport | CheckDeadlines | DeleteThread | ResumeRun
-    | RegenerateAnswer | EditMessage | SwitchBranch
+    | RegenerateAnswer | EditMessage | SwitchBranch | CopyThread | ImportHistory
 )
 
 
@@ -374,6 +423,8 @@ class Known:
     # (-1: none on the thread), and that message's parent (-1: it is a root).
     target_seq: int = -1
     target_parent_seq: int = -1
+    # CopyThread: how many ImportHistory parts the stored history takes (`copies.split_parts`).
+    copy_parts: int = 1
 
 
 NOTHING_KNOWN = Known()
@@ -600,6 +651,39 @@ class ThreadDeleted:
     at_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class ThreadCopied:
+    """Event, on the thread copied: its history went to `target_thread_id` as `parts`
+    `ImportHistory` commands, in this event's transaction."""
+
+    thread_id: str
+    target_thread_id: str
+    message_count: int
+    parts: int
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryImported:
+    """Event, on a copy: part `part` of `parts` of the copied history (`count`
+    messages) was stored; the last part makes the copy take posts."""
+
+    thread_id: str
+    source_thread_id: str
+    part: int
+    parts: int
+    count: int
+    message_count: int
+    head_seq: int
+    tip_seqs: tuple[int, ...]
+    at_ms: int
+
+    @property
+    def last(self) -> bool:
+        """Whether this part completes the copy."""
+        return self.part == self.parts - 1
+
+
 Event = (
     ThreadCreated
     | MessageAccepted
@@ -620,6 +704,8 @@ Event = (
     | ExecutionStarted
     | RegenerateAccepted
     | BranchSwitched
+    | ThreadCopied
+    | HistoryImported
 )
 
 TERMINAL_EVENTS = (RunCompleted, RunFailed, RunCancelled)
@@ -742,3 +828,7 @@ class ThreadState:
     # The head of the branch the `interrupted` run was on, once another branch became
     # current before its partial answer came (-1: the current branch).
     interrupted_tip_seq: int = -1
+    # Copies (streams.core.copies): the thread this one was copied from, and the
+    # ImportHistory parts still to come; while any are, the thread takes no post.
+    copied_from: str | None = None
+    import_parts_left: int = 0

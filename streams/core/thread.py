@@ -43,6 +43,12 @@ from streams.core.branches import (
     with_message_stored,
     with_rollback,
 )
+from streams.core.copies import (
+    decide_copy,
+    decide_import,
+    refuse_while_importing,
+    with_history_imported,
+)
 from streams.core.domain import (
     NOTHING_KNOWN,
     ActiveRun,
@@ -53,13 +59,16 @@ from streams.core.domain import (
     CancelRun,
     CheckDeadlines,
     Command,
+    CopyThread,
     CreateThread,
     DeleteThread,
     EditMessage,
     Event,
     ExecutionStarted,
     HeartbeatRecorded,
+    HistoryImported,
     IdempotencyRecord,
+    ImportHistory,
     Known,
     MessageAccepted,
     MessageQueued,
@@ -89,6 +98,7 @@ from streams.core.domain import (
     RunStatus,
     StepRecorded,
     SwitchBranch,
+    ThreadCopied,
     ThreadCreated,
     ThreadDeleted,
     ThreadState,
@@ -163,9 +173,17 @@ def decide(state: ThreadState | None, command: Command, policy: Policy,
 
     Whenever the events leave the thread with no active run and messages queued,
     they end with the oldest queued message's `RunAccepted` and `AttemptDispatched`."""
+    if state is not None and state.import_parts_left:
+        refused = refuse_while_importing(state, command)
+        if refused is not None:
+            return refused
     match command:
         case CreateThread():
             return _create_thread(state, command, policy)
+        case CopyThread():
+            return decide_copy(state, command, policy, known)
+        case ImportHistory():
+            return decide_import(state, command, policy)
         case PostUserMessage():
             events = _post_user_message(state, command, policy, known)
         case CancelRun():
@@ -223,6 +241,10 @@ def evolve(state: ThreadState | None, event: Event, policy: Policy = _DEFAULT_PO
                                    at_ms=event.at_ms)
         return replace(state, updated_at_ms=event.at_ms, idempotency=bounded_keys(
             state.idempotency, event.idempotency_key, record, policy))
+    if isinstance(event, HistoryImported):
+        return with_history_imported(state, event)
+    if isinstance(event, ThreadCopied):
+        return state
     if isinstance(event, BranchSwitched):
         return replace(with_branch_switched(state, event.seq), updated_at_ms=event.at_ms)
     return _run_event(state, event, policy)

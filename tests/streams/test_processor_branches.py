@@ -66,10 +66,12 @@ def _now() -> int:
 class Thread:
     """One thread of a test: commands out, its events, dispatches and history in."""
 
-    def __init__(self, settings: Settings, producer: Producer) -> None:
+    def __init__(self, settings: Settings, producer: Producer, thread_id: str | None = None) -> None:
+        """A new thread, created now; with `thread_id`, that thread, not created here."""
         self.settings, self.producer = settings, producer
-        self.id = f"th-{uuid.uuid4()}"
-        self.send(CreateThread(self.id, "t", "branches", _now()))
+        self.id = thread_id or f"th-{uuid.uuid4()}"
+        if thread_id is None:
+            self.send(CreateThread(self.id, "t", "branches", _now()))
 
     def send(self, command: Command) -> None:
         """Send `command` and wait until the broker has it."""

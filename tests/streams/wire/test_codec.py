@@ -41,13 +41,17 @@ from streams.core.domain import (
     CheckDeadlines,
     Citation,
     Command,
+    CopiedMessage,
+    CopyThread,
     CreateThread,
     DeleteThread,
     EditMessage,
     Event,
     ExecutionStarted,
     HeartbeatRecorded,
+    HistoryImported,
     IdempotencyRecord,
+    ImportHistory,
     MessageAccepted,
     MessageQueued,
     MultitaskStrategy,
@@ -77,6 +81,7 @@ from streams.core.domain import (
     StepRecorded,
     StoredMessage,
     SwitchBranch,
+    ThreadCopied,
     ThreadCreated,
     ThreadDeleted,
     ThreadState,
@@ -140,6 +145,12 @@ COMMANDS: list[Command] = [
     EditMessage(T, "acme", "m1", "m1-edit", "Hello again ✈️", "edit-1", 14),
     EditMessage(T, "acme", "m1", "m1-edit", "Hello", None, 14, MultitaskStrategy.ROLLBACK),
     SwitchBranch(T, "acme", 2**40, 15),
+    CopyThread(T, "acme", "copy-1", "Trip planning (copy)", 16),
+    ImportHistory(T, "acme", "source-1", "Trip planning (copy)", 1, 3, (
+        CopiedMessage(4, StoredMessage("m1", "user", "Hello ✈️", "r1", 1), RunStatus.COMPLETED, 1),
+        CopiedMessage(7, StoredMessage("m-a1", "assistant", "Done.", "r1", 2, STEPS, CITES),
+                      None, 0, 4)), 2**40, -1, (2, 3), 17),
+    ImportHistory(T, "acme", "source-1", "", 0, 1, (), 0, -2, (), 17),
 ]
 EVENTS: list[Event] = [
     ThreadCreated(T, "acme", "Trip planning", 1),
@@ -167,6 +178,8 @@ EVENTS: list[Event] = [
     ExecutionStarted(T, "r1", 2, "exec-2", 16),
     RegenerateAccepted(T, "m1", 0, "r-regen", "regen-1", 17),
     BranchSwitched(T, 2**40, 18),
+    ThreadCopied(T, "copy-1", 2**40, 3, 19),
+    HistoryImported(T, "source-1", 1, 3, 500, 2**40, -1, (2, 3), 20),
 ]
 PARTS: list[StreamPart] = [
     MessageStart("assistant"),
@@ -379,6 +392,11 @@ def _strategy(cls: type) -> st.SearchStrategy[Any]:
             ints[f.name] = st.none() | bounded
         elif is_dataclass(hints[f.name]):
             ints[f.name] = _strategy(hints[f.name])
+        elif hints[f.name] == tuple[int, ...]:
+            ints[f.name] = st.lists(bounded, max_size=3).map(tuple)
+        elif get_origin(hints[f.name]) is tuple and isinstance(item := get_args(hints[f.name])[0], type) \
+                and is_dataclass(item):
+            ints[f.name] = st.lists(_strategy(item), max_size=3).map(tuple)  # e.g. copied messages
         elif (members := get_args(hints[f.name])) and all(is_dataclass(m) for m in members):
             ints[f.name] = st.one_of([_strategy(m) for m in members])  # e.g. a stream part
     return st.builds(cls, **ints)
@@ -407,6 +425,8 @@ _STATE_STRATEGY = st.builds(
                                 max_size=3).map(MappingProxyType),
     message_count=_INT64,
     run_count=_INT64,
+    copied_from=st.none() | st.text(),
+    import_parts_left=st.integers(0, 2**31 - 1),
     last_run=st.none() | _strategy(RunRecord),
     updated_at_ms=_INT64,
 )
