@@ -28,8 +28,10 @@ the waiting request by it. No decision within `decision_timeout_ms`: 202 "pendin
 With an `Idempotency-Key` the user message id is uuid5(tenant, thread, key), so a
 resend is the processor's DUPLICATE (202, same ids) or PAYLOAD_MISMATCH (422).
 
-Streams. Every stream-topic record goes through `sse.RunTracker` where it is ingested:
-a run is known from its `run_accepted` record; a `MessageStart` of an attempt at least
+Streams. Every stream-topic record goes through `sse.RunTracker`, in its thread's
+order: as it is ingested if someone watches the thread, else when a client joins (the
+feed keeps a thread nobody watches undecoded, but for its lifecycle records: see
+`gateway.live.feed`). A run is known from its `run_accepted` record; a `MessageStart` of an attempt at least
 as new as the current one makes its execution (the `part_id` prefix before ':')
 current; other executions, attempts the processor moved past, repeated seqs and
 anything after the terminal record are dropped. Event ids carry the offset of the

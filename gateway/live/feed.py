@@ -1,9 +1,8 @@
 """The fan-out: one stream-topic consumer per gateway process feeds every SSE client.
 
 The consumer has no group: it reads every partition, read_committed. Each record
-goes through the `RunTracker` (the superseded-execution filter) as it is ingested,
-then into a bounded per-thread window of recent events and into the bounded queue
-of each subscriber of that thread. A subscriber that falls `queue_limit` events
+goes into a bounded per-thread window and, as events, into the bounded queue of
+each subscriber of that thread. A subscriber that falls `queue_limit` events
 behind is closed; its client reconnects with Last-Event-ID.
 
 Coverage: a thread's window holds every event of that thread after
@@ -11,6 +10,45 @@ Coverage: a thread's window holds every event of that thread after
 The feed starts at the end of each partition, or earlier where a run was active at
 start-up (found in the read model), so that it sees every active run from its
 `run_accepted` record and its filter state matches a replay from the run's start.
+
+Records of threads nobody watches stay raw. Most records are an answer's parts
+(text deltas) and most threads have no subscriber on a given gateway; decoding a
+record and making its events (JSON, an HMAC per event id) cost about 40 µs, a third
+of a busy gateway's CPU (issue #22). So the feed reads a record's key (its thread)
+and its `threadline-payload` header (`streams.wire.PAYLOAD_HEADER`) first:
+
+* a part (any payload but `RunLifecycle`) of a thread without subscribers is kept
+  in the thread's window as it came: offset and value bytes, undecoded;
+* a lifecycle record, or one without the header (an older writer), is decoded at
+  once: what requests ask of the feed at any time (a run's start and whether it
+  ended: `run`, `active_run`; the read model's `note_ended`) comes from lifecycle
+  records alone, through the `lifecycle` tracker;
+* a record of a watched thread becomes events at once, written to its subscribers.
+
+A subscriber's arrival turns its thread's raw records into events, in order
+(`_materialize`), before it takes the window's snapshot. The superseded-execution
+filter (`RunTracker`, `_filter` here) keeps per run a state that depends only on
+that run's records in order, so advancing it thread by thread, later, gives the
+state an eager feed had, and the same events, id for id (tests/gateway/
+test_lazy_feed.py compares them). The window keeps its bound, `window_events`
+entries, events and raw records together: a raw delta (~200 bytes) is smaller
+than its event (a frame of ~500 with its signed id), so an unwatched window holds
+less memory than it did.
+
+A raw record leaving a window (the bound, an eviction, a deleted thread) is
+learned by the filter without its events. A part is dropped undecoded where no run
+of the thread is open as far as the filter has read: its run ended before, or is
+unknown, and it would be filtered out either way. Inside an open run, the window
+drops on to the next point where every run then open has ended (their terminal
+records are in the window), still undecoded, if that point is within half a window:
+more than the bound asks, which a resume that old replays from Kafka (the same
+events). Otherwise (a run longer than half the window, or one evicted with its
+window while it runs) the parts leaving are decoded, for the run's state, and no
+events are made of them.
+
+The price is paid by a thread's first subscriber: it decodes the window's raw
+records at once, on the event loop (at most `window_events`, about 40 µs each), the
+work an eager feed spread over every record of every thread.
 """
 
 from __future__ import annotations
@@ -35,18 +73,24 @@ from gateway.kafka import (
     stop_task,
     topic_partitions,
 )
-from gateway.live.sse import Position, RunTracker, SseEvent, make_events
+from gateway.live.sse import Position, RunState, RunTracker, SseEvent, make_events
 from gateway.live.tokens import ResumeTokens
 from gateway.model.read_model import ReadModel
 from streams.config import Settings
-from streams.core.lifecycle import Lifecycle
-from streams.core.records import RunLifecycle
+from streams.core.lifecycle import TERMINAL, Lifecycle
+from streams.core.records import RunLifecycle, StreamOutput
 from streams.observability.metrics import gateway_metrics
-from streams.wire import Codec, DecodeError
+from streams.wire import Codec, DecodeError, EnvelopeMeta, payload_named
 
 __all__ = ["StreamFeed", "Subscriber"]
 
 log = logging.getLogger("threadline.gateway")
+
+_LIFECYCLE = RunLifecycle.__name__.encode()  # the PAYLOAD_HEADER of the records always decoded
+Decoded = tuple[EnvelopeMeta, StreamOutput]
+# A record of a thread nobody watches, as the window keeps it: its offset, its value,
+# and its decoded form if it was decoded on arrival (lifecycle records), else None.
+Raw = tuple[int, bytes, Decoded | None]
 
 
 class Subscriber:
@@ -143,8 +187,13 @@ class _Window:
     partition: int
     covered_after: Position
     events: deque[SseEvent] = field(default_factory=deque)
+    # Records after every event's, not yet made into events (the thread was unwatched).
+    raw: deque[Raw] = field(default_factory=deque)
     subscribers: set[Subscriber] = field(default_factory=set)
     active_run: str | None = None
+    # The index in `raw` of the first record after which no run of the thread is open
+    # (`StreamFeed._quiet_point`): -1 if there is none, -2 if not known.
+    quiet: int = -2
 
 
 class StreamFeed:
@@ -164,7 +213,11 @@ class StreamFeed:
         self.backfill_margin_ms = backfill_margin_ms
         self.topic = settings.topics.stream
         self.tokens = ResumeTokens.from_settings(settings)  # signs ids; replays and resumes share it
-        self.tracker = RunTracker()
+        # Run facts from lifecycle records, current: a run's start, whether it ended.
+        self.lifecycle = RunTracker()
+        # The superseded-execution filter, per thread as far as its records were looked at.
+        self._filter = RunTracker()
+        self._open: dict[str, set[str]] = {}  # thread -> its runs open in `_filter`
         self.start_offsets: dict[int, int] = {}
         self.last_offsets: dict[int, int] = {}
         self.subscribers: set[Subscriber] = set()
@@ -244,6 +297,7 @@ class StreamFeed:
             return
         for sub in list(window.subscribers):
             sub.close("deleted")
+        self._shed(thread_id, window, len(window.raw))
         here = (self.last_offsets.get(window.partition, -1) + 1, -1)
         self._dropped_floor[window.partition] = max(
             here, self._dropped_floor.get(window.partition, here))
@@ -261,6 +315,8 @@ class StreamFeed:
 
         Synchronous, so nothing ingested falls between the snapshot and the queue."""
         window = self._window(thread_id)
+        if window.raw:
+            self._materialize(thread_id, window)
         sub = Subscriber(thread_id, run_id, self.queue_limit)
         window.subscribers.add(sub)
         self.subscribers.add(sub)
@@ -296,8 +352,13 @@ class StreamFeed:
         window = self._windows.get(thread_id)
         if window is None or window.active_run is None:
             return None
-        state = self.tracker.runs.get(window.active_run)
+        state = self.lifecycle.runs.get(window.active_run)
         return None if state is None else (window.active_run, state.start)
+
+    def run(self, run_id: str) -> RunState | None:
+        """What the feed has read of a run's lifecycle (`start`, `terminal`); None if
+        it did not see the run's `run_accepted` (or forgot the run, long finished)."""
+        return self.lifecycle.runs.get(run_id)
 
     def lags(self) -> dict[int, int]:
         """Per partition, how many records the feed has yet to read, as far as its
@@ -316,6 +377,7 @@ class StreamFeed:
         """Subscriber and window counts, read positions and write lag for /healthz."""
         lag = sorted(self._lag_ms)
         return {"subscribers": len(self.subscribers), "windows": len(self._windows),
+                "raw_records": sum(len(w.raw) for w in self._windows.values()),
                 "start_offsets": dict(self.start_offsets),
                 "positions": {p: o + 1 for p, o in self.last_offsets.items()},
                 # Over the last records ingested (at most 20,000): from their producer's
@@ -343,6 +405,7 @@ class StreamFeed:
         for thread_id, window in self._windows.items():
             if not window.subscribers and thread_id != keep:
                 del self._windows[thread_id]
+                self._shed(thread_id, window, len(window.raw))
                 # A window made later for any thread of the partition covers only
                 # what comes after this point.
                 here = (self.last_offsets.get(window.partition, -1) + 1, -1)
@@ -374,42 +437,196 @@ class StreamFeed:
             sub.flush()
 
     def ingest(self, partition: int, record: ConsumerRecord[bytes, bytes]) -> None:
-        """Turn one streams record into SSE events, keep them in the thread's window and queue them."""
-        self.last_offsets[partition] = record.offset
-        try:
-            meta, output = self.codec.decode_stream(record.value or b"")
-        except DecodeError as exc:
-            log.warning("stream %d@%d is undecodable: %s", partition, record.offset, exc)
+        """Take one streams record: kept raw if it is a part of a thread nobody watches,
+        else decoded, and made into events if its thread is watched (see the module)."""
+        offset = record.offset
+        self.last_offsets[partition] = offset
+        named = payload_named(record.headers)
+        key = record.key
+        if named is not None and named != _LIFECYCLE and key and key.isascii():
+            thread_id = key.decode()
+            window = self._windows.get(thread_id)
+            if window is None:
+                window = self._window(thread_id)
+            elif window.subscribers:
+                window = None  # watched: decoded below
+            else:
+                self._windows.move_to_end(thread_id)
+            if window is not None and window.partition == partition:
+                window.raw.append((offset, record.value or b"", None))
+                if len(window.events) + len(window.raw) > self.window_events:
+                    self._trim(thread_id, window)
+                return
+        decoded = self._decode(partition, offset, record.value or b"")
+        if decoded is None:
             return
+        meta, output = decoded
         thread_id = meta.thread_id
-        state = self.tracker.admit(thread_id, record.offset, output)
+        payload = output.payload
+        window = self._window(thread_id)
+        if type(payload) is RunLifecycle:
+            state = self.lifecycle.admit(thread_id, offset, output)
+            if state is not None:
+                if state.terminal:
+                    # Before any subscriber sees `done`: its next read of the thread
+                    # must hold the end.
+                    self.read_model.note_ended(thread_id, output.run_id)
+                    if window.active_run == output.run_id:
+                        window.active_run = None
+                elif payload.event == Lifecycle.RUN_ACCEPTED:
+                    window.active_run = output.run_id
+        if window.subscribers or window.partition != partition:
+            if window.raw:
+                self._materialize(thread_id, window)
+            self._apply(thread_id, window, partition, offset, meta, output)
+            if len(window.events) > self.window_events:
+                self._trim(thread_id, window)
+        else:
+            window.raw.append((offset, record.value or b"", decoded))
+            if window.quiet == -1:
+                window.quiet = -2  # a run may end here
+            if len(window.events) + len(window.raw) > self.window_events:
+                self._trim(thread_id, window)
+
+    def _decode(self, partition: int, offset: int, value: bytes) -> Decoded | None:
+        try:
+            return self.codec.decode_stream(value)
+        except DecodeError as exc:
+            log.warning("stream %d@%d is undecodable: %s", partition, offset, exc)
+            return None
+
+    def _admit(self, thread_id: str, offset: int, output: StreamOutput) -> RunState | None:
+        """`_filter.admit`, keeping `_open` (the thread's runs open in the filter)."""
+        state = self._filter.admit(thread_id, offset, output)
+        if state is not None and type(output.payload) is RunLifecycle:
+            if state.terminal:
+                runs = self._open.get(thread_id)
+                if runs is not None:
+                    runs.discard(output.run_id)
+                    if not runs:
+                        del self._open[thread_id]
+            elif output.payload.event == Lifecycle.RUN_ACCEPTED:
+                self._open.setdefault(thread_id, set()).add(output.run_id)
+        return state
+
+    def _apply(self, thread_id: str, window: _Window, partition: int, offset: int,
+               meta: EnvelopeMeta, output: StreamOutput) -> None:
+        """Filter one record in its thread's order; keep its events and queue them."""
+        state = self._admit(thread_id, offset, output)
         if state is None:
-            if self.tracker.unknown:
+            if self._filter.unknown and self._unknown(thread_id, output.run_id):
                 # A run whose start the feed did not see: only Kafka can replay it. Its
                 # subscribers may need this record (one resumed inside that run, after a
                 # gateway restart whose feed started late): end their streams, so that
                 # they resume with Last-Event-ID and replay it (found by the chaos run).
-                window = self._window(thread_id)
-                window.covered_after = max(window.covered_after, (record.offset + 1, -1))
+                window.covered_after = max(window.covered_after, (offset + 1, -1))
                 for sub in list(window.subscribers):
                     if sub.run_id in (None, output.run_id):
                         sub.close("unknown run")
             return
-        window = self._window(thread_id)
-        if state.terminal and isinstance(output.payload, RunLifecycle):
-            # Before any subscriber sees `done`: its next read of the thread must hold the end.
-            self.read_model.note_ended(thread_id, output.run_id)
-        for event in make_events(self.tokens, partition, record.offset, state.start, meta,
-                                 output):
-            window.events.append(event)
-            for sub in list(window.subscribers):
+        events = window.events
+        subscribers = window.subscribers
+        for event in make_events(self.tokens, partition, offset, state.start, meta, output):
+            events.append(event)
+            for sub in list(subscribers):
                 if sub.push(event):
                     self._dirty.append(sub)
-        if isinstance(output.payload, RunLifecycle):
-            if output.payload.event == Lifecycle.RUN_ACCEPTED:
-                window.active_run = output.run_id
-            elif state.terminal and window.active_run == output.run_id:
-                window.active_run = None
-        while len(window.events) > self.window_events:
-            dropped = window.events.popleft()
+
+    def _unknown(self, thread_id: str, run_id: str) -> bool:
+        """Whether a run the filter does not know is unknown to the feed: not a run of
+        another thread whose lifecycle records the filter has not read yet (those are
+        refused, as an eager filter refuses another thread's run)."""
+        run = self.lifecycle.runs.get(run_id)
+        return run is None or run.thread_id == thread_id
+
+    def _materialize(self, thread_id: str, window: _Window) -> None:
+        """Make the events of the window's raw records, in order, as they would have
+        been made on arrival."""
+        raw, window.raw = window.raw, deque()
+        window.quiet = -2
+        partition = window.partition
+        for offset, value, decoded in raw:
+            if decoded is None:
+                decoded = self._decode(partition, offset, value)
+                if decoded is None:
+                    continue
+            self._apply(thread_id, window, partition, offset, *decoded)
+        if len(window.events) > self.window_events:
+            self._trim(thread_id, window)
+
+    def _trim(self, thread_id: str, window: _Window) -> None:
+        """Back to `window_events` entries: the oldest events go first, then raw records."""
+        excess = len(window.events) + len(window.raw) - self.window_events
+        events = window.events
+        while excess > 0 and events:
+            dropped = events.popleft()
             window.covered_after = max(window.covered_after, dropped.position)
+            excess -= 1
+        if excess > 0:
+            self._shed(thread_id, window, excess)
+
+    def _shed(self, thread_id: str, window: _Window, count: int) -> None:
+        """Drop at least `count` raw records from the head of `window` without making
+        their events; the filter learns what later records of the thread need."""
+        raw = window.raw
+        limit = max(count, self.window_events // 2)  # at most half a window beyond `count`
+        last = -1
+        while raw and count > 0:
+            offset, value, decoded = raw[0]
+            if decoded is None and thread_id in self._open:
+                # Inside a run of the thread that is open: drop on to where every run
+                # open ends if that is near, undecoded; else learn this part.
+                if window.quiet == -2:
+                    window.quiet = self._quiet_point(thread_id, raw)
+                quiet = window.quiet
+                if 0 <= quiet < limit:
+                    for _ in range(quiet + 1):
+                        offset, _value, decoded = raw.popleft()
+                        if decoded is not None:
+                            self._admit(thread_id, offset, decoded[1])
+                    window.quiet = -2
+                    count -= quiet + 1
+                    last = offset
+                    continue
+                raw.popleft()
+                window.quiet = quiet - 1 if quiet > 0 else quiet
+                count -= 1
+                last = offset
+                decoded = self._decode(window.partition, offset, value)
+                if decoded is not None:
+                    self._admit(thread_id, offset, decoded[1])
+                continue
+            raw.popleft()
+            if window.quiet >= 0:
+                window.quiet -= 1
+                if window.quiet < 0:
+                    window.quiet = -2
+            count -= 1
+            last = offset
+            if decoded is not None:
+                self._admit(thread_id, offset, decoded[1])
+        if last >= 0:
+            window.covered_after = max(window.covered_after, (last + 1, -1))
+
+    def _quiet_point(self, thread_id: str, raw: deque[Raw]) -> int:
+        """The index of the first raw record after which no run of the thread is open
+        in the filter (its decoded records applied in order), or -1 if none is."""
+        open_runs = set(self._open.get(thread_id, ()))
+        known = self._filter.runs
+        accepted: set[str] = set()  # in this scan: a repeated run_accepted is ignored
+        for index, (_offset, _value, decoded) in enumerate(raw):
+            if decoded is None:
+                continue
+            output = decoded[1]
+            payload = output.payload
+            if type(payload) is not RunLifecycle:
+                continue
+            if payload.event == Lifecycle.RUN_ACCEPTED:
+                if output.run_id not in known and output.run_id not in accepted:
+                    accepted.add(output.run_id)
+                    open_runs.add(output.run_id)
+            elif payload.event in TERMINAL:
+                open_runs.discard(output.run_id)
+                if not open_runs:
+                    return index
+        return -1

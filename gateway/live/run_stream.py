@@ -172,7 +172,7 @@ class RunStreams:
 async def _run_ended(feed: StreamFeed, read_model: ReadModel, state: ThreadState,
                      run_id: str) -> bool:
     """Whether the run is over (the reference contract's "the message ended")."""
-    known = feed.tracker.runs.get(run_id)
+    known = feed.run(run_id)
     if known is not None:
         return known.terminal
     run = await read_model.run(state.tenant, run_id)
@@ -188,17 +188,17 @@ async def _fresh_plan(feed: StreamFeed, state: ThreadState, run: RunView | None,
     if run is None:
         active = feed.active_run(state.thread_id)
         if active is None and state.active_run is not None:  # e.g. its window was evicted
-            known = feed.tracker.runs.get(state.active_run.run_id)
+            known = feed.run(state.active_run.run_id)
             if known is not None and not known.terminal:
                 active = (state.active_run.run_id, known.start)
         if active is None:
             return _live_plan(here)
         return _Plan((active[1], -1), active[1], active[0])
     run_id = run.run_id
-    known = feed.tracker.runs.get(run_id)
+    known = feed.run(run_id)
     if known is None:  # maybe the feed has not read that far yet
         await feed.catch_up(feed.partition_of(state.thread_id))
-        known = feed.tracker.runs.get(run_id)
+        known = feed.run(run_id)
     if known is not None:
         return _Plan((known.start, -1), known.start, run_id)
     if not run.terminal:
@@ -343,7 +343,7 @@ class EventStream:
             return True
         if self._run is None:
             return False
-        known = self._streams.feed.tracker.runs.get(self._run.run_id)
+        known = self._streams.feed.run(self._run.run_id)
         return known.terminal if known is not None else self._run.terminal
 
     def live(self) -> AsyncGenerator[list[SseEvent] | KeepAlive, None]:
