@@ -20,7 +20,7 @@ from aiohttp import web
 
 from gateway.adapters import ai_sdk, console, langgraph
 from gateway.adapters.demo import demo_page
-from gateway.api import branches, interrupts, rest
+from gateway.api import branches, copies, interrupts, rest
 from gateway.api.openapi import openapi
 from gateway.http.auth import BROWSER_TOKENS_PATH, RedactingAccessLogger, auth_middleware
 from gateway.http.browser_tokens import BrowserTokens
@@ -151,6 +151,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
                         branches.edit_message)
     app.router.add_get("/v1/threads/{thread_id}/branches", branches.list_branches)
     app.router.add_post("/v1/threads/{thread_id}/branches/current", branches.switch_branch)
+    app.router.add_post("/v1/threads/{thread_id}/copy", copies.copy_thread)
     app.router.add_post("/v1/threads/{thread_id}/runs/{run_id}/cancel", rest.cancel_run)
     app.router.add_post("/v1/threads/{thread_id}/runs/{run_id}/resume", interrupts.resume_run)
     app.router.add_get("/v1/threads/{thread_id}/stream", streaming.thread_stream)

@@ -129,7 +129,7 @@ _LG_PATHS: dict[str, Any] = {
         "The current branch's checkpoints, newest first (limit, before, checkpoint)",
         _LG_OBJECT, [_THREAD_ID], _LG_BODY)},
     f"{_LG}/threads/{{thread_id}}/copy": {"post": _lg(
-        "Not served: 422 unsupported (a run from a checkpoint forks within the thread)",
+        "A new thread holding this one's history, every branch at the same checkpoints",
         _LG_OBJECT, [_THREAD_ID], _LG_BODY)},
     f"{_LG}/assistants/search": {"post": _lg("The one assistant", _LG_OBJECT, body=_LG_BODY)},
     f"{_LG}/assistants/{{assistant_id}}": {"get": _lg("The assistant (`agent`)", _LG_OBJECT, [
@@ -403,6 +403,18 @@ SPEC: dict[str, Any] = {
                           "404": _problem("No such thread or branch"),
                           "409": _problem("A run is active: switch once it has ended"),
                           "422": _problem("Bad body")}}},
+        "/v1/threads/{thread_id}/copy": {"post": {
+            "summary": "Copy the thread: a new thread holding its history, every branch at "
+                       "the same seqs, the same branch current (docs/branches.md)",
+            "parameters": [_THREAD_ID],
+            "requestBody": {"required": False, "content": {"application/json": {"schema": {
+                "type": "object", "properties": {"title": {"type": "string", "maxLength": 500,
+                    "description": "The copy's title; by default the source's."}}}}}},
+            "responses": {"201": {"description": "copied: the new thread, with copied_from"},
+                          "202": {"description": "pending: the copy will be complete"},
+                          "401": _UNAUTHORIZED, "404": _problem("No such thread"),
+                          "409": _problem("The thread is itself still being copied into"),
+                          "422": _problem("Bad body, or the thread is too large to copy")}}},
         "/v1/threads/{thread_id}/user_message": {"post": {
             "summary": "Post a user message: starts a run",
             "parameters": [_THREAD_ID, {"name": "Idempotency-Key", "in": "header",

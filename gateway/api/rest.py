@@ -64,7 +64,7 @@ __all__ = ["MAX_MESSAGES_PAGE", "MAX_THREADS_PAGE", "MESSAGES_PAGE", "THREADS_PA
            "delete_thread",
            "get_thread", "idempotency_key", "list_messages", "list_threads", "message_json",
            "multitask_strategy", "own_run", "own_thread", "post_user_message", "seq_cursor",
-           "string_field", "submit_user_message"]
+           "string_field", "submit_user_message", "thread_json"]
 
 MESSAGES_PAGE, MAX_MESSAGES_PAGE = 100, 1000  # GET /v1/threads/{id}/messages: default, max
 THREADS_PAGE, MAX_THREADS_PAGE = 50, 200  # GET /v1/threads
@@ -109,7 +109,7 @@ def message_json(record: MessageRecord, state: ThreadState) -> dict[str, Any]:
     return body
 
 
-def _thread(state: ThreadState, title: str) -> dict[str, Any]:
+def thread_json(state: ThreadState, title: str) -> dict[str, Any]:
     """A thread's JSON; `title` is its display title (`ReadModel.display_title`)."""
     run, last = state.active_run, state.last_run
     return {
@@ -120,6 +120,7 @@ def _thread(state: ThreadState, title: str) -> dict[str, Any]:
         "workflow_id": workflow_id_for(state.thread_id), "message_count": state.message_count,
         "run_count": state.run_count,
         "branch": head_of(state), "branch_count": branch_count(state),
+        "copied_from": state.copied_from,
         "active_run": None if run is None else {
             "run_id": run.run_id, "message_id": run.message_id, "attempt": run.attempt,
             "status": run.shown_status, "accepted_at_ms": run.accepted_at_ms or None,
@@ -222,14 +223,14 @@ async def create_thread(request: web.Request) -> web.Response:
                      location)
     state = ThreadState(thread_id=thread_id, tenant=tenant, title=title,
                         created_at_ms=event.at_ms)
-    return json_answer(201, {**_thread(state, display_title(title)), "status": "created"},
+    return json_answer(201, {**thread_json(state, display_title(title)), "status": "created"},
                        location)
 
 
 async def get_thread(request: web.Request) -> web.Response:
     """GET /v1/threads/{thread_id}"""
     state = await own_thread(request)
-    return json_answer(200, _thread(state, request.config_dict[READ_MODEL].display_title(state)))
+    return json_answer(200, thread_json(state, request.config_dict[READ_MODEL].display_title(state)))
 
 
 async def list_messages(request: web.Request) -> web.Response:
@@ -285,7 +286,7 @@ async def list_threads(request: web.Request) -> web.Response:
     last = page.states[-1] if page.states else None
     next_cursor = None if not page.more or last is None else cursor(
         "t", last.updated_at_ms or last.created_at_ms, last.thread_id)
-    return json_answer(200, {"threads": [_thread(s, read_model.display_title(s))
+    return json_answer(200, {"threads": [thread_json(s, read_model.display_title(s))
                                          for s in page.states],
                        "next_cursor": next_cursor})
 

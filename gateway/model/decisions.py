@@ -61,7 +61,7 @@ class CommandBus:
         self.on_event: Callable[[Event], None] | None = None  # every decision seen
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None  # made in start(): needs the loop
-        self._waiters: dict[str, tuple[asyncio.Future[Event], type[Event] | None]] = {}
+        self._waiters: dict[str, tuple[asyncio.Future[Event], Callable[[Event], bool]]] = {}
         self._run_watchers: defaultdict[str, set[asyncio.Future[Event]]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
 
@@ -107,17 +107,20 @@ class CommandBus:
         return sent.partition, sent.offset
 
     async def decide(self, command: Command, tenant: str, traceparent: str,
-                     watch_run: str | None = None, until: type[Event] | None = None) -> \
-            Event | None:
+                     watch_run: str | None = None, until: type[Event] | None = None,
+                     answers: Callable[[Event], bool] | None = None) -> Event | None:
         """Publish `command` and return the first event decided on it (with `until`,
-        the first of that type), or None if none came within `decision_timeout_ms`
-        (the command stays queued and will be decided).
+        the first of that type; with `answers`, the first it holds of: a decision the
+        command leads to through other commands, such as a copy's last part), or None
+        if none came within `decision_timeout_ms` (the command stays queued and will
+        be decided).
 
         With `watch_run`, a terminal event of that run also answers (a cancel that
         arrives after the run ended decides nothing)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Event] = loop.create_future()
-        self._waiters[traceparent] = (future, until)
+        self._waiters[traceparent] = (
+            future, answers or (lambda event: until is None or isinstance(event, until)))
         if watch_run is not None:
             self._run_watchers[watch_run].add(future)
         try:
@@ -150,7 +153,7 @@ class CommandBus:
                 if self.on_event is not None:
                     self.on_event(event)
                 waiter = self._waiters.get(meta.traceparent or "")
-                if waiter is not None and (waiter[1] is None or isinstance(event, waiter[1])):
+                if waiter is not None and waiter[1](event):
                     del self._waiters[meta.traceparent or ""]
                     if not waiter[0].done():
                         waiter[0].set_result(event)

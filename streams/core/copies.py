@@ -67,9 +67,9 @@ __all__ = [
 ]
 
 MAX_PART_MESSAGES = 500
-# A thread's messages are not capped, but a copy's parts are: 10,000 parts of up to
+# A thread's messages are not capped, but a copy's parts are: 100 parts of up to
 # 500 messages each. The shell refuses a copy that would need more (`invalid`).
-MAX_PARTS = 10_000
+MAX_PARTS = 100
 _ROOT_HEAD = -2  # ThreadState.head_seq of a current branch with no message
 
 

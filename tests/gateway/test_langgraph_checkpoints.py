@@ -169,8 +169,8 @@ async def test_checkpoints_of_another_branch(stack: Stack) -> None:
 
 async def test_what_a_checkpoint_cannot_start_is_a_clear_problem(stack: Stack) -> None:
     """No input at an answer's checkpoint, input after a user message, input at the
-    newest message of a branch that is not current, a subgraph checkpoint, and
-    threads.copy are refused, each saying why."""
+    newest message of a branch that is not current, and a subgraph checkpoint are
+    refused, each saying why."""
     client = _client(stack)
     thread_id = await _two_turns(stack, client)
     with _problem(422, "checkpoint-unsupported"):
@@ -185,8 +185,6 @@ async def test_what_a_checkpoint_cannot_start_is_a_clear_problem(stack: Stack) -
                                checkpoint={"checkpoint_ns": "sub", "checkpoint_id": "2"})
     with _problem(404, "no-such-checkpoint"):
         await client.runs.wait(thread_id, "agent", checkpoint_id="99")
-    with _problem(422, "unsupported"):
-        await client.threads.copy(thread_id)
     assert len(await _native(stack, thread_id)) == 4  # nothing else was stored
 
 

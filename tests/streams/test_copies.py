@@ -81,7 +81,7 @@ def test_a_copy_is_refused_for_an_unknown_thread_another_tenant_a_bad_id_or_too_
     assert reason(state, CopyThread(T, TENANT, "", "", NOW)) is RejectReason.INVALID
     assert reason(state, CopyThread(T, TENANT, T, "", NOW)) is RejectReason.INVALID
     assert reason(state, CopyThread(T, TENANT, "x" * 256, "", NOW)) is RejectReason.INVALID
-    assert reason(state, CopyThread(T, TENANT, COPY, "", NOW), 10_001) is RejectReason.INVALID
+    assert reason(state, CopyThread(T, TENANT, COPY, "", NOW), 101) is RejectReason.INVALID
 
 
 def test_a_message_whose_run_had_not_ended_reads_cancelled_in_the_copy() -> None:

@@ -20,9 +20,8 @@ has the mapping tables.
 `rollback` (docs/multitask.md). Human in the loop: `__interrupt__` in the stream (which
 then ends), threads and runs `interrupted`, `command.resume` continues the same run
 (`runs`). Not served (a 422 names them): `command.goto`/`update`,
-`interrupt_before`/`after`, subgraph checkpoints, cancel `action=rollback`; threads.copy
-answers 422 (docs/clients.md says why).
-"""
+`interrupt_before`/`after`, subgraph checkpoints, cancel `action=rollback`.
+threads.copy makes a new thread with every branch (docs/branches.md, "Copies")."""
 
 from __future__ import annotations
 

@@ -18,9 +18,11 @@ from gateway.adapters.langgraph.views import (
     conversation,
     internal_thread_id,
     lg_message,
+    lg_thread_id,
     thread_json,
     thread_status,
 )
+from gateway.api.copies import copy_into
 from gateway.http.auth import TENANT
 from gateway.http.plumbing import END_SEQ, int_field, is_text, read_json_body
 from gateway.http.problems import Problem
@@ -143,16 +145,22 @@ async def search_threads(request: web.Request) -> web.Response:
 
 
 async def copy_thread(request: web.Request) -> web.Response:
-    """POST /threads/{thread_id}/copy: not served (422, like the API's other unserved
-    features: a 5xx would say the server failed). A copy writes the source's
-    records under a new thread, on another partition: not one decision, so not atomic
-    nor exactly once without a copy protocol of its own (docs/clients.md). A run from
-    an earlier checkpoint forks within the thread instead (a new branch)."""
-    await own_thread(request)
-    raise Problem(422, "unsupported", "threads.copy is not supported by this server: a "
-                  "copy would write the thread's records under another thread, which no "
-                  "one decision can do atomically; fork within the thread instead (a run "
-                  "from a checkpoint_id makes a new branch)")
+    """POST /threads/{thread_id}/copy: a new thread (a new id) holding the source's
+    history, every branch, each message at its own checkpoint (`checkpoint_id` seq + 1
+    as in the source), answered once the whole copy is in (`gateway.api.copies`). A
+    copy not decided in time is answered as a busy thread with no values yet: it will
+    be complete, and runs on it are refused (409) until it is."""
+    state = await own_thread(request)
+    # The copy is known by its own id on both APIs, like a thread made over /v1; a
+    # LangGraph thread's title is its id, which the copy does not keep.
+    target_id = str(uuid.uuid4())
+    title = state.title if lg_thread_id(state) == state.thread_id else ""
+    copied = await copy_into(request, state, target_id, title)
+    if copied is None:
+        pending = ThreadState(thread_id=target_id, tenant=request[TENANT], title=title,
+                              created_at_ms=now_ms(), import_parts_left=1)
+        return web.json_response(thread_json(pending, {"messages": []}))
+    return web.json_response(thread_json(copied, (await values_view(request, copied))[0]))
 
 
 async def search_assistants(request: web.Request) -> web.Response:

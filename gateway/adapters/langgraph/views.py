@@ -93,6 +93,8 @@ def thread_status(state: ThreadState) -> str:
     last run failed)."""
     if state.active_run is not None:
         return "interrupted" if state.active_run.awaiting_resume else "busy"
+    if state.import_parts_left:  # a copy still coming in: runs are refused (409)
+        return "busy"
     if state.last_run is not None and state.last_run.status == RunStatus.FAILED:
         return "error"
     return "idle"
