@@ -56,7 +56,8 @@ batch's events straight to the client's connection at the end of that batch (one
 write per client per batch; no task wake-up per event). A client whose connection
 holds more than 1 MiB unsent, or whose queue reaches `queue_limit` while it catches
 up, is closed and resumes with Last-Event-ID. `/healthz` reports the feed's write
-lag: a record's CreateTime until its events were written to every attached client.
+lag: a record's CreateTime until its events were written to every attached client
+(records of threads someone watches).
 
 Deletes. A ThreadDeleted decision (seen by every gateway's events consumer) or the
 thread's tombstone in the changelog ends the thread's open streams and drops its

@@ -224,6 +224,7 @@ class StreamFeed:
         self._windows: OrderedDict[str, _Window] = OrderedDict()
         self._dirty: list[Subscriber] = []  # attached subscribers with events to write
         self._lag_ms: deque[float] = deque(maxlen=20_000)  # record CreateTime -> written
+        self._watched_ms: list[int] = []  # CreateTimes of this batch's records of watched threads
         self._dropped_floor: dict[int, Position] = {}
         self._consumer_: AIOKafkaConsumer | None = None  # made in start(): needs the loop
         self._task: asyncio.Task[None] | None = None
@@ -380,8 +381,9 @@ class StreamFeed:
                 "raw_records": sum(len(w.raw) for w in self._windows.values()),
                 "start_offsets": dict(self.start_offsets),
                 "positions": {p: o + 1 for p, o in self.last_offsets.items()},
-                # Over the last records ingested (at most 20,000): from their producer's
-                # CreateTime until their events were written to every caught-up client.
+                # Over the last records of watched threads ingested (at most 20,000): from
+                # their producer's CreateTime until their events were written to every
+                # caught-up client.
                 "write_lag_ms": {"records": len(lag),
                                  "p50": round(lag[len(lag) // 2], 1) if lag else None,
                                  "p99": round(lag[int(len(lag) * 0.99)], 1) if lag else None}}
@@ -423,12 +425,15 @@ class StreamFeed:
         finally:
             self.flush()
         # Written to every caught-up client by now: how long after its producer did.
-        now_ms = time.time() * 1000
-        write_lag = gateway_metrics().write_lag
-        for records in batch.values():
-            self._lag_ms.extend(now_ms - r.timestamp for r in records)
-            for record in records:
-                write_lag.observe(max(0.0, now_ms - record.timestamp) / 1000)
+        # Records of threads nobody watches were written to no one: not counted (a
+        # histogram observation would cost more than such a record's whole ingest).
+        watched, self._watched_ms = self._watched_ms, []
+        if watched:
+            now_ms = time.time() * 1000
+            write_lag = gateway_metrics().write_lag
+            self._lag_ms.extend(now_ms - t for t in watched)
+            for created_ms in watched:
+                write_lag.observe(max(0.0, now_ms - created_ms) / 1000)
 
     def flush(self) -> None:
         """Write what the ingested records brought to every attached subscriber."""
@@ -476,6 +481,8 @@ class StreamFeed:
                 elif payload.event == Lifecycle.RUN_ACCEPTED:
                     window.active_run = output.run_id
         if window.subscribers or window.partition != partition:
+            if window.subscribers:
+                self._watched_ms.append(record.timestamp)
             if window.raw:
                 self._materialize(thread_id, window)
             self._apply(thread_id, window, partition, offset, meta, output)

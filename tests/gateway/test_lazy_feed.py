@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 from hypothesis import given
 from hypothesis import settings as hsettings
@@ -277,6 +278,30 @@ def test_another_threads_run_id_is_refused_quietly_when_made_late() -> None:
     assert not any(unknown)
     _sub, snapshot, covered = feed.subscribe("th")
     assert covered == (0, -1) and snapshot == _of("th", made, stream)
+
+
+class _Consumer:
+    def __init__(self, batches: list[dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]]) -> None:
+        self.batches = batches
+
+    async def getmany(self, timeout_ms: int = 0, max_records: int = 0) -> \
+            dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
+        return self.batches.pop(0)
+
+
+async def test_write_lag_counts_the_records_of_watched_threads() -> None:
+    """The write lag (metric and /healthz) is measured over records someone was sent."""
+    feed, codec = _feed()
+    stream = Stream(feed, codec)
+    _interleave(stream, {"watched": _run("r1", 3), "nobody": _run("r2", 5)})
+    feed.subscribe("watched")
+    batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]] = {}
+    for partition, record, _meta, _output in stream.records:
+        batch.setdefault(TopicPartition("stream", partition), []).append(record)
+    feed._consumer_ = cast(AIOKafkaConsumer, _Consumer([batch]))
+    await feed._step()
+    lag = cast(dict[str, Any], feed.stats()["write_lag_ms"])
+    assert lag["records"] == len(_run("r1", 3))
 
 
 # --- any stream, any subscriber -----------------------------------------------------------
