@@ -118,7 +118,16 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
             read_model.note_deleted(event.thread_id)
             feed.drop_thread(event.thread_id)
 
+    def changed_undecoded(thread_id: str, kind: bytes) -> None:  # the same, by its headers
+        read_model.note_write(thread_id)
+        if kind == b"ThreadCreated":
+            read_model.note_created(thread_id)
+        elif kind == b"ThreadDeleted":
+            read_model.note_deleted(thread_id)
+            feed.drop_thread(thread_id)
+
     bus.on_event = changed
+    bus.on_undecoded = changed_undecoded
     read_model.on_deleted = feed.drop_thread
     app[SETTINGS], app[OPTIONS], app[READ_MODEL], app[BUS] = settings, options, read_model, bus
     app[OFFSETS] = offsets

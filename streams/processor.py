@@ -98,7 +98,7 @@ from streams.migration import migrate_partition
 from streams.observability.processor import ProcessorObserver
 from streams.observability.tracing import header_of, record_traceparent
 from streams.thread_copies import import_commands, import_parts
-from streams.wire import Codec, DecodeError, EnvelopeMeta, payload_header
+from streams.wire import REPLY_HEADER, Codec, DecodeError, EnvelopeMeta, header_value, payload_header
 
 __all__ = ["Processor", "ProcessorStats", "run_processor"]
 
@@ -145,7 +145,9 @@ class _Output:
     topic: str
     key: bytes
     value: bytes | None  # None: a tombstone
-    payload_header: tuple[str, bytes] | None = None  # a stream record's (PAYLOAD_HEADER)
+    # Kafka headers of its own: an event's or a stream record's PAYLOAD_HEADER, and the
+    # REPLY_HEADER of the command it was decided from, when that had one.
+    headers: tuple[tuple[str, bytes], ...] = ()
     # None: the command's own partition (every table, changelog and output topic is
     # partitioned alike); PARTITION_UA: the partitioner's, for another thread's command.
     partition: int | None = None
@@ -348,7 +350,9 @@ class Processor:
         state = touched[(partition, key)] if (partition, key) in touched else \
             self._load(self.stores.get(partition), key)
         history = MessageStore(self.history_stores.get(partition), self.codec, self.windows, partition)
-        decision = self._decide(state, command, meta, partition, key, history)
+        reply_to = header_value(msg.headers(), REPLY_HEADER)
+        reply = ((REPLY_HEADER, reply_to),) if reply_to else ()
+        decision = self._decide(state, command, meta, partition, key, history, reply)
         if decision is None:
             self.observer.command(command, "unchanged")
             self.observer.end_decision(span, "unchanged", partition, key)
@@ -367,7 +371,8 @@ class Processor:
             outputs.append(self._dead_letter(
                 msg, f"{FailureCode.RECORD_TOO_LARGE}: its decision needs a {size}-byte {oversized.topic} "
                 f"record, the limit is {self.max_record_bytes}", "RecordTooLarge"))
-            decision = self._fail_reported_run(state, command, meta, partition, key, history)
+            decision = self._fail_reported_run(state, command, meta, partition, key, history,
+                                               reply)
             if decision is None:
                 self.observer.command(command, "dead_lettered")
                 self.observer.end_decision(span, "dead_lettered", partition, key)
@@ -379,8 +384,7 @@ class Processor:
                                   partition if out.partition is None else out.partition,
                                   self.history_stores.get(partition).changelog_delivered
                                   if out.topic == self.topics.messages else None,
-                                  headers if out.payload_header is None
-                                  else [*(headers or ()), out.payload_header]))
+                                  [*(headers or ()), *out.headers] if out.headers else headers))
         for record, seq, raw in decision.history:
             if record is None:
                 history.erase(meta.thread_id, seq)
@@ -395,22 +399,25 @@ class Processor:
             deleted.discard((partition, key))
 
     def _fail_reported_run(self, state: ThreadState | None, command: Command, meta: EnvelopeMeta,
-                           partition: int, key: bytes, history: MessageStore) -> _Decision | None:
+                           partition: int, key: bytes, history: MessageStore,
+                           reply: tuple[tuple[str, bytes], ...]) -> _Decision | None:
         """The decision instead of one whose records cannot fit: a worker's report on
         the live attempt ends the run `record_too_large`; anything else decides nothing."""
         if not isinstance(command, WorkerReport):
             return None
         failed = ReportAttemptFailed(command.thread_id, command.run_id, command.attempt,
                                      command.worker_id, FailureCode.RECORD_TOO_LARGE, False, command.now_ms)
-        decision = self._decide(state, failed, meta, partition, key, history)
+        decision = self._decide(state, failed, meta, partition, key, history, reply)
         if decision is None or any(len(o.key) + len(o.value or b"") > self.max_record_bytes
                                    for o in decision.outputs):
             return None
         return decision
 
     def _decide(self, state: ThreadState | None, command: Command, meta: EnvelopeMeta,
-                partition: int, key: bytes, history: MessageStore) -> _Decision | None:
-        """Decide `command` and encode every record it writes (nothing is produced)."""
+                partition: int, key: bytes, history: MessageStore,
+                reply: tuple[tuple[str, bytes], ...] = ()) -> _Decision | None:
+        """Decide `command` and encode every record it writes (nothing is produced);
+        `reply` is the command's REPLY_HEADER, for its events."""
         known = _known(state, command, history)
         parts = None
         if isinstance(command, CopyThread) and state is not None and state.tenant == command.tenant:
@@ -433,7 +440,8 @@ class Processor:
                 produced_at_ms=now_ms(), traceparent=meta.traceparent,
                 tracestate=meta.tracestate, schema_version=meta.schema_version,
             )
-            outputs.append(_Output(self.topics.events, key, self.codec.encode_event(event, event_meta)))
+            outputs.append(_Output(self.topics.events, key, self.codec.encode_event(event, event_meta),
+                                   (payload_header(event), *reply)))
             if isinstance(event, MessageAccepted):
                 accepted[event.message_id] = event.text
             if isinstance(event, AttemptDispatched) and after is not None:
@@ -443,7 +451,7 @@ class Processor:
             if lifecycle is not None:
                 outputs.append(_Output(self.topics.stream, key,
                                        self.codec.encode_stream(lifecycle, event_meta),
-                                       payload_header(lifecycle.payload)))
+                                       (payload_header(lifecycle.payload),)))
             for write in history_writes(before, event):
                 self._history_outputs(write, meta.thread_id, event_meta, history, outputs, writes,
                                       before.message_count if before is not None else 0)
@@ -453,7 +461,7 @@ class Processor:
                                           writes, 0)
             if isinstance(event, ThreadCopied) and isinstance(command, CopyThread) and \
                     state is not None and parts is not None:
-                outputs += self._copy_outputs(command, state, parts, meta, len(events))
+                outputs += self._copy_outputs(command, state, parts, meta, len(events), reply)
             before = after
         self.observer.events(events)
         too_large = any(isinstance(e, RunFailed) and e.error == FailureCode.OUTPUT_TOO_LARGE for e in events)
@@ -462,7 +470,7 @@ class Processor:
 
     def _copy_outputs(self, command: CopyThread, state: ThreadState,
                       parts: list[list[MessageRecord]], meta: EnvelopeMeta,
-                      first_index: int) -> list[_Output]:
+                      first_index: int, reply: tuple[tuple[str, bytes], ...]) -> list[_Output]:
         """The ImportHistory commands of a decided copy, keyed by the copy: on its
         partition by the partitioner every producer of commands uses (murmur2)."""
         key = command.target_thread_id.encode()
@@ -474,7 +482,7 @@ class Processor:
                 traceparent=meta.traceparent, tracestate=meta.tracestate,
                 schema_version=meta.schema_version)
             outputs.append(_Output(self.topics.commands, key,
-                                   self.codec.encode_command(part, part_meta),
+                                   self.codec.encode_command(part, part_meta), reply,
                                    partition=PARTITION_UA))
         return outputs
 

@@ -9,6 +9,14 @@ span id, so even two requests with the same message id are told apart.
 A command that decides several events (a DeleteThread on a thread with a live run:
 RunCancelled, then ThreadDeleted) is answered by the kind of event the caller
 names (`until`).
+
+Each command names this process in its `threadline-reply-to` header (a random id per
+process), which the processor copies onto the events it decides; with the events'
+`threadline-payload` header, a gateway decodes only its own decisions and the kinds
+every gateway needs (a run's start and end: read-your-writes, joins), and hands the
+rest on by thread and kind, undecoded (`on_undecoded`): with several gateways, each
+decodes its share of the decisions, not all of them (issue #26). Events without the
+headers (older processors) are decoded, as before.
 """
 
 from __future__ import annotations
@@ -31,11 +39,16 @@ from streams.core.domain import TERMINAL_EVENTS, Command, Event
 from streams.kafka.clients import aiokafka_config
 from streams.observability.metrics import gateway_metrics
 from streams.observability.tracing import fresh_traceparent_in_current, publish_span, tracer
-from streams.wire import Codec, DecodeError, new_meta
+from streams.wire import REPLY_HEADER, Codec, DecodeError, header_value, new_meta, payload_named
 
 __all__ = ["CommandBus", "new_traceparent"]
 
 log = logging.getLogger("threadline.gateway")
+
+# What every gateway decodes, whoever asked: a run's start and end (read-your-writes
+# of runs, and the watchers of a run's end).
+_DECODED = frozenset(name.encode() for name in (
+    "RunAccepted", "RunCompleted", "RunFailed", "RunCancelled"))
 
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-[0-9a-f]{16}-([0-9a-f]{2})")
 
@@ -58,7 +71,10 @@ class CommandBus:
         self.settings = settings
         # THREADLINE_SCHEMA_REGISTRY_URL: the Confluent format; else single-object.
         self.codec = codec or Codec.from_settings(settings)
-        self.on_event: Callable[[Event], None] | None = None  # every decision seen
+        self.on_event: Callable[[Event], None] | None = None  # every decision decoded
+        # Every decision not decoded: its thread and its payload type (`_DECODED`).
+        self.on_undecoded: Callable[[str, bytes], None] | None = None
+        self.reply_id = secrets.token_hex(8).encode()  # this process, in REPLY_HEADER
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None  # made in start(): needs the loop
         self._waiters: dict[str, tuple[asyncio.Future[Event], Callable[[Event], bool]]] = {}
@@ -95,10 +111,11 @@ class CommandBus:
         meta = new_meta(command.thread_id, tenant, now_ms(), traceparent)
         name = type(command).__name__
         try:
-            with publish_span(self.settings.topics.commands, name, command.thread_id) as headers:
+            with publish_span(self.settings.topics.commands, name, command.thread_id) as traced:
                 sent = await self._producer.send_and_wait(
                     self.settings.topics.commands, self.codec.encode_command(command, meta),
-                    key=command.thread_id.encode(), headers=headers)
+                    key=command.thread_id.encode(),
+                    headers=[*(traced or ()), (REPLY_HEADER, self.reply_id)])
             gateway_metrics().commands.inc(name)
         except KafkaError as exc:
             log.warning("publishing %s failed: %s", type(command).__name__, exc)
@@ -145,6 +162,12 @@ class CommandBus:
         await self.codec.prepare(r.value for rs in batch.values() for r in rs)
         for records in batch.values():
             for record in records:
+                kind = payload_named(record.headers)
+                if kind is not None and kind not in _DECODED and \
+                        header_value(record.headers, REPLY_HEADER) != self.reply_id:
+                    if self.on_undecoded is not None:
+                        self.on_undecoded((record.key or b"").decode(), kind)
+                    continue
                 try:
                     meta, event = self.codec.decode_event(record.value or b"")
                 except DecodeError as exc:

@@ -28,7 +28,9 @@ passes it down, so the registry setting reaches every role.
 from streams.wire.codec import Codec
 from streams.wire.envelope import (
     PAYLOAD_HEADER,
+    REPLY_HEADER,
     EnvelopeMeta,
+    header_value,
     new_meta,
     payload_header,
     payload_named,
@@ -39,6 +41,7 @@ from streams.wire.schemas import SCHEMA_DIR, TOP_LEVEL_SCHEMAS, schema_fingerpri
 
 __all__ = [
     "PAYLOAD_HEADER",
+    "REPLY_HEADER",
     "SCHEMA_DIR",
     "TOP_LEVEL_SCHEMAS",
     "Codec",
@@ -47,6 +50,7 @@ __all__ = [
     "EnvelopeMeta",
     "RegistryError",
     "SerializationError",
+    "header_value",
     "new_meta",
     "payload_header",
     "payload_named",

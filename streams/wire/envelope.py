@@ -5,12 +5,18 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-__all__ = ["PAYLOAD_HEADER", "EnvelopeMeta", "new_meta", "payload_header", "payload_named"]
+__all__ = ["PAYLOAD_HEADER", "REPLY_HEADER", "EnvelopeMeta", "header_value", "new_meta",
+           "payload_header", "payload_named"]
 
 # A stream record's payload type (its Avro record name, e.g. `TextDelta`), as a Kafka
 # header: a reader that wants some kinds skips the others without decoding them.
 # Optional: a record without it (older writers) is decoded to find out.
 PAYLOAD_HEADER = "threadline-payload"
+# On a command: who waits for its decision (a gateway process's reply id). The
+# processor copies it onto the events it decides from that command (and onto the
+# commands a decision writes, a copy's parts), so a gateway decodes the decisions it
+# waits for and skips the others' by their headers. Optional, like PAYLOAD_HEADER.
+REPLY_HEADER = "threadline-reply-to"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +55,14 @@ def payload_header(payload: object) -> tuple[str, bytes]:
 def payload_named(headers: object) -> bytes | None:
     """The payload type a record's headers name (pairs, as aiokafka and confluent-kafka
     give them), or None if they do not."""
+    return header_value(headers, PAYLOAD_HEADER)
+
+
+def header_value(headers: object, wanted: str) -> bytes | None:
+    """The value of header `wanted` among a record's headers (pairs, as aiokafka and
+    confluent-kafka give them), or None."""
     if headers:
         for name, value in headers:  # type: ignore[attr-defined]
-            if name == PAYLOAD_HEADER:
+            if name == wanted:
                 return value if isinstance(value, bytes) else None
     return None

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Message
 
 from gateway.kafka import partition_for
 from streams.config import Settings
@@ -17,6 +18,7 @@ from streams.core.domain import (
     EditMessage,
     Event,
     HistoryImported,
+    MessageAccepted,
     RejectReason,
     RunRejected,
     SwitchBranch,
@@ -28,8 +30,11 @@ from streams.core.records import MessageRecord
 from streams.kafka.faults import FAULT_ENV, FAULT_EXIT_STATUS, arm
 from streams.kafka.topics import ensure_topics
 from streams.testing.process import RoleProcess
-from tests.kafka_helpers import command_producer
+from streams.wire import REPLY_HEADER, Codec, header_value, new_meta, payload_named
+from tests.kafka_helpers import command_producer, read_messages
 from tests.streams.test_processor_branches import Thread, _now, _texts
+
+CODEC = Codec()
 
 pytestmark = pytest.mark.kafka
 
@@ -106,6 +111,40 @@ def test_a_copy_holds_every_branch_at_its_seqs_and_goes_on_by_itself(
     again = copy.id  # a copy into a thread that exists now is refused at its first part
     source.send(CopyThread(source.id, "t", again, "again", _now()))
     assert len([e for e in copy.events() if isinstance(e, ThreadCreated)]) == 1
+
+
+def test_the_reply_header_of_a_copy_comes_back_on_the_events_of_both_threads(
+        settings: Settings, processor: RoleProcess) -> None:
+    """A command's REPLY_HEADER comes back on every event decided from it, and through
+    the copy's parts on the copy's events; each event names its payload type."""
+    source = Thread(settings, command_producer(settings))
+    source.post("m0", "first")
+    copy_id = _copy_id(settings, source.id)
+    command = CopyThread(source.id, "t", copy_id, "the copy", _now())
+    source.producer.produce(settings.topics.commands, CODEC.encode_command(
+        command, new_meta(source.id, "t", _now())), source.id.encode(),
+        headers=[(REPLY_HEADER, b"gateway-42")])
+    source.producer.flush(30)
+
+    def decoded(msg: Message) -> tuple[Event, bytes | None, bytes | None]:
+        event = CODEC.decode_event(msg.value() or b"")[1]
+        return event, header_value(msg.headers(), REPLY_HEADER), payload_named(msg.headers())
+
+    def both_sides(found: list[tuple[Event, bytes | None, bytes | None]]) -> bool:
+        return any(isinstance(e, HistoryImported) and e.thread_id == copy_id and e.last
+                   for e, _, _ in found) and \
+            any(isinstance(e, ThreadCopied) and e.target_thread_id == copy_id for e, _, _ in found)
+
+    events = read_messages(settings, settings.topics.events, decoded, until=both_sides)
+    on_copy = [(type(e), reply, kind) for e, reply, kind in events if e.thread_id == copy_id]
+    assert on_copy == [(ThreadCreated, b"gateway-42", b"ThreadCreated"),
+                       (HistoryImported, b"gateway-42", b"HistoryImported")]
+    copied = [(reply, kind) for e, reply, kind in events if isinstance(e, ThreadCopied)
+              and e.target_thread_id == copy_id]
+    assert copied == [(b"gateway-42", b"ThreadCopied")]  # on the source's partition
+    posted = [(reply, kind) for e, reply, kind in events
+              if e.thread_id == source.id and isinstance(e, MessageAccepted)]
+    assert posted == [(None, b"MessageAccepted")]  # sent without the header
 
 
 def test_a_copy_of_an_unknown_thread_is_refused(settings: Settings, processor: RoleProcess) -> None:
