@@ -160,7 +160,7 @@ def _verify(admin: AdminClient, specs: list[TopicSpec], progress: _Progress, set
         if progress.stalled():
             absent = [s.name for s in specs if s not in shown]
             raise TopicMismatch(f"{len(absent)} topics not in metadata, none appeared in "
-                                f"{progress.stall_s:.0f}s, e.g. {absent[0]}")
+                                f"{progress.stall_s:.0f}s, e.g. {absent[0]}. {_brokers(admin, set())}")
         time.sleep(0.1)
     problems = []
     for s in specs:
@@ -178,29 +178,47 @@ def _verify(admin: AdminClient, specs: list[TopicSpec], progress: _Progress, set
     _wait_until_served(admin, settings, specs, progress)
 
 
+def _probe(settings: Settings) -> Consumer:
+    """A client for the watermark queries of `_wait_until_served`."""
+    return Consumer(librdkafka_config(settings, **{"group.id": "threadline-topics", "log_level": 0}))
+
+
 def _wait_until_served(admin: AdminClient, settings: Settings, specs: list[TopicSpec],
                        progress: _Progress) -> None:
     """Wait until every partition's leader has created its log. Metadata shows a new
     topic before that; a produce in the gap fails and, seen on a loaded machine,
     librdkafka's idempotent producer can then take the retry for a duplicate and
     report success for records never written. Progress: a partition given a leader
-    (metadata), or served (its leader answers a watermark query)."""
-    probe = Consumer(librdkafka_config(settings, **{"group.id": "threadline-topics", "log_level": 0}))
+    (metadata), or served (its leader answers a watermark query).
+
+    A probe that failed is replaced by a new client. A broker that has not yet
+    applied a topic's creation answers that the topic is unknown; librdkafka caches
+    that answer, and the entry expires only after every entry cached before it
+    (`metadata.max.age.ms`, 15 min): until then each query of the topic fails at once
+    from the cache (_UNKNOWN_PARTITION) without asking a broker. So a three-node
+    cluster's start in a suite run failed: 9 partitions (three topics' worth) "without
+    a serving leader" for 90 s, while each broker had created their logs and led its
+    share (tests/streams/kafka/test_topics_served.py)."""
+    probe = _probe(settings)
+    why: dict[tuple[str, int], str] = {}  # the last reason a partition was not served
     try:
         pending = [TopicPartition(s.name, p) for s in specs for p in range(s.partitions)]
         served = 0
         while pending:
             led = _with_leader(admin, pending, progress)
             progress.advance("with a leader", served + len(led))
-            waiting = []
+            waiting, failed = [], False
             for tp in pending:
                 if (tp.topic, tp.partition) not in led:
+                    why[tp.topic, tp.partition] = "no leader in the metadata"
                     waiting.append(tp)
                     continue
                 try:
                     probe.get_watermark_offsets(tp, timeout=min(5.0, progress.remaining()))
-                except KafkaException:
+                except KafkaException as exc:
+                    why[tp.topic, tp.partition] = f"its offsets not answered: {_error_name(exc)}"
                     waiting.append(tp)
+                    failed = True
                     continue
                 served += 1
                 progress.advance("served", served)
@@ -208,11 +226,54 @@ def _wait_until_served(admin: AdminClient, settings: Settings, specs: list[Topic
             if pending and progress.stalled():
                 raise TopicMismatch(
                     f"{len(pending)} partitions have no serving leader, and none got one in "
-                    f"{progress.stall_s:.0f}s, e.g. {pending[0]}")
+                    f"{progress.stall_s:.0f}s; {_diagnosis(admin, pending, why)}")
+            if failed:
+                probe.close()
+                probe = _probe(settings)
             if pending:
                 time.sleep(0.2)
     finally:
         probe.close()
+
+
+def _error_name(exc: KafkaException) -> str:
+    err = exc.args[0] if exc.args else None
+    return err.name() if isinstance(err, KafkaError) else str(exc)
+
+
+def _diagnosis(admin: AdminClient, pending: list[TopicPartition],
+               why: dict[tuple[str, int], str], shown: int = 6) -> str:
+    """Why `pending` are not served, for the error: each one's last failure, its
+    leader, replicas and ISR, and the brokers (`_brokers`)."""
+    try:
+        topics = admin.list_topics(timeout=5).topics
+    except KafkaException:
+        topics = {}
+    parts, replicas = [], set()
+    for tp in pending[:shown]:
+        topic = topics.get(tp.topic)
+        meta = topic.partitions.get(tp.partition) if topic is not None else None
+        where = "not in the metadata" if meta is None else \
+            f"leader {meta.leader}, replicas {meta.replicas}, ISR {meta.isrs}"
+        replicas |= set(meta.replicas if meta is not None else ())
+        reason = why.get((tp.topic, tp.partition), "not asked yet")
+        parts.append(f"{tp.topic}[{tp.partition}]: {reason} ({where})")
+    more = f"; and {len(pending) - shown} more" if len(pending) > shown else ""
+    return f"{'; '.join(parts)}{more}. {_brokers(admin, replicas)}"
+
+
+def _brokers(admin: AdminClient, replicas: set[int]) -> str:
+    """The brokers the cluster counts, for an error: those registered with the controller
+    and unfenced (only those are in a KRaft broker's metadata), and which of `replicas`
+    are not among them."""
+    try:
+        cluster = admin.describe_cluster(request_timeout=5).result()
+    except KafkaException as exc:
+        return f"The cluster did not describe itself: {_error_name(exc)}"
+    serving = sorted(n.id for n in cluster.nodes)
+    absent = sorted(replicas - set(serving))
+    return (f"Brokers registered and unfenced: {serving}"
+            + (f"; replicas not among them (fenced or down): {absent}" if absent else ""))
 
 
 def _with_leader(admin: AdminClient, partitions: list[TopicPartition], progress: _Progress,
