@@ -4,12 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-__all__ = ["stop_client"]
+__all__ = ["stop_client", "within"]
 
 log = logging.getLogger("threadline")
+
+T = TypeVar("T")
+
+
+async def within(awaitable: Awaitable[T], timeout_s: float | None) -> T:
+    """`awaitable`'s result, or TimeoutError after `timeout_s` (None: no limit): what
+    `asyncio.wait_for` does, without dropping a cancellation. Python 3.11's wait_for
+    runs the awaitable as a task of its own and, when a cancel lands as that task
+    completes, returns its result and loses the cancel (python/cpython#86296); a
+    revoked worker execution streaming text ran on that way and called a tool its
+    successor called too (docs/chaos.md, seed 3008). This awaits in the caller's own
+    task under `asyncio.timeout`, as 3.12's wait_for does."""
+    async with asyncio.timeout(timeout_s):
+        return await awaitable
 
 
 async def stop_client(client: AIOKafkaConsumer | AIOKafkaProducer) -> None:

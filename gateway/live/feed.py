@@ -76,6 +76,7 @@ from gateway.kafka import (
 from gateway.live.sse import Position, RunState, RunTracker, SseEvent, make_events
 from gateway.live.tokens import ResumeTokens
 from gateway.model.read_model import ReadModel
+from streams.aio import within
 from streams.config import Settings
 from streams.core.lifecycle import TERMINAL, Lifecycle
 from streams.core.records import RunLifecycle, StreamOutput
@@ -275,7 +276,7 @@ class StreamFeed:
     async def wait_started(self, timeout_s: float) -> bool:
         """Whether the feed started within `timeout_s`."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._started.wait(), timeout_s)
+            await within(self._started.wait(), timeout_s)
         return self.started
 
     async def stop(self) -> None:

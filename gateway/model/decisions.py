@@ -33,6 +33,7 @@ from aiokafka.errors import KafkaError
 
 from gateway.http.problems import Problem
 from gateway.kafka import new_consumer, run_forever, stop_client, stop_task, topic_partitions
+from streams.aio import within
 from streams.clock import now_ms
 from streams.config import Settings
 from streams.core.domain import TERMINAL_EVENTS, Command, Event
@@ -142,7 +143,7 @@ class CommandBus:
             self._run_watchers[watch_run].add(future)
         try:
             await self.publish(command, tenant, traceparent)
-            return await asyncio.wait_for(asyncio.shield(future),
+            return await within(asyncio.shield(future),
                                           self.settings.gateway.decision_timeout_ms / 1000)
         except TimeoutError:
             gateway_metrics().pending.inc(type(command).__name__)  # answered 202 pending

@@ -67,6 +67,7 @@ from gateway.model.read_store import (
     run_status,
 )
 from gateway.model.titles import display_title, needs_message
+from streams.aio import within
 from streams.config import Settings
 from streams.core.branches import head_of
 from streams.core.domain import RunStatus, ThreadState
@@ -286,7 +287,7 @@ class ReadModel:
     async def wait_loaded(self, timeout_s: float) -> bool:
         """Wait up to timeout_s for the first load; False if it did not finish."""
         try:
-            await asyncio.wait_for(self._loaded.wait(), timeout_s)
+            await within(self._loaded.wait(), timeout_s)
         except TimeoutError:
             return False
         return True
@@ -364,7 +365,7 @@ class ReadModel:
         tps = [TopicPartition(topic, p) for topic in self._topics for p in parts]
         started = time.monotonic()
         try:
-            ends = await asyncio.wait_for(self.offsets.end(tps), self.catch_up_timeout_s)
+            ends = await within(self.offsets.end(tps), self.catch_up_timeout_s)
         except Exception as exc:  # Kafka unreachable: answer from what we have
             log.warning("read model catch-up: end offsets unavailable: %s", exc)
             return False

@@ -46,6 +46,7 @@ from streams.agents.mcp_names import (
 )
 from streams.agents.runtime import current
 from streams.agents.tools import Tool, ToolContext, ToolError, ToolResult
+from streams.aio import within
 from streams.config import Settings
 from streams.env import Section
 
@@ -112,7 +113,7 @@ class _Server:
         async with contextlib.AsyncExitStack() as stack:
             streams = await stack.enter_async_context(self._transport(stack))
             session = await stack.enter_async_context(ClientSession(*streams))
-            await asyncio.wait_for(session.initialize(), self.owner.connect_timeout_s)
+            await within(session.initialize(), self.owner.connect_timeout_s)
             self.starts += 1
             log.info("MCP server %s: session %d up", describe(self.spec), self.starts)
             self.broken.clear()
@@ -120,7 +121,7 @@ class _Server:
             self.up.set()
             while True:  # until it breaks: a call saw the connection close, or a ping failed
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.broken.wait(), _PING_INTERVAL_S)
+                    await within(self.broken.wait(), _PING_INTERVAL_S)
                 if self.broken.is_set():
                     raise ConnectionError("the session closed")
                 await session.send_ping()  # raises once the server is gone
@@ -156,7 +157,7 @@ class _Server:
         """The session, once up (`connect_timeout_s` at most: then a retryable error)."""
         self.start()
         try:
-            await asyncio.wait_for(self.up.wait(), self.owner.connect_timeout_s)
+            await within(self.up.wait(), self.owner.connect_timeout_s)
         except TimeoutError:
             raise AgentError(f"MCP server {self.spec.name!r} is not up after "
                              f"{self.owner.connect_timeout_s:g} s: {self.last_error or 'starting'}",
@@ -210,7 +211,7 @@ class MCPTools:
             while True:
                 from mcp.types import PaginatedRequestParams
 
-                page = await asyncio.wait_for(
+                page = await within(
                     session.list_tools(params=PaginatedRequestParams(cursor=cursor) if cursor else None),
                     self.connect_timeout_s)
                 for tool in page.tools:

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from confluent_kafka import KafkaError, Message, Producer
 
+from streams.aio import within
 from streams.clock import now_ms
 from streams.config import Settings
 from streams.connectors.audit import AuditKind, ConnectorAudit
@@ -89,7 +90,7 @@ class KafkaWriter:
             except Exception as exc:  # BufferError (queue full), or the producer broke
                 raise WriteFailed(f"{topic}: {exc}") from exc
         try:
-            await asyncio.wait_for(asyncio.gather(*futures), max(timeout_s, 0.001))
+            await within(asyncio.gather(*futures), max(timeout_s, 0.001))
         except TimeoutError as exc:
             raise WriteFailed(f"not acknowledged within {timeout_s:.2f}s") from exc
 

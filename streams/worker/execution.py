@@ -39,6 +39,7 @@ from aiokafka.errors import KafkaError
 
 from streams.agents import Agent, AgentCitations, AgentError, AgentOutput, AgentStep, TextChunk
 from streams.agents.runtime import InterruptRequested, RunContext, drive
+from streams.aio import within
 from streams.clock import now_ms
 from streams.config import Settings
 from streams.core.domain import (
@@ -269,7 +270,7 @@ class Execution:
                 flush_at += DELTA_HOLD_MAX_S  # `_DELIVERED` ends the hold sooner
             timeout = None if flush_at is None else max(0.0, flush_at - time.monotonic())
             try:
-                item = await asyncio.wait_for(queue.get(), timeout)
+                item = await within(queue.get(), timeout)
             except TimeoutError:
                 await self._emit(answer.flush())
                 continue
@@ -368,7 +369,7 @@ class Execution:
         while True:
             self.last_progress = time.monotonic()
             try:
-                return await asyncio.wait_for(asyncio.shield(self._synced), 1.0)
+                return await within(asyncio.shield(self._synced), 1.0)
             except TimeoutError:
                 continue
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from streams.aio import stop_client
+from streams.aio import stop_client, within
 from streams.clock import now_ms
 from streams.config import Settings
 from streams.core.journal import JournalEntry, entry_from_json
@@ -115,7 +115,7 @@ class LifecycleWatch:
             for tp in self.consumer.assignment():
                 if tp.partition in partitions:
                     with contextlib.suppress(TimeoutError, KafkaError):  # then: from now
-                        kept[tp.partition] = await asyncio.wait_for(self.consumer.position(tp), 5)
+                        kept[tp.partition] = await within(self.consumer.position(tp), 5)
             self.consumer.assign([TopicPartition(self.topic, p) for p in sorted(partitions)])
             for p, offset in kept.items():
                 self.consumer.seek(TopicPartition(self.topic, p), offset)
@@ -152,7 +152,7 @@ class LifecycleWatch:
         try:
             end = (await self.offsets.end_offsets([tp]))[tp]
             while time.monotonic() < deadline:
-                if await asyncio.wait_for(self.consumer.position(tp), CATCH_UP_TIMEOUT_S) >= end:
+                if await within(self.consumer.position(tp), CATCH_UP_TIMEOUT_S) >= end:
                     return True
                 await asyncio.sleep(0.005)
         except (TimeoutError, KafkaError) as exc:
