@@ -90,6 +90,10 @@ class GatewayLimits:
 
     streams_per_tenant: int = 1_000  # open SSE streams, per gateway process
     replays_per_tenant: int = 8  # Kafka replays running at once, per gateway process
+    # Thread copies in flight at once, per gateway process: one copies up to 100
+    # records of up to the record limit in one transaction, so each costs far more
+    # than a post (docs/branches.md, "Copies").
+    copies_per_tenant: int = 2
     posts_per_s: float = 20.0  # user messages a second, per gateway process (token bucket)
     post_burst: int = 50  # the bucket's size
     active_runs_per_tenant: int = 32  # across the deployment (the read model's count)
@@ -237,6 +241,7 @@ class GatewayEnv(Section):
     decision_timeout_s: Seconds = Field(5.0, alias="THREADLINE_DECISION_TIMEOUT_S")
     tenant_max_streams: Count = Field(_LIMITS.streams_per_tenant, alias="THREADLINE_TENANT_MAX_STREAMS")
     tenant_max_replays: Count = Field(_LIMITS.replays_per_tenant, alias="THREADLINE_TENANT_MAX_REPLAYS")
+    tenant_max_copies: Count = Field(_LIMITS.copies_per_tenant, alias="THREADLINE_TENANT_MAX_COPIES")
     tenant_posts_per_s: float = Field(_LIMITS.posts_per_s, ge=0, alias="THREADLINE_TENANT_POSTS_PER_S")
     tenant_post_burst: Count = Field(_LIMITS.post_burst, alias="THREADLINE_TENANT_POST_BURST")
     tenant_max_active_runs: Count = Field(_LIMITS.active_runs_per_tenant,
@@ -262,6 +267,7 @@ class GatewayEnv(Section):
         return GatewayLimits(
             streams_per_tenant=self.tenant_max_streams,
             replays_per_tenant=self.tenant_max_replays,
+            copies_per_tenant=self.tenant_max_copies,
             posts_per_s=self.tenant_posts_per_s,
             post_burst=self.tenant_post_burst,
             active_runs_per_tenant=self.tenant_max_active_runs,

@@ -17,7 +17,7 @@ from gateway.api.rest import own_thread, string_field, thread_json
 from gateway.http.auth import TENANT
 from gateway.http.plumbing import json_answer, read_json_body
 from gateway.http.problems import Problem
-from gateway.keys import BUS, READ_MODEL
+from gateway.keys import BUS, LIMITER, READ_MODEL
 from gateway.model.decisions import new_traceparent
 from streams.clock import now_ms
 from streams.core.domain import (
@@ -47,9 +47,10 @@ async def copy_into(request: web.Request, state: ThreadState, target_id: str,
     will still be made). Refusals raise their problem."""
     tenant, read_model = request[TENANT], request.config_dict[READ_MODEL]
     read_model.note_write(target_id)
-    event = await request.config_dict[BUS].decide(
-        CopyThread(state.thread_id, tenant, target_id, title, now_ms()), tenant,
-        new_traceparent(request.headers.get("traceparent")), answers=_answers)
+    with request.config_dict[LIMITER].copy(tenant):  # 429 past THREADLINE_TENANT_MAX_COPIES
+        event = await request.config_dict[BUS].decide(
+            CopyThread(state.thread_id, tenant, target_id, title, now_ms()), tenant,
+            new_traceparent(request.headers.get("traceparent")), answers=_answers)
     if event is None:
         return None
     if isinstance(event, RunRejected):

@@ -38,6 +38,7 @@ __all__ = ["TenantLimiter", "post_rate_middleware", "tenant_active_runs"]
 
 STREAM_RETRY_S = 5  # a stream slot frees when one of the tenant's streams ends
 REPLAY_RETRY_S = 1  # replays take a moment
+COPY_RETRY_S = 2  # a copy takes a transaction or two
 ACTIVE_RUN_RETRY_S = 5  # a run takes seconds
 
 
@@ -61,6 +62,7 @@ class TenantLimiter:
         self.clock = clock
         self.streams: Counter[str] = Counter()
         self.replays: Counter[str] = Counter()
+        self.copies: Counter[str] = Counter()
         self._buckets: dict[str, _Bucket] = {}
 
     @contextmanager
@@ -75,6 +77,13 @@ class TenantLimiter:
         """Hold one of the tenant's replay slots for the `with` block, or raise 429."""
         with self._slot(self.replays, tenant, self.limits.replays_per_tenant,
                         "too-many-replays", "replays from Kafka at once", REPLAY_RETRY_S):
+            yield
+
+    @contextmanager
+    def copy(self, tenant: str) -> Iterator[None]:
+        """Hold one of the tenant's copy slots for the `with` block, or raise 429."""
+        with self._slot(self.copies, tenant, self.limits.copies_per_tenant,
+                        "too-many-copies", "thread copies in flight", COPY_RETRY_S):
             yield
 
     @contextmanager

@@ -47,6 +47,22 @@ def test_stream_and_replay_slots_are_counted_per_tenant_and_given_back() -> None
     assert not limiter.streams
 
 
+def test_copy_slots_are_counted_per_tenant_and_given_back() -> None:
+    """Thread copies in flight are counted per tenant (429 too-many-copies past the
+    limit) and their slots given back when the block ends or raises."""
+    limiter = TenantLimiter(GatewayLimits(copies_per_tenant=2))
+    with limiter.copy("a"), limiter.copy("a"):
+        with pytest.raises(Problem) as refused, limiter.copy("a"):
+            pass
+        _refused(refused, "too-many-copies", 2)
+        with limiter.copy("b"):
+            assert limiter.copies == {"a": 2, "b": 1}
+    with pytest.raises(RuntimeError), limiter.copy("a"):
+        raise RuntimeError("the wait ended")
+    assert not limiter.copies
+    assert Settings.from_env({"THREADLINE_TENANT_MAX_COPIES": "5"}).gateway.limits.copies_per_tenant == 5
+
+
 def test_zero_turns_a_limit_off() -> None:
     """A limit of zero means no limit."""
     limiter = TenantLimiter(GatewayLimits(streams_per_tenant=0, replays_per_tenant=0,
