@@ -29,7 +29,11 @@ def test_a_readable_title_is_kept() -> None:
 
 
 @pytest.mark.parametrize("title", ["", "   ", str(uuid.uuid4()), str(uuid.uuid4()).upper(),
-                                   uuid.uuid4().hex, "0123456789abcdef0123"])
+                                   uuid.uuid4().hex, "0123456789abcdef0123"],
+                         # Fixed ids, not the random uuids: the same test ids in every
+                         # collection (a failed case can be rerun by its id; pytest-xdist's
+                         # workers must collect the same ids).
+                         ids=["empty", "blank", "uuid4", "uuid4-upper", "uuid4-hex", "hex-20"])
 def test_a_blank_or_bare_id_title_gives_way_to_the_first_message(title: str) -> None:
     """The LangGraph API keeps the client's thread id (a uuid4 by default) as the title;
     the native API may have none: the first message names the thread."""
