@@ -60,6 +60,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
@@ -447,29 +448,34 @@ class StreamFeed:
         else decoded, and made into events if its thread is watched (see the module)."""
         offset = record.offset
         self.last_offsets[partition] = offset
-        named = payload_named(record.headers)
         key = record.key
-        if named is not None and named != _LIFECYCLE and key and key.isascii():
+        window: _Window | None = None
+        if key and key.isascii():
             thread_id = key.decode()
             window = self._windows.get(thread_id)
-            if window is None:
-                window = self._window(thread_id)
-            elif window.subscribers:
-                window = None  # watched: decoded below
-            else:
-                self._windows.move_to_end(thread_id)
-            if window is not None and window.partition == partition:
-                window.raw.append((offset, record.value or b"", None))
-                if len(window.events) + len(window.raw) > self.window_events:
-                    self._trim(thread_id, window)
-                return
-        decoded = self._decode(partition, offset, record.value or b"")
-        if decoded is None:
+            if window is None or not window.subscribers:
+                named = payload_named(record.headers)
+                if named is not None and named != _LIFECYCLE:
+                    if window is None:
+                        window = self._window(thread_id)
+                    if window.partition == partition:
+                        self._windows.move_to_end(thread_id)
+                        window.raw.append((offset, record.value or b"", None))
+                        if len(window.events) + len(window.raw) > self.window_events:
+                            self._trim(thread_id, window)
+                        return
+        try:
+            decoded = self.codec.decode_stream(record.value or b"")
+        except DecodeError as exc:
+            log.warning("stream %d@%d is undecodable: %s", partition, offset, exc)
             return
         meta, output = decoded
-        thread_id = meta.thread_id
         payload = output.payload
-        window = self._window(thread_id)
+        if window is None or meta.thread_id != thread_id:
+            thread_id = meta.thread_id
+            window = self._window(thread_id)
+        else:
+            self._windows.move_to_end(thread_id)
         if type(payload) is RunLifecycle:
             state = self.lifecycle.admit(thread_id, offset, output)
             if state is not None:
@@ -507,21 +513,27 @@ class StreamFeed:
         """`_filter.admit`, keeping `_open` (the thread's runs open in the filter)."""
         state = self._filter.admit(thread_id, offset, output)
         if state is not None and type(output.payload) is RunLifecycle:
-            if state.terminal:
-                runs = self._open.get(thread_id)
-                if runs is not None:
-                    runs.discard(output.run_id)
-                    if not runs:
-                        del self._open[thread_id]
-            elif output.payload.event == Lifecycle.RUN_ACCEPTED:
-                self._open.setdefault(thread_id, set()).add(output.run_id)
+            self._opened_or_ended(thread_id, output, state)
         return state
+
+    def _opened_or_ended(self, thread_id: str, output: StreamOutput, state: RunState) -> None:
+        """Keep `_open` after the filter admitted a lifecycle record."""
+        if state.terminal:
+            runs = self._open.get(thread_id)
+            if runs is not None:
+                runs.discard(output.run_id)
+                if not runs:
+                    del self._open[thread_id]
+        elif cast(RunLifecycle, output.payload).event == Lifecycle.RUN_ACCEPTED:
+            self._open.setdefault(thread_id, set()).add(output.run_id)
 
     def _apply(self, thread_id: str, window: _Window, partition: int, offset: int,
                meta: EnvelopeMeta, output: StreamOutput) -> None:
         """Filter one record in its thread's order; keep its events and queue them."""
-        state = self._admit(thread_id, offset, output)
-        if state is None:
+        state = self._filter.admit(thread_id, offset, output)
+        if state is not None and type(output.payload) is RunLifecycle:
+            self._opened_or_ended(thread_id, output, state)
+        elif state is None:
             if self._filter.unknown and self._unknown(thread_id, output.run_id):
                 # A run whose start the feed did not see: only Kafka can replay it. Its
                 # subscribers may need this record (one resumed inside that run, after a
