@@ -405,6 +405,7 @@ class Execution:
                         await asyncio.shield(self._unacked[0][1])
                         self._unacked.popleft()
                     self.last_progress = time.monotonic()
+                    self._check_next_step()
                     return
                 except KafkaError as exc:
                     log.warning("step report for run %s failed (%s); sending again",
@@ -413,6 +414,17 @@ class Execution:
                     self._unacked = deque([(report, await self._send_step(report))
                                            for report, _ in self._unacked])
             raise AgentError("the run's steps could not be reported", retryable=True)
+
+    def _check_next_step(self) -> None:
+        """Before a side effect (the fence): if the watch has read that the step this
+        execution is about to take was recorded by another execution, this one is
+        deposed now, not after calling the tool again (docs/chaos.md, seed 3011: a
+        revoked execution recorded a step after this one's barrier, and this one's
+        watch had read it)."""
+        step = self.context.cursor if self.context is not None else None
+        seen = self._seen.get(step) if step is not None else None
+        if seen is not None and seen.execution_id != self.execution_id:
+            raise Deposed(f"step {step} was recorded by execution {seen.execution_id}")
 
     async def _send_step(self, report: ReportStepCompleted) -> asyncio.Future[Any]:
         try:

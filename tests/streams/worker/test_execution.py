@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,9 +98,9 @@ class FakeOutlet:
         return done
 
 
-def _execution(agent: Any, *, fresh: bool = True,
+def _execution(agent: Any, *, fresh: bool = True, coalesce_ms: int = 0,
                **settings: Any) -> tuple[Execution, FakeOutlet]:
-    base = Settings.from_env({"THREADLINE_DELTA_COALESCE_MS": "0"})
+    base = Settings.from_env({"THREADLINE_DELTA_COALESCE_MS": str(coalesce_ms)})
     outlet = FakeOutlet(base.with_(**settings), agent)
     dispatch = Dispatch("r-1", "m-1", 1, "agent-t", "hi", (), 0)
     execution = Execution(outlet, 3, 7, PartitionOffsets(), 0,  # type: ignore[arg-type]
@@ -311,3 +312,78 @@ async def test_a_lost_step_report_is_sent_again_with_every_later_one_before_the_
     assert steps == [0, 1, 0, 1, 2]
     assert agent.starts == [[], [0, 1, 0, 1]], "b began before a's report was acked"
     assert isinstance(outlet.reports[-1], ReportAttemptCompleted) and execution.outcome_acked
+
+
+class SeenThenTool:
+    """Before calling tool `a`, the watch reads (`seen`) that another execution
+    recorded this step already; counts the calls `a` gets."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.seen: Callable[[], None] = lambda: None
+
+    async def run(self, history: Sequence[HistoryMessage],
+                  message: str) -> AsyncIterator[AgentOutput]:
+        """The watch's news, then the call, then a word."""
+        await current().ensure_synced()  # past the barrier: the journal showed no step
+        self.seen()
+        await call_tool(Tool("a", "", {"type": "object"}, self._work), {})
+        yield TextChunk("done")
+
+    async def _work(self, arguments: Any, context: ToolContext) -> str:
+        self.calls += 1
+        return "ok"
+
+    async def aclose(self) -> None:
+        """Nothing to close."""
+        return None
+
+
+async def test_a_step_the_watch_saw_recorded_by_another_execution_is_not_called_again() -> None:
+    """Past its barrier, an execution whose watch reads that another execution recorded
+    the step it is about to take is deposed before the tool's side effect: the call is
+    not made again and no outcome is reported (docs/chaos.md, seed 3011)."""
+    agent = SeenThenTool()
+    execution, outlet = _execution(agent)
+    agent.seen = lambda: execution.step_recorded(
+        JournalEntry(0, "tool_call", "a", "{}", '{"content": "ok"}', "another-execution"))
+    await execution.run()
+    assert agent.calls == 0
+    assert not [r for r in outlet.reports if isinstance(r, ReportStepCompleted | ReportAttemptCompleted)]
+    assert not execution.outcome_acked
+
+
+class Streaming:
+    """Yields chunks back to back (a zero sleep between), like a fast model."""
+
+    async def run(self, history: Sequence[HistoryMessage],
+                  message: str) -> AsyncIterator[AgentOutput]:
+        """A hundred chunks."""
+        for index in range(100):
+            yield TextChunk(f"t{index} ")
+            await asyncio.sleep(0)
+
+    async def aclose(self) -> None:
+        """Nothing to close."""
+        return None
+
+
+async def test_a_revoked_execution_streaming_text_stops_every_time() -> None:
+    """A stop that lands at any point while the answer streams (the default 5 ms
+    coalescing, so the streaming loop waits with a timeout) ends the execution: it
+    never runs on to report an outcome. On Python 3.11 the loop's asyncio.wait_for
+    dropped such cancels (a chaos run's helper saw 100 of 100 run on; docs/chaos.md,
+    seed 3008); `streams.aio.within` keeps them."""
+    rng = random.Random(1)
+    ran_on = 0
+    for _ in range(100):
+        execution, outlet = _execution(Streaming(), coalesce_ms=5)
+        execution.task = asyncio.create_task(execution.run())
+        for _ in range(rng.randrange(20, 300)):
+            await asyncio.sleep(0)
+        if execution.task.done() or execution.reporting:
+            continue  # the answer had ended before the stop: its report is due
+        execution.stop(Stop.REVOKED)
+        await asyncio.gather(execution.task, return_exceptions=True)
+        ran_on += any(isinstance(r, ReportAttemptCompleted) for r in outlet.reports)
+    assert ran_on == 0
