@@ -55,9 +55,12 @@ staged, and may ask for a pause during which batches are consumed and rewound,
 not processed. Any other Kafka error is fatal: it propagates, the process exits,
 and a restart recovers from Kafka.
 
-After a call failed that way, the next transaction starts on a new producer (with a
-`producer_factory`; the same transactional id, so `init_transactions` fences the old
-one and aborts its transaction, which is therefore not aborted on the old one):
+After a call failed that way, a new producer (with a `producer_factory`; the same
+transactional id) is made at once, and its `init_transactions` fences the old one and
+aborts its transaction, which is therefore not aborted on the old one. At once, not
+at the next transaction: the partitions may be revoked before that, and a transaction
+left open past the revocation hides what the new owner then commits from every
+read_committed reader, its own next restore included (chaos seed 3105):
 librdkafka can keep a dead broker as the group coordinator after a broker restart and
 wait on it forever in `send_offsets_to_transaction` (#5511, #5456), seen on the first
 transaction after every broker restart of `bench.broker_restart`.
@@ -65,8 +68,8 @@ transaction after every broker restart of `bench.broker_restart`.
 Every transactional call runs under a watchdog (`streams.kafka.watchdog`), on a
 thread of its own: one that hangs far past its own timeout (#5456) is left behind
 with its producer, the step aborts as above without calling that producer again, and
-the next transaction starts on a new producer, whose `init_transactions` fences the
-hung one and aborts its transaction. The process stays up: a restart would cost a
+a new producer is made at once, whose `init_transactions` fences the hung one and
+aborts its transaction. The process stays up: a restart would cost a
 cold start and a rejoin. A hung `commit_transaction` is different: the commit may
 have reached the coordinator, so the batch may not be done again; the process exits
 with `HUNG_EXIT_STATUS` and a restart recovers from what Kafka committed. So it does
@@ -425,6 +428,11 @@ class TableLoop:
             raise exc  # fatal (e.g. a newer instance with our transactional id): exit
         if self._abandoned:  # hung, or to be replaced: the new producer's init_transactions aborts it
             log.warning("transaction left to be aborted by a new producer: %s", err)
+            # Now, not at the next commit: a rebalance may take the partitions before
+            # that, and their new owner restores and reads while the transaction is
+            # open (chaos seed 3105). A live member hands its partitions over with no
+            # transaction open; only a fence of a member gone aborts one for it.
+            self._replace_producer("to abort the transaction the failed call left open")
         else:
             log.warning("aborting transaction: %s", err)
             self._call("abort_transaction", self.producer.abort_transaction, TXN_TIMEOUT_S)

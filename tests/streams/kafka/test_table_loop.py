@@ -325,12 +325,44 @@ def test_a_retriable_send_offsets_error_is_done_again_on_a_new_producer(settings
     calls, role, _, out = _run(settings, {"send_offsets": transport}, lambda r: len(r.table) >= 3,
                                factory=True)
     failed = calls.index("send_offsets")
-    assert calls[failed + 1:failed + 3] == ["seek 0@0", "aborted _TRANSPORT"]
-    assert calls[failed + 3].startswith("process") and calls[failed + 4] == "init"
+    assert calls[failed + 1:failed + 4] == ["init", "seek 0@0", "aborted _TRANSPORT"]
+    assert calls[failed + 4].startswith("process")
     assert "abort" not in calls
     assert role.table == [b"a", b"b", b"c"]
     assert _read_committed(settings, out) == [b"copy:a", b"copy:b", b"copy:c"]  # nothing twice
     assert _committed_offset(settings, f"{settings.topic_prefix}loop-in") == 3
+
+
+def _ends(settings: Settings, topic: str) -> tuple[int, int]:
+    """The partition's last stable offset and its high watermark: below it while a
+    transaction is open."""
+    ends = []
+    for isolation in ("read_committed", "read_uncommitted"):
+        reader = Consumer(librdkafka_config(settings, **{
+            "group.id": f"check-{uuid.uuid4()}", "isolation.level": isolation}))
+        try:
+            ends.append(int(reader.get_watermark_offsets(TopicPartition(topic, 0), 30)[1]))
+        finally:
+            reader.close()
+    return ends[0], ends[1]
+
+
+def test_a_transaction_a_failed_call_left_open_is_aborted_before_the_next_step(
+        settings: Settings) -> None:
+    """Shows the transaction of a `send_offsets_to_transaction` failed with a retriable
+    error is aborted before the loop goes on, not at its next transaction: its
+    partitions may be revoked first, and a transaction left open past that hid what
+    their next owner committed from that owner's own next restore (chaos seed 3105:
+    a state gone back, tool calls recorded twice). The loop is stopped right after
+    the failed step, so no later transaction aborts it instead."""
+    transport = KafkaError(KafkaError._TRANSPORT, "injected", retriable=True)
+    calls, role, _, out = _run(settings, {"send_offsets": transport},
+                               lambda r: any(c.startswith("aborted") for c in r.calls),
+                               factory=True)
+    stable, high = _ends(settings, out)
+    assert high > 0 and stable == high, (stable, high)  # records written, then aborted
+    assert calls[-3:] == ["init", "seek 0@0", "aborted _TRANSPORT"]
+    assert role.table == []
 
 
 def test_a_consumed_fatal_error_is_fatal_even_without_its_flag() -> None:
@@ -402,9 +434,8 @@ def test_a_hung_call_leaves_its_producer_behind_and_the_step_is_done_again_on_a_
     finally:
         release.set()  # the hung call goes on, on a fenced producer, and fails unheard
     hung = calls.index("send_offsets hangs")
-    assert calls[hung + 1:hung + 3] == ["seek 0@0", "aborted _TIMED_OUT"]
-    assert calls[hung + 3].startswith("process")  # the same records again
-    assert calls[hung + 4] == "init"  # on a new producer, before its transaction
+    assert calls[hung + 1:hung + 4] == ["init", "seek 0@0", "aborted _TIMED_OUT"]  # a new producer
+    assert calls[hung + 4].startswith("process")  # the same records again
     assert "abort" not in calls and "committed" not in calls[:hung]
     assert loop.watchdog.left_behind == 1
     assert role.table == [b"a", b"b", b"c"]
