@@ -13,7 +13,7 @@ import uuid
 
 from aiohttp import web
 
-from gateway.api.rest import own_thread, string_field, thread_json
+from gateway.api.rest import MAX_TITLE_CHARS, own_thread, string_field, thread_json
 from gateway.http.auth import TENANT
 from gateway.http.plumbing import json_answer, read_json_body
 from gateway.http.problems import Problem
@@ -31,8 +31,6 @@ from streams.core.domain import (
 from streams.core.ids import workflow_id_for
 
 __all__ = ["copy_into", "copy_thread"]
-
-MAX_TITLE_CHARS = 500
 
 
 def _answers(event: Event) -> bool:

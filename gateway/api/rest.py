@@ -59,7 +59,7 @@ from streams.core.domain import (
 from streams.core.ids import idempotent_message_id_for, run_id_for, workflow_id_for
 from streams.core.records import MessageRecord
 
-__all__ = ["MAX_MESSAGES_PAGE", "MAX_THREADS_PAGE", "MESSAGES_PAGE", "THREADS_PAGE",
+__all__ = ["MAX_MESSAGES_PAGE", "MAX_TITLE_CHARS", "MAX_THREADS_PAGE", "MESSAGES_PAGE", "THREADS_PAGE",
            "cancel", "cancel_run", "check_input_text", "create_thread", "cursor", "decided_run",
            "delete_thread",
            "get_thread", "idempotency_key", "list_messages", "list_threads", "message_json",

@@ -3,11 +3,23 @@
 A restore reads read_committed, so a table never holds what an aborted or still
 open transaction wrote; it runs before the partitions are assigned (inside the
 assignment callback), so no input is processed on a table that is behind.
+
+It first waits until every transaction open on the changelog partitions when it
+began has ended (`stable_watermarks`). Read_committed ends at the first offset of an
+open transaction (the last stable offset), and what committed after it is hidden
+until it ends: a restore that stopped there would miss committed records, and a
+checkpoint past it would look like one outside the changelog and wipe the table
+(chaos seed 3105: a previous owner's transaction left open past its revocation; the
+new owner's next restore lost the owner's own commits, its state went back and step
+reports were recorded again). At an assignment only a deposed writer can have one
+open, and it ends within the transaction timeout: by its own restart, by the
+takeover's fence, or by the coordinator.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from types import TracebackType
 
@@ -22,13 +34,17 @@ __all__ = ["ChangelogReader", "restore_tables"]
 log = logging.getLogger("threadline.kafka.restore")
 
 COMMIT_EVERY = 10_000  # restored records between store commits: bounds the overlay
+OPEN_POLL_S = 0.05  # between looks at a partition whose transaction is still open
+OPEN_LOG_EVERY_S = 5.0
 
 
 class ChangelogReader:
     """A consumer outside the group's assignment that reads partitions to their end."""
 
     def __init__(self, settings: Settings, group_id: str) -> None:
-        self._consumer = Consumer(restore_consumer_config(settings, group_id))
+        self._config = restore_consumer_config(settings, group_id)
+        self._consumer = Consumer(self._config)
+        self._uncommitted: Consumer | None = None  # for high watermarks, made when needed
 
     def __enter__(self) -> ChangelogReader:
         return self
@@ -36,6 +52,33 @@ class ChangelogReader:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
         self._consumer.close()
+        if self._uncommitted is not None:
+            self._uncommitted.close()
+
+    def stable_watermarks(self, topic: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
+        """`all_watermarks` once no transaction that was open on the partitions when
+        called is open any more: its end offsets are then the ends of everything
+        committed so far (see the module doc). Waits as long as that takes."""
+        if self._uncommitted is None:
+            self._uncommitted = Consumer({**self._config, "isolation.level": "read_uncommitted"})
+        highs = {p: int(self._uncommitted.get_watermark_offsets(TopicPartition(topic, p),
+                                                                timeout=30)[1])
+                 for p in partitions}
+        logged_at = None
+        while True:
+            marks = self.all_watermarks(topic, partitions)
+            open_at = {p: marks[p][1] for p in partitions if marks[p][1] < highs[p]}
+            if not open_at:
+                if logged_at is not None:
+                    log.warning("%s%s: the open transactions ended", topic, sorted(highs))
+                return marks
+            if logged_at is None or time.monotonic() - logged_at >= OPEN_LOG_EVERY_S:
+                logged_at = time.monotonic()
+                log.warning("%s: waiting for transactions open at %s to end (a deposed "
+                            "writer's: committed records may follow them)", topic,
+                            ", ".join(f"[{p}]@{o} (end {highs[p]})"
+                                      for p, o in sorted(open_at.items())))
+            time.sleep(OPEN_POLL_S)
 
     def all_watermarks(self, topic: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
         """Each partition's first offset and end offset (read_committed: the last stable
@@ -100,11 +143,12 @@ def restore_tables(reader: ChangelogReader, tables: TableStores, topic: str,
                    apply_record: Callable[[PartitionStore, bytes, bytes | None, int], None]) \
         -> dict[int, PartitionStore]:
     """Open the partitions' stores and bring each from its checkpoint to the end of its
-    changelog `topic`, all in one read; a checkpoint outside the changelog (the topic
-    was recreated or trimmed) wipes that store and restores it whole."""
+    changelog `topic`, all in one read, once no transaction open on them when called
+    is open any more; a checkpoint outside the changelog (the topic was recreated or
+    trimmed) wipes that store and restores it whole."""
     stores: dict[int, PartitionStore] = {}
     starts: dict[int, int] = {}
-    marks = reader.all_watermarks(topic, partitions)
+    marks = reader.stable_watermarks(topic, partitions)
     for partition in partitions:
         store = tables.open(partition)
         low, high = marks[partition]
