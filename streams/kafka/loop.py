@@ -432,7 +432,14 @@ class TableLoop:
             # that, and their new owner restores and reads while the transaction is
             # open (chaos seed 3105). A live member hands its partitions over with no
             # transaction open; only a fence of a member gone aborts one for it.
-            self._replace_producer("to abort the transaction the failed call left open")
+            try:
+                self._replace_producer("to abort the transaction the failed call left open")
+            except KafkaException as again:
+                if not again.args[0].txn_requires_abort():
+                    raise
+                # Its init_transactions hung in turn: the next transaction tries again
+                # (MAX_HUNG_CALLS bounds how often).
+                log.warning("no new producer yet: %s", again.args[0])
         else:
             log.warning("aborting transaction: %s", err)
             self._call("abort_transaction", self.producer.abort_transaction, TXN_TIMEOUT_S)

@@ -59,7 +59,10 @@ class RecordingProducer(Producer):
             raise KafkaException(error)
 
     def init_transactions(self, *args: Any) -> None:
-        """Writes down "init", then initializes the transactions (fencing older producers)."""
+        """Hangs if told to, after a hung `send_offsets` only; writes down "init", then
+        initializes the transactions (fencing older producers)."""
+        if "send_offsets hangs" in self.calls:
+            self._maybe_hang("init")
         self.calls.append("init")
         super().init_transactions(*args)
 
@@ -441,6 +444,25 @@ def test_a_hung_call_leaves_its_producer_behind_and_the_step_is_done_again_on_a_
     assert role.table == [b"a", b"b", b"c"]
     assert _read_committed(settings, out) == [b"copy:a", b"copy:b", b"copy:c"]  # nothing twice
     assert _committed_offset(settings, f"{settings.topic_prefix}loop-in") == 3
+
+
+def test_a_new_producer_that_hangs_in_turn_is_made_again_at_the_next_step(
+        settings: Settings) -> None:
+    """Shows the new producer made at once after a hung call may hang in its own
+    `init_transactions`: the loop carries on, and the next step makes another; the
+    batch is written once."""
+    release = threading.Event()
+    try:
+        calls, role, loop, out = _run(settings, {}, lambda r: len(r.table) >= 3,
+                                      hang={"send_offsets": release, "init": release})
+    finally:
+        release.set()
+    hung = calls.index("send_offsets hangs")
+    assert calls[hung + 1:hung + 4] == ["init hangs", "seek 0@0", "aborted _TIMED_OUT"]
+    assert calls[hung + 4].startswith("process") and calls[hung + 5] == "init"
+    assert loop.watchdog.left_behind == 2
+    assert role.table == [b"a", b"b", b"c"]
+    assert _read_committed(settings, out) == [b"copy:a", b"copy:b", b"copy:c"]  # nothing twice
 
 
 class Exited(Exception):
