@@ -3,8 +3,9 @@
 The records are what a worker and the processor write for 200 runs at once, each in
 a thread of its own, interleaved: per run 60 records (the lifecycle records a run
 makes, 8 of them, `run_completed` carrying the answer; a message start, 4 tool calls
-and results, a text part of 40 deltas, the ends), every one with its
-`threadline-payload` header. They are handed to `StreamFeed._step` in batches of up
+and results, a text part of 40 deltas, the ends), every one with the headers the
+processor and the worker write (`threadline-payload`; `threadline-lifecycle` on
+lifecycle records, from checkouts that have it). They are handed to `StreamFeed._step` in batches of up
 to 2,000, as the consumer hands them (a stand-in consumer), so the per-batch work
 (schema preparation, flush, the write-lag metric) is counted too. CPU is this
 process's user + system time over the feed's calls only: the records are made
@@ -129,6 +130,12 @@ class _Encoder:
 
         from streams.wire import new_meta, payload_header
 
+        try:  # as the processor writes them; a checkout from before has the payload's only
+            from streams.wire import stream_headers
+        except ImportError:
+            def stream_headers(payload: object) -> list[tuple[str, bytes]]:
+                return [payload_header(payload)]
+
         made = []
         now = int(time.time() * 1000)
         for thread, output in outputs:
@@ -138,7 +145,7 @@ class _Encoder:
             value = self.codec.encode_stream(output, new_meta(thread, "bench", now))
             made.append(ConsumerRecord("stream", partition, offset, now, 0, thread.encode(), value,
                                        None, len(thread), len(value),
-                                       [payload_header(output.payload)]))
+                                       stream_headers(output.payload)))
         return made
 
 

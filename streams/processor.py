@@ -98,7 +98,15 @@ from streams.migration import migrate_partition
 from streams.observability.processor import ProcessorObserver
 from streams.observability.tracing import header_of, record_traceparent
 from streams.thread_copies import import_commands, import_parts
-from streams.wire import REPLY_HEADER, Codec, DecodeError, EnvelopeMeta, header_value, payload_header
+from streams.wire import (
+    REPLY_HEADER,
+    Codec,
+    DecodeError,
+    EnvelopeMeta,
+    header_value,
+    payload_header,
+    stream_headers,
+)
 
 __all__ = ["Processor", "ProcessorStats", "run_processor"]
 
@@ -145,8 +153,9 @@ class _Output:
     topic: str
     key: bytes
     value: bytes | None  # None: a tombstone
-    # Kafka headers of its own: an event's or a stream record's PAYLOAD_HEADER, and the
-    # REPLY_HEADER of the command it was decided from, when that had one.
+    # Kafka headers of its own: an event's or a stream record's PAYLOAD_HEADER (and a
+    # lifecycle record's LIFECYCLE_HEADER), and the REPLY_HEADER of the command it was
+    # decided from, when that had one.
     headers: tuple[tuple[str, bytes], ...] = ()
     # None: the command's own partition (every table, changelog and output topic is
     # partitioned alike); PARTITION_UA: the partitioner's, for another thread's command.
@@ -451,7 +460,7 @@ class Processor:
             if lifecycle is not None:
                 outputs.append(_Output(self.topics.stream, key,
                                        self.codec.encode_stream(lifecycle, event_meta),
-                                       (payload_header(lifecycle.payload),)))
+                                       tuple(stream_headers(lifecycle.payload))))
             for write in history_writes(before, event):
                 self._history_outputs(write, meta.thread_id, event_meta, history, outputs, writes,
                                       before.message_count if before is not None else 0)

@@ -18,11 +18,15 @@ of a busy gateway's CPU (issue #22). So the feed reads a record's key (its threa
 and its `threadline-payload` header (`streams.wire.PAYLOAD_HEADER`) first:
 
 * a part (any payload but `RunLifecycle`) of a thread without subscribers is kept
-  in the thread's window as it came: offset and value bytes, undecoded;
-* a lifecycle record, or one without the header (an older writer), is decoded at
-  once: what requests ask of the feed at any time (a run's start and whether it
-  ended: `run`, `active_run`; the read model's `note_ended`) comes from lifecycle
-  records alone, through the `lifecycle` tracker;
+  in the thread's window as it came: offset and value bytes, undecoded; so is a
+  lifecycle record whose `threadline-lifecycle` header (`LIFECYCLE_HEADER`) names
+  an event other than a run's start or end (the attempts, steps, executions and
+  interrupts: most lifecycle records, and the filter's business only);
+* a run's start or end, or a record without the headers (an older writer), is
+  decoded at once: what requests ask of the feed at any time (a run's start and
+  whether it ended: `run`, `active_run`; the read model's `note_ended`) comes from
+  those records alone, through the `lifecycle` tracker, whose other facts (the
+  attempts it saw) nobody reads;
 * a record of a watched thread becomes events at once, written to its subscribers.
 
 A subscriber's arrival turns its thread's raw records into events, in order
@@ -82,13 +86,15 @@ from streams.config import Settings
 from streams.core.lifecycle import TERMINAL, Lifecycle
 from streams.core.records import RunLifecycle, StreamOutput
 from streams.observability.metrics import gateway_metrics
-from streams.wire import Codec, DecodeError, EnvelopeMeta, payload_named
+from streams.wire import LIFECYCLE_HEADER, Codec, DecodeError, EnvelopeMeta, header_value, payload_named
 
 __all__ = ["StreamFeed", "Subscriber"]
 
 log = logging.getLogger("threadline.gateway")
 
-_LIFECYCLE = RunLifecycle.__name__.encode()  # the PAYLOAD_HEADER of the records always decoded
+_LIFECYCLE = RunLifecycle.__name__.encode()  # the PAYLOAD_HEADER of lifecycle records
+# The LIFECYCLE_HEADERs of the lifecycle records decoded on arrival: a run's start and end.
+_START_OR_END = frozenset(event.encode() for event in (Lifecycle.RUN_ACCEPTED, *TERMINAL))
 Decoded = tuple[EnvelopeMeta, StreamOutput]
 # A record of a thread nobody watches, as the window keeps it: its offset, its value,
 # and its decoded form if it was decoded on arrival (lifecycle records), else None.
@@ -454,8 +460,11 @@ class StreamFeed:
             thread_id = key.decode()
             window = self._windows.get(thread_id)
             if window is None or not window.subscribers:
-                named = payload_named(record.headers)
-                if named is not None and named != _LIFECYCLE:
+                headers = record.headers
+                named = payload_named(headers)
+                if named is not None and (named != _LIFECYCLE or (
+                        (event := header_value(headers, LIFECYCLE_HEADER)) is not None
+                        and event not in _START_OR_END)):
                     if window is None:
                         window = self._window(thread_id)
                     if window.partition == partition:

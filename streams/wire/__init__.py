@@ -27,6 +27,7 @@ passes it down, so the registry setting reaches every role.
 
 from streams.wire.codec import Codec
 from streams.wire.envelope import (
+    LIFECYCLE_HEADER,
     PAYLOAD_HEADER,
     REPLY_HEADER,
     EnvelopeMeta,
@@ -34,12 +35,14 @@ from streams.wire.envelope import (
     new_meta,
     payload_header,
     payload_named,
+    stream_headers,
 )
 from streams.wire.errors import DecodeError, RegistryError, SerializationError
 from streams.wire.registry import ConfluentRegistry
 from streams.wire.schemas import SCHEMA_DIR, TOP_LEVEL_SCHEMAS, schema_fingerprint, schema_registry
 
 __all__ = [
+    "LIFECYCLE_HEADER",
     "PAYLOAD_HEADER",
     "REPLY_HEADER",
     "SCHEMA_DIR",
@@ -56,4 +59,5 @@ __all__ = [
     "payload_named",
     "schema_fingerprint",
     "schema_registry",
+    "stream_headers",
 ]

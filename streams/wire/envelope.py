@@ -5,13 +5,17 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-__all__ = ["PAYLOAD_HEADER", "REPLY_HEADER", "EnvelopeMeta", "header_value", "new_meta",
-           "payload_header", "payload_named"]
+__all__ = ["LIFECYCLE_HEADER", "PAYLOAD_HEADER", "REPLY_HEADER", "EnvelopeMeta", "header_value",
+           "new_meta", "payload_header", "payload_named", "stream_headers"]
 
 # A stream record's payload type (its Avro record name, e.g. `TextDelta`), as a Kafka
 # header: a reader that wants some kinds skips the others without decoding them.
 # Optional: a record without it (older writers) is decoded to find out.
 PAYLOAD_HEADER = "threadline-payload"
+# On a stream record of a run's lifecycle (`RunLifecycle`): its event, e.g.
+# `run_accepted`. A reader that wants only some of them (a gateway's feed: a run's
+# start and end) skips the others undecoded. Optional, like PAYLOAD_HEADER.
+LIFECYCLE_HEADER = "threadline-lifecycle"
 # On a command: who waits for its decision (a gateway process's reply id). The
 # processor copies it onto the events it decides from that command (and onto the
 # commands a decision writes, a copy's parts), so a gateway decodes the decisions it
@@ -50,6 +54,16 @@ def new_meta(
 def payload_header(payload: object) -> tuple[str, bytes]:
     """The `PAYLOAD_HEADER` of a record carrying `payload` (its class is its Avro name)."""
     return PAYLOAD_HEADER, type(payload).__name__.encode()
+
+
+def stream_headers(payload: object) -> list[tuple[str, bytes]]:
+    """The headers of a stream record carrying `payload`: its `PAYLOAD_HEADER`, and a
+    lifecycle record's `LIFECYCLE_HEADER`."""
+    headers = [payload_header(payload)]
+    event = getattr(payload, "event", None) if type(payload).__name__ == "RunLifecycle" else None
+    if isinstance(event, str):
+        headers.append((LIFECYCLE_HEADER, event.encode()))
+    return headers
 
 
 def payload_named(headers: object) -> bytes | None:

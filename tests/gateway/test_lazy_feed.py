@@ -25,7 +25,6 @@ from gateway.live.sse import Position, RunState, RunTracker, SseEvent, make_even
 from gateway.model.read_model import ReadModel
 from streams.config import Settings
 from streams.core.domain import AssistantMessage
-from streams.core.lifecycle import RunFate
 from streams.core.records import (
     MessageEnd,
     MessageStart,
@@ -36,7 +35,7 @@ from streams.core.records import (
     TextEnd,
     TextStart,
 )
-from streams.wire import Codec, EnvelopeMeta, payload_header
+from streams.wire import Codec, EnvelopeMeta, payload_header, stream_headers
 
 SETTINGS = Settings.from_env({})
 T0_MS = 1_764_608_170_000
@@ -50,12 +49,19 @@ class CountingCodec(Codec):
         super().__init__()
         self.thread_of: dict[bytes, str] = {}
         self.decoded: list[tuple[str, str]] = []  # (thread, payload type)
+        self.events: list[tuple[str, str]] = []  # (thread, lifecycle event) of those decoded
 
     def decode_stream(self, data: bytes) -> tuple[EnvelopeMeta, StreamOutput]:
         """Decode, and count it."""
         meta, output = super().decode_stream(data)
         self.decoded.append((meta.thread_id, type(output.payload).__name__))
+        if isinstance(output.payload, RunLifecycle):
+            self.events.append((meta.thread_id, output.payload.event))
         return meta, output
+
+    def lifecycle_decoded(self, thread: str) -> list[str]:
+        """The events of the thread's lifecycle records decoded, in order."""
+        return [event for t, event in self.events if t == thread]
 
     def parts_decoded(self, thread: str) -> int:
         """How many of the thread's records other than lifecycle ones were decoded."""
@@ -81,8 +87,10 @@ class Stream:
         field(default_factory=list)
     offsets: dict[int, int] = field(default_factory=dict)
 
-    def add(self, thread: str, output: StreamOutput, header: bool = True) -> None:
-        """Append a record of `thread` (with the payload header unless `header` is False)."""
+    def add(self, thread: str, output: StreamOutput, header: bool | str = True) -> None:
+        """Append a record of `thread` with the processor's headers; with `header`
+        False, none (an older writer); "payload", the payload header only (a writer
+        from before the lifecycle header)."""
         partition = self.feed.partition_of(thread)
         offset = self.offsets.get(partition, 0)
         self.offsets[partition] = offset + 1
@@ -91,7 +99,8 @@ class Stream:
         value = self.codec.encode_stream(output, meta)
         record = ConsumerRecord("stream", partition, offset, meta.produced_at_ms, 0,
                                 thread.encode(), value, None, len(thread), len(value),
-                                [payload_header(output.payload)] if header else [])
+                                [payload_header(output.payload)] if header == "payload"
+                                else stream_headers(output.payload) if header else [])
         self.records.append((partition, record, meta, output))
 
 
@@ -150,9 +159,10 @@ def _ingest(feed: StreamFeed, records: Iterable[tuple[int, ConsumerRecord[bytes,
         feed.ingest(partition, record)
 
 
-def _facts(state: RunState | None) -> tuple[str, int, RunFate] | None:
-    """What requests ask of a run: its thread, start and fate (not the filter's place)."""
-    return None if state is None else (state.thread_id, state.start, state.fate)
+def _facts(state: RunState | None) -> tuple[str, int, bool] | None:
+    """What requests ask of a run: its thread, its start and whether it ended (not the
+    filter's place, nor the attempts it saw)."""
+    return None if state is None else (state.thread_id, state.start, state.terminal)
 
 
 def _of(thread: str, made: list[list[SseEvent]], stream: Stream, upto: int | None = None,
@@ -177,6 +187,9 @@ def test_parts_of_threads_nobody_watches_are_not_decoded_until_someone_does() ->
     made, _, tracker = _eager(stream)
     for i in range(1, 5):
         assert codec.parts_decoded(f"th-{i}") == 0, i
+        # Of its lifecycle records, only the run's start and end (the attempt and the
+        # execution stay raw too).
+        assert codec.lifecycle_decoded(f"th-{i}") == ["run_accepted", "run_completed"], i
     assert codec.parts_decoded("th-0") == 34  # every part of the watched thread, once
     assert list(sub.pending) == _of("th-0", made, stream)
     # What requests ask of runs is current without anyone watching.
@@ -316,7 +329,7 @@ PARTS: tuple[Any, ...] = (MessageStart("assistant"), TextStart(), TextDelta("d")
 
 
 @st.composite
-def _records(draw: st.DrawFn) -> list[tuple[str, StreamOutput, bool]]:
+def _records(draw: st.DrawFn) -> list[tuple[str, StreamOutput, bool | str]]:
     """Arbitrary records (the filter must agree on any order): lifecycle events and
     parts of a few runs per thread, attempts, executions and seqs from small sets."""
     out = []
@@ -331,7 +344,10 @@ def _records(draw: st.DrawFn) -> list[tuple[str, StreamOutput, bool]]:
             payload = draw(st.sampled_from(PARTS))
             part = "message" if isinstance(payload, MessageStart | MessageEnd) else "text:0"
             output = _part(run, attempt, f"{execution}:{part}", draw(st.integers(0, 6)), payload)
-        out.append((thread, output, draw(st.integers(0, 9)) > 0))  # some without the header
+        # Some without headers, some without the lifecycle header (older writers).
+        kind = draw(st.integers(0, 9))
+        header: bool | str = False if kind == 0 else "payload" if kind == 1 else True
+        out.append((thread, output, header))
     return out
 
 
@@ -350,7 +366,7 @@ class _Watch:
 @given(records=_records(), data=st.data(),
        window_events=st.sampled_from([1, 3, 6, 2_000]), max_windows=st.sampled_from([1, 2, 100]))
 def test_subscribers_get_the_eager_events_wherever_they_join(
-        records: list[tuple[str, StreamOutput, bool]], data: st.DataObject, window_events: int,
+        records: list[tuple[str, StreamOutput, bool | str]], data: st.DataObject, window_events: int,
         max_windows: int) -> None:
     """Whatever the records and whenever a subscriber comes and goes: its snapshot is the
     eager path's events of its thread (or run) after the coverage it is given, its queue

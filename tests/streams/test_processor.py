@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Message, Producer
 
 from streams.config import Settings
 from streams.core.domain import (
@@ -29,13 +29,15 @@ from streams.core.domain import (
     ThreadCreated,
 )
 from streams.core.ids import run_id_for
+from streams.core.records import RunLifecycle
 from streams.kafka.topics import ensure_topics
 from streams.testing.process import RoleProcess
-from streams.wire import Codec, new_meta
+from streams.wire import LIFECYCLE_HEADER, Codec, header_value, new_meta, payload_named
 from tests.conftest import SettingsFactory
 from tests.kafka_helpers import (
     command_producer,
     marked,
+    read_messages,
     read_topic,
     send_command,
     send_marker,
@@ -100,6 +102,21 @@ def test_a_run_goes_from_post_to_completion_through_kafka_alone(
     assert [(newest[i].message.role, newest[i].message.text) for i in (0, 1)] == [
         ("user", "hi there"), ("assistant", "the answer")]
     assert newest[0].run_status is RunStatus.COMPLETED
+
+    # Its lifecycle records name their payload and their event in headers
+    # (docs/topics.md): a gateway's feed skips most of them undecoded.
+    def named(msg: Message) -> tuple[bytes | None, str, bytes | None, bytes | None]:
+        payload = CODEC.decode_stream(msg.value() or b"")[1].payload
+        assert isinstance(payload, RunLifecycle)  # nothing else: no worker here
+        return (msg.key(), payload.event, payload_named(msg.headers()),
+                header_value(msg.headers(), LIFECYCLE_HEADER))
+
+    lifecycle = [r[1:] for r in read_messages(
+        settings, settings.topics.stream, named,
+        until=lambda r: any(e == "run_completed" for k, e, _, _ in r if k == thread.encode()))
+        if r[0] == thread.encode()]
+    assert [e for e, _, _ in lifecycle][::len(lifecycle) - 1] == ["run_accepted", "run_completed"]
+    assert lifecycle == [(e, b"RunLifecycle", e.encode()) for e, _, _ in lifecycle]
 
 
 def test_concurrent_posts_to_one_thread_accept_exactly_one(
