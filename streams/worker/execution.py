@@ -420,10 +420,16 @@ class Execution:
         execution is about to take was recorded by another execution, this one is
         deposed now, not after calling the tool again (docs/chaos.md, seed 3011: a
         revoked execution recorded a step after this one's barrier, and this one's
-        watch had read it)."""
-        step = self.context.cursor if self.context is not None else None
-        seen = self._seen.get(step) if step is not None else None
-        if seen is not None and seen.execution_id != self.execution_id:
+        watch had read it). A step this execution's journal holds is one it replays, not
+        one it takes: an interrupt answered by a resume (`RESUMED_BY`), inside the tool
+        that asked it, whose record the watch read after this execution started."""
+        context = self.context
+        if context is None:
+            return
+        step = context.cursor
+        seen = self._seen.get(step)
+        if seen is not None and seen.execution_id != self.execution_id and not (
+                step < len(context.journal) and context.journal[step] == seen):
             raise Deposed(f"step {step} was recorded by execution {seen.execution_id}")
 
     async def _send_step(self, report: ReportStepCompleted) -> asyncio.Future[Any]:

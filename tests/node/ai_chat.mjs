@@ -75,6 +75,15 @@ function approvalChat(id) {
 }
 
 const toolPart = (message, name) => message && message.parts.find((p) => p.type === "dynamic-tool" && p.toolName === name);
+// The call of `name` by the attempt that answered (`finish` names it): call ids are
+// `<message>:<attempt>:tool:<k>`, and an attempt retried after the approval (its
+// heartbeats missed on a loaded machine) calls it again under its own id.
+const answeringToolPart = (message, name) => {
+  const attempt = message && message.metadata && message.metadata.attempt;
+  const prefix = message && `${message.id}:${attempt}:tool:`;
+  return (message && message.parts.find((p) => p.type === "dynamic-tool" && p.toolName === name
+                                         && p.toolCallId.startsWith(prefix))) || toolPart(message, name);
+};
 
 // Human in the loop through the SDK's tool approval: [confirm] makes the agent's
 // `confirm` tool interrupt. The first response ends at the approval request; the
@@ -94,7 +103,7 @@ async function approval(approved, reason) {
   const again = await fetch(api, { method: "POST", headers: { ...auth, "Content-Type": "application/json" },
                                    body: answerPost.body });
   return { chatId: chat.id, asked, statusAsked, finishes: chat.finishes, status: chat.status,
-           part: toolPart(message, "confirm"), text: answerText(message), id: message.id,
+           part: answeringToolPart(message, "confirm"), text: answerText(message), id: message.id,
            messageIds: chat.messages.map((m) => m.role), metadata: message.metadata, errors: chat.errors,
            posts: await Promise.all(chat.posts.map(async (p) => ({ body: JSON.parse(p.body), status: p.status, text: await p.text }))),
            again: { status: again.status, text: await again.text() },

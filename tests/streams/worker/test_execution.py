@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiokafka.errors import KafkaTimeoutError
 
 from streams.agents import AgentError, AgentOutput, TextChunk
-from streams.agents.runtime import call_tool, current
+from streams.agents.runtime import call_tool, current, interrupt
 from streams.agents.tools import Tool, ToolContext
 from streams.config import Settings
 from streams.core.domain import (
@@ -22,7 +22,8 @@ from streams.core.domain import (
     ReportExecutionStarted,
     ReportStepCompleted,
 )
-from streams.core.journal import JournalEntry
+from streams.core.interrupts import RESUMED_BY
+from streams.core.journal import INTERRUPT, JournalEntry
 from streams.core.records import (
     Dispatch,
     HistoryMessage,
@@ -351,6 +352,54 @@ async def test_a_step_the_watch_saw_recorded_by_another_execution_is_not_called_
     assert agent.calls == 0
     assert not [r for r in outlet.reports if isinstance(r, ReportStepCompleted | ReportAttemptCompleted)]
     assert not execution.outcome_acked
+
+
+class ConfirmAfterResume:
+    """Calls tool `confirm`, which asks a human (`interrupt`); resumed, the answer is in
+    the dispatch's journal. The watch reads the resume's record of that answer after
+    the execution started (`seen`), as it can on a loaded worker."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.answers: list[Any] = []
+        self.seen: Callable[[], None] = lambda: None
+
+    async def run(self, history: Sequence[HistoryMessage],
+                  message: str) -> AsyncIterator[AgentOutput]:
+        """The watch's news, then the call, then a word."""
+        self.seen()
+        await call_tool(Tool("confirm", "", {"type": "object"}, self._work), {})
+        yield TextChunk("done")
+
+    async def _work(self, arguments: Any, context: ToolContext) -> str:
+        self.calls += 1
+        self.answers.append(await interrupt({"question": "May I?"}))
+        return "ok"
+
+    async def aclose(self) -> None:
+        """Nothing to close."""
+        return None
+
+
+async def test_a_resumed_tool_whose_answer_the_watch_reads_late_is_not_deposed() -> None:
+    """An interrupt inside a tool, answered: the resumed execution's journal holds the
+    answer at the tool's step, recorded by `RESUMED_BY`. The watch reading that record
+    after the execution started is no other execution's step: the tool runs again (by
+    design) with the answer, and the attempt completes. (The fence deposed it: the run
+    then waited for its heartbeats to time out and a second attempt; CI, seen as an AI
+    SDK approval test whose tool part kept no output.)"""
+    answer = JournalEntry(0, INTERRUPT, INTERRUPT, '{"question": "May I?"}',
+                          '{"approved": true}', RESUMED_BY)
+    agent = ConfirmAfterResume()
+    execution, outlet = _execution(agent)
+    execution.dispatch = replace(execution.dispatch, journal=(answer,))
+    execution.journal = (answer,)
+    agent.seen = lambda: execution.step_recorded(answer)
+    await execution.run()
+    assert agent.calls == 1 and agent.answers == [{"approved": True}]
+    steps = [r.entry for r in outlet.reports if isinstance(r, ReportStepCompleted)]
+    assert [(e.step, e.kind, e.name) for e in steps] == [(1, "tool_call", "confirm")]
+    assert isinstance(outlet.reports[-1], ReportAttemptCompleted) and execution.outcome_acked
 
 
 class Streaming:
