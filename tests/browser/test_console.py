@@ -29,7 +29,6 @@ import json
 import os
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -559,20 +558,6 @@ def test_a_hostile_answer_runs_nothing(processes: ProcessStack, browser: Any) ->
         page.context.close()
 
 
-def _sse_events(processes: ProcessStack, path: str) -> list[tuple[str, dict[str, Any]]]:
-    """A run's events (the stream ends after `done`): (name, data) of each."""
-    request = urllib.request.Request(processes.base + path,
-                                     headers={"Authorization": f"Bearer {KEY}"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        body = response.read().decode()
-    events = []
-    for frame in body.split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in frame.splitlines() if ": " in line)
-        if "event" in lines and lines.get("data", "").startswith("{"):
-            events.append((lines["event"], json.loads(lines["data"])))
-    return events
-
-
 def test_the_runs_history_is_every_ended_run_with_its_records_times(
         processes: ProcessStack) -> None:
     """GET /v1/console/threads/{id}/runs: the runs that ended, oldest first, each entry
@@ -589,7 +574,7 @@ def test_the_runs_history_is_every_ended_run_with_its_records_times(
     for run in history["runs"]:
         assert run["retained"] is True
         stream = [(name, data) for name, data in
-                  _sse_events(processes, f"/v1/runs/{run['run_id']}/events")
+                  processes.events(f"/v1/runs/{run['run_id']}/events")
                   if name in TIMELINE_EVENTS]
         assert [(e["event"], e["seq"], e["ts"]) for e in run["events"]] == \
             [(name, data["seq"], data["ts"]) for name, data in stream]

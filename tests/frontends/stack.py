@@ -73,6 +73,25 @@ class ProcessStack:
         if role is self.gateway:
             wait_healthy(self.base + "/healthz")
 
+    def events(self, path: str) -> list[tuple[str, dict[str, Any]]]:
+        """A run's native SSE events (`/v1/runs/{id}/events`, which ends after the run
+        does): (name, data) of each."""
+        request = urllib.request.Request(self.base + path,
+                                         headers={"Authorization": f"Bearer {KEY}"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            body = response.read().decode()
+        events = []
+        for frame in body.split("\n\n"):
+            lines = dict(line.split(": ", 1) for line in frame.splitlines() if ": " in line)
+            if "event" in lines and lines.get("data", "").startswith("{"):
+                events.append((lines["event"], json.loads(lines["data"])))
+        return events
+
+    def retries(self, run_id: str) -> list[tuple[int, str]]:
+        """The run's failed attempts and why, from its `retry_scheduled` events."""
+        return [(data["attempt"], data.get("detail", "")) for name, data in
+                self.events(f"/v1/runs/{run_id}/events") if name == "retry_scheduled"]
+
     def logs(self) -> str:
         """The tail of each role's log."""
         return "\n".join(f"--- {r.role}\n{r.tail()}"

@@ -82,6 +82,21 @@ def _answers(stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [m for m in stored if m["role"] == "assistant"]
 
 
+def _attempt_of(tool_call_id: str) -> int:
+    """The attempt that made a tool call (`<message>:<attempt>:tool:<k>`)."""
+    return int(tool_call_id.split(":")[-3])
+
+
+def _assert_retries_explained(processes: ProcessStack, run_id: str, asking: int,
+                              answering: int) -> None:
+    """The attempt that asked for approval is the one that answered, unless its
+    heartbeats timed out on a loaded machine: then each attempt in between failed for
+    that reason and no other (never deposed, never a failure of the resume itself)."""
+    assert processes.retries(run_id) == [(a, "heartbeat_timeout")
+                                         for a in range(asking, answering)], \
+        (asking, answering, processes.logs())
+
+
 def _text(ui_message: dict[str, Any]) -> str:
     return "".join(p["text"] for p in ui_message["parts"] if p["type"] == "text")
 
@@ -240,8 +255,9 @@ def test_a_tools_interrupt_is_approved_with_the_sdks_own_api(
     assert part["output"]["content"]["answer"] == value
     attempt = result["metadata"]["attempt"]
     assert part["toolCallId"].startswith(f"{result['id']}:{attempt}:tool:")
-    if result["asked"]["toolCallId"].startswith(f"{result['id']}:{attempt}:tool:"):
-        # The attempt that asked answered (unless a loaded machine had it retried).
+    _assert_retries_explained(processes, result["metadata"]["run_id"],
+                              _attempt_of(result["asked"]["toolCallId"]), attempt)
+    if _attempt_of(result["asked"]["toolCallId"]) == attempt:
         assert part["toolCallId"] == result["asked"]["toolCallId"]
         assert part["approval"]["id"] == result["asked"]["approval"]["id"]
     assert result["messageIds"] == ["user", "assistant"]
@@ -361,7 +377,9 @@ def test_an_approval_answer_resumes_the_run_once_and_a_wrong_one_is_a_409(
                and c["toolCallId"] in confirms]
     assert [o["output"]["content"]["answer"] for o in outputs] == \
         [{"approved": True, "reason": None}], (attempt, call_id, rest)
-    assert attempt > 1 or confirms == {call_id}
+    _assert_retries_explained(processes, chunks[0]["messageMetadata"]["run_id"],
+                              _attempt_of(call_id), attempt)
+    assert attempt > _attempt_of(call_id) or confirms == {call_id}
     status, listing = processes.call("GET", f"/v1/threads/{thread_id}/messages")
     assert [m["role"] for m in listing["messages"]] == ["user", "assistant"]
     assert listing["messages"][1]["text"].endswith('Confirmed: {"approved": true, "reason": null}.')

@@ -80,13 +80,18 @@ def test_a_restore_waits_for_a_deposed_writers_open_transaction_and_misses_no_co
                (("own", own), ("fresh", fresh))]
     for thread in threads:
         thread.start()
+    def said() -> tuple[str, ...]:
+        """What the restores logged so far, each line once: a wait that repeats its
+        warning is no progress."""
+        return tuple(sorted({r.getMessage() for r in caplog.records}))
+
     wait_for(lambda: len(restored) == 2 or sum(
         "waiting for transactions open at [0]@0" in r.getMessage() for r in caplog.records) >= 2,
-        timeout=60)
+        timeout=60, progress=said)
     assert not restored  # both wait (not: both restored, without the row)
     deposed.abort_transaction(30)  # what its restart, a fence or the coordinator does
-    for thread in threads:
-        thread.join(60)
+    wait_for(lambda: not any(thread.is_alive() for thread in threads),
+             timeout=60, progress=lambda: (said(), len(restored)))
     assert restored == {"own": {b"thread-2": b"row"}, "fresh": {b"thread-2": b"row"}}
     assert "changelog records from 2" in caplog.text  # the owner's store went on from its checkpoint
     assert own.open(0).checkpoint >= 2
