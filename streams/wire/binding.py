@@ -109,6 +109,14 @@ def _conversion(tp: Any) -> tuple[_Convert, _Convert] | None:
             if inner is None:
                 return None
             enc, dec = inner
+            if isinstance(members[0], type) and is_dataclass(members[0]):
+                # Named, so fastavro writes the branch it names: given a bare dict, it
+                # validates the whole record against the branch first (nested records
+                # and all), which was most of the cost of writing a thread's state.
+                name = avro_name(members[0])
+                return (lambda v: None if v is None else (name, enc(v))), (
+                    lambda v: None if v is None else dec(v)
+                )
             return (lambda v: None if v is None else enc(v)), (
                 lambda v: None if v is None else dec(v)
             )

@@ -439,6 +439,37 @@ def test_hypothesis_state_round_trip(state: ThreadState) -> None:
     assert CODEC.decode_state(CODEC.encode_state(state)) == state
 
 
+def _fastavro_bytes(name: str, record: dict[str, Any]) -> bytes:
+    """`record` written by fastavro's public writer with the schema file, header first:
+    optional records as bare dicts, which it matches to a branch by validating them."""
+    parsed = load_schema(str(SCHEMA_DIR / f"{name}.avsc"), _write_hint=False)
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, parsed, record)
+    return b"\xc3\x01" + schema_fingerprint(parsed) + out.getvalue()
+
+
+@hsettings(max_examples=60)
+@given(state=_STATE_STRATEGY)
+@example(state=STATES[1])  # every optional record set
+def test_a_state_is_written_byte_for_byte_as_fastavro_writes_its_plain_record(
+        state: ThreadState) -> None:
+    """The binding names each optional record's branch (fastavro then skips validating
+    the record to pick it): the bytes are those fastavro writes for the bare record."""
+    plain = _plain(state) | {"messages": [], "runs": {}, "run_by_message": {}}
+    assert CODEC.encode_state(state) == _fastavro_bytes("threadline.ThreadState", plain)
+
+
+def test_a_stream_record_is_written_byte_for_byte_as_fastavro_writes_its_plain_record() -> None:
+    """The same for the stream's parts, a run's end with its optional message among them."""
+    assert any(isinstance(part, RunLifecycle) and part.message is not None for part in PARTS)
+    for part in PARTS:
+        output = StreamOutput("r1", 1, "m-a1", "part-0", 7, part)
+        plain = _plain(META) | _plain(output) | {
+            "payload": (f"threadline.{type(part).__name__}", _plain(part))}
+        assert CODEC.encode_stream(output, META) == \
+            _fastavro_bytes("threadline.StreamEnvelope", plain), part
+
+
 @hsettings(max_examples=60)
 @given(output=_strategy(StreamOutput), meta=_strategy(EnvelopeMeta))
 # The strategy once drew a branch_seq past a long (seed 17809214902810247756): a
