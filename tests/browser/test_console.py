@@ -341,8 +341,11 @@ def _drive(page: Any, watch: Watch, processes: ProcessStack, axe_js: Path, lg_id
     page.wait_for_function("document.querySelector('#timeline').textContent.includes('retry scheduled')",
                            timeout=WAIT_MS)
     processes.worker.start()
-    page.wait_for_function("document.querySelector('#liveness').textContent.includes('Attempt 2')",
-                           timeout=WAIT_MS)
+    # Attempt 2, or 3 when the worker took longer to start again than attempt 2's
+    # heartbeat timeout (4 s here; seen under load): a later attempt either way.
+    page.wait_for_function(
+        "/Attempt [23]\\b/.test(document.querySelector('#liveness').textContent)",
+        timeout=WAIT_MS)
     _shot(page, "8-worker-retry.png")
     _wait_done(page, third)
 
