@@ -36,8 +36,12 @@ run: install
 # per run: pytest prunes old runs in the shared default folder, which would delete
 # a concurrent run's broker data.
 # --durations=25: every run (CI too) prints its 25 slowest tests and fixtures.
+# TEST_WORKERS pytest-xdist workers, each with its own broker, a whole file at a time
+# (a module's stack fixtures stay on one worker): most tests wait on processes and
+# the broker, so two on two cores take about half the time. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: install system-deps helm lint
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 --basetemp="$$(mktemp -d /tmp/threadline-test-XXXXXX)" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 --basetemp="$$(mktemp -d /tmp/threadline-test-XXXXXX)" $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # The front-end tests alone: the AI SDK in Node (tests/node, installed with npm ci by
 # the tests) and the console in headless Chromium.

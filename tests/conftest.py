@@ -109,6 +109,8 @@ def pytest_configure(config: pytest.Config) -> None:
             _hypothesis_seed = given
     else:
         _hypothesis_seed = secrets.randbits(64)
+        # pytest-xdist's workers inherit this process's environment: the same seed.
+        os.environ[HYPOTHESIS_SEED_ENV] = str(_hypothesis_seed)
     hypothesis_core.global_force_seed = _hypothesis_seed  # type: ignore[assignment]
 
 
