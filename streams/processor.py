@@ -333,7 +333,8 @@ class Processor:
         migrated = migrate_partition(self, partition, store, MessageStore(history, self.codec))
         state = _Partition()
         for key, raw in store.items():
-            due = next_deadline_ms(self.codec.decode_state(raw), self.settings.policy)
+            due = next_deadline_ms(self.codec.decode_state_without_keys(raw),
+                                   self.settings.policy)
             if due is not None:
                 state.deadlines[key] = due
         self.partitions[partition] = state

@@ -51,7 +51,7 @@ from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
 
 from streams.clock import now_ms
 from streams.core.branches import parent_seq_of
-from streams.core.domain import ActiveRun, RunRecord, RunStatus, ThreadState
+from streams.core.domain import ActiveRun, RunRecord, RunStatus, StoredMessage, ThreadState
 from streams.core.history import message_key, parse_message_key
 from streams.core.ids import run_id_for
 from streams.core.records import MessageRecord
@@ -270,10 +270,16 @@ class ReadStore:
             self._set_active(thread_id, None, None)
             self._erase_messages(thread_id)
             return thread_id
+        messages: tuple[StoredMessage, ...] = ()
+        runs: dict[str, RunRecord] = {}
         try:
-            state = self.codec.decode_state(value)
-            messages, runs = ((), {}) if value.startswith(self._current_state) else \
-                self.codec.decode_legacy_history(value)
+            if value.startswith(self._current_state):
+                # Its idempotency keys are the processor's (up to 256 records a
+                # state): not read; the value is kept whole for the thread's reads.
+                state = self.codec.decode_state_without_keys(value)
+            else:  # an earlier form, written again below: read whole
+                state = self.codec.decode_state(value)
+                messages, runs = self.codec.decode_legacy_history(value)
         except DecodeError as exc:
             log.warning("skipping an undecodable thread state: %s", exc)
             return None

@@ -14,14 +14,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from types import MappingProxyType
 from typing import Any, TypeVar, get_args
 
 from fastavro.schema import parse_schema
 from fastavro.types import Schema
 
 from streams.config import Settings, TopicNames
-from streams.core.domain import Command, Event, RunRecord, StoredMessage, ThreadState
+from streams.core.domain import (
+    Command,
+    Event,
+    IdempotencyRecord,
+    RunRecord,
+    StoredMessage,
+    ThreadState,
+)
 from streams.core.records import DeadLetter, Dispatch, MessageRecord, StreamOutput
 from streams.wire.binding import binding_of, record_union
 from streams.wire.envelope import EnvelopeMeta
@@ -36,6 +45,7 @@ from streams.wire.frame import (
     single_object_header,
     write_record,
 )
+from streams.wire.reader import compile_reader
 from streams.wire.registry import ConfluentRegistry
 from streams.wire.schemas import BY_FINGERPRINT, CURRENT, RETIRED, TopLevel, schema_fingerprint
 
@@ -54,6 +64,9 @@ _MESSAGE = binding_of(MessageRecord)
 _STORED = binding_of(StoredMessage)
 _RUN_RECORD = binding_of(RunRecord)
 _COMMANDS, _EVENTS, _DISPATCHES, _STREAMS, _DEAD_LETTERS, _STATES, _MESSAGES = CURRENT.values()
+_STATE_WITHOUT_KEYS = compile_reader(_STATES.parsed, _STATES.named_types,
+                                     skip=("threadline.ThreadState.idempotency",))
+_NO_KEYS: Mapping[str, IdempotencyRecord] = MappingProxyType({})
 
 
 class Codec:
@@ -182,6 +195,15 @@ class Codec:
         """A thread's state from the table or changelog; DecodeError if malformed."""
         state: ThreadState = self._read(_STATES, data, _STATE.from_avro)
         return state
+
+    def decode_state_without_keys(self, data: bytes) -> ThreadState:
+        """`decode_state`, but the state's idempotency keys read as none: their bytes
+        are stepped over, unbuilt (up to 256 records, most of a long thread's state).
+        For readers that index states and need no key (the gateway's read store)."""
+        writer, start = self._writer_schema(_STATES, data)
+        state: ThreadState = read_body(_STATES, writer, data, start, _STATE.from_avro,
+                                       _STATE_WITHOUT_KEYS)
+        return state if writer is _STATES.parsed else replace(state, idempotency=_NO_KEYS)
 
     def decode_legacy_history(self, data: bytes) -> tuple[tuple[StoredMessage, ...],
                                                            dict[str, RunRecord]]:

@@ -19,6 +19,7 @@ from fastavro._write import write_data  # type: ignore[attr-defined]
 from fastavro.types import Schema
 
 from streams.wire.errors import DecodeError
+from streams.wire.reader import Reader
 from streams.wire.schemas import TopLevel
 
 __all__ = [
@@ -61,12 +62,13 @@ def write_record(schema: TopLevel, header: bytes, record: dict[str, Any]) -> byt
 
 
 def read_body(expected: TopLevel, writer: Schema, data: bytes, start: int,
-              build: Callable[[Any], T]) -> T:
+              build: Callable[[Any], T], reader: Reader | None = None) -> T:
     """`build` applied to the body at `data[start:]`, written with `writer` and read as
-    `expected`; DecodeError if the bytes are malformed or run on after the body."""
+    `expected` (with `reader`, compiled from `expected`, where it wrote the bytes);
+    DecodeError if the bytes are malformed or run on after the body."""
     try:
         if writer is expected.parsed:  # this build's schema: the compiled reader
-            record, end = expected.reader(bytes(data), start)
+            record, end = (reader or expected.reader)(bytes(data), start)
         else:  # another version: fastavro resolves it to ours
             body = BytesIO(data)
             body.seek(start)

@@ -14,6 +14,12 @@ the dataclass bindings of `streams.wire.binding` apply unchanged;
 records, and that malformed bytes raise. It reads the writer schema only, with no
 schema resolution: records of another schema version still go through fastavro.
 
+A reader can leave out fields (`skip`: "<record full name>.<field>", arrays and
+maps only): their bytes are stepped over, lengths and counts checked but nothing
+built (strings not decoded), and the field reads as empty. The gateway indexes
+every thread state it reads and needs none of its idempotency keys, up to 256 of
+the state's records (`Codec.decode_state_without_keys`).
+
 Malformed input raises IndexError, ValueError, UnicodeDecodeError or
 struct.error; the caller turns those into its DecodeError. Where fastavro reads
 bytes no writer produces (a boolean byte other than 0 or 1, an `int` beyond 32
@@ -23,7 +29,7 @@ bits), this reader refuses them rather than guess.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 __all__ = ["Reader", "compile_reader"]
@@ -124,19 +130,60 @@ def _block_count(b: bytes, p: int, zero_width: bool) -> tuple[int, int]:
     return count, p
 
 
+def _skip_null(b: bytes, p: int) -> int:
+    return p
+
+
+def _skip_long(b: bytes, p: int) -> int:
+    return _long(b, p)[1]
+
+
+def _skip_int(b: bytes, p: int) -> int:
+    return _int(b, p)[1]
+
+
+def _skip_boolean(b: bytes, p: int) -> int:
+    return _boolean(b, p)[1]
+
+
+def _skip_bytes(b: bytes, p: int) -> int:
+    n, p = _long(b, p)
+    end = p + n
+    if n < 0 or end > len(b):
+        raise ValueError(f"{n} bytes at {p} run past the end ({len(b)})")
+    return end
+
+
+def _skip_width(width: int) -> Callable[[bytes, int], int]:
+    def skip(b: bytes, p: int) -> int:
+        if p + width > len(b):
+            raise ValueError(f"{width} bytes at {p} run past the end ({len(b)})")
+        return p + width
+    return skip
+
+
 _HELPERS: dict[str, Any] = {
     "_long": _long, "_int": _int, "_string": _string, "_bytes": _bytes, "_boolean": _boolean,
     "_double": _double, "_float": _float, "_null": _null, "_block_count": _block_count,
+    "_skip_null": _skip_null, "_skip_long": _skip_long, "_skip_int": _skip_int,
+    "_skip_boolean": _skip_boolean, "_skip_bytes": _skip_bytes,
+    "_skip_4": _skip_width(4), "_skip_8": _skip_width(8),
 }
 _PRIMITIVE_READERS = {"null": "_null", "boolean": "_boolean", "int": "_int", "long": "_long",
                       "float": "_float", "double": "_double", "bytes": "_bytes",
                       "string": "_string"}
+_PRIMITIVE_SKIPPERS = {"null": "_skip_null", "boolean": "_skip_boolean", "int": "_skip_int",
+                       "long": "_skip_long", "float": "_skip_4", "double": "_skip_8",
+                       "bytes": "_skip_bytes", "string": "_skip_bytes"}
 
 
 class _Compiler:
-    def __init__(self, named: dict[str, Any]) -> None:
+    def __init__(self, named: dict[str, Any], skip: frozenset[str] = frozenset()) -> None:
         self.named = named  # full name -> schema, as parse_schema records them
+        self.skip = skip  # "<record>.<field>": stepped over, read as empty
         self.functions: dict[str, str] = {}  # full name -> function name
+        self.skippers: dict[str, str] = {}  # full name -> its skipping function's name
+        self.late: list[tuple[str, list[str]]] = []  # union skippers' branch tables
         self.sources: list[str] = []
         self.namespace: dict[str, Any] = dict(_HELPERS)
         self.counter = 0
@@ -178,6 +225,10 @@ class _Compiler:
             lines = [f"def {function}(b, p):", "    size = len(b)"]
             names = []
             for i, field in enumerate(schema["fields"]):
+                if f"{name}.{field['name']}" in self.skip:
+                    lines.append(f"    p = {self.skipper(field['type'])}(b, p)")
+                    names.append(f"{field['name']!r}: {self.empty(name, field)}")
+                    continue
                 lines += self.inline(field["type"], f"v{i}", "    ")
                 names.append(f"{field['name']!r}: v{i}")
             lines.append(f"    return {{{', '.join(names)}}}, p")
@@ -300,6 +351,110 @@ class _Compiler:
         ]))
         return function
 
+    def empty(self, record: str, field: dict[str, Any]) -> str:
+        """The value a skipped field reads as: an empty array or map."""
+        kind = field["type"].get("type") if isinstance(field["type"], dict) else None
+        if kind not in ("array", "map"):
+            raise NotImplementedError(f"{record}.{field['name']}: only arrays and maps are skipped")
+        return "[]" if kind == "array" else "{}"
+
+    def skipper(self, schema: Any) -> str:
+        """The name of a function (bytes, pos) -> pos past a value of `schema`, which
+        checks what bounds the value (lengths, counts, union and enum indexes) and
+        builds nothing."""
+        if isinstance(schema, str):
+            return _PRIMITIVE_SKIPPERS.get(schema) or self.named_skipper(schema)
+        if isinstance(schema, list):
+            function = self.fresh("skip_union")
+            branches = [self.skipper(branch) for branch in schema]
+            table = self.fresh("branches")
+            self.namespace[table] = ()  # filled below, once the branches' functions exist
+            self.sources.append("\n".join([
+                f"def {function}(b, p):",
+                "    i, p = _long(b, p)",
+                f"    if not 0 <= i < {len(schema)}:",
+                "        raise ValueError(f'union index {i} out of range')",
+                f"    return {table}[i](b, p)"]))
+            self.late.append((table, branches))
+            return function
+        kind = schema["type"]
+        if kind in ("record", "error", "enum", "fixed"):
+            self.named.setdefault(schema["name"], schema)
+            return self.named_skipper(schema["name"])
+        if kind in ("array", "map"):
+            function = self.fresh("skip_" + kind)
+            item = self.skipper(schema["items"] if kind == "array" else schema["values"])
+            zero = kind == "array" and self._zero_width(schema["items"])
+            key = self.inline_skip("string", " " * 12) if kind == "map" else []
+            self.sources.append("\n".join([
+                f"def {function}(b, p):",
+                "    size = len(b)",
+                f"    count, p = _block_count(b, p, {zero})",
+                "    while count:",
+                "        for _ in range(count):",
+                *key,
+                f"            p = {item}(b, p)",
+                f"        count, p = _block_count(b, p, {zero})",
+                "    return p"]))
+            return function
+        if kind in _PRIMITIVE_SKIPPERS and not schema.get("logicalType"):
+            return _PRIMITIVE_SKIPPERS[kind]
+        raise NotImplementedError(f"Avro type {kind!r}")
+
+    def inline_skip(self, schema: Any, indent: str) -> list[str]:
+        """Statements that step `p` over a value of `schema`, inside a function that
+        has `b` and `size = len(b)`: strings and longs in place, as `inline` reads them."""
+        kind = schema if isinstance(schema, str) else (
+            schema.get("type") if isinstance(schema, dict) and not schema.get("logicalType")
+            else None)
+        if kind == "long":
+            return [f"{indent}if b[p] < 128:",
+                    f"{indent}    p += 1",
+                    f"{indent}else:",
+                    f"{indent}    p = _skip_long(b, p)"]
+        if kind in ("string", "bytes"):
+            return [f"{indent}x = b[p]",
+                    f"{indent}if x < 128:",
+                    f"{indent}    n = (x >> 1) ^ -(x & 1)",
+                    f"{indent}    p += 1",
+                    f"{indent}else:",
+                    f"{indent}    n, p = _long(b, p)",
+                    f"{indent}e = p + n",
+                    f"{indent}if n < 0 or e > size:",
+                    f"{indent}    raise ValueError(f'{{n}} bytes at {{p}} run past the end')",
+                    f"{indent}p = e"]
+        return [f"{indent}p = {self.skipper(schema)}(b, p)"]
+
+    def named_skipper(self, name: str) -> str:
+        function = self.skippers.get(name)
+        if function is not None:
+            return function
+        schema = self.named[name]
+        function = self.skippers[name] = self.fresh("skip_named")  # before fields: recursion
+        kind = schema["type"]
+        if kind in ("record", "error"):
+            lines = [f"def {function}(b, p):", "    size = len(b)"]
+            for field in schema["fields"]:
+                lines += self.inline_skip(field["type"], "    ")
+            lines.append("    return p")
+        elif kind == "enum":
+            lines = [f"def {function}(b, p):",
+                     "    i, p = _long(b, p)",
+                     f"    if not 0 <= i < {len(schema['symbols'])}:",
+                     f"        raise ValueError(f'enum index {{i}} out of range for {name}')",
+                     "    return p"]
+        elif kind == "fixed":
+            lines = [f"def {function}(b, p):", f"    return _skip_{int(schema['size'])}(b, p)"] \
+                if int(schema["size"]) in (4, 8) else \
+                [f"def {function}(b, p):",
+                 f"    if p + {int(schema['size'])} > len(b):",
+                 "        raise ValueError('truncated fixed')",
+                 f"    return p + {int(schema['size'])}"]
+        else:
+            raise NotImplementedError(f"named Avro type {kind!r}")
+        self.sources.append("\n".join(lines))
+        return function
+
     def _zero_width(self, schema: Any) -> bool:
         if isinstance(schema, str) and schema in self.named:
             schema = self.named[schema]
@@ -310,12 +465,17 @@ class _Compiler:
         return False
 
 
-def compile_reader(schema: Any, named: dict[str, Any] | None = None) -> Reader:
+def compile_reader(schema: Any, named: dict[str, Any] | None = None,
+                   skip: Collection[str] = ()) -> Reader:
     """A reader of `schema` (as fastavro's `parse_schema` or `load_schema` gives it);
-    `named` is the named-types dict `parse_schema` filled for it."""
-    compiler = _Compiler(dict(named or {}))
+    `named` is the named-types dict `parse_schema` filled for it. Each field named in
+    `skip` ("<record full name>.<field>", an array or a map) is stepped over and
+    read as empty."""
+    compiler = _Compiler(dict(named or {}), frozenset(skip))
     top = compiler.reader(schema)
     source = "\n\n".join(compiler.sources) + "\n"
     exec(compile(source, "<avro reader>", "exec"), compiler.namespace)
+    for table, functions in compiler.late:
+        compiler.namespace[table] = tuple(compiler.namespace[f] for f in functions)
     reader: Reader = compiler.namespace[top]
     return reader

@@ -439,6 +439,30 @@ def test_hypothesis_state_round_trip(state: ThreadState) -> None:
     assert CODEC.decode_state(CODEC.encode_state(state)) == state
 
 
+@hsettings(max_examples=60)
+@given(state=_STATE_STRATEGY)
+@example(state=STATES[1])  # a key and every optional record set
+def test_a_state_read_without_its_keys_is_the_state_less_its_keys(state: ThreadState) -> None:
+    """`decode_state_without_keys` (the gateway's read store) reads everything else of
+    a state as `decode_state` does; its truncations are still refused."""
+    data = CODEC.encode_state(state)
+    assert CODEC.decode_state_without_keys(data) == replace(state, idempotency=MappingProxyType({}))
+    for cut in range(10, len(data), max(1, len(data) // 64)):  # past the header
+        with pytest.raises(DecodeError):
+            CODEC.decode_state_without_keys(data[:cut])
+
+
+def test_an_earlier_versions_state_reads_without_its_keys_too() -> None:
+    """A state of an earlier schema version (resolved through fastavro) loses its keys too."""
+    old = _STATES_SCHEMA_V1_RECORD | {
+        "idempotency": {"k1": {"message_id": "m1", "run_id": "r1", "payload_fingerprint": "fp",
+                "at_ms": 1}}}
+    data = _write_v1_state(old)
+    assert CODEC.decode_state(data).idempotency
+    assert CODEC.decode_state_without_keys(data) == replace(
+        CODEC.decode_state(data), idempotency=MappingProxyType({}))
+
+
 def _fastavro_bytes(name: str, record: dict[str, Any]) -> bytes:
     """`record` written by fastavro's public writer with the schema file, header first:
     optional records as bare dicts, which it matches to a branch by validating them."""

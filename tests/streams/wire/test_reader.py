@@ -171,3 +171,87 @@ def test_refuses_what_fastavro_would_silently_misread() -> None:
                 bytes([0, 0, 2, *([0xFF] * 9), 0x02, 0])):  # a long beyond 64 bits
         with pytest.raises(MALFORMED):
             reader(bad, 0)
+
+
+def _collection_fields() -> list[tuple[str, str, Any, dict[str, Any]]]:
+    """(record, field, the record's schema, named types) of every array or map field of
+    every record type the schemas name."""
+    out, seen = [], set()
+    for _, _, named in SCHEMAS:
+        for name, schema in named.items():
+            if not isinstance(schema, dict) or schema.get("type") != "record" or name in seen:
+                continue
+            seen.add(name)
+            for field in schema["fields"]:
+                kind = field["type"].get("type") if isinstance(field["type"], dict) else None
+                if kind in ("array", "map"):
+                    out.append((name, field["name"], schema, named))
+    return out
+
+
+COLLECTION_FIELDS = _collection_fields()
+
+
+def _standalone(schema: Any, named: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """`schema` with the named types it refers to inlined at their first use, parsed:
+    a record type of a top-level schema, as a schema of its own."""
+    defined: set[str] = set()
+
+    def inline(s: Any) -> Any:
+        if isinstance(s, str):
+            if s in named and s not in defined:
+                return inline(named[s])
+            return s
+        if isinstance(s, list):
+            return [inline(b) for b in s]
+        s = {k: v for k, v in s.items() if not k.startswith("__")}
+        if s["type"] in ("record", "enum", "fixed"):
+            defined.add(s["name"])
+        if s["type"] == "record":
+            s["fields"] = [{**f, "type": inline(f["type"])} for f in s["fields"]]
+        elif s["type"] == "array":
+            s["items"] = inline(s["items"])
+        elif s["type"] == "map":
+            s["values"] = inline(s["values"])
+        return s
+
+    own: dict[str, Any] = {}
+    return parse_schema(inline(schema), own), own
+
+
+def test_some_fields_can_be_skipped() -> None:
+    """The cases below cover the field the gateway skips, and nested records' fields."""
+    skipped = {f"{record}.{field}" for record, field, _, _ in COLLECTION_FIELDS}
+    assert {"threadline.ThreadState.idempotency", "threadline.ActiveRun.journal"} <= skipped
+
+
+@pytest.mark.parametrize(("record", "field", "schema", "named"), COLLECTION_FIELDS,
+                         ids=[f"{r}.{f}" for r, f, _, _ in COLLECTION_FIELDS])
+def test_a_skipped_field_reads_as_empty_and_the_rest_as_without_skipping(
+        record: str, field: str, schema: Any, named: dict[str, Any]) -> None:
+    """A reader that skips an array or map field reads every other field as the full
+    reader does, the skipped one as empty, and ends where it ends; every truncation
+    is still refused."""
+    random.seed(f"{record}.{field}")
+    schema, named = _standalone(schema, named)
+    full = compile_reader(schema, named)
+    skipping = compile_reader(schema, named, skip=[f"{record}.{field}"])
+    records = list(generate_many(schema, 50))
+    assert any(r[field] for r in records)  # the skipped bytes were there to step over
+    for value in records:
+        data = _encode(schema, value)
+        expected, end = full(b"\xc3\x01" + data, 2)
+        expected[field] = [] if isinstance(expected[field], list) else {}
+        assert skipping(b"\xc3\x01" + data, 2) == (expected, end)
+    for value in records[:5]:
+        data = _encode(schema, value)
+        for cut in _cuts(len(data)):
+            with pytest.raises(MALFORMED):
+                skipping(data[:cut], 0)
+
+
+def test_only_arrays_and_maps_are_skipped() -> None:
+    """A field of another type has no empty value to read as: refused at compile time."""
+    _, schema, named = next(s for s in SCHEMAS if s[0] == "threadline.ThreadState")
+    with pytest.raises(NotImplementedError, match="only arrays and maps"):
+        compile_reader(schema, named, skip=["threadline.ThreadState.title"])
