@@ -42,8 +42,11 @@ from streams.wire.frame import (
     SINGLE_OBJECT_MARKER,
     confluent_header,
     read_body,
+    record_around,
     single_object_header,
     write_record,
+    write_record_around,
+    write_value,
 )
 from streams.wire.reader import compile_reader
 from streams.wire.registry import ConfluentRegistry
@@ -67,6 +70,10 @@ _COMMANDS, _EVENTS, _DISPATCHES, _STREAMS, _DEAD_LETTERS, _STATES, _MESSAGES = C
 _STATE_WITHOUT_KEYS = compile_reader(_STATES.parsed, _STATES.named_types,
                                      skip=("threadline.ThreadState.idempotency",))
 _NO_KEYS: Mapping[str, IdempotencyRecord] = MappingProxyType({})
+_KEY = binding_of(IdempotencyRecord)
+_KEYS_AROUND = record_around(_STATES, "idempotency")
+KEYS_KEPT_FROM = 8  # fewer keys are written with the state at once: cheaper than apart
+KEYS_KEPT = 512  # key maps' bytes kept (at most ~40 KB each, at the 256-key cap)
 
 
 class Codec:
@@ -93,6 +100,8 @@ class Codec:
         }
         self._headers: dict[str, bytes] = {}
         self._writers: dict[int, Schema] = {}  # Confluent id -> writer schema
+        # id(a state's key map) -> (the map, its bytes), the newest KEYS_KEPT.
+        self._keys_written: dict[int, tuple[Mapping[str, IdempotencyRecord], bytes]] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Codec:
@@ -187,9 +196,33 @@ class Codec:
         dead_letter: DeadLetter = self._read(_DEAD_LETTERS, data, _DEAD_LETTER.from_avro)
         return dead_letter
 
+    @property
+    def kept_key_maps(self) -> int:
+        """How many key maps' bytes `encode_state` keeps (at most KEYS_KEPT)."""
+        return len(self._keys_written)
+
     def encode_state(self, state: ThreadState) -> bytes:
-        """A thread's state, for the processor's table and its changelog topic."""
-        return self._write(_STATES, _STATE.to_avro(state))
+        """A thread's state, for the processor's table and its changelog topic.
+
+        Its idempotency keys (up to 256 records, most of a long keyed thread's bytes)
+        change only with a keyed post, and every command writes the state: the bytes
+        written for a key map are kept by the map's identity (states are immutable,
+        and a state made from another shares its map until the keys change)."""
+        keys = state.idempotency
+        if len(keys) < KEYS_KEPT_FROM:
+            return self._write(_STATES, _STATE.to_avro(state))
+        kept = self._keys_written.get(id(keys))
+        if kept is not None and kept[0] is keys:
+            written = kept[1]
+        else:
+            written = write_value(_STATES, _KEYS_AROUND[1],
+                                  {k: _KEY.to_avro(v) for k, v in keys.items()})
+            self._keys_written[id(keys)] = (keys, written)  # `keys` held: its id stays its
+            if len(self._keys_written) > KEYS_KEPT:
+                del self._keys_written[next(iter(self._keys_written))]
+        return write_record_around(_STATES, self._header(_STATES),
+                                   _STATE.to_avro(replace(state, idempotency=_NO_KEYS)),
+                                   _KEYS_AROUND, written)
 
     def decode_state(self, data: bytes) -> ThreadState:
         """A thread's state from the table or changelog; DecodeError if malformed."""

@@ -29,8 +29,11 @@ __all__ = [
     "SINGLE_OBJECT_MARKER",
     "confluent_header",
     "read_body",
+    "record_around",
     "single_object_header",
     "write_record",
+    "write_record_around",
+    "write_value",
 ]
 
 SINGLE_OBJECT_MARKER = b"\xc3\x01"
@@ -58,6 +61,37 @@ def write_record(schema: TopLevel, header: bytes, record: dict[str, Any]) -> byt
     # also re-collect the named types and wrap a BytesIO on every call (40% of it).
     out = bytearray(header)
     write_data(out, record, schema.parsed, schema.named_types, "", _WRITE_OPTIONS)
+    return bytes(out)
+
+
+def record_around(schema: TopLevel, field: str) -> tuple[Schema, Schema, Schema]:
+    """(a record of the fields before `field`, `field`'s type, a record of the fields
+    after it) of the top-level record `schema`: written one after the other, they are
+    the record (Avro writes a record as its fields' encodings in order)."""
+    assert isinstance(schema.parsed, dict)
+    fields = schema.parsed["fields"]
+    at = next(i for i, f in enumerate(fields) if f["name"] == field)
+    return ({"type": "record", "name": f"{schema.name}.before.{field}", "fields": fields[:at]},
+            fields[at]["type"],
+            {"type": "record", "name": f"{schema.name}.after.{field}", "fields": fields[at + 1:]})
+
+
+def write_value(schema: TopLevel, value_schema: Schema, value: Any) -> bytes:
+    """`value` alone in Avro binary, with `value_schema` (a part of `schema`)."""
+    out = bytearray()
+    write_data(out, value, value_schema, schema.named_types, "", _WRITE_OPTIONS)
+    return bytes(out)
+
+
+def write_record_around(schema: TopLevel, header: bytes, record: dict[str, Any],
+                        parts: tuple[Schema, Schema, Schema], middle: bytes) -> bytes:
+    """`write_record` of `record`, but the field between `parts` (`record_around`)
+    taken as the bytes `middle` already written for it."""
+    before, _, after = parts
+    out = bytearray(header)
+    write_data(out, record, before, schema.named_types, "", _WRITE_OPTIONS)
+    out += middle
+    write_data(out, record, after, schema.named_types, "", _WRITE_OPTIONS)
     return bytes(out)
 
 

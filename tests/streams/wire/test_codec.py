@@ -115,6 +115,7 @@ from streams.wire import (
     schema_fingerprint,
     schema_registry,
 )
+from streams.wire.codec import KEYS_KEPT
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry
 
@@ -481,6 +482,35 @@ def test_a_state_is_written_byte_for_byte_as_fastavro_writes_its_plain_record(
     the record to pick it): the bytes are those fastavro writes for the bare record."""
     plain = _plain(state) | {"messages": [], "runs": {}, "run_by_message": {}}
     assert CODEC.encode_state(state) == _fastavro_bytes("threadline.ThreadState", plain)
+
+
+@hsettings(max_examples=30)
+@given(state=_STATE_STRATEGY, keys=st.integers(0, 300), seconds=st.integers(0, 2**40))
+def test_a_state_with_many_keys_is_written_as_fastavro_writes_it_whether_its_keys_are_kept(
+        state: ThreadState, keys: int, seconds: int) -> None:
+    """From 8 keys on, a state's key map is written apart and its bytes kept by the
+    map's identity: a state that shares the map (made from the first) is written with
+    the kept bytes, a new map anew; each time the bytes fastavro writes."""
+    codec = Codec()  # its own kept maps
+    many = MappingProxyType({f"key-{i}": IdempotencyRecord(f"m{i}", f"r{i}", f"sha256:{i:x}", i)
+                             for i in range(keys)})
+    first = replace(state, idempotency=many)
+    later = replace(first, updated_at_ms=seconds, title=f"{state.title}, later")
+    fewer = replace(later, idempotency=MappingProxyType(dict(list(many.items())[1:])))
+    for written in (first, later, first, fewer, later):
+        plain = _plain(written) | {"messages": [], "runs": {}, "run_by_message": {}}
+        assert codec.encode_state(written) == _fastavro_bytes("threadline.ThreadState", plain)
+    if keys >= 8:
+        assert codec.kept_key_maps == 2  # many, then fewer (less one key)
+
+
+def test_kept_key_maps_are_bounded() -> None:
+    """The kept bytes are the newest KEYS_KEPT maps'."""
+    codec = Codec()
+    for n in range(KEYS_KEPT + 20):
+        keys = MappingProxyType({f"k{i}": IdempotencyRecord("m", "r", "fp", n) for i in range(8)})
+        codec.encode_state(ThreadState(T, "acme", "t", 1, idempotency=keys))
+    assert codec.kept_key_maps == KEYS_KEPT
 
 
 def test_a_stream_record_is_written_byte_for_byte_as_fastavro_writes_its_plain_record() -> None:
