@@ -112,7 +112,9 @@ def kill_among_calls(stack: Stack, kills: int, *, lines: Callable[[], Sequence[L
     end) and between calls (right after a tool step is recorded); each victim is
     restarted at once. `worker_of` names the live worker that wrote a line, if any.
     Each wait lasts while the log or the events grow, not for a fixed time. Returns
-    how many kills landed inside a call and between."""
+    how many kills landed inside a call of the aimed run and between two of its calls
+    (whatever other runs' calls the victim had open: with eight runs on two workers
+    under load it always had one, and every kill counted as inside)."""
     landed: Counter[str] = Counter()
     for n in range(kills):
         if n % 2 == 0:
@@ -134,7 +136,7 @@ def kill_among_calls(stack: Stack, kills: int, *, lines: Callable[[], Sequence[L
         name = worker_of(line)
         if name is None:
             continue
-        inside = any(worker_of(x) == name for x in open_lines())
+        inside = any(worker_of(x) == name and x.run_id == line.run_id for x in open_lines())
         stack.workers[name].kill9()
         landed["inside" if inside else "between"] += 1
         stack.workers[name].start()
