@@ -24,6 +24,8 @@ async def within(awaitable: Awaitable[T], timeout_s: float | None) -> T:
     revoked worker execution streaming text ran on that way and called a tool its
     successor called too (docs/chaos.md, seed 3008). This awaits in the caller's own
     task under `asyncio.timeout`, as 3.12's wait_for does."""
+    if timeout_s is None:  # no timer to arm: a worker waits so for each agent output
+        return await awaitable
     async with asyncio.timeout(timeout_s):
         return await awaitable
 

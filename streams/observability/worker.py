@@ -68,9 +68,10 @@ class ObservedOutlet(Outlet):
                                {"threadline.seq": output.seq, "messaging.kafka.partition": partition})
         return delivery
 
-    async def command(self, command: Command, meta: EnvelopeMeta) -> asyncio.Future[Any]:
+    async def command(self, command: Command, meta: EnvelopeMeta,
+                      partition: int) -> asyncio.Future[Any]:
         """Send a report (see `Outlet.command`); counted once the broker acks it."""
-        delivery = await super().command(command, meta)
+        delivery = await super().command(command, meta, partition)
         delivery.add_done_callback(lambda done: _count_report(command, done))
         return delivery
 

@@ -105,11 +105,15 @@ class Outlet:
         delivery.add_done_callback(_log_failed_delivery)
         return delivery
 
-    async def command(self, command: Command, meta: EnvelopeMeta) -> asyncio.Future[Any]:
-        """Send a report to the commands topic; the future is its delivery."""
+    async def command(self, command: Command, meta: EnvelopeMeta,
+                      partition: int) -> asyncio.Future[Any]:
+        """Send a report to `partition` of the commands topic (the thread's: the
+        dispatch record's partition number, as for the stream; every topic has the same
+        count, `ensure_topics` checks it), not through aiokafka's pure-Python murmur2
+        for every report; the future is its delivery."""
         delivery: asyncio.Future[Any] = await self.producer.send(
             self.settings.topics.commands, self.codec.encode_command(command, meta),
-            key=meta.thread_id.encode())
+            key=meta.thread_id.encode(), partition=partition)
         delivery.add_done_callback(_log_failed_delivery)
         return delivery
 
@@ -450,7 +454,7 @@ class Execution:
     async def _report(self, command: Command) -> asyncio.Future[Any]:
         meta = new_meta(self.meta.thread_id, self.meta.tenant, now_ms(),
                         self.meta.traceparent, self.meta.tracestate)
-        return await self.outlet.command(command, meta)
+        return await self.outlet.command(command, meta, self.partition)
 
     async def _outcome(self, command: ReportAttemptCompleted | ReportAttemptFailed
                        | ReportStepCompleted) -> None:

@@ -116,6 +116,7 @@ from streams.wire import (
     schema_registry,
 )
 from streams.wire.codec import KEYS_KEPT, KEYS_KEPT_FROM
+from streams.wire.envelope import random_uuid, uuid4_text
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry
 
@@ -362,6 +363,17 @@ def test_new_meta_has_defaults_and_a_fresh_uuid() -> None:
     assert (a.traceparent, a.tracestate, a.schema_version) == (None, None, 1)
     assert b.traceparent == "00-x-y-01"
     assert CODEC.decode_event(CODEC.encode_event(EVENTS[0], a))[0] == a
+
+
+@given(st.binary(min_size=16, max_size=16))
+@example(bytes(16))
+@example(b"\xff" * 16)
+def test_uuid4_text_is_the_uuid4_of_the_same_bytes(raw: bytes) -> None:
+    """uuid4_text (random_uuid's, on 16 bytes of os.urandom) is uuid.uuid4()'s text."""
+    made = uuid4_text(raw)
+    assert made == str(uuid.UUID(bytes=raw, version=4))
+    assert uuid.UUID(made).version == 4 and uuid.UUID(made).variant == uuid.RFC_4122
+    assert uuid.UUID(random_uuid()).version == 4
 
 
 def test_envelope_and_payload_thread_must_agree() -> None:

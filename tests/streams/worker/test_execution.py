@@ -69,6 +69,7 @@ class FakeOutlet:
     worker_id: str = "w-test"
     records: list[tuple[StreamOutput, int]] = field(default_factory=list)
     reports: list[Command] = field(default_factory=list)
+    report_partitions: list[int] = field(default_factory=list)
     fail_once: set[int] = field(default_factory=set)  # steps whose first report fails
 
     # Stream deliveries not completed yet, oldest first, while `hold_deliveries`.
@@ -87,9 +88,12 @@ class FakeOutlet:
             done.set_result(None)
         return done
 
-    async def command(self, command: Command, meta: EnvelopeMeta) -> asyncio.Future[Any]:
-        """Keeps the report and returns an already-acknowledged future."""
+    async def command(self, command: Command, meta: EnvelopeMeta,
+                      partition: int) -> asyncio.Future[Any]:
+        """Keeps the report (and the partition it was sent to) and returns an
+        already-acknowledged future."""
         self.reports.append(command)
+        self.report_partitions.append(partition)
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if isinstance(command, ReportStepCompleted) and command.entry.step in self.fail_once:
             self.fail_once.discard(command.entry.step)
@@ -141,6 +145,7 @@ async def test_a_completed_attempt_streams_its_answer_and_reports() -> None:
     execution, outlet = _execution(Script([TextChunk("Hel"), TextChunk("lo")]))
     await execution.run()
     assert all(partition == 3 for _, partition in outlet.records)
+    assert outlet.report_partitions == [3] * len(outlet.reports)  # the thread's, as the stream
     assert [o.seq for o, _ in outlet.records] == list(range(len(outlet.records)))
     assert outlet.records[0][0].payload == MessageStart("assistant")
     assert outlet.records[-1][0].payload == MessageEnd("stop")
