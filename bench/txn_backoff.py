@@ -1,13 +1,17 @@
-"""How long one processor transaction takes, by the transactional producer's retry
-backoff (issue #22): begin, produce to two topics, send the input offsets, commit,
-back to back as the table loop does at a low rate. Each setting runs in turn,
-round after round, on one broker, so the figures are side by side.
+"""How long one processor transaction takes, and where (issue #22): begin, produce
+to the output topics, send the input offsets, commit, as the table loop does at a
+low rate, back to back or 5 ms apart. Each setting runs in turn, round after round,
+in alternating order, on one broker, so the figures are side by side.
 
-    python -m bench.txn_backoff [--rounds 2] [--transactions 150]
+    python -m bench.txn_backoff [--rounds 4] [--transactions 100] [--topics 5]
 
-A transaction begun right after the previous commit meets the coordinator still
-completing it (CONCURRENT_TRANSACTIONS) and is retried after the backoff; this shows
-what the backoff costs. Prints; writes nothing.
+Settings: the transactional producer's retry backoff and its linger. A transaction
+begun right after the previous commit meets the coordinator still completing it
+(CONCURRENT_TRANSACTIONS: the markers and the log's `CompleteCommit`) and is retried
+after the backoff; a linger holds the produced records that long before the first
+produce request, and the commit waits for them. The processor writes up to five
+topics in a transaction (events, stream, threads, dispatch, messages): `--topics 5`.
+Prints; writes nothing.
 """
 
 from __future__ import annotations
@@ -22,56 +26,77 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from bench.common import broker, load_text, percentile
 
 SETTINGS: dict[str, dict[str, int]] = {
-    "10 ms, doubling to 1 s (before)": {"retry.backoff.ms": 10},
-    "2 ms, doubling to 50 ms (the default)": {"retry.backoff.ms": 2, "retry.backoff.max.ms": 50},
-    "2 ms flat": {"retry.backoff.ms": 2, "retry.backoff.max.ms": 2},
+    "backoff 10 ms doubling to 1 s, linger 2 (before)": {"retry.backoff.ms": 10, "linger.ms": 2},
+    "backoff 2 ms doubling to 50 ms, linger 2 (before)": {
+        "retry.backoff.ms": 2, "retry.backoff.max.ms": 50, "linger.ms": 2},
+    "backoff 2 ms doubling to 50 ms, linger 0 (the default)": {
+        "retry.backoff.ms": 2, "retry.backoff.max.ms": 50, "linger.ms": 0},
+    "backoff 2 ms flat, linger 0": {"retry.backoff.ms": 2, "retry.backoff.max.ms": 2,
+                                    "linger.ms": 0},
 }
+PHASES = ("produce", "send_offsets", "commit", "total")
 WARMUP = 20
 
 
-def transactions(bootstrap: str, topics: tuple[str, str, str], backoff: dict[str, int],
-                 count: int) -> list[float]:
-    """`count` transactions in a row; each one's milliseconds."""
-    source, out, mirror = topics
+def transactions(bootstrap: str, source: str, outputs: list[str], config: dict[str, int],
+                 count: int, gap_s: float) -> dict[str, list[float]]:
+    """`count` transactions in a row, `gap_s` apart; each phase's milliseconds."""
     producer = Producer({"bootstrap.servers": bootstrap, "log_level": 3,
                          "transactional.id": f"bench-{uuid.uuid4().hex[:8]}",
-                         "enable.idempotence": True, "linger.ms": 0,
-                         "transaction.timeout.ms": 10_000, **backoff})
+                         "enable.idempotence": True, "transaction.timeout.ms": 10_000,
+                         **config})
     producer.init_transactions(30)
     group = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
                       "log_level": 3})
-    took: list[float] = []
+    took: dict[str, list[float]] = {phase: [] for phase in PHASES}
     for i in range(WARMUP + count):
+        if gap_s:
+            time.sleep(gap_s)
         start = time.perf_counter()
         producer.begin_transaction()
-        producer.produce(out, b"x" * 200, key=b"k%d" % (i % 4))
-        producer.produce(mirror, b"y" * 200, key=b"k%d" % (i % 4))
+        for topic in outputs:
+            producer.produce(topic, b"x" * 300, key=b"k%d" % (i % 4))
+        produced = time.perf_counter()
         producer.send_offsets_to_transaction([TopicPartition(source, 0, i)],
                                              group.consumer_group_metadata(), 10)
+        sent = time.perf_counter()
         producer.commit_transaction(10)
-        took.append((time.perf_counter() - start) * 1e3)
+        end = time.perf_counter()
+        if i >= WARMUP:
+            for phase, ms in zip(PHASES, (produced - start, sent - produced, end - sent,
+                                          end - start), strict=True):
+                took[phase].append(ms * 1e3)
     group.close()
-    return took[WARMUP:]
+    producer.flush(10)
+    return took
 
 
 def main() -> None:
     """Run each setting in turn, `--rounds` times, and print the percentiles."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--transactions", type=int, default=150)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--transactions", type=int, default=100)
+    parser.add_argument("--topics", type=int, default=5, help="output topics per transaction")
     args = parser.parse_args()
     with broker() as bootstrap:
         prefix = f"txb{uuid.uuid4().hex[:6]}."
-        names = (f"{prefix}in", f"{prefix}out", f"{prefix}mirror")
+        source = f"{prefix}in"
+        outputs = [f"{prefix}out{n}" for n in range(args.topics)]
         admin = AdminClient({"bootstrap.servers": bootstrap})
-        for future in admin.create_topics([NewTopic(t, 4, 1) for t in names]).values():
+        for future in admin.create_topics([NewTopic(t, 4, 1)
+                                           for t in (source, *outputs)]).values():
             future.result()
+        labels = list(SETTINGS)
         for rnd in range(1, args.rounds + 1):
-            for label, backoff in SETTINGS.items():
-                took = transactions(bootstrap, names, backoff, args.transactions)
-                print(f"round {rnd}, {label}: p50 {percentile(took, 50):.1f} ms, "
-                      f"p90 {percentile(took, 90):.1f} ms, max {max(took):.1f} ms "
-                      f"(load {load_text()})", flush=True)
+            for label in labels if rnd % 2 else labels[::-1]:
+                for gap_s in (0.0, 0.005):
+                    took = transactions(bootstrap, source, outputs, SETTINGS[label],
+                                        args.transactions, gap_s)
+                    phases = ", ".join(f"{phase} {percentile(took[phase], 50):.1f}"
+                                       for phase in PHASES)
+                    print(f"round {rnd}, {label}, {'back to back' if not gap_s else '5 ms apart'}:"
+                          f" p50 ms {phases}; total p90 {percentile(took['total'], 90):.1f}"
+                          f" (load {load_text()})", flush=True)
 
 
 if __name__ == "__main__":
