@@ -49,6 +49,7 @@ from gateway.live.feed import StreamFeed
 from gateway.live.run_stream import STREAMS, RunStreams
 from gateway.model.decisions import CommandBus
 from gateway.model.read_model import ReadModel
+from streams.aio import start_when_reachable
 from streams.config import Settings
 from streams.core.domain import (
     Event,
@@ -181,7 +182,10 @@ async def _kafka(app: web.Application) -> AsyncIterator[None]:
     feed_start: asyncio.Task[None] | None = None
     try:
         for client in (app[OFFSETS], app[READ_MODEL], app[BUS]):
-            await client.start()
+            # Each makes its aiokafka clients in start() and undoes a partial start in
+            # stop(), so it can start again while a broker restarts.
+            await start_when_reachable(type(client).__name__, client.start, client.stop,
+                                       app[SETTINGS].topic_stall_s)
             started.append(client)
         # The feed's start waits for the read model to load, which grows with the data
         # on a cold start: serve meanwhile (/livez alive, /v1 503 until the feed runs).
@@ -205,7 +209,8 @@ async def _kafka(app: web.Application) -> AsyncIterator[None]:
 async def _start_feed(app: web.Application,
                       started: list[Offsets | ReadModel | CommandBus | StreamFeed]) -> None:
     try:
-        await app[FEED].start()
+        await start_when_reachable("StreamFeed", app[FEED].start, app[FEED].stop,
+                                   app[SETTINGS].topic_stall_s)
     except Exception:
         if not app[OPTIONS].serve_while_loading:
             raise  # the app's start fails, as any other client's would

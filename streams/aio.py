@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
-__all__ = ["stop_client", "within"]
+__all__ = ["start_when_reachable", "stop_client", "within"]
 
 log = logging.getLogger("threadline")
 
@@ -41,3 +44,28 @@ async def stop_client(client: AIOKafkaConsumer | AIOKafkaProducer) -> None:
         if task is not None and task.cancelling():
             raise
         log.warning("aiokafka leaked a CancelledError while stopping %s", type(client).__name__)
+
+
+async def start_when_reachable(name: str, start: Callable[[], Awaitable[None]],
+                               stop: Callable[[], Awaitable[None]], stall_s: float,
+                               pause_s: float = 1.0) -> None:
+    """`start()`, started again (after `stop()`, which undoes a partial start) while it
+    fails because Kafka does not answer, for `stall_s` at most; then its error.
+
+    aiokafka's `start()` fails at once when no broker answers its bootstrap: a role
+    started during a broker restart exited with status 1 (docs/chaos.md, seed 3404)
+    where its librdkafka clients wait. The same bound as the topic checks before it
+    (`THREADLINE_TOPIC_STALL_S`)."""
+    deadline = time.monotonic() + stall_s
+    while True:
+        try:
+            await start()
+            return
+        except (KafkaError, OSError) as exc:
+            with contextlib.suppress(Exception):
+                await stop()
+            if time.monotonic() + pause_s > deadline:
+                raise
+            log.warning("%s: Kafka did not answer (%s: %s); starting again in %.0f s", name,
+                        type(exc).__name__, exc, pause_s)
+            await asyncio.sleep(pause_s)
