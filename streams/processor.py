@@ -210,8 +210,9 @@ class Processor:
         def producer_factory() -> Producer:
             return Producer(table_producer_config(
                 # No linger: the commit waits for the records it holds, and a transaction
-                # is most of a decision's latency (2 ms of 10-14, `bench.txn_backoff`).
-                # Batches stay: a step produces its records in one burst.
+                # is most of a decision's latency (back to back, 1-2 ms of 8-11,
+                # `bench.txn_backoff`). A step produces its records in one burst, so they
+                # still share produce requests.
                 settings, client_id, linger_ms=0,
                 transactional_id=f"{self.group_id}-{self.instance_id}" if self.exactly_once
                 else None))

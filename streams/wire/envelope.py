@@ -6,7 +6,8 @@ import os
 from dataclasses import dataclass
 
 __all__ = ["LIFECYCLE_HEADER", "PAYLOAD_HEADER", "REPLY_HEADER", "EnvelopeMeta", "header_value",
-           "new_meta", "random_uuid", "uuid4_text", "payload_header", "payload_named", "stream_headers"]
+           "new_meta", "payload_header", "payload_named", "random_uuid", "stream_headers",
+           "uuid4_text"]
 
 # A stream record's payload type (its Avro record name, e.g. `TextDelta`), as a Kafka
 # header: a reader that wants some kinds skips the others without decoding them.

@@ -98,10 +98,12 @@ async def test_an_error_that_is_not_kafkas_is_not_retried() -> None:
     assert client.starts == 1
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def _refusing_port() -> socket.socket:
+    """A socket bound to a free port and not listening: connections to it are refused
+    (as while a broker restarts), and no other process can take the port meanwhile."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return sock
 
 
 @pytest.mark.kafka
@@ -111,7 +113,8 @@ async def test_the_gateways_offsets_client_waits_for_a_broker_that_answers_late(
     """aiokafka's start fails at once while nothing answers the bootstrap address (as
     during a broker restart); started under start_when_reachable, the gateway's offsets
     client waits, and works once the address answers (a relay to the session broker)."""
-    port = _free_port()
+    refusing = _refusing_port()
+    port = int(refusing.getsockname()[1])
     real = make_settings()
     await asyncio.to_thread(ensure_topics, real)
     settings = make_settings(KAFKA_BOOTSTRAP_SERVERS=f"127.0.0.1:{port}")
@@ -135,7 +138,7 @@ async def test_the_gateways_offsets_client_waits_for_a_broker_that_answers_late(
 
         await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
 
-    server = await asyncio.start_server(relay, "127.0.0.1", port)
+    server = await asyncio.start_server(relay, sock=refusing)  # listens from now on
     try:
         await starting  # the bootstrap answers now: the start completes
         tp = TopicPartition(settings.topics.commands, 0)
