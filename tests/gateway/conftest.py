@@ -16,6 +16,8 @@ import pytest_asyncio
 from aiohttp.test_utils import TestServer
 
 from gateway.app import Options, create_app
+from gateway.keys import READ_MODEL
+from gateway.model.read_model import ReadModel
 from streams.config import Settings
 from streams.testing.process import RoleProcess
 from streams.testing.stack import fresh_env, start_roles, unique_prefix, wait_healthy_async
@@ -96,6 +98,20 @@ async def running_stack(env: dict[str, str], folder: Path) -> AsyncIterator[Stac
         await server.close()
         worker.stop()
         processor.stop()
+
+
+@contextlib.asynccontextmanager
+async def in_process_gateway(settings: Settings, options: Options | None = None) -> \
+        AsyncIterator[tuple[str, ReadModel]]:
+    """Another gateway of `settings`' deployment, in this process (a read store of its
+    own): its base URL and read model, once its start returned (the model loaded)."""
+    app = create_app(settings, options or Options(keepalive_s=1))
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")), app[READ_MODEL]
+    finally:
+        await server.close()
 
 
 @pytest_asyncio.fixture(scope="session")

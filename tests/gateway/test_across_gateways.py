@@ -10,26 +10,19 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
-from aiohttp.test_utils import TestServer
 
-from gateway.app import Options, create_app
 from streams.config import Settings
 from streams.testing.sse import read_sse
-from tests.gateway.conftest import AUTH_A, Stack
+from tests.gateway.conftest import AUTH_A, Stack, in_process_gateway
 
 pytestmark = pytest.mark.kafka
 
 
 @asynccontextmanager
 async def _other_gateway(settings: Settings) -> AsyncIterator[str]:
-    """A second gateway of the stack's deployment (a read store of its own); its base URL."""
-    server = TestServer(create_app(settings, Options(keepalive_s=1)), host="127.0.0.1",
-                        handler_cancellation=True)
-    await server.start_server()  # returns once its read model has loaded
-    try:
-        yield str(server.make_url("")).rstrip("/")
-    finally:
-        await server.close()
+    """A second gateway of the stack's deployment; its base URL."""
+    async with in_process_gateway(settings) as (base, _):
+        yield base.rstrip("/")
 
 
 async def test_a_thread_made_through_one_gateway_is_read_through_another_at_once(

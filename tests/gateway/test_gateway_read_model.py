@@ -6,21 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
 from aiokafka import TopicPartition
 from confluent_kafka import Producer
 
-from gateway.app import Options, create_app
+from gateway.app import Options
 from gateway.kafka import partition_for
 from gateway.keys import READ_MODEL
-from gateway.model.read_model import ReadModel
 from streams.config import Settings
 from streams.core.domain import RunStatus, StoredMessage, ThreadState
 from streams.core.history import message_key, parse_message_key
@@ -28,7 +24,7 @@ from streams.core.records import MessageRecord
 from streams.kafka.topics import ensure_topics
 from streams.testing.sse import read_sse
 from streams.wire import Codec, new_meta
-from tests.gateway.conftest import AUTH_A, AUTH_B, Stack, gateway_env
+from tests.gateway.conftest import AUTH_A, AUTH_B, Stack, gateway_env, in_process_gateway
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry
 
@@ -96,19 +92,6 @@ def own_settings(kafka_bootstrap: str, tmp_path: Path) -> Settings:
     return settings
 
 
-@asynccontextmanager
-async def _gateway(settings: Settings, options: Options | None = None) -> \
-        AsyncIterator[tuple[str, ReadModel]]:
-    """A gateway on topics no processor reads: its start returns once the model loaded."""
-    app = create_app(settings, options or Options(keepalive_s=1))
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield str(server.make_url("")), app[READ_MODEL]
-    finally:
-        await server.close()
-
-
 async def _get(session: aiohttp.ClientSession, url: str,
                auth: dict[str, str] = AUTH_A) -> tuple[int, Any]:
     async with session.get(url, headers=auth) as response:
@@ -123,7 +106,7 @@ async def test_the_history_of_ten_thousand_messages_pages_one_range_scan_at_a_ti
     writer.state(thread_id, n)
     writer.messages(thread_id, range(n))
     writer.flush()
-    async with _gateway(own_settings) as (base, model), aiohttp.ClientSession() as session:
+    async with in_process_gateway(own_settings) as (base, model), aiohttp.ClientSession() as session:
         url = f"{base}/v1/threads/{thread_id}/messages"
         status, thread = await _get(session, f"{base}/v1/threads/{thread_id}")
         assert status == 200 and thread["message_count"] == n
@@ -175,7 +158,7 @@ async def test_a_warm_restart_reads_only_the_records_after_its_checkpoint(
         writer.state(thread_id, 2, updated=10_000 + i)
         writer.messages(thread_id, range(2))
     writer.flush()
-    async with _gateway(own_settings) as (base, model):
+    async with in_process_gateway(own_settings) as (base, model):
         stats = model.stats()
         assert stats["mode"] == "cold"
         assert stats["read_until_loaded"] == {"t": 200, "m": 400}, stats
@@ -188,7 +171,7 @@ async def test_a_warm_restart_reads_only_the_records_after_its_checkpoint(
     writer.state(threads[0], 3, updated=98_000)
     writer.delete(threads[1], 2)
     writer.flush()
-    async with _gateway(own_settings) as (base, model), aiohttp.ClientSession() as session:
+    async with in_process_gateway(own_settings) as (base, model), aiohttp.ClientSession() as session:
         stats = model.stats()
         assert stats["mode"] == "warm" and stats["store"] == store_path
         # 1 + 1 + 1 + 1 states and tombstones on threads; 1 + 1 + 2 on messages.
@@ -205,7 +188,8 @@ async def test_a_warm_restart_reads_only_the_records_after_its_checkpoint(
         status, page = await _get(session, f"{base}/v1/threads/{threads[150]}/messages")
         assert [m["seq"] for m in page["messages"]] == [0, 1]
     # A second gateway with the same settings beside a running one gets a store of its own.
-    async with _gateway(own_settings) as (_, first), _gateway(own_settings) as (_, second):
+    async with in_process_gateway(own_settings) as (_, first), \
+            in_process_gateway(own_settings) as (_, second):
         assert first.stats()["store"] == store_path
         assert first.stats()["read_until_loaded"] == {"t": 0, "m": 0}  # nothing new
         assert second.stats()["mode"] == "cold"
@@ -259,7 +243,7 @@ async def test_deleting_a_thread_cancels_its_run_ends_its_streams_and_erases_it(
                                     headers=AUTH_B) as response:
         assert response.status == 404
     # A second gateway (its own store) streams the thread too.
-    async with _gateway(stack.settings) as (other_base, other_model):
+    async with in_process_gateway(stack.settings) as (other_base, other_model):
         other_url = f"{other_base}/v1/threads/{thread_id}"
         status, _ = await _get(stack.session, other_url)
         assert status == 200
@@ -358,7 +342,7 @@ async def test_a_thread_the_model_has_not_read_yet_is_503_not_404(own_settings: 
     not know yet gets 503 with Retry-After (it may have been created a moment ago),
     never a 404; once the model reads on, the thread is there."""
     writer = Writer(own_settings)
-    async with _gateway(own_settings, Options(keepalive_s=1, catch_up_timeout_s=0.5)) as (
+    async with in_process_gateway(own_settings, Options(keepalive_s=1, catch_up_timeout_s=0.5)) as (
             url, model):
         thread_id = f"unread-{uuid.uuid4().hex[:8]}"
         tp = TopicPartition(own_settings.topics.threads,
@@ -414,7 +398,7 @@ async def test_a_thread_decided_created_is_waited_for_until_its_state_is_readabl
                      CODEC.encode_state(ThreadState(thread_id, TENANT, "t", 1_000)),
                      thread_id.encode())
     assert producer.flush(30) == 0  # written, its commit marker not yet
-    async with _gateway(own_settings) as (_, model):
+    async with in_process_gateway(own_settings) as (_, model):
         model.note_created(thread_id)
         read = await _read_held_back(model, monkeypatch, thread_id)
         producer.commit_transaction(30)
@@ -454,7 +438,7 @@ async def test_a_read_after_a_runs_end_waits_for_the_answer_to_be_readable(
     producer.produce(own_settings.topics.messages, record(1, None),
                      message_key(thread_id, 1), partition=partition)
     assert producer.flush(30) == 0  # written, its commit marker not yet
-    async with _gateway(own_settings) as (_, model):
+    async with in_process_gateway(own_settings) as (_, model):
         model.note_ended(thread_id, run_id)
         read = await _read_held_back(model, monkeypatch, thread_id)
         assert [r.message.text for r in model.messages(thread_id).records] == ["question"]
