@@ -22,7 +22,16 @@ from gateway.adapters import ai_sdk, console, langgraph
 from gateway.adapters.demo import demo_page
 from gateway.api import branches, copies, interrupts, rest
 from gateway.api.openapi import openapi
-from gateway.http.auth import BROWSER_TOKENS_PATH, RedactingAccessLogger, auth_middleware
+from gateway.cluster.hop import HopSigner
+from gateway.cluster.owners import OwnerBoard, owners_topic
+from gateway.cluster.remote import Forwarder
+from gateway.cluster.serve import internal_stream
+from gateway.http.auth import (
+    BROWSER_TOKENS_PATH,
+    INTERNAL_PREFIX,
+    RedactingAccessLogger,
+    auth_middleware,
+)
 from gateway.http.browser_tokens import BrowserTokens
 from gateway.http.cors import add_cors_headers, cors_middleware
 from gateway.http.discovery import discovery_middleware, favicon, index
@@ -40,6 +49,7 @@ from gateway.keys import (
     LIMITER,
     OFFSETS,
     OPTIONS,
+    OWNERS,
     READ_MODEL,
     SETTINGS,
     Options,
@@ -47,6 +57,7 @@ from gateway.keys import (
 from gateway.live import streaming
 from gateway.live.feed import StreamFeed
 from gateway.live.run_stream import STREAMS, RunStreams
+from gateway.live.tokens import deployment_keys
 from gateway.model.decisions import CommandBus
 from gateway.model.read_model import ReadModel
 from streams.aio import start_when_reachable
@@ -61,7 +72,7 @@ from streams.core.domain import (
     ThreadDeleted,
 )
 from streams.kafka.clients import aiokafka_config
-from streams.kafka.topics import ensure_topics
+from streams.kafka.topics import ensure_specs, ensure_topics
 from streams.observability.tracing import setup_tracing
 from streams.wire import Codec
 
@@ -88,11 +99,13 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     """The gateway as an aiohttp application; Kafka clients start with the app."""
     max_body = max_body_bytes(settings.policy.max_input_chars)
     limiter = TenantLimiter(settings.gateway.limits)
+    grouped = settings.gateway.advertised_url is not None  # the gateways share partitions
+    hops = HopSigner(deployment_keys(settings)) if grouped else None
     app = web.Application(client_max_size=max_body, middlewares=[
         cors_middleware(settings.gateway.cors_origins), observe_middleware, problem_middleware,
         discovery_middleware,
         auth_middleware(settings.gateway.api_keys, BrowserTokens.from_settings(settings),
-                        [langgraph.internal_thread_id], _run_thread),
+                        [langgraph.internal_thread_id], _run_thread, hops),
         starting_middleware, post_rate_middleware(limiter)])
     app[LIMITER] = limiter
     options = options or Options()
@@ -135,6 +148,13 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     app[CODEC] = codec
     app[FEED] = feed
     app[STREAMS] = RunStreams(settings, feed, read_model, limiter, codec, options.keepalive_s)
+    if hops is not None and settings.gateway.advertised_url is not None:
+        board = app[OWNERS] = OwnerBoard(settings, settings.gateway.advertised_url)
+        feed.on_owned = board.claim
+        # As long as a dead owner takes to leave the group, and a margin.
+        app[STREAMS].remote = Forwarder(board, hops, settings.session_timeout_ms / 1000 + 10,
+                                        options.keepalive_s)
+        app.router.add_get(INTERNAL_PREFIX + "threads/{thread_id}/stream", internal_stream)
     app[HEALTH] = HealthProbe(settings.bootstrap, aiokafka_config(settings))
     app[READY] = Readiness(settings, bus, app[HEALTH], read_model,
                            timeout_s=options.ready_timeout_s, cache_s=options.ready_cache_s)
@@ -177,11 +197,16 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
 
 async def _kafka(app: web.Application) -> AsyncIterator[None]:
     await asyncio.to_thread(ensure_topics, app[SETTINGS])
+    board = app.get(OWNERS)
+    if board is not None:
+        await asyncio.to_thread(ensure_specs, app[SETTINGS], [owners_topic(app[SETTINGS])])
     await asyncio.to_thread(app[CODEC].register_schemas)  # blocking HTTP: off the loop
-    started: list[Offsets | ReadModel | CommandBus | StreamFeed] = []
+    started: list[Offsets | ReadModel | CommandBus | StreamFeed | OwnerBoard] = []
     feed_start: asyncio.Task[None] | None = None
     try:
-        for client in (app[OFFSETS], app[READ_MODEL], app[BUS]):
+        clients: list[Offsets | ReadModel | CommandBus | OwnerBoard] = [
+            app[OFFSETS], app[READ_MODEL], app[BUS], *([board] if board else [])]
+        for client in clients:
             # Each makes its aiokafka clients in start() and undoes a partial start in
             # stop(), so it can start again while a broker restarts.
             await start_when_reachable(type(client).__name__, client.start, client.stop,
@@ -199,6 +224,9 @@ async def _kafka(app: web.Application) -> AsyncIterator[None]:
             with contextlib.suppress(asyncio.CancelledError):
                 await feed_start
         await app[HEALTH].close()
+        forwarder = app[STREAMS].remote
+        if forwarder is not None:
+            await forwarder.close()
         for running in reversed(started):
             try:
                 await running.stop()
@@ -206,8 +234,8 @@ async def _kafka(app: web.Application) -> AsyncIterator[None]:
                 log.exception("stopping %s", type(running).__name__)
 
 
-async def _start_feed(app: web.Application,
-                      started: list[Offsets | ReadModel | CommandBus | StreamFeed]) -> None:
+async def _start_feed(app: web.Application, started: list[
+        Offsets | ReadModel | CommandBus | StreamFeed | OwnerBoard]) -> None:
     try:
         await start_when_reachable("StreamFeed", app[FEED].start, app[FEED].stop,
                                    app[SETTINGS].topic_stall_s)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from pydantic import Field
 
+from gateway.cluster.owners import OwnerBoard
 from gateway.http.limits import TenantLimiter
 from gateway.kafka import Offsets
 from gateway.live.feed import StreamFeed
@@ -18,8 +19,8 @@ from streams.config import Settings
 from streams.env import Section
 from streams.wire import Codec
 
-__all__ = ["BUS", "CODEC", "FEED", "LIMITER", "OFFSETS", "OPTIONS", "READ_MODEL", "SETTINGS", "Options",
-           "OptionsEnv"]
+__all__ = ["BUS", "CODEC", "FEED", "LIMITER", "OFFSETS", "OPTIONS", "OWNERS", "READ_MODEL", "SETTINGS",
+           "Options", "OptionsEnv"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,7 @@ BUS = web.AppKey("bus", CommandBus)
 READ_MODEL = web.AppKey("read_model", ReadModel)
 FEED = web.AppKey("feed", StreamFeed)
 OFFSETS = web.AppKey("offsets", Offsets)
+OWNERS = web.AppKey("owners", OwnerBoard)  # with a gateway group (THREADLINE_GATEWAY_URL)
 LIMITER = web.AppKey("limiter", TenantLimiter)
 # Built once from the settings (THREADLINE_SCHEMA_REGISTRY_URL), shared by every reader
 # and writer of the app.

@@ -252,6 +252,19 @@ class GatewayEnv(Section):
     # Browser apps served from these origins may call the gateway (CORS); none by default.
     cors_origins: Annotated[tuple[str, ...], BeforeValidator(parse_list)] = Field(
         (), alias="THREADLINE_CORS_ORIGINS")
+    # Where the other gateways reach this one (as Kafka Streams' application.server):
+    # set, the gateways of a deployment share the stream's partitions (docs/scaling.md);
+    # unset, this gateway reads every partition, alone or beside others.
+    advertised_url: str | None = Field(None, alias="THREADLINE_GATEWAY_URL")
+
+    @field_validator("advertised_url")
+    @classmethod
+    def _advertised(cls, url: str | None) -> str | None:
+        if url is None or url == "":
+            return None
+        if not _ORIGIN.fullmatch(url.rstrip("/")):
+            raise ValueError(f"{url!r} is not a gateway URL: scheme://host[:port], no path")
+        return url.rstrip("/")
 
     @field_validator("cors_origins")
     @classmethod
@@ -333,13 +346,14 @@ class GatewaySettings:
     decision_timeout_ms: int
     limits: GatewayLimits
     cors_origins: tuple[str, ...] = ()  # origins whose browser apps may call (CORS)
+    advertised_url: str | None = None  # set: this gateway shares partitions (GatewayEnv)
 
     @classmethod
     def from_section(cls, env: GatewayEnv) -> GatewaySettings:
         """These settings from their section."""
         return cls(http_host=env.http_host, http_port=env.http_port, api_keys=env.api_keys,
                    decision_timeout_ms=_ms(env.decision_timeout_s), limits=env.limits(),
-                   cors_origins=env.cors_origins)
+                   cors_origins=env.cors_origins, advertised_url=env.advertised_url)
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,7 +394,7 @@ class Settings:
         """The topic names under this deployment's prefix."""
         return TopicNames.with_prefix(self.topic_prefix)
 
-    def group_id(self, role: Literal["processor", "worker", "connector"]) -> str:
+    def group_id(self, role: Literal["processor", "worker", "connector", "gateway"]) -> str:
         """The consumer group of a role's instances (part of the contract: operators
         and autoscalers read its lag)."""
         return f"{self.topic_prefix}{role}"

@@ -19,6 +19,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.typedefs import Middleware
 
+from gateway.cluster.hop import HOP_HEADER, BadHop, HopSigner
 from gateway.http.browser_tokens import PREFIX as BROWSER_PREFIX
 from gateway.http.browser_tokens import BadBrowserToken, BrowserGrant, BrowserTokens
 from gateway.http.problems import Handler, Problem
@@ -37,6 +38,7 @@ PUBLIC_PATHS = frozenset({"/", "/favicon.ico", "/livez", "/healthz", "/readyz", 
 # The console's files (its script, styles and vendored libraries) hold no data: the
 # key stays in the browser. Its API is under /v1/console and needs the key.
 PUBLIC_PREFIXES = ("/console/",)
+INTERNAL_PREFIX = "/internal/v1/"  # hops between gateways (gateway.cluster)
 _SSE_PATH = re.compile(r"^/v1/(threads/[^/]+/stream|runs/[^/]+/events)$")
 _SECRET_PARAMS = re.compile(r"((?:^|[?&])access_token=)[^&]*", re.IGNORECASE)
 
@@ -77,13 +79,27 @@ RunThread = Callable[[web.Request, str, str], Awaitable[str | None]]
 
 def auth_middleware(keys: Mapping[str, str], browser: BrowserTokens | None = None,
                     thread_ids: Sequence[ThreadIds] = (),
-                    run_thread: RunThread | None = None) -> Middleware:
+                    run_thread: RunThread | None = None,
+                    hops: HopSigner | None = None) -> Middleware:
     """Middleware that admits a request only with one of the API keys, or a browser token
     (`gateway.http.browser_tokens`) within its scope: as a Bearer, an `x-api-key`, or
-    on SSE a token parameter or cookie."""
+    on SSE a token parameter or cookie. Another gateway's hop (`/internal/`, with
+    `hops`) is admitted by its signed `Threadline-Hop` header alone: the gateway the
+    client reached checked the client's key (`gateway.cluster.hop`)."""
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if is_public(request.path):
+            return await handler(request)
+        if request.path.startswith(INTERNAL_PREFIX):
+            value = request.headers.get(HOP_HEADER)
+            if hops is None or value is None:
+                raise _unauthorized("a gateway hop is required")
+            try:
+                tenant = hops.verify(value, request.method, request.raw_path, time.time())
+            except BadHop as exc:
+                raise _unauthorized(str(exc)) from None
+            request[TENANT] = tenant
+            logs.bind(tenant=tenant)
             return await handler(request)
         presented: str | None = None
         header = request.headers.get("Authorization")

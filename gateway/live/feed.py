@@ -50,6 +50,12 @@ events). Otherwise (a run longer than half the window, or one evicted with its
 window while it runs) the parts leaving are decoded, for the run's state, and no
 events are made of them.
 
+With a gateway group (`THREADLINE_GATEWAY_URL`), the consumer joins the group
+instead and reads the partitions assigned to this gateway (`assigned`): the ones it
+kept go on from where they were, the new ones start as at start-up, and the lost
+ones end their streams ("moved") and are forgotten. Streams of the other partitions
+are served by their owners (`gateway.cluster`).
+
 The price is paid by a thread's first subscriber: it decodes the window's raw
 records at once, on the event loop (at most `window_events`, about 40 µs each), the
 work an eager feed spread over every record of every thread.
@@ -62,11 +68,12 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import cast
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.structs import ConsumerRecord
 
 from gateway.kafka import (
@@ -85,6 +92,7 @@ from streams.aio import within
 from streams.config import Settings
 from streams.core.lifecycle import TERMINAL, Lifecycle
 from streams.core.records import RunLifecycle, StreamOutput
+from streams.kafka.liveness import heartbeat_interval_ms, session_timeout_ms
 from streams.observability.metrics import gateway_metrics
 from streams.wire import LIFECYCLE_HEADER, Codec, DecodeError, EnvelopeMeta, header_value, payload_named
 
@@ -237,6 +245,12 @@ class StreamFeed:
         self._consumer_: AIOKafkaConsumer | None = None  # made in start(): needs the loop
         self._task: asyncio.Task[None] | None = None
         self._started = asyncio.Event()
+        # With an advertised URL, the gateways share the partitions as one group.
+        self.group = settings.group_id("gateway") if settings.gateway.advertised_url else None
+        self.owned: set[int] | None = None  # None: every partition (no group)
+        # Told each assignment (the group generation, the partitions): the owner board.
+        self.on_owned: Callable[[int, list[int]], Awaitable[None]] | None = None
+        self._assigned = asyncio.Event()
 
     @property
     def _consumer(self) -> AIOKafkaConsumer:
@@ -244,20 +258,40 @@ class StreamFeed:
         return self._consumer_
 
     async def start(self, load_timeout_s: float = 120.0) -> None:
-        """Seek to where the active runs began, wait for the read model, and start reading the streams."""
+        """Seek to where the active runs began, wait for the read model, and start reading
+        the stream: every partition, or with a group (`THREADLINE_GATEWAY_URL`) this
+        gateway's share, from its first assignment on."""
+        if self.group is not None:
+            await self._start_in_group(load_timeout_s)
+            return
         consumer = self._consumer_ = new_consumer(self.settings)
         await consumer.start()
         tps = topic_partitions(self.settings, self.topic)
         consumer.assign(tps)
-        ends = await self.offsets.end(tps)  # last stable offsets (read_committed)
-        begins = await self.offsets.beginning(tps)
-        # The read model must reflect at least every run accepted before `ends`.
+        await self._wait_for_read_model(load_timeout_s)
+        await self._seek_starts(tps)
+        self._task = asyncio.create_task(run_forever("stream feed", self._step))
+        self._started.set()
+
+    async def _wait_for_read_model(self, load_timeout_s: float) -> None:
+        # The read model must reflect at least every run accepted before the ends read next.
         if not await self.read_model.wait_loaded(load_timeout_s):
             log.warning("stream feed: the threads read model did not load in time")
         await self.read_model.catch_up()
+
+    async def _seek_starts(self, tps: list[TopicPartition]) -> None:
+        """Seek each partition to its end now, or earlier where a run was active (found
+        in the read model), so that the feed sees every active run from its start."""
+        consumer = self._consumer
+        ends = await self.offsets.end(tps)  # last stable offsets (read_committed)
+        begins = await self.offsets.beginning(tps)
+        wanted = {tp.partition for tp in tps}
         earliest: dict[TopicPartition, int] = {}
         for thread_id, _run_id, accepted_ms in self.read_model.active_runs():
-            tp = TopicPartition(self.topic, partition_for(thread_id, self.settings.partitions))
+            partition = partition_for(thread_id, self.settings.partitions)
+            if partition not in wanted:
+                continue
+            tp = TopicPartition(self.topic, partition)
             at = max(0, accepted_ms - self.backfill_margin_ms)
             earliest[tp] = min(earliest.get(tp, at), at)
         found = await self.offsets.for_times(earliest) if earliest else {}
@@ -270,10 +304,65 @@ class StreamFeed:
             consumer.seek(tp, start)
             self.start_offsets[tp.partition] = start
             self.last_offsets[tp.partition] = start - 1
-        log.info("stream feed starts at %s (ends %s)", self.start_offsets,
+        log.info("stream feed starts at %s (ends %s)",
+                 {tp.partition: self.start_offsets[tp.partition] for tp in tps},
                  {tp.partition: o for tp, o in ends.items()})
+
+    async def _start_in_group(self, load_timeout_s: float) -> None:
+        assert self.group is not None
+        session_ms = await asyncio.to_thread(session_timeout_ms, self.settings)
+        consumer = self._consumer_ = new_consumer(
+            self.settings, group_id=self.group, session_timeout_ms=session_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms(session_ms))
+        await consumer.start()
+        await self._wait_for_read_model(load_timeout_s)
+        consumer.subscribe([self.topic], listener=_Rebalance(self))
         self._task = asyncio.create_task(run_forever("stream feed", self._step))
+        # The first assignment comes inside the task's first fetches.
+        with contextlib.suppress(TimeoutError):
+            await within(self._assigned.wait(), load_timeout_s)
+        if not self._assigned.is_set():
+            raise TimeoutError("the stream feed got no assignment from the gateway group")
         self._started.set()
+
+    def owns(self, partition: int) -> bool:
+        """Whether this gateway serves the partition's streams (without a group: all)."""
+        return self.owned is None or partition in self.owned
+
+    async def assigned(self, partitions: set[int], generation: int) -> None:
+        """The group gave this gateway `partitions` (eager: all of its share anew).
+        Those it kept go on where they were; those it lost end their streams (their
+        clients resume through the new owner) and are forgotten; new ones start as
+        at start-up."""
+        before = set(self.start_offsets) if self.owned is None else self.owned
+        lost, new = before - partitions, partitions - before
+        self.owned = set(partitions)
+        if lost:
+            self._forget(lost)
+        consumer = self._consumer
+        for partition in sorted(partitions - new):
+            consumer.seek(TopicPartition(self.topic, partition),
+                          self.last_offsets.get(partition, -1) + 1)
+        if new:
+            await self._seek_starts([TopicPartition(self.topic, p) for p in sorted(new)])
+        self._assigned.set()
+        if self.on_owned is not None:
+            await self.on_owned(generation, sorted(partitions))
+
+    def _forget(self, partitions: set[int]) -> None:
+        """Partitions this gateway no longer owns: end their streams, drop their state."""
+        for thread_id, window in list(self._windows.items()):
+            if window.partition in partitions:
+                for sub in list(window.subscribers):
+                    sub.close("moved")
+                del self._windows[thread_id]
+        for tracker in (self.lifecycle, self._filter):
+            tracker.forget(lambda thread_id: self.partition_of(thread_id) in partitions)
+        for thread_id in [t for t in self._open if self.partition_of(t) in partitions]:
+            del self._open[thread_id]
+        for partition in partitions:
+            for table in (self.start_offsets, self.last_offsets, self._dropped_floor):
+                table.pop(partition, None)
 
     @property
     def started(self) -> bool:
@@ -388,6 +477,8 @@ class StreamFeed:
         return {"subscribers": len(self.subscribers), "windows": len(self._windows),
                 "raw_records": sum(len(w.raw) for w in self._windows.values()),
                 "start_offsets": dict(self.start_offsets),
+                # With a gateway group, the partitions this gateway serves; else all.
+                "owned": "all" if self.owned is None else sorted(self.owned),
                 "positions": {p: o + 1 for p, o in self.last_offsets.items()},
                 # Over the last records of watched threads ingested (at most 20,000): from
                 # their producer's CreateTime until their events were written to every
@@ -428,8 +519,16 @@ class StreamFeed:
         await self.codec.prepare(r.value for rs in batch.values() for r in rs)
         try:
             for tp, records in batch.items():
+                partition = tp.partition
+                if self.owned is not None:
+                    # A rebalance may have come since the fetch (at the await above):
+                    # a partition lost, or one kept and sought back to its position.
+                    if partition not in self.owned:
+                        continue
+                    seen = self.last_offsets.get(partition, -1)
+                    records = [r for r in records if r.offset > seen]
                 for record in records:
-                    self.ingest(tp.partition, record)
+                    self.ingest(partition, record)
         finally:
             self.flush()
         # Written to every caught-up client by now: how long after its producer did.
@@ -659,3 +758,21 @@ class StreamFeed:
                 if not open_runs:
                     return index
         return -1
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    """The gateway group's assignments, to the feed. aiokafka sends no heartbeat until
+    these return: the feed's work here is a few offset queries."""
+
+    def __init__(self, feed: StreamFeed) -> None:
+        self.feed = feed
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        """Eager: everything is revoked before each assignment; the feed acts on the
+        assignment, which says what it kept."""
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        """Take the new share (see `StreamFeed.assigned`)."""
+        coordinator = self.feed._consumer._coordinator  # noqa: SLF001  (aiokafka: no public generation)
+        generation = int(getattr(coordinator, "generation", -1))
+        await self.feed.assigned({tp.partition for tp in assigned}, generation)

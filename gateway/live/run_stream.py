@@ -42,7 +42,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from aiohttp import web
 
@@ -59,7 +59,11 @@ from streams.core.ids import answer_message_id_for
 from streams.observability.metrics import gateway_metrics
 from streams.wire import Codec
 
-__all__ = ["KEEP_ALIVE", "STREAMS", "EventStream", "Gone", "Item", "KeepAlive", "RunStreams"]
+if TYPE_CHECKING:
+    from gateway.cluster.remote import Forwarder
+
+__all__ = ["KEEP_ALIVE", "STREAMS", "EventStream", "FeedStream", "Gone", "Item", "KeepAlive",
+           "RunStreams"]
 
 FIND_RUN_MARGIN_MS = 60_000
 REPLAY_BATCH = 200  # replayed events per batch
@@ -102,13 +106,45 @@ def _live_plan(here: int) -> _Plan:
     return _Plan((here + 1, -1), here + 1, None)
 
 
+class EventStream(Protocol):
+    """An open stream, as every protocol serves it: on this gateway's feed
+    (`FeedStream`), or on the owner of its thread (`gateway.cluster.remote`)."""
+
+    thread_id: str
+    run_id: str | None
+
+    def __aiter__(self) -> AsyncGenerator[Item, None]:
+        """Every item: `catch_up`, then `live`."""
+        ...
+
+    def catch_up(self) -> AsyncGenerator[list[SseEvent] | Gone, None]:
+        """What precedes the live events."""
+        ...
+
+    def live(self) -> AsyncGenerator[list[SseEvent] | KeepAlive, None]:
+        """Pulled live delivery, after `catch_up`."""
+        ...
+
+    def attach(self, sink: Callable[[list[SseEvent]], bool]) -> None:
+        """Pushed live delivery, after `catch_up`."""
+
+    def finish(self) -> None:
+        """End the stream here, before the run's end."""
+
+    async def idle(self) -> bool:
+        """While attached: wait up to the keep-alive; False once the stream is over."""
+        ...
+
+
 class RunStreams:
-    """Opens event streams on the gateway's feed, within the tenants' limits."""
+    """Opens event streams on the gateway's feed, within the tenants' limits; with a
+    gateway group, a thread another gateway owns on that owner (`remote`)."""
 
     def __init__(self, settings: Settings, feed: StreamFeed, read_model: ReadModel,
                  limiter: TenantLimiter, codec: Codec, keepalive_s: float) -> None:
         self.settings, self.feed, self.read_model = settings, feed, read_model
         self.limiter, self.codec, self.keepalive_s = limiter, codec, keepalive_s
+        self.remote: Forwarder | None = None
 
     @contextlib.asynccontextmanager
     async def open(self, tenant: str, state: ThreadState, run: RunView | None = None, *,
@@ -116,7 +152,26 @@ class RunStreams:
                    last_message_id: str | None = None) -> AsyncIterator[EventStream]:
         """The thread's events (or `run`'s, a run of that thread), from the position
         `after` and `last_message_id` give (see the module); Problem (400, 429) if it
-        cannot be served. Held slots are released when the block ends."""
+        cannot be served (503 if its owner cannot be reached). Held slots are released
+        when the block ends."""
+        partition = self.feed.partition_of(state.thread_id)
+        if self.remote is None or self.feed.owns(partition):
+            async with self.open_local(tenant, state, run, after=after,
+                                       last_message_id=last_message_id) as stream:
+                yield stream
+            return
+        local = _Local(self, tenant, state, run, partition)
+        with self.limiter.stream(tenant):
+            async with self.remote.open(tenant, state.thread_id, partition,
+                                        None if run is None else run.run_id, after,
+                                        last_message_id, local) as remote:
+                yield remote
+
+    @contextlib.asynccontextmanager
+    async def open_local(self, tenant: str, state: ThreadState, run: RunView | None = None, *,
+                         after: str | None = None,
+                         last_message_id: str | None = None) -> AsyncIterator[FeedStream]:
+        """`open`, on this gateway's feed."""
         feed, limiter = self.feed, self.limiter
         run_id = None if run is None else run.run_id
         partition = feed.partition_of(state.thread_id)
@@ -129,8 +184,8 @@ class RunStreams:
             try:
                 if plan.after < covered or plan.from_time_ms is not None:
                     replaying.enter_context(limiter.replay(tenant))
-                stream = EventStream(self, state, run, plan, sub, snapshot, covered, here,
-                                     replaying)
+                stream = FeedStream(self, state, run, plan, sub, snapshot, covered, here,
+                                    replaying)
                 try:
                     yield stream
                 finally:
@@ -167,6 +222,25 @@ class RunStreams:
                                                              event_id.run_id)
         return _Plan(event_id.position, scan_from, event_id.run_id, ended=ended,
                      token=(token or "").strip())
+
+
+@dataclass(frozen=True, slots=True)
+class _Local:
+    """A forwarded stream's way back to this gateway's feed, should its partition
+    come here (`gateway.cluster.remote.LocalStreams`)."""
+
+    streams: RunStreams
+    tenant: str
+    state: ThreadState
+    run: RunView | None
+    partition: int
+
+    def owns(self) -> bool:
+        return self.streams.feed.owns(self.partition)
+
+    def open(self, after: str | None) -> contextlib.AbstractAsyncContextManager[FeedStream]:
+        # From the last event received: where the client is, whatever it named first.
+        return self.streams.open_local(self.tenant, self.state, self.run, after=after)
 
 
 async def _run_ended(feed: StreamFeed, read_model: ReadModel, state: ThreadState,
@@ -206,8 +280,9 @@ async def _fresh_plan(feed: StreamFeed, state: ThreadState, run: RunView | None,
     return _Plan((-1, -1), 0, run_id, run.accepted_at_ms - FIND_RUN_MARGIN_MS)
 
 
-class EventStream:
-    """One open stream of a thread's (or a run's) events; see the module."""
+class FeedStream:
+    """One open stream of a thread's (or a run's) events on this gateway's feed; see
+    the module."""
 
     def __init__(self, streams: RunStreams, state: ThreadState, run: RunView | None,
                  plan: _Plan, sub: Subscriber, snapshot: list[SseEvent], covered: Position,
@@ -388,6 +463,14 @@ class EventStream:
     def finish(self) -> None:
         """End the stream here, before the run's end: its client has what it needs."""
         self._sub.close("done")
+
+    def end_reason(self) -> str:
+        """Why the stream ended: "done" (its run's end went out, or `finish`), or why
+        the feed closed it ("moved": its partition went to another gateway,
+        "shutdown", "overflow", "deleted", "unknown run")."""
+        if self.done or self.ended:
+            return "done"
+        return self._sub.closed or "done"
 
     async def idle(self) -> bool:
         """While attached: wait up to `keepalive_s`; False once the stream is `over`."""

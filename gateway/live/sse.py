@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -280,6 +281,13 @@ class RunTracker:
             return None
         state.last_seq = output.seq
         return state
+
+    def forget(self, of_thread: Callable[[str], bool]) -> None:
+        """Forget the runs of the threads `of_thread` picks (their partition moved to
+        another gateway: should it come back, they are read again from their start)."""
+        for run_id in [r for r, state in self.runs.items() if of_thread(state.thread_id)]:
+            del self.runs[run_id]
+            self._finished.pop(run_id, None)
 
     def _lifecycle(self, state: RunState, run_id: str, event: str,
                    attempt: int) -> RunState | None:

@@ -188,6 +188,9 @@ class GatewayMetrics:
         self.sse_streams = _gauge("threadline_gateway_sse_streams_open", "Open SSE streams")
         self.sse_events = _counter("threadline_gateway_sse_events_total",
                                   "SSE events written to clients (live and replayed)")
+        self.forwarded_streams = _counter(
+            "threadline_gateway_forwarded_streams_total",
+            "Streams of threads another gateway owns, opened on that owner (re-opens included)")
         self.replays = _counter("threadline_gateway_replays_total",
                                "Streams that replayed older events from Kafka")
         self.replay_events = _histogram("threadline_gateway_replay_events",

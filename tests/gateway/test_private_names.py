@@ -7,6 +7,7 @@ inside gateway/ as well (pyproject.toml's ruff config has the rest)."""
 from __future__ import annotations
 
 import ast
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,7 +18,13 @@ FIRST_PARTY = ("streams", "gateway", "schemas", "chaos", "bench", "tests")
 def private_imports(source: str, where: str) -> list[str]:
     """`where:line name` of each private name `source` imports from a first-party module."""
     found = []
-    for node in ast.walk(ast.parse(source, where)):
+    # On a thread of its own: CPython 3.11.7 can raise "AST constructor recursion depth
+    # mismatch" (gh-106905) when the recursion limit changed while
+    # the calling thread was deep in a stack (hypothesis changes it), as in an xdist
+    # worker after a property test; a fresh thread starts its count at zero.
+    with ThreadPoolExecutor(1) as pool:
+        tree = pool.submit(ast.parse, source, where).result()
+    for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom):
             continue
         module = node.module or ""
@@ -52,7 +59,13 @@ ADAPTERS = ("gateway.adapters.ai_sdk", "gateway.adapters.console", "gateway.adap
 def adapter_imports(source: str, where: str, package: str) -> list[str]:
     """`where:line module` of each import of another adapter than `package` in `source`."""
     found = []
-    for node in ast.walk(ast.parse(source, where)):
+    # On a thread of its own: CPython 3.11.7 can raise "AST constructor recursion depth
+    # mismatch" (gh-106905) when the recursion limit changed while
+    # the calling thread was deep in a stack (hypothesis changes it), as in an xdist
+    # worker after a property test; a fresh thread starts its count at zero.
+    with ThreadPoolExecutor(1) as pool:
+        tree = pool.submit(ast.parse, source, where).result()
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
         elif isinstance(node, ast.Import):

@@ -1,0 +1,197 @@
+"""The owner map: which gateway serves which partition of the stream, learned
+through Kafka.
+
+The gateways that advertise a URL (`THREADLINE_GATEWAY_URL`) form one consumer
+group on the stream topic (`StreamFeed`): each consumes the partitions the group
+assigns it, and serves the live streams of their threads. On every assignment a
+gateway writes what it owns to the compacted `gateways` topic (one partition): key
+`<instance>/<generation>`, value JSON `{"instance", "url", "generation",
+"partitions", "at_ms"}`; it then tombstones its own previous key. Every such
+gateway reads the whole topic and keeps `OwnerMap`: per partition, the claim of the
+newest group generation wins, so a dead gateway's claims lose to the next
+assignment's. Keys two generations old are tombstoned by whoever sees them after
+writing its own: their writer left the group (a crash leaves no tombstone).
+
+Nothing here is static configuration: a gateway added or removed is in the map after
+the group's next rebalance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from gateway.kafka import new_consumer, run_forever, stop_client, stop_task
+from streams.aio import within
+from streams.config import Settings
+from streams.kafka.clients import aiokafka_config
+from streams.topics import TopicSpec
+
+__all__ = ["Claim", "OwnerBoard", "OwnerMap", "owners_topic"]
+
+log = logging.getLogger("threadline.gateway")
+
+_MAX_VALUE_BYTES = 64 * 1024  # a claim names at most a few thousand partitions
+
+
+def owners_topic(settings: Settings) -> TopicSpec:
+    """The `gateways` topic: one partition (a few records per rebalance), compacted."""
+    return TopicSpec(f"{settings.topic_prefix}gateways", 1, settings.replication_factor,
+                     {"cleanup.policy": "compact", "min.compaction.lag.ms": "0",
+                      "min.insync.replicas": "2" if settings.replication_factor >= 3 else "1"})
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """One gateway's partitions as of one group generation."""
+
+    instance: str
+    url: str
+    generation: int
+    partitions: frozenset[int]
+
+    @property
+    def key(self) -> bytes:
+        """Its record's key in the `gateways` topic."""
+        return f"{self.instance}/{self.generation}".encode()
+
+    def to_json(self) -> bytes:
+        """Its record's value."""
+        return json.dumps({"instance": self.instance, "url": self.url,
+                           "generation": self.generation, "partitions": sorted(self.partitions),
+                           "at_ms": int(time.time() * 1000)}).encode()
+
+    @classmethod
+    def from_json(cls, value: bytes) -> Claim:
+        """A claim from its record's value; ValueError if it is not one."""
+        if len(value) > _MAX_VALUE_BYTES:
+            raise ValueError("claim too large")
+        data = json.loads(value)
+        partitions = data["partitions"]
+        if not isinstance(data["instance"], str) or not isinstance(data["url"], str) or \
+                not isinstance(data["generation"], int) or not isinstance(partitions, list) or \
+                not all(isinstance(p, int) and p >= 0 for p in partitions):
+            raise ValueError("not a claim")
+        return cls(data["instance"], data["url"], data["generation"], frozenset(partitions))
+
+
+class OwnerMap:
+    """The claims read so far; per partition the newest generation's claim wins (on a
+    tie, which can only be two records of one gateway, the later one read)."""
+
+    def __init__(self) -> None:
+        self.claims: dict[bytes, Claim] = {}
+        self._owners: dict[int, Claim] = {}
+
+    def put(self, key: bytes, claim: Claim | None) -> None:
+        """A record read: a claim, or a tombstone (None) of the key."""
+        if claim is None:
+            self.claims.pop(key, None)
+        else:
+            self.claims[key] = claim
+        self._owners = {}
+        for each in sorted(self.claims.values(), key=lambda c: c.generation):
+            for partition in each.partitions:
+                self._owners[partition] = each
+
+    def owner(self, partition: int) -> Claim | None:
+        """The gateway that owns `partition` as far as the map knows, or None."""
+        return self._owners.get(partition)
+
+    def newest_generation(self) -> int:
+        """The newest generation any claim names (-1 if none)."""
+        return max((c.generation for c in self.claims.values()), default=-1)
+
+    def stale(self, generation: int) -> list[bytes]:
+        """Keys of claims at least two generations older than `generation`."""
+        return [key for key, c in self.claims.items() if c.generation <= generation - 2]
+
+
+class OwnerBoard:
+    """Writes this gateway's claims and reads everyone's (the `gateways` topic)."""
+
+    def __init__(self, settings: Settings, url: str) -> None:
+        self.settings, self.url = settings, url
+        self.instance = secrets.token_hex(8)  # this process
+        self.topic = owners_topic(settings).name
+        self.map = OwnerMap()
+        self._mine: Claim | None = None
+        self._changed = asyncio.Event()
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start writing, and reading the topic from its start."""
+        self._producer = AIOKafkaProducer(**aiokafka_config(self.settings), acks="all",
+                                          enable_idempotence=True)
+        await self._producer.start()
+        consumer = self._consumer = new_consumer(self.settings, isolation_level="read_uncommitted")
+        await consumer.start()
+        tp = TopicPartition(self.topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        self._task = asyncio.create_task(run_forever("gateways topic", self._step))
+
+    async def stop(self) -> None:
+        """Tombstone this gateway's claim (it leaves), then close."""
+        if self._producer is not None and self._mine is not None:
+            with contextlib.suppress(Exception):
+                await within(self._producer.send_and_wait(self.topic, None, key=self._mine.key),
+                             5.0)
+        await stop_task(self._task)
+        for client in (self._consumer, self._producer):
+            if client is not None:
+                await stop_client(client)
+
+    async def claim(self, generation: int, partitions: Iterable[int]) -> None:
+        """Say that this gateway owns `partitions` as of `generation`."""
+        assert self._producer is not None, "OwnerBoard.start() first"
+        claim = Claim(self.instance, self.url, generation, frozenset(partitions))
+        previous, self._mine = self._mine, claim
+        self.map.put(claim.key, claim)  # at once: this gateway's own view needs no round trip
+        self._changed.set()
+        await self._producer.send_and_wait(self.topic, claim.to_json(), key=claim.key)
+        stale = set(self.map.stale(generation))
+        if previous is not None and previous.key != claim.key:
+            stale.add(previous.key)
+        for key in stale:
+            await self._producer.send_and_wait(self.topic, None, key=key)
+        log.info("gateway %s owns %s (generation %d)", self.instance, sorted(partitions),
+                 generation)
+
+    def owner(self, partition: int) -> Claim | None:
+        """Another gateway's claim on `partition`, or None (unknown, or this one's)."""
+        claim = self.map.owner(partition)
+        return None if claim is None or claim.instance == self.instance else claim
+
+    async def changed(self, timeout_s: float) -> None:
+        """Until the map changes, or `timeout_s`."""
+        self._changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await within(self._changed.wait(), timeout_s)
+
+    async def _step(self) -> None:
+        assert self._consumer is not None
+        batch = await self._consumer.getmany(timeout_ms=1000, max_records=500)
+        for records in batch.values():
+            for record in records:
+                if record.key is None:
+                    continue
+                if record.value is None:
+                    self.map.put(record.key, None)
+                    continue
+                try:
+                    self.map.put(record.key, Claim.from_json(record.value))
+                except (ValueError, KeyError, TypeError) as exc:
+                    log.warning("gateways topic: skipping %r: %s", record.key, exc)
+        if batch:
+            self._changed.set()

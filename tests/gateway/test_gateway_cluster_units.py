@@ -1,0 +1,99 @@
+"""The pure parts of the gateway group (gateway.cluster): the hop's signature and
+the owner map's rule (the newest generation's claim wins)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.cluster.hop import HOP_TTL_S, BadHop, HopSigner
+from gateway.cluster.owners import Claim, OwnerMap
+
+NOW = 1_800_000_000.0
+
+
+def test_a_hop_names_its_tenant_for_that_request_only() -> None:
+    """A hop verifies for the method and path it was signed for, and no other."""
+    signer = HopSigner([b"deployment key"])
+    hop = signer.sign("tenant-a", "GET", "/internal/v1/threads/t1/stream?after=x", NOW)
+    assert signer.verify(hop, "GET", "/internal/v1/threads/t1/stream?after=x", NOW) == "tenant-a"
+    for method, path in (("POST", "/internal/v1/threads/t1/stream?after=x"),
+                         ("GET", "/internal/v1/threads/t2/stream?after=x"),
+                         ("GET", "/internal/v1/threads/t1/stream?after=y")):
+        with pytest.raises(BadHop):
+            signer.verify(hop, method, path, NOW)
+
+
+def test_a_hop_expires_and_needs_the_deployments_key() -> None:
+    """Past its TTL, or under another deployment's key, a hop is refused."""
+    signer = HopSigner([b"deployment key"])
+    hop = signer.sign("tenant-a", "GET", "/p", NOW)
+    with pytest.raises(BadHop, match="expired"):
+        signer.verify(hop, "GET", "/p", NOW + HOP_TTL_S + 1)
+    with pytest.raises(BadHop, match="not signed"):
+        HopSigner([b"another key"]).verify(hop, "GET", "/p", NOW)
+    # A rotated key still verifies while it is listed after the new one.
+    assert HopSigner([b"new key", b"deployment key"]).verify(hop, "GET", "/p", NOW) == "tenant-a"
+
+
+@given(st.text(min_size=0, max_size=300))
+def test_garbage_is_never_a_hop(value: str) -> None:
+    """No text a client could send is taken for a hop."""
+    with pytest.raises(BadHop):
+        HopSigner([b"k"]).verify(value, "GET", "/p", NOW)
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_any_tenant_name_survives_the_hop(tenant: str) -> None:
+    """The tenant comes out as it went in, whatever its characters."""
+    signer = HopSigner([b"k"])
+    assert signer.verify(signer.sign(tenant, "GET", "/p", NOW), "GET", "/p", NOW) == tenant
+
+
+def _claim(instance: str, generation: int, *partitions: int) -> Claim:
+    return Claim(instance, f"http://{instance}:8080", generation, frozenset(partitions))
+
+
+def test_the_newest_generation_owns_a_partition() -> None:
+    """A dead gateway's claim loses to the next generation's; stale keys are found."""
+    owners = OwnerMap()
+    dead = _claim("a", 5, 0, 1, 2, 3)
+    owners.put(dead.key, dead)
+    assert owners.owner(2) == dead
+    survivor = _claim("b", 6, 0, 1, 2, 3)
+    owners.put(survivor.key, survivor)
+    assert all(owners.owner(p) == survivor for p in range(4))
+    assert owners.owner(4) is None
+    later = _claim("b", 8, 0)
+    owners.put(later.key, later)
+    assert owners.stale(8) == [dead.key, survivor.key]
+    owners.put(survivor.key, None)  # its tombstone
+    assert owners.owner(0) == later and owners.owner(1) == dead
+
+
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 9),
+                          st.frozensets(st.integers(0, 11))), max_size=12))
+def test_the_map_is_the_newest_claim_of_each_partition_whatever_the_order(
+        claims: list[tuple[str, int, frozenset[int]]]) -> None:
+    """Per partition, the map names a claim of the newest generation that claims it."""
+    owners = OwnerMap()
+    latest: dict[bytes, Claim] = {}
+    for instance, generation, partitions in claims:
+        claim = Claim(instance, "http://x", generation, partitions)
+        owners.put(claim.key, claim)
+        latest[claim.key] = claim
+    for p in range(12):
+        newest = max((c.generation for c in latest.values() if p in c.partitions), default=None)
+        owner = owners.owner(p)
+        assert (owner.generation if owner else None) == newest
+
+
+def test_a_claims_record_round_trips_and_refuses_junk() -> None:
+    """A claim reads back as written; a record that is not one raises."""
+    claim = _claim("a", 3, 7, 1)
+    assert Claim.from_json(claim.to_json()) == claim
+    for junk in (b"{}", b'{"instance": 1, "url": "u", "generation": 1, "partitions": []}',
+                 b'{"instance": "a", "url": "u", "generation": 1, "partitions": [-1]}', b"[]"):
+        with pytest.raises((ValueError, KeyError, TypeError)):
+            Claim.from_json(junk)

@@ -1,0 +1,230 @@
+"""Gateways that share the stream's partitions (issue #26, its first part): two
+gateways with an advertised URL form a group, each consumes its share of the stream,
+the owner map reaches both through the `gateways` topic, and a stream asked of the
+gateway that does not own its thread is served by the owner, through it: the same
+events, id for id, as the owner sends. When the owner leaves, the stream goes on
+from the last event, on the gateway that takes the partition over."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import replace
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from gateway.app import Options, create_app
+from gateway.kafka import partition_for
+from gateway.keys import FEED, OWNERS
+from streams.config import Settings
+from streams.devtools.broker import free_port
+from streams.testing.process import RoleProcess
+from streams.testing.sse import SseEvent, iter_sse, read_sse
+from tests.gateway.conftest import AUTH_A, Stack
+
+pytestmark = pytest.mark.kafka
+
+
+@asynccontextmanager
+async def _grouped_gateway(settings: Settings) -> AsyncIterator[tuple[str, web.Application]]:
+    """A gateway of the stack's deployment that advertises its URL (joins the group)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    grouped = settings.with_(gateway=replace(settings.gateway, advertised_url=url))
+    app = create_app(grouped, Options(keepalive_s=1))
+    server = TestServer(app, host="127.0.0.1", port=port, handler_cancellation=True)
+    await server.start_server()
+    try:
+        yield url, app
+    finally:
+        await server.close()
+
+
+async def _until(condition: Callable[[], bool], what: str, limit_s: float = 120.0) -> None:
+    """Wait for `condition`, polling; the limit only keeps a broken run from hanging."""
+    for _ in range(int(limit_s / 0.05)):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"never: {what}")
+
+
+def _split(apps: list[web.Application], partitions: int) -> bool:
+    """Every partition owned by exactly one of `apps`, and each app's map agreeing."""
+    owned = [app[FEED].owned or set() for app in apps]
+    if sorted(p for share in owned for p in share) != list(range(partitions)):
+        return False
+    for app in apps:
+        board = app[OWNERS]
+        for other, share in zip(apps, owned, strict=True):
+            for p in share:
+                claim = board.map.owner(p)
+                if claim is None or claim.instance != other[OWNERS].instance:
+                    return False
+    return True
+
+
+async def _thread_on(stack: Stack, app: web.Application, title: str) -> str:
+    """A new thread whose partition `app` owns."""
+    for n in range(200):
+        thread_id = await stack.create_thread(title=f"{title} {n}")
+        if partition_for(thread_id, stack.settings.partitions) in (app[FEED].owned or ()):
+            return thread_id
+    raise AssertionError("no thread landed on the gateway's partitions")
+
+
+def _names(events: list[SseEvent]) -> list[str]:
+    return [e.event for e in events]
+
+
+async def test_a_stream_through_a_gateway_that_does_not_own_it_is_the_owners(
+        stack: Stack) -> None:
+    """The two gateways split the partitions; a run's events read through the gateway
+    that does not own its thread are those read through the owner, id for id, and a
+    resume through the non-owner from an id in the middle gives the owner's tail."""
+    async with _grouped_gateway(stack.settings) as (url_a, app_a), \
+            _grouped_gateway(stack.settings) as (url_b, app_b):
+        await _until(lambda: _split([app_a, app_b], stack.settings.partitions),
+                     "the two gateways split the partitions and agree on the map")
+        assert app_a[FEED].owned and app_b[FEED].owned
+        thread_id = await _thread_on(stack, app_b, "owned by b")
+        status, posted = await stack.post(thread_id, "hello through a")
+        assert status == 202, posted
+        path = f"/v1/runs/{posted['run_id']}/events"
+        via_owner = await read_sse(stack.session, url_b + path, headers=AUTH_A)
+        via_other = await read_sse(stack.session, url_a + path, headers=AUTH_A)
+        # A never read the thread's partition: what it sent came from B.
+        assert partition_for(thread_id, stack.settings.partitions) not in app_a[FEED].last_offsets
+        assert _names(via_owner)[0] == "run_accepted" and _names(via_owner)[-1] == "done"
+        assert [(e.id, e.event, e.data) for e in via_other] == \
+            [(e.id, e.event, e.data) for e in via_owner]
+        ids = [e.id for e in via_owner if e.id]
+        cut = ids[len(ids) // 2]
+        tail = await read_sse(stack.session, url_a + path, headers={**AUTH_A, "Last-Event-ID": cut})
+        assert [e.id for e in tail if e.id] == ids[ids.index(cut) + 1:]
+        # A thread the other gateway owns is served by it directly: nothing forwarded.
+        local_thread = await _thread_on(stack, app_a, "owned by a")
+        status, posted = await stack.post(local_thread, "hello on a")
+        assert status == 202, posted
+        events = await read_sse(stack.session, f"{url_a}/v1/runs/{posted['run_id']}/events",
+                                headers=AUTH_A)
+        assert _names(events)[-1] == "done"
+        # The hop between gateways takes no client key, and no unsigned or forged hop.
+        internal = f"{url_b}/internal/v1/threads/{thread_id}/stream"
+        for headers in ({}, AUTH_A, {"Threadline-Hop": "dGVuYW50LWE.9999999999.00"}):
+            async with stack.session.get(internal, headers=headers) as refused:
+                assert refused.status == 401, (headers, await refused.text())
+
+
+async def test_a_forwarded_stream_goes_on_when_its_owner_leaves(stack: Stack) -> None:
+    """A thread stream read through A of a thread B owns: B leaves the group, A takes
+    the partition over, and the same connection goes on with the next run's events,
+    each id once and in order."""
+    async with _grouped_gateway(stack.settings) as (url_a, app_a):
+        async with _grouped_gateway(stack.settings) as (_url_b, app_b):
+            await _until(lambda: _split([app_a, app_b], stack.settings.partitions),
+                         "the two gateways split the partitions")
+            thread_id = await _thread_on(stack, app_b, "moves")
+            partition = partition_for(thread_id, stack.settings.partitions)
+            seen: list[SseEvent] = []
+            first_done = asyncio.Event()
+
+            async def watch(response: aiohttp.ClientResponse) -> None:
+                async for event in iter_sse(response):
+                    seen.append(event)
+                    if event.event == "done":
+                        if first_done.is_set():
+                            return
+                        first_done.set()
+
+            response = await stack.session.get(f"{url_a}/v1/threads/{thread_id}/stream",
+                                               headers=AUTH_A)
+            assert response.status == 200, await response.text()
+            watcher = asyncio.create_task(watch(response))
+            status, posted = await stack.post(thread_id, "first, while b owns it")
+            assert status == 202, posted
+            await asyncio.wait_for(first_done.wait(), 60)
+            # B leaves here: its partitions come to A, the only member left.
+        try:
+            await _until(lambda: app_a[FEED].owns(partition), "A owns the thread's partition")
+            status, posted = await stack.post(thread_id, "second, after b left")
+            assert status == 202, posted
+            await asyncio.wait_for(watcher, 60)  # the same connection, on to the second `done`
+        finally:
+            response.close()
+    ids = [e.id for e in seen if e.id]
+    assert len(ids) == len(set(ids)), "an event was repeated"
+    names = _names(seen)
+    assert names.count("run_accepted") == 2 and names.count("done") == 2, names
+
+
+async def test_a_forwarded_stream_goes_on_when_its_owner_is_killed(stack: Stack) -> None:
+    """B, a gateway process, owns the thread; a client reads the thread's stream through
+    A. B is killed with SIGKILL: once its session expires, A takes the partition over
+    and the client's one connection goes on with the next run's events from A's own
+    feed, each id once."""
+    port = free_port()
+    env = {**stack.env, "THREADLINE_HTTP_PORT": str(port),
+           "THREADLINE_GATEWAY_URL": f"http://127.0.0.1:{port}"}
+    gateway_b = RoleProcess("gateway", env, stack.folder / f"gateway-{port}.log").start()
+    response: aiohttp.ClientResponse | None = None
+    try:
+        async with _grouped_gateway(stack.settings) as (url_a, app_a):
+            every = set(range(stack.settings.partitions))
+
+            def b_owns_a_share() -> bool:
+                owned = app_a[FEED].owned or every
+                rest = every - owned
+                claims = [app_a[OWNERS].owner(p) for p in rest]
+                return bool(rest) and all(c is not None and c.url.endswith(f":{port}")
+                                          for c in claims)
+
+            await _until(lambda: b_owns_a_share() or not gateway_b.alive(),
+                         "gateway B owns a share, as A's map says")
+            assert gateway_b.alive(), gateway_b.tail()
+            thread_id = None
+            for n in range(200):
+                candidate = await stack.create_thread(title=f"killed owner {n}")
+                if not app_a[FEED].owns(partition_for(candidate, stack.settings.partitions)):
+                    thread_id = candidate
+                    break
+            assert thread_id is not None
+            partition = partition_for(thread_id, stack.settings.partitions)
+            seen: list[SseEvent] = []
+            first_done = asyncio.Event()
+
+            async def watch(stream: aiohttp.ClientResponse) -> None:
+                async for event in iter_sse(stream):
+                    seen.append(event)
+                    if event.event == "done":
+                        if first_done.is_set():
+                            return
+                        first_done.set()
+
+            response = await stack.session.get(f"{url_a}/v1/threads/{thread_id}/stream",
+                                               headers=AUTH_A)
+            assert response.status == 200, await response.text()
+            watcher = asyncio.create_task(watch(response))
+            status, posted = await stack.post(thread_id, "first, while b owns it")
+            assert status == 202, posted
+            await asyncio.wait_for(first_done.wait(), 60)
+            gateway_b.kill9()
+            status, posted = await stack.post(thread_id, "second, b is dead")
+            assert status == 202, posted
+            await _until(lambda: app_a[FEED].owns(partition), "A owns the dead B's partition")
+            try:
+                await asyncio.wait_for(watcher, 90)
+            finally:
+                response.close()  # before A stops: its server waits for open streams
+    finally:
+        if response is not None:
+            response.close()
+        gateway_b.stop()
+    ids = [e.id for e in seen if e.id]
+    assert len(ids) == len(set(ids)), "an event was repeated"
+    names = _names(seen)
+    assert names.count("run_accepted") == 2 and names.count("done") == 2, names
