@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Debian packages some tests drive as real clients: Chromium (tests/browser),
-# Prometheus (tests/observability), node and npm (tests/frontends, tests/browser).
+# Prometheus (tests/observability), node and npm (tests/frontends, tests/browser),
+# HAProxy (tests/cluster: several gateways behind a load balancer).
 # `make test` runs this: as root with apt-get it installs what is missing; otherwise it
 # says what is missing, and those tests skip (or, with CI=true, fail).
 set -u
@@ -9,6 +10,7 @@ command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   echo "system-deps: installing ${missing[*]} (Debian packages)"

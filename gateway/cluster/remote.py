@@ -49,6 +49,7 @@ from gateway.http.auth import INTERNAL_PREFIX
 from gateway.http.problems import Problem
 from gateway.live.run_stream import KEEP_ALIVE, Gone, Item, KeepAlive
 from gateway.live.sse import SseEvent
+from streams.aio import within
 from streams.observability.metrics import gateway_metrics
 
 __all__ = ["INTERNAL_PREFIX", "Forwarder", "RemoteEventStream", "item_line"]
@@ -210,11 +211,15 @@ class RemoteEventStream:
                     body = await response.read()
                     response.release()
                     if response.status not in (421, 502, 503):
+                        log.info("stream of %s: owner %s answered %d: %s", self.thread_id,
+                                 claim.url, response.status, body[:300])
                         if first:
                             raise _problem(response.status, body)
                         return None
                     tried.add(claim.key)  # not the owner (any more), or not ready
             if time.monotonic() > deadline:
+                log.warning("stream of %s: no owner of partition %d answered in %.0f s",
+                            self.thread_id, self._partition, self._forwarder.owner_wait_s)
                 if first:
                     raise Problem(503, "unavailable", "no gateway serves this thread's stream "
                                   "now; retry", headers={"Retry-After": "1"})
@@ -374,7 +379,7 @@ class RemoteEventStream:
         if pump is None or pump.done() or self.ended:
             return False
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(pump), self.keepalive_s)
+            await within(asyncio.shield(pump), self.keepalive_s)
         return not pump.done() and not self.ended
 
     async def aclose(self) -> None:

@@ -326,15 +326,17 @@ class StreamFeed:
         self._started.set()
 
     def owns(self, partition: int) -> bool:
-        """Whether this gateway serves the partition's streams (without a group: all)."""
-        return self.owned is None or partition in self.owned
+        """Whether this gateway serves the partition's streams (without a group: all):
+        assigned to it, and its start found. Between the two a stream would take the
+        window for complete from offset 0 and miss what precedes the start."""
+        return self.owned is None or (partition in self.owned and partition in self.start_offsets)
 
     async def assigned(self, partitions: set[int], generation: int) -> None:
         """The group gave this gateway `partitions` (eager: all of its share anew).
         Those it kept go on where they were; those it lost end their streams (their
         clients resume through the new owner) and are forgotten; new ones start as
         at start-up."""
-        before = set(self.start_offsets) if self.owned is None else self.owned
+        before = set(self.start_offsets)  # the partitions held, their start found
         lost, new = before - partitions, partitions - before
         self.owned = set(partitions)
         if lost:
@@ -344,7 +346,11 @@ class StreamFeed:
             consumer.seek(TopicPartition(self.topic, partition),
                           self.last_offsets.get(partition, -1) + 1)
         if new:
-            await self._seek_starts([TopicPartition(self.topic, p) for p in sorted(new)])
+            try:
+                await self._seek_starts([TopicPartition(self.topic, p) for p in sorted(new)])
+            except Exception:  # Kafka unreachable: the next fetch step tries again
+                log.warning("stream feed: the start of %s not found yet", sorted(new),
+                            exc_info=True)
         self._assigned.set()
         if self.on_owned is not None:
             await self.on_owned(generation, sorted(partitions))
@@ -515,6 +521,8 @@ class StreamFeed:
                 return
 
     async def _step(self) -> None:
+        if self.owned is not None and (unstarted := self.owned - set(self.start_offsets)):
+            await self._seek_starts([TopicPartition(self.topic, p) for p in sorted(unstarted)])
         batch = await self._consumer.getmany(timeout_ms=1000, max_records=2000)
         await self.codec.prepare(r.value for rs in batch.values() for r in rs)
         try:
@@ -522,8 +530,9 @@ class StreamFeed:
                 partition = tp.partition
                 if self.owned is not None:
                     # A rebalance may have come since the fetch (at the await above):
-                    # a partition lost, or one kept and sought back to its position.
-                    if partition not in self.owned:
+                    # a partition lost, one not yet sought to its start, or one kept
+                    # and sought back to its position.
+                    if not self.owns(partition):
                         continue
                     seen = self.last_offsets.get(partition, -1)
                     records = [r for r in records if r.offset > seen]

@@ -1,0 +1,104 @@
+"""HAProxy (the Debian package) in front of several gateways, for tests and the chaos
+program: round robin per request, no affinity, as issue #26 asks of a deployment.
+
+A request to a server that refuses the connection is sent to another (`retry-on
+conn-failure`, `option redispatch`); a killed gateway is taken out once two health
+checks of `/livez`, half a second apart, fail, and put back once one passes. SSE
+responses are long reads: the client and server timeouts are an hour, and HAProxy
+does not buffer (it never does for a streamed HTTP/1.1 body).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Self
+
+__all__ = ["HAProxy", "haproxy_binary"]
+
+
+def haproxy_binary() -> str | None:
+    """The haproxy executable, or None where it is not installed."""
+    return shutil.which("haproxy") or (
+        "/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None)
+
+
+class HAProxy:
+    """One HAProxy process balancing `127.0.0.1:port` over the gateways' ports."""
+
+    def __init__(self, port: int, servers: list[int], folder: Path) -> None:
+        self.port, self.servers, self.folder = port, servers, folder
+        self.config = folder / "haproxy.cfg"
+        self.log = folder / "haproxy.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base(self) -> str:
+        """The URL clients use."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def render(self) -> str:
+        """The configuration file's text."""
+        servers = "\n".join(f"    server g{n} 127.0.0.1:{port} check"
+                            for n, port in enumerate(self.servers))
+        return f"""global
+    maxconn 4000
+defaults
+    mode http
+    option redispatch
+    retries 3
+    retry-on conn-failure empty-response
+    timeout connect 2s
+    timeout client 1h
+    timeout server 1h
+    timeout tunnel 1h
+    timeout http-request 30s
+frontend threadline
+    bind 127.0.0.1:{self.port}
+    default_backend gateways
+backend gateways
+    balance roundrobin
+    option httpchk GET /livez
+    default-server inter 500ms fastinter 250ms downinter 500ms fall 2 rise 1
+{servers}
+"""
+
+    def start(self) -> Self:
+        """Write the configuration and start HAProxy in the foreground (-db)."""
+        binary = haproxy_binary()
+        if binary is None:
+            raise FileNotFoundError("haproxy is not installed (apt-get install haproxy)")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.config.write_text(self.render())
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([binary, "-db", "-f", str(self.config)], stdout=out,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return self
+
+    def wait_serving(self, path: str = "/livez", timeout_s: float = 60.0) -> None:
+        """Until a request through HAProxy is answered by a gateway."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()
+            try:
+                with urllib.request.urlopen(self.base + path, timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"HAProxy did not serve {path}:\n{self.log.read_text()}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        """Stop HAProxy."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

@@ -1,0 +1,149 @@
+"""Clients through HAProxy in front of three gateways that share the stream (issue
+#26), with the gateway that owns the thread killed with SIGKILL in the middle of a
+run: the native REST flow, a real browser's EventSource (Chromium) and langgraph-sdk's
+join stream each get every run whole, with no gap and no repeat."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+from typing import Any
+
+import pytest
+from langgraph_sdk import get_client
+
+from tests.browser_kit import LAUNCH_ARGS, chromium
+from tests.cluster.conftest import KEY, Cluster
+
+pytestmark = pytest.mark.kafka
+
+
+def _sse(cluster: Cluster, path: str) -> list[tuple[str | None, str, str]]:
+    """A finite SSE response through HAProxy, read whole: (id, event, data) of each."""
+    import urllib.request
+
+    request = urllib.request.Request(cluster.base + path,
+                                     headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        body = response.read().decode()
+    events = []
+    for frame in body.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in frame.splitlines() if ": " in line)
+        if "event" in fields:
+            events.append((fields.get("id"), fields["event"], fields.get("data", "")))
+    return events
+
+
+def test_the_rest_flow_goes_on_while_the_owner_is_killed(cluster: Cluster) -> None:
+    """Create, post, a 409 for a concurrent post, the run's events, the stored answer;
+    the thread's owner killed with SIGKILL mid-run and started again, and a second
+    run: each run's events whole and once, each answer stored once."""
+    status, thread = cluster.call("POST", "/v1/threads", {"title": "behind haproxy"})
+    assert status == 201, thread
+    thread_id = thread["thread_id"]
+    runs = []
+    for n in range(2):
+        status, accepted = cluster.call("POST", f"/v1/threads/{thread_id}/user_message",
+                                        {"input_text": f"message {n}"})
+        assert status == 202, accepted
+        runs.append(accepted["run_id"])
+        status, busy = cluster.call("POST", f"/v1/threads/{thread_id}/user_message",
+                                    {"input_text": "while it runs"})
+        assert status == 409 and busy["active_run_id"] == accepted["run_id"], busy
+        if n == 0:
+            owner = cluster.owner(thread_id)
+            cluster.gateways[owner].kill9()
+            cluster.gateways[owner].start()
+        events = _sse(cluster, f"/v1/runs/{accepted['run_id']}/events")
+        names = [name for _, name, _ in events]
+        assert names[0] == "run_accepted" and names[-1] == "done", (names, cluster.logs())
+        ids = [i for i, _, _ in events if i]
+        assert len(ids) == len(set(ids))
+    status, listing = cluster.call("GET", f"/v1/threads/{thread_id}/messages")
+    assert status == 200, listing
+    answers = [m for m in listing["messages"] if m["role"] == "assistant"]
+    assert [a["run_id"] for a in answers] == runs
+
+
+def test_a_browser_eventsource_sees_every_run_whole_across_owner_kills(cluster: Cluster) -> None:
+    """Chromium's EventSource, through HAProxy, watches a thread; in each of three runs,
+    once the browser has its first token, the thread's owner is killed with SIGKILL
+    (and started again): every run arrives whole, no event twice."""
+    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    browser_path = chromium()
+    status, thread = cluster.call("POST", "/v1/threads", {"title": "browser"})
+    assert status == 201
+    thread_id = thread["thread_id"]
+    with playwright.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=browser_path, args=LAUNCH_ARGS)
+        page = browser.new_page()
+        page.goto(f"{cluster.base}/demo#key={KEY}&thread={thread_id}")
+        page.wait_for_function("window.threadline && window.threadline.opens >= 1",
+                               timeout=60_000)
+        runs = []
+        deltas = "window.threadline.events.filter(e => e.type === 'text_delta').length"
+        for n in range(3):
+            before = page.evaluate(deltas)
+            status, accepted = cluster.call("POST", f"/v1/threads/{thread_id}/user_message",
+                                            {"input_text": f"message {n}"})
+            assert status == 202, accepted
+            runs.append(accepted["run_id"])
+            page.wait_for_function(f"{deltas} > {before}", timeout=60_000)
+            owner = cluster.owner(thread_id)
+            cluster.gateways[owner].kill9()
+            cluster.gateways[owner].start()
+            try:
+                page.wait_for_function(
+                    f"window.threadline.events.filter(e => e.type === 'done').length >= {n + 1}",
+                    timeout=120_000)
+            except Exception:
+                seen = page.evaluate("[window.threadline.opens, window.threadline.errors, "
+                                     "window.threadline.events.slice(-3)]")
+                raise AssertionError(f"run {n}: browser (opens, errors, last) {seen}\n"
+                                     f"{cluster.logs()}") from None
+        events = page.evaluate("window.threadline.events")
+        browser.close()
+    status, listing = cluster.call("GET", f"/v1/threads/{thread_id}/messages")
+    assert status == 200
+    ids = [e["id"] for e in events]
+    assert len(ids) == len(set(ids)), "an event reached the browser twice"
+    by_run: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    for event in events:
+        data = json.loads(event["data"]) if event["data"] != "[DONE]" else {}
+        by_run[data.get("run_id", (by_run and list(by_run)[-1]) or "")].append({**event, **data})
+    answers = [m for m in listing["messages"] if m["role"] == "assistant"]
+    assert [a["run_id"] for a in answers] == runs
+    for run_id, answer in zip(runs, answers, strict=True):
+        kinds = [e["type"] for e in by_run[run_id]]
+        assert kinds[0] == "run_accepted" and kinds[-1] == "done", kinds
+        assert kinds.count("done") == 1
+        assert "".join(e["delta"] for e in by_run[run_id] if e["type"] == "text_delta") == \
+            answer["text"]
+
+
+async def test_langgraph_join_stream_across_an_owner_kill(cluster: Cluster) -> None:
+    """langgraph-sdk's join_stream through HAProxy; the owner killed with SIGKILL after
+    the second message part: the SDK's own reconnect (Last-Event-ID) through HAProxy
+    gives the parts of an uninterrupted stream, equal to the stored answer."""
+    client = get_client(url=f"{cluster.base}/langgraph", api_key=KEY)
+    thread_id = (await client.threads.create())["thread_id"]
+    story: dict[str, Any] = {
+        "messages": [{"role": "user", "content": "[slow] tell me a long story"}]}
+    run = await client.runs.create(thread_id, "agent", input=story)
+    parts = []
+    killed = False
+    async for part in client.runs.join_stream(thread_id, run["run_id"],
+                                              stream_mode=["messages-tuple"]):
+        parts.append(part)
+        if not killed and sum(p.event == "messages" for p in parts) == 2:
+            owner = await asyncio.to_thread(cluster.owner, thread_id)
+            cluster.gateways[owner].kill9()
+            cluster.gateways[owner].start()
+            killed = True
+    assert killed and sum(p.event == "messages" for p in parts) > 2
+    state: Any = await client.threads.get_state(thread_id)
+    stored = state["values"]["messages"][-1]
+    assert stored["type"] == "ai", state
+    assert "".join(p.data[0]["content"] for p in parts if p.event == "messages") == \
+        stored["content"]
