@@ -49,7 +49,6 @@ from gateway.http.auth import INTERNAL_PREFIX
 from gateway.http.problems import Problem
 from gateway.live.run_stream import KEEP_ALIVE, Gone, Item, KeepAlive
 from gateway.live.sse import SseEvent
-from streams.aio import within
 from streams.observability.metrics import gateway_metrics
 
 __all__ = ["INTERNAL_PREFIX", "Forwarder", "RemoteEventStream", "item_line"]
@@ -216,7 +215,11 @@ class RemoteEventStream:
                         if first:
                             raise _problem(response.status, body)
                         return None
-                    tried.add(claim.key)  # not the owner (any more), or not ready
+                    # Not the owner (any more), or not ready yet (its start not found):
+                    # ask it again shortly, or whoever the map names next.
+                    if time.monotonic() <= deadline:
+                        await board.changed(0.2)
+                        continue
             if time.monotonic() > deadline:
                 log.warning("stream of %s: no owner of partition %d answered in %.0f s",
                             self.thread_id, self._partition, self._forwarder.owner_wait_s)
@@ -364,22 +367,24 @@ class RemoteEventStream:
             async for item in self.live():
                 if isinstance(item, list) and not sink(item):
                     break
+                if self.ended:  # the sink ended it (`finish`)
+                    break
 
         self._pump = asyncio.create_task(pump())
 
     def finish(self) -> None:
-        """End the stream here (its client has what it needs)."""
+        """End the stream here (its client has what it needs): after the batch being
+        written, nothing more is."""
         self.ended = True
-        if self._pump is not None:
-            self._pump.cancel()
 
     async def idle(self) -> bool:
         """While attached: wait up to `keepalive_s`; False once the stream is over."""
         pump = self._pump
         if pump is None or pump.done() or self.ended:
             return False
-        with contextlib.suppress(TimeoutError):
-            await within(asyncio.shield(pump), self.keepalive_s)
+        # asyncio.wait, not an await of the task: the pump's end, however it came,
+        # must not be raised here (a cancelled pump would cancel the response's task).
+        await asyncio.wait({pump}, timeout=self.keepalive_s)
         return not pump.done() and not self.ended
 
     async def aclose(self) -> None:

@@ -274,10 +274,8 @@ class StreamFeed:
         self._started.set()
 
     async def _wait_for_read_model(self, load_timeout_s: float) -> None:
-        # The read model must reflect at least every run accepted before the ends read next.
         if not await self.read_model.wait_loaded(load_timeout_s):
             log.warning("stream feed: the threads read model did not load in time")
-        await self.read_model.catch_up()
 
     async def _seek_starts(self, tps: list[TopicPartition]) -> None:
         """Seek each partition to its end now, or earlier where a run was active (found
@@ -286,6 +284,8 @@ class StreamFeed:
         ends = await self.offsets.end(tps)  # last stable offsets (read_committed)
         begins = await self.offsets.beginning(tps)
         wanted = {tp.partition for tp in tps}
+        # After the ends: the model then holds every run accepted before them.
+        await self.read_model.catch_up(sorted(wanted))
         earliest: dict[TopicPartition, int] = {}
         for thread_id, _run_id, accepted_ms in self.read_model.active_runs():
             partition = partition_for(thread_id, self.settings.partitions)
@@ -346,9 +346,13 @@ class StreamFeed:
             consumer.seek(TopicPartition(self.topic, partition),
                           self.last_offsets.get(partition, -1) + 1)
         if new:
+            # Here, not in the fetch loop: aiokafka's fetcher is not woken by a resume,
+            # so the new partitions cannot wait paused. It costs a few offset queries
+            # and the read model's catch-up on them (milliseconds when it keeps up; no
+            # heartbeat goes out meanwhile).
             try:
                 await self._seek_starts([TopicPartition(self.topic, p) for p in sorted(new)])
-            except Exception:  # Kafka unreachable: the next fetch step tries again
+            except Exception:  # Kafka unreachable: the fetch loop tries again
                 log.warning("stream feed: the start of %s not found yet", sorted(new),
                             exc_info=True)
         self._assigned.set()

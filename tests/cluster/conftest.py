@@ -22,8 +22,10 @@ from streams.devtools.broker import free_port
 from streams.testing.haproxy import HAProxy, haproxy_binary
 from streams.testing.process import RoleProcess, wait_for
 from streams.testing.stack import fresh_env, running_roles, unique_prefix
+from tests.frontends.stack import KEY as FRONTENDS_KEY
 
-KEY = "cluster-key"
+KEY = FRONTENDS_KEY  # the key the Node scripts send (tests/frontends/stack.py)
+TENANT = "tenant-c"
 GATEWAYS = 3
 
 
@@ -111,7 +113,7 @@ def running_cluster(bootstrap: str, folder: Path, **extra: str) -> Iterator[Clus
     """The roles, three grouped gateways and HAProxy, split and serving; stopped after."""
     _need_haproxy()
     env = {**fresh_env(bootstrap, folder, prefix=unique_prefix("c"),
-                       THREADLINE_API_KEYS=f"{KEY}=tenant-c", THREADLINE_DECISION_TIMEOUT_S="10",
+                       THREADLINE_API_KEYS=f"{KEY}={TENANT}", THREADLINE_DECISION_TIMEOUT_S="10",
                        THREADLINE_AGENT_TOKENS_PER_S="40", THREADLINE_AGENT_WORDS="30"), **extra}
     ports = [free_port() for _ in range(GATEWAYS)]
     gateways = [RoleProcess("gateway", {**env, "THREADLINE_HTTP_PORT": str(port),

@@ -1,11 +1,11 @@
 """Clients through HAProxy in front of three gateways that share the stream (issue
 #26), with the gateway that owns the thread killed with SIGKILL in the middle of a
-run: the native REST flow, a real browser's EventSource (Chromium) and langgraph-sdk's
-join stream each get every run whole, with no gap and no repeat."""
+run: the native REST flow, a real browser's EventSource (Chromium), langgraph-sdk's
+join stream and the AI SDK's chat (in Node) each get every run whole, with no gap
+and no repeat."""
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import json
 from typing import Any
@@ -13,26 +13,40 @@ from typing import Any
 import pytest
 from langgraph_sdk import get_client
 
+from gateway.adapters.ai_sdk.chat import chat_thread_id
 from tests.browser_kit import LAUNCH_ARGS, chromium
-from tests.cluster.conftest import KEY, Cluster
+from tests.cluster.conftest import KEY, TENANT, Cluster
+from tests.frontends.stack import ProcessStack
+from tests.frontends.test_ai_sdk import NodeScript
 
 pytestmark = pytest.mark.kafka
 
 
 def _sse(cluster: Cluster, path: str) -> list[tuple[str | None, str, str]]:
-    """A finite SSE response through HAProxy, read whole: (id, event, data) of each."""
+    """A run's SSE events through HAProxy until its `done`, read as a client reads
+    them: a response that ends (or breaks) before `done` is resumed from the last id
+    received (`Last-Event-ID`). (id, event, data) of each event."""
+    import http.client
     import urllib.request
 
-    request = urllib.request.Request(cluster.base + path,
-                                     headers={"Authorization": f"Bearer {KEY}"})
-    with urllib.request.urlopen(request, timeout=120) as response:
-        body = response.read().decode()
-    events = []
-    for frame in body.split("\n\n"):
-        fields = dict(line.split(": ", 1) for line in frame.splitlines() if ": " in line)
-        if "event" in fields:
-            events.append((fields.get("id"), fields["event"], fields.get("data", "")))
-    return events
+    events: list[tuple[str | None, str, str]] = []
+    for _ in range(20):
+        last = next((i for i, _, _ in reversed(events) if i), None)
+        headers = {"Authorization": f"Bearer {KEY}", **({"Last-Event-ID": last} if last else {})}
+        request = urllib.request.Request(cluster.base + path, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                for frame in response.read().decode().split("\n\n"):
+                    fields = dict(line.split(": ", 1) for line in frame.splitlines()
+                                  if ": " in line)
+                    if "event" in fields:
+                        events.append((fields.get("id"), fields["event"], fields.get("data", "")))
+        except (http.client.IncompleteRead, ConnectionError) as exc:
+            print(f"\nthe stream of {path} broke ({exc!r}); resuming")
+            continue  # what it read before the break is lost with it: resume from the last id kept
+        if events and events[-1][1] == "done":
+            return events
+    raise AssertionError(f"no `done` after 20 connections: {[e[1] for e in events]}")
 
 
 def test_the_rest_flow_goes_on_while_the_owner_is_killed(cluster: Cluster) -> None:
@@ -137,7 +151,7 @@ async def test_langgraph_join_stream_across_an_owner_kill(cluster: Cluster) -> N
                                               stream_mode=["messages-tuple"]):
         parts.append(part)
         if not killed and sum(p.event == "messages" for p in parts) == 2:
-            owner = await asyncio.to_thread(cluster.owner, thread_id)
+            owner = cluster.owner(thread_id)  # blocking, briefly: the test waits anyway
             cluster.gateways[owner].kill9()
             cluster.gateways[owner].start()
             killed = True
@@ -147,3 +161,29 @@ async def test_langgraph_join_stream_across_an_owner_kill(cluster: Cluster) -> N
     assert stored["type"] == "ai", state
     assert "".join(p.data[0]["content"] for p in parts if p.event == "messages") == \
         stored["content"]
+
+
+def test_the_ai_sdk_chat_ends_with_the_stored_text_across_an_owner_kill(cluster: Cluster) -> None:
+    """The AI SDK's Chat in Node, through HAProxy; once it streams, the chat's owner is
+    killed with SIGKILL and started again. Its fetch either broke (it went through that
+    gateway: `resumeStream()` replays the run) or went on (another gateway forwarded
+    it): either way the answer ends equal to the stored message, and what was shown
+    before the kill is where it began."""
+    via = ProcessStack(cluster.base, cluster.env, cluster.gateways[0], cluster.gateways[1],
+                       cluster.gateways[2])  # the Node script reads `base` alone
+    script = NodeScript(via, "resumeBehindBalancer")
+    _, streaming = script.until("MARK")
+    assert streaming["chars"] > 0
+    owner = cluster.owner(chat_thread_id(TENANT, streaming["chatId"]))
+    cluster.gateways[owner].kill9()
+    script.go("killed")
+    cluster.gateways[owner].start()
+    script.go("restarted")
+    result = script.result()
+    assert result["status"] == "ready", result["errors"]
+    answers = [m for m in result["stored"] if m["role"] == "assistant"]
+    assert len(answers) == 1, cluster.logs()
+    stored_text = "".join(p["text"] for p in answers[0]["parts"] if p["type"] == "text")
+    assert result["text"] == stored_text and result["id"] == answers[0]["id"]
+    assert result["text"].startswith(result["seenBefore"])
+    print(f"\nAI SDK behind HAProxy: fetch after the kill: {result['statusAfterKill']}")

@@ -8,15 +8,18 @@ from the last event, on the gateway that takes the partition over."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from gateway.adapters.ai_sdk.chat import chat_thread_id
 from gateway.app import Options, create_app
 from gateway.kafka import partition_for
 from gateway.keys import FEED, OWNERS
@@ -228,3 +231,100 @@ async def test_a_forwarded_stream_goes_on_when_its_owner_is_killed(stack: Stack)
     assert len(ids) == len(set(ids)), "an event was repeated"
     names = _names(seen)
     assert names.count("run_accepted") == 2 and names.count("done") == 2, names
+
+
+async def test_a_forwarded_run_stream_survives_its_owner_killed_mid_run(stack: Stack) -> None:
+    """A run's events read through A while B, the owner, is killed with SIGKILL in the
+    middle of the run: the one response goes on to `done`, each event once, and ends
+    with the events an uninterrupted reader got."""
+    port = free_port()
+    env = {**stack.env, "THREADLINE_HTTP_PORT": str(port),
+           "THREADLINE_GATEWAY_URL": f"http://127.0.0.1:{port}"}
+    gateway_b = RoleProcess("gateway", env, stack.folder / f"gateway-{port}.log").start()
+    try:
+        async with _grouped_gateway(stack.settings) as (url_a, app_a):
+            every = set(range(stack.settings.partitions))
+
+            def b_owns_a_share() -> bool:
+                rest = every - (app_a[FEED].owned or every)
+                return bool(rest) and all(
+                    (c := app_a[OWNERS].owner(p)) is not None and c.url.endswith(f":{port}")
+                    for p in rest)
+
+            await _until(lambda: b_owns_a_share() or not gateway_b.alive(),
+                         "gateway B owns a share, as A's map says")
+            assert gateway_b.alive(), gateway_b.tail()
+            thread_id = None
+            for n in range(200):
+                candidate = await stack.create_thread(title=f"killed mid-run {n}")
+                if not app_a[FEED].owns(partition_for(candidate, stack.settings.partitions)):
+                    thread_id = candidate
+                    break
+            assert thread_id is not None
+            status, posted = await stack.post(thread_id, "[slow] " + " ".join(["word"] * 30))
+            assert status == 202, posted
+            path = f"/v1/runs/{posted['run_id']}/events"
+            seen: list[SseEvent] = []
+            async with stack.session.get(url_a + path, headers=AUTH_A) as response:
+                assert response.status == 200, await response.text()
+                async for event in iter_sse(response):
+                    seen.append(event)
+                    if event.event == "text_delta" and gateway_b.alive():
+                        gateway_b.kill9()
+                    if event.event == "done":
+                        break
+            whole = await read_sse(stack.session, stack.url(path), headers=AUTH_A, timeout=90)
+    finally:
+        gateway_b.stop()
+    assert not gateway_b.alive()
+    assert [(e.id, e.event, e.data) for e in seen] == [(e.id, e.event, e.data) for e in whole]
+
+
+async def test_an_ai_sdk_chat_through_a_non_owner_ends_whole_across_the_owners_kill(
+        stack: Stack) -> None:
+    """The AI SDK's chat POST on A, its thread owned by B, B killed with SIGKILL at the
+    first text: A's response goes on from the new owner and ends as the UI message
+    stream ends (a `finish` chunk, then `[DONE]`), its text the stored answer's."""
+    port = free_port()
+    env = {**stack.env, "THREADLINE_HTTP_PORT": str(port),
+           "THREADLINE_GATEWAY_URL": f"http://127.0.0.1:{port}"}
+    gateway_b = RoleProcess("gateway", env, stack.folder / f"gateway-{port}.log").start()
+    try:
+        async with _grouped_gateway(stack.settings) as (url_a, app_a):
+            every = set(range(stack.settings.partitions))
+
+            def b_owns_a_share() -> bool:
+                rest = every - (app_a[FEED].owned or every)
+                return bool(rest) and all(
+                    (c := app_a[OWNERS].owner(p)) is not None and c.url.endswith(f":{port}")
+                    for p in rest)
+
+            await _until(lambda: b_owns_a_share() or not gateway_b.alive(),
+                         "gateway B owns a share, as A's map says")
+            assert gateway_b.alive(), gateway_b.tail()
+            chat_id = next(c for c in (f"group-chat-{n}-{port}" for n in range(500))
+                           if not app_a[FEED].owns(partition_for(
+                               chat_thread_id("tenant-a", c), stack.settings.partitions)))
+            body = {"id": chat_id, "messages": [{"id": "u1", "role": "user", "parts": [
+                {"type": "text", "text": "[slow] " + " ".join(["word"] * 30)}]}]}
+            chunks: list[dict[str, Any]] = []
+            async with stack.session.post(url_a + "/v1/ai/chat", json=body,
+                                          headers=AUTH_A) as response:
+                assert response.status == 200, await response.text()
+                while raw := await response.content.readline():
+                    data = raw.decode().strip().removeprefix("data: ")
+                    if not data.startswith("{") and data != "[DONE]":
+                        continue
+                    chunks.append({"type": "[DONE]"} if data == "[DONE]" else json.loads(data))
+                    if chunks[-1]["type"] == "text-delta" and gateway_b.alive():
+                        gateway_b.kill9()
+            status, stored = await stack.get(f"/v1/ai/chat/{chat_id}/messages")
+    finally:
+        gateway_b.stop()
+    assert not gateway_b.alive()
+    kinds = [c["type"] for c in chunks]
+    assert kinds[-2:] == ["finish", "[DONE]"], kinds
+    assert status == 200, stored
+    answer = [m for m in stored["messages"] if m["role"] == "assistant"][-1]
+    assert "".join(c["delta"] for c in chunks if c["type"] == "text-delta") == \
+        "".join(p["text"] for p in answer["parts"] if p["type"] == "text")

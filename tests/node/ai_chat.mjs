@@ -15,11 +15,15 @@ const api = `${base}/v1/ai/chat`;
 
 const lines = createInterface({ input: process.stdin });
 const waiting = new Map();
+const released = new Set();  // GO lines that came before the script waited for them
 lines.on("line", (line) => {
   const [word, name] = line.trim().split(" ");
-  if (word === "GO" && waiting.has(name)) { waiting.get(name)(); waiting.delete(name); }
+  if (word !== "GO") return;
+  if (waiting.has(name)) { waiting.get(name)(); waiting.delete(name); } else released.add(name);
 });
-const go = (name) => new Promise((resolve) => waiting.set(name, resolve));
+const go = (name) => new Promise((resolve) => {
+  if (released.delete(name)) resolve(); else waiting.set(name, resolve);
+});
 const mark = (name, data = {}) => console.log(`MARK ${name} ${JSON.stringify(data)}`);
 
 class State {
@@ -192,6 +196,30 @@ const scenarios = {
     // and let the replay rebuild it whole.
     if (chat.lastMessage && chat.lastMessage.role === "assistant") chat.messages = chat.messages.slice(0, -1);
     await chat.resumeStream();
+    const message = lastAssistant(chat);
+    return { chatId: chat.id, statusAfterKill, seenBefore, status: chat.status, text: answerText(message),
+             id: message && message.id, metadata: message && message.metadata, errors: chat.errors,
+             stored: await stored(chat.id) };
+  },
+
+  // Behind a load balancer (tests/cluster): a gateway is killed mid-answer; if the chat's
+  // fetch went through it, the fetch fails and resumeStream() replays the run as after
+  // a reload; if it went through another, that gateway goes on with the answer from the
+  // partition's new owner and the fetch ends normally.
+  async resumeBehindBalancer() {
+    const chat = newChat(`node-balanced-${Date.now()}`);
+    const sending = chat.sendMessage({ text: "[slow] survive a gateway kill" });
+    await until(() => streamingText(chat), "the first text");
+    const seenBefore = answerText(lastAssistant(chat));
+    mark("streaming", { chars: seenBefore.length, chatId: chat.id });
+    await go("killed");
+    await sending;
+    const statusAfterKill = chat.status;
+    await go("restarted");
+    if (statusAfterKill === "error") {
+      if (chat.lastMessage && chat.lastMessage.role === "assistant") chat.messages = chat.messages.slice(0, -1);
+      await chat.resumeStream();
+    }
     const message = lastAssistant(chat);
     return { chatId: chat.id, statusAfterKill, seenBefore, status: chat.status, text: answerText(message),
              id: message && message.id, metadata: message && message.metadata, errors: chat.errors,
