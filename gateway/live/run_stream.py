@@ -238,9 +238,17 @@ class _Local:
     def owns(self) -> bool:
         return self.streams.feed.owns(self.partition)
 
-    def open(self, after: str | None) -> contextlib.AbstractAsyncContextManager[FeedStream]:
+    @contextlib.asynccontextmanager
+    async def open(self, after: str | None) -> AsyncIterator[FeedStream]:
         # From the last event received: where the client is, whatever it named first.
-        return self.streams.open_local(self.tenant, self.state, self.run, after=after)
+        # The run read anew: the view the request began with may say it runs when it
+        # has ended since, and a stream of an ended run this feed started after would
+        # wait for live events forever (seen with an owner killed mid-run).
+        run = self.run
+        if run is not None:
+            run = await self.streams.read_model.run(self.tenant, run.run_id) or run
+        async with self.streams.open_local(self.tenant, self.state, run, after=after) as stream:
+            yield stream
 
 
 async def _run_ended(feed: StreamFeed, read_model: ReadModel, state: ThreadState,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import gc
 import json
+import time
 from typing import Any
 
 import pytest
@@ -21,6 +22,8 @@ from tests.frontends.stack import ProcessStack
 from tests.frontends.test_ai_sdk import NodeScript
 
 pytestmark = pytest.mark.kafka
+
+STALLED_S = 90  # a stream with keep-alives and no event this long has stalled
 
 
 def _sse(cluster: Cluster, path: str) -> list[tuple[str | None, str, str]]:
@@ -37,11 +40,22 @@ def _sse(cluster: Cluster, path: str) -> list[tuple[str | None, str, str]]:
         request = urllib.request.Request(cluster.base + path, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=120) as response:
-                for frame in response.read().decode().split("\n\n"):
-                    fields = dict(line.split(": ", 1) for line in frame.splitlines()
-                                  if ": " in line)
+                fields: dict[str, str] = {}
+                since = time.monotonic()  # the last event: keep-alives alone are no progress
+                for raw in response:
+                    line = raw.decode().rstrip("\n")
+                    if line:
+                        if ": " in line and not line.startswith(":"):
+                            name, value = line.split(": ", 1)
+                            fields[name] = value
+                        elif time.monotonic() - since > STALLED_S:
+                            raise AssertionError(f"no event for {STALLED_S} s after "
+                                                 f"{[e[1] for e in events]}")
+                        continue
                     if "event" in fields:
                         events.append((fields.get("id"), fields["event"], fields.get("data", "")))
+                        since = time.monotonic()
+                    fields = {}
         except (http.client.IncompleteRead, ConnectionError) as exc:
             print(f"\nthe stream of {path} broke ({exc!r}); resuming")
             continue  # what it read before the break is lost with it: resume from the last id kept
