@@ -80,6 +80,43 @@ async def _thread_on(stack: Stack, app: web.Application, title: str) -> str:
     raise AssertionError("no thread landed on the gateway's partitions")
 
 
+@asynccontextmanager
+async def _a_beside_a_killable_b(stack: Stack) -> AsyncIterator[tuple[str, web.Application,
+                                                                     RoleProcess]]:
+    """Gateway A in this process and gateway B as a process (to kill with SIGKILL),
+    both in the group, once A's map names B for every partition A does not own:
+    A's URL and app, and B's process (stopped on the way out)."""
+    port = free_port()
+    env = {**stack.env, "THREADLINE_HTTP_PORT": str(port),
+           "THREADLINE_GATEWAY_URL": f"http://127.0.0.1:{port}"}
+    gateway_b = RoleProcess("gateway", env, stack.folder / f"gateway-{port}.log").start()
+    try:
+        async with _grouped_gateway(stack.settings) as (url_a, app_a):
+            every = set(range(stack.settings.partitions))
+
+            def b_owns_a_share() -> bool:
+                rest = every - (app_a[FEED].owned or every)
+                return bool(rest) and all(
+                    (c := app_a[OWNERS].owner(p)) is not None and c.url.endswith(f":{port}")
+                    for p in rest)
+
+            await _until(lambda: b_owns_a_share() or not gateway_b.alive(),
+                         "gateway B owns a share, as A's map says")
+            assert gateway_b.alive(), gateway_b.tail()
+            yield url_a, app_a, gateway_b
+    finally:
+        gateway_b.stop()
+
+
+async def _thread_not_on(stack: Stack, app: web.Application, title: str) -> str:
+    """A new thread whose partition `app` does not own."""
+    for n in range(200):
+        thread_id = await stack.create_thread(title=f"{title} {n}")
+        if not app[FEED].owns(partition_for(thread_id, stack.settings.partitions)):
+            return thread_id
+    raise AssertionError("every thread landed on the gateway's own partitions")
+
+
 def _names(events: list[SseEvent]) -> list[str]:
     return [e.event for e in events]
 
@@ -170,46 +207,23 @@ async def test_a_forwarded_stream_goes_on_when_its_owner_is_killed(stack: Stack)
     A. B is killed with SIGKILL: once its session expires, A takes the partition over
     and the client's one connection goes on with the next run's events from A's own
     feed, each id once."""
-    port = free_port()
-    env = {**stack.env, "THREADLINE_HTTP_PORT": str(port),
-           "THREADLINE_GATEWAY_URL": f"http://127.0.0.1:{port}"}
-    gateway_b = RoleProcess("gateway", env, stack.folder / f"gateway-{port}.log").start()
-    response: aiohttp.ClientResponse | None = None
-    try:
-        async with _grouped_gateway(stack.settings) as (url_a, app_a):
-            every = set(range(stack.settings.partitions))
+    seen: list[SseEvent] = []
+    async with _a_beside_a_killable_b(stack) as (url_a, app_a, gateway_b):
+        thread_id = await _thread_not_on(stack, app_a, "killed owner")
+        partition = partition_for(thread_id, stack.settings.partitions)
+        first_done = asyncio.Event()
 
-            def b_owns_a_share() -> bool:
-                owned = app_a[FEED].owned or every
-                rest = every - owned
-                claims = [app_a[OWNERS].owner(p) for p in rest]
-                return bool(rest) and all(c is not None and c.url.endswith(f":{port}")
-                                          for c in claims)
+        async def watch(stream: aiohttp.ClientResponse) -> None:
+            async for event in iter_sse(stream):
+                seen.append(event)
+                if event.event == "done":
+                    if first_done.is_set():
+                        return
+                    first_done.set()
 
-            await _until(lambda: b_owns_a_share() or not gateway_b.alive(),
-                         "gateway B owns a share, as A's map says")
-            assert gateway_b.alive(), gateway_b.tail()
-            thread_id = None
-            for n in range(200):
-                candidate = await stack.create_thread(title=f"killed owner {n}")
-                if not app_a[FEED].owns(partition_for(candidate, stack.settings.partitions)):
-                    thread_id = candidate
-                    break
-            assert thread_id is not None
-            partition = partition_for(thread_id, stack.settings.partitions)
-            seen: list[SseEvent] = []
-            first_done = asyncio.Event()
-
-            async def watch(stream: aiohttp.ClientResponse) -> None:
-                async for event in iter_sse(stream):
-                    seen.append(event)
-                    if event.event == "done":
-                        if first_done.is_set():
-                            return
-                        first_done.set()
-
-            response = await stack.session.get(f"{url_a}/v1/threads/{thread_id}/stream",
-                                               headers=AUTH_A)
+        response = await stack.session.get(f"{url_a}/v1/threads/{thread_id}/stream",
+                                           headers=AUTH_A)
+        try:  # closed before A stops: its server waits for open streams
             assert response.status == 200, await response.text()
             watcher = asyncio.create_task(watch(response))
             status, posted = await stack.post(thread_id, "first, while b owns it")
@@ -219,14 +233,9 @@ async def test_a_forwarded_stream_goes_on_when_its_owner_is_killed(stack: Stack)
             status, posted = await stack.post(thread_id, "second, b is dead")
             assert status == 202, posted
             await _until(lambda: app_a[FEED].owns(partition), "A owns the dead B's partition")
-            try:
-                await asyncio.wait_for(watcher, 90)
-            finally:
-                response.close()  # before A stops: its server waits for open streams
-    finally:
-        if response is not None:
+            await asyncio.wait_for(watcher, 90)
+        finally:
             response.close()
-        gateway_b.stop()
     ids = [e.id for e in seen if e.id]
     assert len(ids) == len(set(ids)), "an event was repeated"
     names = _names(seen)
@@ -237,45 +246,21 @@ async def test_a_forwarded_run_stream_survives_its_owner_killed_mid_run(stack: S
     """A run's events read through A while B, the owner, is killed with SIGKILL in the
     middle of the run: the one response goes on to `done`, each event once, and ends
     with the events an uninterrupted reader got."""
-    port = free_port()
-    env = {**stack.env, "THREADLINE_HTTP_PORT": str(port),
-           "THREADLINE_GATEWAY_URL": f"http://127.0.0.1:{port}"}
-    gateway_b = RoleProcess("gateway", env, stack.folder / f"gateway-{port}.log").start()
-    try:
-        async with _grouped_gateway(stack.settings) as (url_a, app_a):
-            every = set(range(stack.settings.partitions))
-
-            def b_owns_a_share() -> bool:
-                rest = every - (app_a[FEED].owned or every)
-                return bool(rest) and all(
-                    (c := app_a[OWNERS].owner(p)) is not None and c.url.endswith(f":{port}")
-                    for p in rest)
-
-            await _until(lambda: b_owns_a_share() or not gateway_b.alive(),
-                         "gateway B owns a share, as A's map says")
-            assert gateway_b.alive(), gateway_b.tail()
-            thread_id = None
-            for n in range(200):
-                candidate = await stack.create_thread(title=f"killed mid-run {n}")
-                if not app_a[FEED].owns(partition_for(candidate, stack.settings.partitions)):
-                    thread_id = candidate
+    async with _a_beside_a_killable_b(stack) as (url_a, app_a, gateway_b):
+        thread_id = await _thread_not_on(stack, app_a, "killed mid-run")
+        status, posted = await stack.post(thread_id, "[slow] " + " ".join(["word"] * 30))
+        assert status == 202, posted
+        path = f"/v1/runs/{posted['run_id']}/events"
+        seen: list[SseEvent] = []
+        async with stack.session.get(url_a + path, headers=AUTH_A) as response:
+            assert response.status == 200, await response.text()
+            async for event in iter_sse(response):
+                seen.append(event)
+                if event.event == "text_delta" and gateway_b.alive():
+                    gateway_b.kill9()
+                if event.event == "done":
                     break
-            assert thread_id is not None
-            status, posted = await stack.post(thread_id, "[slow] " + " ".join(["word"] * 30))
-            assert status == 202, posted
-            path = f"/v1/runs/{posted['run_id']}/events"
-            seen: list[SseEvent] = []
-            async with stack.session.get(url_a + path, headers=AUTH_A) as response:
-                assert response.status == 200, await response.text()
-                async for event in iter_sse(response):
-                    seen.append(event)
-                    if event.event == "text_delta" and gateway_b.alive():
-                        gateway_b.kill9()
-                    if event.event == "done":
-                        break
-            whole = await read_sse(stack.session, stack.url(path), headers=AUTH_A, timeout=90)
-    finally:
-        gateway_b.stop()
+        whole = await read_sse(stack.session, stack.url(path), headers=AUTH_A, timeout=90)
     assert not gateway_b.alive()
     assert [(e.id, e.event, e.data) for e in seen] == [(e.id, e.event, e.data) for e in whole]
 
@@ -285,42 +270,24 @@ async def test_an_ai_sdk_chat_through_a_non_owner_ends_whole_across_the_owners_k
     """The AI SDK's chat POST on A, its thread owned by B, B killed with SIGKILL at the
     first text: A's response goes on from the new owner and ends as the UI message
     stream ends (a `finish` chunk, then `[DONE]`), its text the stored answer's."""
-    port = free_port()
-    env = {**stack.env, "THREADLINE_HTTP_PORT": str(port),
-           "THREADLINE_GATEWAY_URL": f"http://127.0.0.1:{port}"}
-    gateway_b = RoleProcess("gateway", env, stack.folder / f"gateway-{port}.log").start()
-    try:
-        async with _grouped_gateway(stack.settings) as (url_a, app_a):
-            every = set(range(stack.settings.partitions))
-
-            def b_owns_a_share() -> bool:
-                rest = every - (app_a[FEED].owned or every)
-                return bool(rest) and all(
-                    (c := app_a[OWNERS].owner(p)) is not None and c.url.endswith(f":{port}")
-                    for p in rest)
-
-            await _until(lambda: b_owns_a_share() or not gateway_b.alive(),
-                         "gateway B owns a share, as A's map says")
-            assert gateway_b.alive(), gateway_b.tail()
-            chat_id = next(c for c in (f"group-chat-{n}-{port}" for n in range(500))
-                           if not app_a[FEED].owns(partition_for(
-                               chat_thread_id("tenant-a", c), stack.settings.partitions)))
-            body = {"id": chat_id, "messages": [{"id": "u1", "role": "user", "parts": [
-                {"type": "text", "text": "[slow] " + " ".join(["word"] * 30)}]}]}
-            chunks: list[dict[str, Any]] = []
-            async with stack.session.post(url_a + "/v1/ai/chat", json=body,
-                                          headers=AUTH_A) as response:
-                assert response.status == 200, await response.text()
-                while raw := await response.content.readline():
-                    data = raw.decode().strip().removeprefix("data: ")
-                    if not data.startswith("{") and data != "[DONE]":
-                        continue
-                    chunks.append({"type": "[DONE]"} if data == "[DONE]" else json.loads(data))
-                    if chunks[-1]["type"] == "text-delta" and gateway_b.alive():
-                        gateway_b.kill9()
-            status, stored = await stack.get(f"/v1/ai/chat/{chat_id}/messages")
-    finally:
-        gateway_b.stop()
+    async with _a_beside_a_killable_b(stack) as (url_a, app_a, gateway_b):
+        chat_id = next(c for c in (f"group-chat-{n}-{url_a[-5:]}" for n in range(500))
+                       if not app_a[FEED].owns(partition_for(
+                           chat_thread_id("tenant-a", c), stack.settings.partitions)))
+        body = {"id": chat_id, "messages": [{"id": "u1", "role": "user", "parts": [
+            {"type": "text", "text": "[slow] " + " ".join(["word"] * 30)}]}]}
+        chunks: list[dict[str, Any]] = []
+        async with stack.session.post(url_a + "/v1/ai/chat", json=body,
+                                      headers=AUTH_A) as response:
+            assert response.status == 200, await response.text()
+            while raw := await response.content.readline():
+                data = raw.decode().strip().removeprefix("data: ")
+                if not data.startswith("{") and data != "[DONE]":
+                    continue
+                chunks.append({"type": "[DONE]"} if data == "[DONE]" else json.loads(data))
+                if chunks[-1]["type"] == "text-delta" and gateway_b.alive():
+                    gateway_b.kill9()
+        status, stored = await stack.get(f"/v1/ai/chat/{chat_id}/messages")
     assert not gateway_b.alive()
     kinds = [c["type"] for c in chunks]
     assert kinds[-2:] == ["finish", "[DONE]"], kinds
