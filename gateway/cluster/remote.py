@@ -51,7 +51,7 @@ from gateway.live.run_stream import KEEP_ALIVE, Gone, Item, KeepAlive
 from gateway.live.sse import SseEvent
 from streams.observability.metrics import gateway_metrics
 
-__all__ = ["INTERNAL_PREFIX", "Forwarder", "RemoteEventStream", "item_line"]
+__all__ = ["INTERNAL_PREFIX", "Forwarder", "RemoteEventStream", "item_line", "read_lines"]
 
 log = logging.getLogger("threadline.gateway")
 
@@ -75,6 +75,23 @@ def item_line(item: Item | None, end: str | None = None) -> bytes:
     else:
         data = {"live": 1}
     return json.dumps(data, separators=(",", ":")).encode() + b"\n"
+
+
+async def read_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The lines of a byte stream, each at most `_MAX_LINE` (ValueError past it).
+    Not aiohttp's `readline`: it raises LineTooLong past 512 KiB (not a ClientError:
+    it ended the reader), and a window of a long thread is one line of thousands of
+    events."""
+    buffer = b""
+    async for chunk in chunks:
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            yield line
+        if len(buffer) > _MAX_LINE:
+            raise ValueError(f"a line of the owner's stream is over {_MAX_LINE} bytes")
+    if buffer:
+        yield buffer
 
 
 def _parse(line: bytes) -> Item | str | object:
@@ -261,12 +278,7 @@ class RemoteEventStream:
     async def _from_owner(self, response: aiohttp.ClientResponse) -> str | None:
         reason: str | None = None
         try:
-            while True:
-                line = await response.content.readline()
-                if not line:
-                    break
-                if len(line) > _MAX_LINE:
-                    raise ValueError("line too long")
+            async for line in read_lines(response.content.iter_chunked(1 << 16)):
                 item = _parse(line)
                 if isinstance(item, str):
                     reason = item

@@ -3,12 +3,15 @@ the owner map's rule (the newest generation's claim wins)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.cluster.hop import HOP_TTL_S, BadHop, HopSigner
 from gateway.cluster.owners import Claim, OwnerMap
+from gateway.cluster.remote import read_lines
 
 NOW = 1_800_000_000.0
 
@@ -97,3 +100,25 @@ def test_a_claims_record_round_trips_and_refuses_junk() -> None:
                  b'{"instance": "a", "url": "u", "generation": 1, "partitions": [-1]}', b"[]"):
         with pytest.raises((ValueError, KeyError, TypeError)):
             Claim.from_json(junk)
+
+
+async def _chunks(data: bytes, size: int) -> AsyncIterator[bytes]:
+    for start in range(0, len(data), size):
+        yield data[start:start + size]
+
+
+async def test_the_owners_lines_are_read_whole_past_aiohttps_readline_buffer() -> None:
+    """A window's catch-up is one line of thousands of events (past 512 KiB aiohttp's
+    readline raised LineTooLong, which ended the forwarded stream's reader): read
+    whole, in order, however the chunks fall."""
+    lines = [b'{"events":[' + b"x" * 1_000_000 + b"]}", b'{"live":1}', b'{"end":"done"}']
+    data = b"\n".join(lines) + b"\n"
+    for size in (1_000, 65_536, len(data)):
+        assert [line async for line in read_lines(_chunks(data, size))] == lines
+
+
+async def test_a_line_past_the_cap_is_refused() -> None:
+    """A line longer than the cap is an error, not a buffer that grows without end."""
+    with pytest.raises(ValueError, match="over"):
+        async for _ in read_lines(_chunks(b"y" * (9 * 1024 * 1024), 1 << 16)):
+            pass

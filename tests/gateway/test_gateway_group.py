@@ -117,6 +117,18 @@ async def _thread_not_on(stack: Stack, app: web.Application, title: str) -> str:
     raise AssertionError("every thread landed on the gateway's own partitions")
 
 
+async def _two_runs(response: aiohttp.ClientResponse, seen: list[SseEvent],
+                    first_done: asyncio.Event) -> None:
+    """A thread stream's events into `seen` until its second `done`; `first_done` set
+    at the first."""
+    async for event in iter_sse(response):
+        seen.append(event)
+        if event.event == "done":
+            if first_done.is_set():
+                return
+            first_done.set()
+
+
 def _names(events: list[SseEvent]) -> list[str]:
     return [e.event for e in events]
 
@@ -172,19 +184,10 @@ async def test_a_forwarded_stream_goes_on_when_its_owner_leaves(stack: Stack) ->
             partition = partition_for(thread_id, stack.settings.partitions)
             seen: list[SseEvent] = []
             first_done = asyncio.Event()
-
-            async def watch(response: aiohttp.ClientResponse) -> None:
-                async for event in iter_sse(response):
-                    seen.append(event)
-                    if event.event == "done":
-                        if first_done.is_set():
-                            return
-                        first_done.set()
-
             response = await stack.session.get(f"{url_a}/v1/threads/{thread_id}/stream",
                                                headers=AUTH_A)
             assert response.status == 200, await response.text()
-            watcher = asyncio.create_task(watch(response))
+            watcher = asyncio.create_task(_two_runs(response, seen, first_done))
             status, posted = await stack.post(thread_id, "first, while b owns it")
             assert status == 202, posted
             await asyncio.wait_for(first_done.wait(), 60)
@@ -212,20 +215,11 @@ async def test_a_forwarded_stream_goes_on_when_its_owner_is_killed(stack: Stack)
         thread_id = await _thread_not_on(stack, app_a, "killed owner")
         partition = partition_for(thread_id, stack.settings.partitions)
         first_done = asyncio.Event()
-
-        async def watch(stream: aiohttp.ClientResponse) -> None:
-            async for event in iter_sse(stream):
-                seen.append(event)
-                if event.event == "done":
-                    if first_done.is_set():
-                        return
-                    first_done.set()
-
         response = await stack.session.get(f"{url_a}/v1/threads/{thread_id}/stream",
                                            headers=AUTH_A)
         try:  # closed before A stops: its server waits for open streams
             assert response.status == 200, await response.text()
-            watcher = asyncio.create_task(watch(response))
+            watcher = asyncio.create_task(_two_runs(response, seen, first_done))
             status, posted = await stack.post(thread_id, "first, while b owns it")
             assert status == 202, posted
             await asyncio.wait_for(first_done.wait(), 60)
