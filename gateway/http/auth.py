@@ -154,11 +154,18 @@ async def _within(request: web.Request, grant: BrowserGrant, thread_ids: Sequenc
     raise Problem(403, "forbidden", f"this browser token is for thread {scope} only")
 
 
+_PROBES = frozenset({"/livez", "/readyz", "/healthz"})
+
+
 class RedactingAccessLogger(AbstractAccessLogger):
-    """One line a request; query strings pass through `redact`."""
+    """One line a request; query strings pass through `redact`. A probe that passes is
+    not logged: a load balancer checks every half second, which buried the lines
+    that matter (a failing probe still is)."""
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         """Write one access-log line with any access token in the URL redacted."""
+        if response.status < 400 and request.path in _PROBES:
+            return
         self.logger.info('%s "%s %s" %s %.1fms', request.remote, request.method,
                          redact(request.path_qs), response.status, time * 1000)
 

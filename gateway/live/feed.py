@@ -247,7 +247,11 @@ class StreamFeed:
         self._started = asyncio.Event()
         # With an advertised URL, the gateways share the partitions as one group.
         self.group = settings.group_id("gateway") if settings.gateway.advertised_url else None
-        self.owned: set[int] | None = None  # None: every partition (no group)
+        # None: every partition (no group). In a group, nothing until the first
+        # assignment: a gateway restarted with a dead one's URL is asked for that one's
+        # streams before it joins, and must answer 421, not serve from a feed that
+        # will start past the position asked for (a browser's stream stalled so).
+        self.owned: set[int] | None = set() if self.group else None
         # Told each assignment (the group generation, the partitions): the owner board.
         self.on_owned: Callable[[int, list[int]], Awaitable[None]] | None = None
         self._assigned = asyncio.Event()

@@ -104,8 +104,11 @@ class Cluster:
         return index - 1
 
     def logs(self) -> str:
-        """The tail of each gateway's log."""
-        return "\n".join(f"--- {g.name}\n{g.tail()}" for g in self.gateways)
+        """The tail of each gateway's log, and HAProxy's."""
+        haproxy = self.haproxy.log.read_text(errors="replace").splitlines()[-40:] \
+            if self.haproxy.log.exists() else []
+        return "\n".join([*(f"--- {g.name}\n{g.tail(150)}" for g in self.gateways),
+                          "--- haproxy", *haproxy])
 
 
 @contextlib.contextmanager

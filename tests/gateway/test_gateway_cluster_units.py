@@ -4,6 +4,7 @@ the owner map's rule (the newest generation's claim wins)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import cast
 
 import pytest
 from hypothesis import given
@@ -12,6 +13,10 @@ from hypothesis import strategies as st
 from gateway.cluster.hop import HOP_TTL_S, BadHop, HopSigner
 from gateway.cluster.owners import Claim, OwnerMap
 from gateway.cluster.remote import read_lines
+from gateway.kafka import Offsets
+from gateway.live.feed import StreamFeed
+from gateway.model.read_model import ReadModel
+from streams.config import Settings
 
 NOW = 1_800_000_000.0
 
@@ -122,3 +127,16 @@ async def test_a_line_past_the_cap_is_refused() -> None:
     with pytest.raises(ValueError, match="over"):
         async for _ in read_lines(_chunks(b"y" * (9 * 1024 * 1024), 1 << 16)):
             pass
+
+
+def test_a_grouped_feed_owns_nothing_before_its_first_assignment() -> None:
+    """A gateway restarted with a dead one's URL is asked for that one's streams before
+    it joins the group: it must not take them for its own (it answered 200 as if
+    ungrouped, then its feed started past the position asked, and a browser's stream
+    stalled); ungrouped, it owns every partition."""
+    grouped = Settings.from_env({"THREADLINE_GATEWAY_URL": "http://127.0.0.1:1"})
+    feed = StreamFeed(grouped, cast(ReadModel, None), cast(Offsets, None))
+    assert feed.group is not None
+    assert not any(feed.owns(p) for p in range(grouped.partitions))
+    alone = StreamFeed(Settings.from_env({}), cast(ReadModel, None), cast(Offsets, None))
+    assert all(alone.owns(p) for p in range(grouped.partitions))
