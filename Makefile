@@ -55,9 +55,11 @@ console-shots: install system-deps
 
 # The chaos program at full size (docs/chaos.md): its own broker, every role killed
 # with SIGKILL at seeded random moments, the broker restarted, then an audit.
-# CHAOS_SEED=n replays a run's kill plan; CHAOS_ARGS="--preset small" is the in-suite size.
-chaos: install
-	$(PY) -m chaos --preset full $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) $(CHAOS_ARGS)
+# CHAOS_SEED=n replays a run's kill plan; CHAOS_ARGS="--preset small" is the in-suite size;
+# CHAOS_PRESET=gateways runs three grouped gateways behind HAProxy (system-deps has it).
+CHAOS_PRESET ?= full
+chaos: install $(if $(filter gateways,$(CHAOS_PRESET)),system-deps)
+	$(PY) -m chaos --preset $(CHAOS_PRESET) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) $(CHAOS_ARGS)
 
 bench: install
 	$(PY) -c 'import matplotlib, pyinstrument, faust' 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'

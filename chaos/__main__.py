@@ -23,6 +23,10 @@ class Preset:
     duration_s: float
     kills: dict[str, int]  # processor, worker, gateway, broker
     brokers: int = 1
+    gateways: int = 2
+    # The gateways as one group (THREADLINE_GATEWAY_URL) behind HAProxy, which routes
+    # each request to a random one: clients know one address, as in a deployment.
+    balanced: bool = False
 
 
 PRESETS = {
@@ -36,6 +40,10 @@ PRESETS = {
     "control-restart": Preset(3, 25.0, {"processor": 1, "broker": 1}),
     # three brokers, one of them killed for good mid-run
     "cluster": Preset(4, 50.0, {"processor": 1, "worker": 1, "gateway": 1, "broker": 1}, 3),
+    # three grouped gateways behind HAProxy (random routing), gateways killed most
+    # (issue #26): `make chaos CHAOS_PRESET=gateways`
+    "gateways": Preset(8, 120.0, {"processor": 2, "worker": 2, "gateway": 5, "broker": 1},
+                       gateways=3, balanced=True),
 }
 
 HEADER = ("| seed | threads | messages | accepted | 409s | enqueued | interrupted "
@@ -102,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     config = Config(
         seed=args.seed, threads=args.threads or preset.threads,
         duration_s=args.duration or preset.duration_s, kills=dict(preset.kills),
-        brokers=preset.brokers, bootstrap=os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None,
+        brokers=preset.brokers, gateways=preset.gateways, balanced=preset.balanced,
+        bootstrap=os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None,
         folder=args.folder, keep=args.keep, processing_guarantee=args.processing_guarantee,
         aim=args.aim, fault=args.fault_point == "before-commit")
     outcome = run(config)

@@ -43,6 +43,8 @@ class Config:
     duration_s: float  # how long clients post; the kills fall inside it
     kills: dict[str, int]  # kind -> how many
     brokers: int = 1
+    gateways: int = 2
+    balanced: bool = False  # the gateways grouped, behind HAProxy (chaos.stack)
     bootstrap: str | None = None  # an outside cluster: no broker restart
     folder: Path = Path("var/chaos")
     keep: bool = False
@@ -147,7 +149,7 @@ async def _collect(stack: Stack, load: Load) -> Observations:
     paths: dict[str, dict[int, list[int]]] = {}
     references: dict[str, list[Seen]] = {}
     async with aiohttp.ClientSession() as session:
-        api = Api(session, stack.bases, random.Random(0))
+        api = Api(session, stack.entries, random.Random(0))
         deadline = time.monotonic() + 120
         for thread_id in sorted({p.thread_id for p in load.posts}):
             stored[thread_id], paths[thread_id] = await _history(api, thread_id, deadline)
@@ -155,7 +157,7 @@ async def _collect(stack: Stack, load: Load) -> Observations:
 
         async def fetch(run_id: str) -> None:
             async with gate:
-                references[run_id] = await _reference(session, stack.bases, run_id)
+                references[run_id] = await _reference(session, stack.entries, run_id)
 
         # An open run has no whole replay; its post is stuck already.
         await asyncio.gather(*(fetch(p.run_id) for p in load.posts
@@ -256,7 +258,7 @@ async def _monitor(load: Load, stack: Stack, until: asyncio.Event) -> None:
 
 async def _chaos(config: Config, stack: Stack) -> Outcome:
     rng = random.Random(config.seed)
-    load = Load(LoadConfig(threads=config.threads, seed=config.seed), stack.bases)
+    load = Load(LoadConfig(threads=config.threads, seed=config.seed), stack.entries)
     chaos = Chaos(stack, random.Random(config.seed + 1), aim=config.aim)
     counts = {k: n for k, n in config.kills.items() if n}
     if stack.owns_broker is False:
@@ -304,10 +306,11 @@ def run(config: Config) -> Outcome:
     folder = config.folder / f"seed{config.seed}-{uuid.uuid4().hex[:6]}"
     folder.mkdir(parents=True, exist_ok=True)
     stack = Stack(folder.resolve(), brokers=config.brokers, bootstrap=config.bootstrap,
-                  processing_guarantee=config.processing_guarantee, fault=config.fault)
+                  processing_guarantee=config.processing_guarantee, fault=config.fault,
+                  balanced=config.balanced)
     started = time.monotonic()
     try:
-        stack.start()
+        stack.start(gateways=config.gateways)
         outcome = asyncio.run(_chaos(config, stack))
     finally:
         stack.stop()

@@ -1,8 +1,9 @@
 """The stack under test: its own broker (or cluster), and every role as a process.
 
-Two processors, two workers and two gateways run as `threadline <role>`
+Two processors, two workers and two gateways (or more) run as `threadline <role>`
 subprocesses with short timeouts, so that a `kill -9` is noticed and recovered
-from within seconds. The broker belongs to the chaos run alone (an embedded one
+from within seconds. Balanced (the gateways preset), the gateways form one group and
+clients reach them through HAProxy only. The broker belongs to the chaos run alone (an embedded one
 on free ports), so restarting it harms no other test; with
 `KAFKA_BOOTSTRAP_SERVERS` given it uses that cluster and never restarts it.
 """
@@ -19,6 +20,7 @@ from streams.config import Settings
 from streams.devtools.broker import EmbeddedCluster, EmbeddedKafka, free_port
 from streams.kafka.faults import FAULT_ENV
 from streams.kafka.topics import ensure_topics
+from streams.testing.haproxy import HAProxy
 from streams.testing.process import RoleProcess
 from streams.testing.stack import fresh_env, unique_prefix
 
@@ -77,6 +79,10 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     processing_guarantee: str = "exactly_once"  # of the processors
     fault: bool = False  # arm the processors' fault point (streams.kafka.faults) with one trigger
+    # The gateways as one group (THREADLINE_GATEWAY_URL: each serves its share of the
+    # stream and forwards the rest) behind HAProxy, routing each request at random.
+    balanced: bool = False
+    haproxy: HAProxy | None = None
 
     @property
     def fault_trigger(self) -> Path | None:
@@ -92,6 +98,11 @@ class Stack:
     def bases(self) -> list[str]:
         """The gateways' base URLs on 127.0.0.1."""
         return [f"http://127.0.0.1:{p}" for p in self.ports]
+
+    @property
+    def entries(self) -> list[str]:
+        """Where clients send requests: HAProxy if balanced, else the gateways."""
+        return [self.haproxy.base] if self.haproxy is not None else self.bases
 
     @property
     def settings(self) -> Settings:
@@ -133,10 +144,16 @@ class Stack:
             port = free_port()
             self.ports.append(port)
             env = {**self.env, "THREADLINE_HTTP_PORT": str(port)}
+            if self.balanced:
+                env["THREADLINE_GATEWAY_URL"] = f"http://127.0.0.1:{port}"
             self.gateways.append(Proc("gateway", env, logs / f"gateway-{i}.log", name=f"gateway-{i}",
                                       die_with_parent=True))
         for proc in self.all_procs():
             proc.start()
+        if self.balanced:
+            self.haproxy = HAProxy(free_port(), self.ports, self.folder / "haproxy",
+                                   balance="random").start()
+            self.haproxy.wait_serving(timeout_s=180)
 
     def restart_broker(self) -> None:
         """SIGKILL the (single) broker, then start it again on the same port and data."""
@@ -151,6 +168,8 @@ class Stack:
 
     def stop(self) -> None:
         """Stop every process, then the broker or cluster of our own."""
+        if self.haproxy is not None:
+            self.haproxy.stop()
         for proc in self.all_procs():
             proc.stop()
         if self.broker is not None:

@@ -47,6 +47,7 @@ from gateway.cluster.hop import HOP_HEADER, HopSigner
 from gateway.cluster.owners import Claim, OwnerBoard
 from gateway.http.auth import INTERNAL_PREFIX
 from gateway.http.problems import Problem
+from gateway.live.feed import NotOwned
 from gateway.live.run_stream import KEEP_ALIVE, Gone, Item, KeepAlive
 from gateway.live.sse import SseEvent
 from streams.observability.metrics import gateway_metrics
@@ -302,6 +303,8 @@ class RemoteEventStream:
         except Problem as exc:
             log.info("stream of %s on this gateway refused: %s", self.thread_id, exc.detail)
             return "done"
+        except NotOwned:
+            return "moved"  # moved on again before it opened here: ask the map
 
     # --- what EventStream offers --------------------------------------------------
 

@@ -8,12 +8,15 @@ rebalance moved it) answers 421, and the asking one looks for the new owner.
 
 from __future__ import annotations
 
+import contextlib
+
 from aiohttp import web
 
 from gateway.cluster.remote import item_line
 from gateway.http.auth import TENANT
 from gateway.http.problems import Problem
 from gateway.keys import FEED, READ_MODEL
+from gateway.live.feed import NotOwned
 from gateway.live.run_stream import STREAMS
 
 __all__ = ["internal_stream"]
@@ -37,9 +40,14 @@ async def internal_stream(request: web.Request) -> web.StreamResponse:
         run = await config[READ_MODEL].run(tenant, run_id)
         if run is None or run.state.thread_id != thread_id:
             raise Problem(404, "not-found", "no such run")
-    async with config[STREAMS].open_local(
-            tenant, state, run, after=request.query.get("after"),
-            last_message_id=request.query.get("last_message_id")) as stream:
+    async with contextlib.AsyncExitStack() as opened:
+        try:
+            stream = await opened.enter_async_context(config[STREAMS].open_local(
+                tenant, state, run, after=request.query.get("after"),
+                last_message_id=request.query.get("last_message_id")))
+        except NotOwned:  # a rebalance moved it while the stream's start was found
+            raise Problem(421, "misdirected", "the thread's partition moved to another "
+                          "gateway") from None
         response = web.StreamResponse(headers=NDJSON)
         await response.prepare(request)
         try:

@@ -74,6 +74,7 @@ from typing import cast
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import IllegalStateError
 from aiokafka.structs import ConsumerRecord
 
 from gateway.kafka import (
@@ -96,7 +97,12 @@ from streams.kafka.liveness import heartbeat_interval_ms, session_timeout_ms
 from streams.observability.metrics import gateway_metrics
 from streams.wire import LIFECYCLE_HEADER, Codec, DecodeError, EnvelopeMeta, header_value, payload_named
 
-__all__ = ["StreamFeed", "Subscriber"]
+__all__ = ["NotOwned", "StreamFeed", "Subscriber"]
+
+
+class NotOwned(Exception):
+    """The partition is not (or no longer) this gateway's: a rebalance moved it while
+    a stream was being opened on it. Its owner serves it (421 to a hop)."""
 
 log = logging.getLogger("threadline.gateway")
 
@@ -449,15 +455,24 @@ class StreamFeed:
         return (await self.offsets.end([tp]))[tp]
 
     async def catch_up(self, partition: int, timeout_s: float = 5.0) -> bool:
-        """Wait until the feed has ingested the partition up to its end now."""
+        """Wait until the feed has ingested the partition up to its end now; NotOwned
+        if it is not this gateway's, or stops being so meanwhile (a rebalance)."""
+        if not self.owns(partition):
+            raise NotOwned(partition)
         tp = TopicPartition(self.topic, partition)
         deadline = time.monotonic() + timeout_s
         end = await self.end_offset(partition)
-        while await self._consumer.position(tp) < end:
+        while True:
+            if not self.owns(partition):
+                raise NotOwned(partition)
+            try:
+                if await self._consumer.position(tp) >= end:
+                    return True
+            except IllegalStateError as exc:  # revoked between the check and the call
+                raise NotOwned(partition) from exc
             if time.monotonic() > deadline:
                 return False
             await asyncio.sleep(0.005)
-        return True
 
     def active_run(self, thread_id: str) -> tuple[str, int] | None:
         """The thread's run in progress as the feed has seen it: (run id, start offset)."""

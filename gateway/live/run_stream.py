@@ -48,7 +48,7 @@ from aiohttp import web
 
 from gateway.http.limits import TenantLimiter
 from gateway.http.problems import Problem
-from gateway.live.feed import StreamFeed, Subscriber
+from gateway.live.feed import NotOwned, StreamFeed, Subscriber
 from gateway.live.replay import ReplayGone, replay
 from gateway.live.sse import Position, SseEvent
 from gateway.live.tokens import BadEventId
@@ -156,10 +156,16 @@ class RunStreams:
         when the block ends."""
         partition = self.feed.partition_of(state.thread_id)
         if self.remote is None or self.feed.owns(partition):
-            async with self.open_local(tenant, state, run, after=after,
-                                       last_message_id=last_message_id) as stream:
-                yield stream
-            return
+            async with contextlib.AsyncExitStack() as opened:
+                try:
+                    stream = await opened.enter_async_context(self.open_local(
+                        tenant, state, run, after=after, last_message_id=last_message_id))
+                except NotOwned:
+                    stream = None  # a rebalance moved the partition meanwhile: forward
+                if stream is not None:
+                    yield stream
+                    return
+        assert self.remote is not None  # without a group every partition is owned
         local = _Local(self, tenant, state, run, partition)
         with self.limiter.stream(tenant):
             async with self.remote.open(tenant, state.thread_id, partition,
@@ -171,13 +177,17 @@ class RunStreams:
     async def open_local(self, tenant: str, state: ThreadState, run: RunView | None = None, *,
                          after: str | None = None,
                          last_message_id: str | None = None) -> AsyncIterator[FeedStream]:
-        """`open`, on this gateway's feed."""
+        """`open`, on this gateway's feed; NotOwned if a rebalance took the partition
+        away while the start was being found (a subscriber of a partition the feed no
+        longer reads would wait forever)."""
         feed, limiter = self.feed, self.limiter
         run_id = None if run is None else run.run_id
         partition = feed.partition_of(state.thread_id)
         plan = await self._resume(partition, state, run_id, after, last_message_id)
         if plan is None:
             plan = await _fresh_plan(feed, state, run)
+        if not feed.owns(partition):  # checked with no await between it and subscribing
+            raise NotOwned(partition)
         with limiter.stream(tenant), contextlib.ExitStack() as replaying:
             sub, snapshot, covered = feed.subscribe(state.thread_id, run_id)
             here = feed.last_offsets.get(partition, -1)  # the feed's position at subscribing

@@ -1,11 +1,14 @@
 """HAProxy (the Debian package) in front of several gateways, for tests and the chaos
-program: round robin per request, no affinity, as issue #26 asks of a deployment.
+program: round robin (or random) per request, no affinity, as issue #26 asks of a
+deployment.
 
 A request to a server that refuses the connection is sent to another (`retry-on
 conn-failure`, `option redispatch`); a killed gateway is taken out once two health
 checks of `/livez`, half a second apart, fail, and put back once one passes. SSE
 responses are long reads: the client and server timeouts are an hour, and HAProxy
-does not buffer (it never does for a streamed HTTP/1.1 body).
+does not buffer (it never does for a streamed HTTP/1.1 body). Each request is
+logged to `haproxy.log` as it starts (`logasap`: an SSE stream would be logged only
+at its end), naming the gateway that served it.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ def haproxy_binary() -> str | None:
 class HAProxy:
     """One HAProxy process balancing `127.0.0.1:port` over the gateways' ports."""
 
-    def __init__(self, port: int, servers: list[int], folder: Path) -> None:
-        self.port, self.servers, self.folder = port, servers, folder
+    def __init__(self, port: int, servers: list[int], folder: Path,
+                 balance: str = "roundrobin") -> None:
+        self.port, self.servers, self.folder, self.balance = port, servers, folder, balance
         self.config = folder / "haproxy.cfg"
         self.log = folder / "haproxy.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -46,8 +50,12 @@ class HAProxy:
                             for n, port in enumerate(self.servers))
         return f"""global
     maxconn 4000
+    log stdout format raw local0 info
 defaults
     mode http
+    log global
+    option httplog
+    option logasap
     option redispatch
     retries 3
     retry-on conn-failure empty-response
@@ -60,7 +68,7 @@ frontend threadline
     bind 127.0.0.1:{self.port}
     default_backend gateways
 backend gateways
-    balance roundrobin
+    balance {self.balance}
     option httpchk GET /livez
     default-server inter 500ms fastinter 250ms downinter 500ms fall 2 rise 1
 {servers}

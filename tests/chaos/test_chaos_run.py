@@ -165,3 +165,19 @@ def test_small_chaos_run_loses_duplicates_and_skips_nothing(tmp_path: Path) -> N
 def test_chaos_on_three_brokers_with_one_killed_mid_run(tmp_path: Path) -> None:
     """The chaos program on three brokers, one killed mid-run, passes every audit."""
     _chaos(tmp_path, "--preset", "cluster", "--seed", "3", timeout=400)
+
+
+@pytest.mark.chaos_sized
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(bool(os.environ.get("KAFKA_BOOTSTRAP_SERVERS")),
+                    reason="the broker restarted is the chaos program's own")
+def test_chaos_on_three_grouped_gateways_behind_haproxy(tmp_path: Path) -> None:
+    """The gateways preset at half its posting time: three gateways sharing the stream
+    as a group, every client through HAProxy (random routing), gateways killed most,
+    and every audit passes (issue #26)."""
+    from streams.testing.haproxy import haproxy_binary
+    if haproxy_binary() is None:
+        pytest.skip("haproxy is not installed (make system-deps)")
+    row = _chaos(tmp_path, "--preset", "gateways", "--seed", "11", "--duration", "60",
+                 timeout=580)
+    assert row["kills p/w/g/b"].split("/")[2] != "0", row["stdout"]

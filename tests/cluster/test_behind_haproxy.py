@@ -1,25 +1,29 @@
 """Clients through HAProxy in front of three gateways that share the stream (issue
 #26), with the gateway that owns the thread killed with SIGKILL in the middle of a
 run: the native REST flow, a real browser's EventSource (Chromium), langgraph-sdk's
-join stream and the AI SDK's chat (in Node) each get every run whole, with no gap
-and no repeat."""
+join stream, the AI SDK's chat (in Node) and the reference-contract client each get
+every run whole, with no gap and no repeat."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import gc
 import json
 import time
 from typing import Any
 
+import aiohttp
 import pytest
 from langgraph_sdk import get_client
 
 from gateway.adapters.ai_sdk.chat import chat_thread_id
+from streams.testing.process import wait_for
 from tests.browser_kit import LAUNCH_ARGS, chromium
 from tests.cluster.conftest import KEY, TENANT, Cluster
 from tests.frontends.stack import ProcessStack
 from tests.frontends.test_ai_sdk import NodeScript
+from tests.gateway.reference_client import ReferenceClient
 
 pytestmark = pytest.mark.kafka
 
@@ -213,3 +217,40 @@ def test_the_ai_sdk_chat_ends_with_the_stored_text_across_an_owner_kill(cluster:
     assert result["text"] == stored_text and result["id"] == answers[0]["id"]
     assert result["text"].startswith(result["seenBefore"])
     print(f"\nAI SDK behind HAProxy: fetch after the kill: {result['statusAfterKill']}")
+
+
+async def test_the_reference_client_resumes_through_haproxy_after_the_owner_is_killed(
+        cluster: Cluster) -> None:
+    """The reference-contract client (tests/gateway/reference_client.py, written from
+    docs/clients.md alone) through HAProxy: it reads a run's first token, the thread's
+    owner is killed with SIGKILL (and started again), and its reconnect with
+    `last_message_id` and `last_entry_id`, to whichever gateway HAProxy picks, gets
+    exactly what an uninterrupted reader (on a gateway that is not the owner: its
+    stream is forwarded, and moves with the partition) got after that token."""
+    async with aiohttp.ClientSession() as session:
+        client = ReferenceClient(session, cluster.base, KEY)
+        thread_id = (await client.create_thread("reference behind haproxy"))["id"]
+        owner = await asyncio.to_thread(cluster.owner, thread_id)
+        other = next(i for i in range(len(cluster.ports)) if i != owner)
+        watcher = ReferenceClient(session, f"http://127.0.0.1:{cluster.ports[other]}", KEY)
+        opened = asyncio.Event()
+        whole_task = asyncio.create_task(watcher.stream(thread_id, opened=opened))
+        await opened.wait()
+        # [hang]: a few tokens, then the run stays active until it is cancelled.
+        posted = await client.post(thread_id, "[hang] survive the owner's kill")
+        first = await client.stream(thread_id, stop=lambda events: any(
+            e.name == "text_delta" for e in events))
+        cluster.gateways[owner].kill9()
+        cluster.gateways[owner].start()
+        await asyncio.to_thread(wait_for, cluster.split, 120)  # the group has settled again
+        resumed_open = asyncio.Event()
+        resumed_task = asyncio.create_task(
+            client.stream(thread_id, last=first[-1], opened=resumed_open))
+        await resumed_open.wait()
+        status, _ = await asyncio.to_thread(
+            cluster.call, "POST", f"/v1/threads/{thread_id}/runs/{posted['run_id']}/cancel")
+        assert status == 202
+        whole, resumed = await whole_task, await resumed_task
+    assert resumed and first + resumed == whole, cluster.logs()
+    assert [e.name for e in whole[-2:]] == ["run_cancelled", "done"] and \
+        whole[-1].data == "[DONE]", whole[-3:]

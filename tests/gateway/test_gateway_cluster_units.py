@@ -14,7 +14,7 @@ from gateway.cluster.hop import HOP_TTL_S, BadHop, HopSigner
 from gateway.cluster.owners import Claim, OwnerMap
 from gateway.cluster.remote import read_lines
 from gateway.kafka import Offsets
-from gateway.live.feed import StreamFeed
+from gateway.live.feed import NotOwned, StreamFeed
 from gateway.model.read_model import ReadModel
 from streams.config import Settings
 
@@ -140,3 +140,13 @@ def test_a_grouped_feed_owns_nothing_before_its_first_assignment() -> None:
     assert not any(feed.owns(p) for p in range(grouped.partitions))
     alone = StreamFeed(Settings.from_env({}), cast(ReadModel, None), cast(Offsets, None))
     assert all(alone.owns(p) for p in range(grouped.partitions))
+
+
+async def test_a_feed_asked_to_catch_up_on_a_partition_it_does_not_own_says_so() -> None:
+    """A rebalance can take a partition away while a stream is being opened on it: the
+    feed's catch-up raises NotOwned (the hop answers 421, the entry forwards) instead
+    of aiokafka's IllegalStateError (a 500 in the gateways chaos run)."""
+    grouped = Settings.from_env({"THREADLINE_GATEWAY_URL": "http://127.0.0.1:1"})
+    feed = StreamFeed(grouped, cast(ReadModel, None), cast(Offsets, None))
+    with pytest.raises(NotOwned):
+        await feed.catch_up(0)
