@@ -1,0 +1,245 @@
+"""Gateways sharing the stream (issue #26): the same traffic served by 1, 2 and 3
+gateways behind HAProxy, and what each gateway's CPU comes to per record of the
+cluster.
+
+Each case is a fresh stack on fresh topics of one broker: a processor, a worker and
+N gateway processes, HAProxy in front (round robin, `streams/testing/haproxy.py`).
+With N > 1 the gateways form a group (`THREADLINE_GATEWAY_URL`); with N = 1 the
+gateway runs as `make run` starts it (no group). Through HAProxy the bench creates
+`--threads` threads, opens an SSE stream on `--watched` of them, then posts one
+message on every thread (the builtin agent, `--words` words at full speed) and waits
+until the processor has decided every run's end (read from the events topic by
+header, no gateway asked) and every watcher has its `done`. Counted from just before
+the posts to just after: each gateway's CPU (user + system, /proc), and the records
+written to every topic of the deployment (commands, events, stream, dispatch,
+threads, messages): "cluster records".
+
+The report per N: the busiest gateway's CPU per cluster record, the sum over the
+gateways (forwarding included), and the busiest against the single gateway's, the
+ratio issue #26 bounds at 0.4 for three gateways. Cases alternate 1, 2, 3 with the
+order rotated each round.
+
+    python -m bench.gateway_group [--rounds 2] [--threads 120] [--watched 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+from confluent_kafka import Consumer, TopicPartition
+
+from bench.common import Child, broker, load_text
+from bench.stack import AUTH, Stack, new_stack
+from streams.devtools.broker import free_port
+from streams.testing.haproxy import HAProxy, haproxy_binary
+from streams.wire import PAYLOAD_HEADER
+
+ENDS = {b"RunCompleted", b"RunFailed", b"RunCancelled"}
+
+
+@dataclass
+class Case:
+    """One measurement: N gateways, each one's CPU seconds, the cluster's records."""
+    gateways: int
+    cpu_s: list[float] = field(default_factory=list)
+    records: int = 0
+    load: str = ""
+
+    def us_per_record(self) -> list[float]:
+        """Each gateway's CPU per cluster record, µs."""
+        return [c / max(1, self.records) * 1e6 for c in self.cpu_s]
+
+
+def _ends(stack: Stack) -> dict[str, int]:
+    """Each topic's records so far (the sum of its partitions' high watermarks)."""
+    consumer = Consumer({"bootstrap.servers": stack.settings.bootstrap,
+                         "group.id": "bench-watermarks", "enable.auto.commit": False})
+    try:
+        out = {}
+        for topic in stack.settings.topics.all():
+            total = 0
+            for p in range(stack.settings.partitions):
+                _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                total += high
+            out[topic] = total
+        return out
+    finally:
+        consumer.close()
+
+
+def _wait_run_ends(stack: Stack, start: dict[int, int], runs: int, timeout_s: float) -> None:
+    """Until the events topic holds `runs` run ends after `start` (by header only)."""
+    consumer = Consumer({"bootstrap.servers": stack.settings.bootstrap,
+                         "group.id": "bench-ends", "enable.auto.commit": False,
+                         "isolation.level": "read_committed"})
+    topic = stack.settings.topics.events
+    consumer.assign([TopicPartition(topic, p, o) for p, o in start.items()])
+    seen, deadline = 0, time.monotonic() + timeout_s
+    try:
+        while seen < runs:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{seen} of {runs} runs ended in {timeout_s:.0f} s")
+            for record in consumer.consume(500, timeout=0.5):
+                if record.error() is None and \
+                        dict(record.headers() or []).get(PAYLOAD_HEADER) in ENDS:
+                    seen += 1
+    finally:
+        consumer.close()
+
+
+def _event_offsets(stack: Stack) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": stack.settings.bootstrap,
+                         "group.id": "bench-watermarks", "enable.auto.commit": False})
+    try:
+        return {p: consumer.get_watermark_offsets(
+            TopicPartition(stack.settings.topics.events, p), timeout=10)[1]
+            for p in range(stack.settings.partitions)}
+    finally:
+        consumer.close()
+
+
+async def _watch(session: aiohttp.ClientSession, base: str, thread_id: str,
+                 opened: asyncio.Event, done: asyncio.Event) -> None:
+    """A thread's SSE stream through HAProxy until its run's `done`."""
+    async with session.get(f"{base}/v1/threads/{thread_id}/stream", headers=AUTH,
+                           timeout=aiohttp.ClientTimeout(total=None)) as response:
+        assert response.status == 200, await response.text()
+        opened.set()
+        async for line in response.content:
+            if line.startswith(b"event: done"):
+                done.set()
+                return
+
+
+async def _healthy(session: aiohttp.ClientSession, ports: list[int], partitions: int,
+                   grouped: bool, timeout_s: float = 180) -> None:
+    """Every gateway answers /healthz 200; grouped, their shares cover the partitions."""
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        owned: list[int] = []
+        ok = True
+        for port in ports:
+            try:
+                async with session.get(f"http://127.0.0.1:{port}/healthz") as response:
+                    body = await response.json()
+                    ok = ok and response.status == 200
+                    share = body.get("feed", {}).get("owned")
+                    owned += share if isinstance(share, list) else []
+                    last = str(body)[:300]
+            except aiohttp.ClientError as exc:
+                ok, last = False, str(exc)
+        if ok and (not grouped or sorted(owned) == list(range(partitions))):
+            return
+        await asyncio.sleep(0.3)
+    raise RuntimeError(f"gateways not healthy in {timeout_s:.0f} s: {last}")
+
+
+async def measure(bootstrap: str, gateways: int, threads: int, watched: int,
+                  words: int) -> Case:
+    """One case (see the module)."""
+    stack = new_stack(bootstrap, partitions=6, THREADLINE_WORKER_CONCURRENCY="256",
+                      THREADLINE_AGENT_TOKENS_PER_S="0", THREADLINE_AGENT_WORDS=str(words))
+    stack.start(["processor", "worker"])
+    ports = [free_port() for _ in range(gateways)]
+    children: list[Child] = []
+    haproxy = HAProxy(free_port(), ports, stack.folder / "haproxy")
+    try:
+        for n, port in enumerate(ports):
+            env = {**stack.env, "THREADLINE_HTTP_PORT": str(port)}
+            if gateways > 1:
+                env["THREADLINE_GATEWAY_URL"] = f"http://127.0.0.1:{port}"
+            children.append(Child(f"gateway-{n}", ["-m", "streams.cli", "gateway"], env,
+                                  stack.folder / f"gateway-{n}.log"))
+        haproxy.start()
+        base = haproxy.base
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            await _healthy(session, ports, stack.settings.partitions, gateways > 1)
+            await asyncio.to_thread(haproxy.wait_serving)
+            gate = asyncio.Semaphore(16)
+
+            async def create(i: int) -> str:
+                async with gate, session.post(f"{base}/v1/threads", json={"title": f"t{i}"},
+                                              headers=AUTH) as response:
+                    assert response.status == 201, await response.text()
+                    return str((await response.json())["thread_id"])
+
+            ids = list(await asyncio.gather(*(create(i) for i in range(threads))))
+            opened = [asyncio.Event() for _ in range(watched)]
+            done = [asyncio.Event() for _ in range(watched)]
+            watchers = [asyncio.create_task(_watch(session, base, ids[i], opened[i], done[i]))
+                        for i in range(watched)]
+            await asyncio.gather(*(o.wait() for o in opened))
+            await asyncio.sleep(1.0)  # the creations' records ingested everywhere
+            before = await asyncio.to_thread(_ends, stack)
+            start = await asyncio.to_thread(_event_offsets, stack)
+            for child in children:
+                child.mark()
+
+            async def post(thread_id: str) -> None:
+                async with gate, session.post(f"{base}/v1/threads/{thread_id}/user_message",
+                                              json={"input_text": "hello"},
+                                              headers=AUTH) as response:
+                    assert response.status == 202, await response.text()
+
+            await asyncio.gather(*(post(t) for t in ids))
+            await asyncio.to_thread(_wait_run_ends, stack, start, threads, 300.0)
+            await asyncio.gather(*(d.wait() for d in done))
+            await asyncio.sleep(1.0)  # every gateway has read the last records
+            case = Case(gateways, [c.cpu_since_mark() for c in children], load=load_text())
+            after = await asyncio.to_thread(_ends, stack)
+            case.records = sum(after.values()) - sum(before.values())
+            for watcher in watchers:
+                watcher.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
+        return case
+    finally:
+        haproxy.stop()
+        for child in children:
+            child.stop()
+        stack.stop()
+
+
+def main() -> None:
+    """Run the cases side by side and print the report."""
+    parser = argparse.ArgumentParser(prog="python -m bench.gateway_group", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=120)
+    parser.add_argument("--watched", type=int, default=40)
+    parser.add_argument("--words", type=int, default=40)
+    args = parser.parse_args()
+    if haproxy_binary() is None:
+        raise SystemExit("haproxy is not installed (make system-deps)")
+    counts = [1, 2, 3]
+    cases: dict[int, list[Case]] = {n: [] for n in counts}
+    print(f"load before: {load_text()}")
+    with broker() as bootstrap:
+        for r in range(args.rounds):
+            order = counts[r % 3:] + counts[:r % 3]
+            for n in order:
+                case = asyncio.run(measure(bootstrap, n, args.threads, args.watched, args.words))
+                cases[n].append(case)
+                print(f"round {r + 1}, {n} gateway(s): {case.records} records, CPU s "
+                      f"{[round(c, 3) for c in case.cpu_s]}, µs/record "
+                      f"{[round(u, 1) for u in case.us_per_record()]}, load {case.load}",
+                      flush=True)
+    single = statistics.median(max(c.us_per_record()) for c in cases[1])
+    print(f"\nload after: {load_text()}")
+    print("| gateways | cluster records a case | busiest gateway µs/record | all gateways "
+          "µs/record | busiest against one gateway |")
+    print("|---|---|---|---|---|")
+    for n in counts:
+        busiest = [max(c.us_per_record()) for c in cases[n]]
+        total = [sum(c.us_per_record()) for c in cases[n]]
+        print(f"| {n} | {statistics.median(c.records for c in cases[n]):.0f} "
+              f"| {min(busiest):.1f} to {max(busiest):.1f} | {min(total):.1f} to {max(total):.1f} "
+              f"| {statistics.median(busiest) / single:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
