@@ -20,6 +20,7 @@ ratio issue #26 bounds at 0.4 for three gateways. Cases alternate 1, 2, 3 with t
 order rotated each round.
 
     python -m bench.gateway_group [--rounds 2] [--threads 120] [--watched 40]
+    python -m bench.gateway_group --rounds 1 --spy var/spy-gateways  # where the CPU goes
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ import asyncio
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 from confluent_kafka import Consumer, TopicPartition
 
+from bench.broker_cost import start_spies, stop_spies
 from bench.common import Child, broker, load_text
 from bench.stack import AUTH, Stack, new_stack
 from streams.devtools.broker import free_port
@@ -141,8 +144,9 @@ async def _healthy(session: aiohttp.ClientSession, ports: list[int], partitions:
 
 
 async def measure(bootstrap: str, gateways: int, threads: int, watched: int,
-                  words: int) -> Case:
-    """One case (see the module)."""
+                  words: int, spy: Path | None = None) -> Case:
+    """One case (see the module); with `spy`, py-spy records each gateway over the
+    measured window into that folder and its summary is printed."""
     stack = new_stack(bootstrap, partitions=6, THREADLINE_WORKER_CONCURRENCY="256",
                       THREADLINE_AGENT_TOKENS_PER_S="0", THREADLINE_AGENT_WORDS=str(words))
     stack.start(["processor", "worker"])
@@ -180,6 +184,7 @@ async def measure(bootstrap: str, gateways: int, threads: int, watched: int,
             start = await asyncio.to_thread(_event_offsets, stack)
             for child in children:
                 child.mark()
+            spies = start_spies({c.name: c.pid for c in children}, spy) if spy else {}
 
             async def post(thread_id: str) -> None:
                 async with gate, session.post(f"{base}/v1/threads/{thread_id}/user_message",
@@ -192,6 +197,8 @@ async def measure(bootstrap: str, gateways: int, threads: int, watched: int,
             await asyncio.gather(*(d.wait() for d in done))
             await asyncio.sleep(1.0)  # every gateway has read the last records
             case = Case(gateways, [c.cpu_since_mark() for c in children], load=load_text())
+            if spy:
+                stop_spies(spies, spy)
             after = await asyncio.to_thread(_ends, stack)
             case.records = sum(after.values()) - sum(before.values())
             for watcher in watchers:
@@ -212,6 +219,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=120)
     parser.add_argument("--watched", type=int, default=40)
     parser.add_argument("--words", type=int, default=40)
+    parser.add_argument("--spy", type=Path, help="py-spy each gateway into this folder "
+                        "(the CPU figures then include py-spy's sampling)")
     args = parser.parse_args()
     if haproxy_binary() is None:
         raise SystemExit("haproxy is not installed (make system-deps)")
@@ -222,7 +231,9 @@ def main() -> None:
         for r in range(args.rounds):
             order = counts[r % 3:] + counts[:r % 3]
             for n in order:
-                case = asyncio.run(measure(bootstrap, n, args.threads, args.watched, args.words))
+                spy = args.spy / f"r{r + 1}-n{n}" if args.spy else None
+                case = asyncio.run(measure(bootstrap, n, args.threads, args.watched, args.words,
+                                           spy))
                 cases[n].append(case)
                 print(f"round {r + 1}, {n} gateway(s): {case.records} records, CPU s "
                       f"{[round(c, 3) for c in case.cpu_s]}, µs/record "

@@ -110,6 +110,12 @@ class OwnerMap:
         """The newest generation any claim names (-1 if none)."""
         return max((c.generation for c in self.claims.values()), default=-1)
 
+    def members(self) -> int:
+        """The gateways in the group now: those with a claim of the newest generation
+        (at least 1)."""
+        newest = self.newest_generation()
+        return max(1, len({c.instance for c in self.claims.values() if c.generation == newest}))
+
     def stale(self, generation: int) -> list[bytes]:
         """Keys of claims at least two generations older than `generation`."""
         return [key for key, c in self.claims.items() if c.generation <= generation - 2]

@@ -7,12 +7,17 @@ Four limits (`streams.config.GatewayLimits`, 0 turns one off), each refused with
     replays       Kafka replays the tenant's streams run at once, in this process
                   (each is a consumer of its own reading a partition)
     posts         POSTs a second, a token bucket per tenant in this process
-                  (`post_burst` at once, then `posts_per_s`)
+                  (`post_burst` at once, then `posts_per_s`); in a gateway group
+                  each of the N live gateways takes 1/N of both
     active runs   runs in progress across the deployment, from the threads read
                   model: a user message beyond the cap is refused, so one tenant
                   cannot fill every worker slot
 
-The first three are counted per process: N gateways admit up to N times as much.
+Streams and replays are counted per process: N gateways admit up to N times as
+many. Posts are split instead: the load balancer spreads a tenant's posts over the
+group, so each gateway's 1/N share of the rate adds up to the tenant's limit, with no
+round trip per post (Envoy's local rate limit, divided; a balancer with affinity
+would send one tenant to fewer gateways and so admit less than the limit).
 Active runs come from the read model, which lags the processor by a few
 milliseconds, so posts racing each other can pass the cap by the number in flight.
 """
@@ -64,6 +69,9 @@ class TenantLimiter:
         self.replays: Counter[str] = Counter()
         self.copies: Counter[str] = Counter()
         self._buckets: dict[str, _Bucket] = {}
+        # How many gateways share the tenants' posts (the gateway group's live
+        # members, `gateway.cluster.owners`): each takes that share of the rate.
+        self.sharing: Callable[[], int] = lambda: 1
 
     @contextmanager
     def stream(self, tenant: str) -> Iterator[None]:
@@ -102,9 +110,11 @@ class TenantLimiter:
 
     def post(self, tenant: str) -> None:
         """Take one token from the tenant's bucket, or raise 429 saying when one is back."""
-        rate, burst = self.limits.posts_per_s, max(1, self.limits.post_burst)
-        if rate <= 0:
+        limit = self.limits.posts_per_s
+        if limit <= 0:
             return
+        gateways = max(1, self.sharing())
+        rate, burst = limit / gateways, max(1, math.ceil(self.limits.post_burst / gateways))
         now = self.clock()
         bucket = self._buckets.get(tenant)
         if bucket is None:
@@ -113,8 +123,9 @@ class TenantLimiter:
         bucket.at = now
         if bucket.tokens < 1.0:
             wait = math.ceil((1.0 - bucket.tokens) / rate)
-            raise _too_many("too-many-posts", f"more than {rate:g} posts a second "
-                            f"(bursts of {burst})", wait, rate)
+            across = f", across {gateways} gateways" if gateways > 1 else ""
+            raise _too_many("too-many-posts", f"more than {limit:g} posts a second "
+                            f"(bursts of {self.limits.post_burst}{across})", wait, limit)
         bucket.tokens -= 1.0
 
     def admit_run(self, tenant: str, active: int) -> None:

@@ -150,3 +150,15 @@ async def test_a_feed_asked_to_catch_up_on_a_partition_it_does_not_own_says_so()
     feed = StreamFeed(grouped, cast(ReadModel, None), cast(Offsets, None))
     with pytest.raises(NotOwned):
         await feed.catch_up(0)
+
+
+def test_the_group_counts_the_gateways_of_the_newest_generation() -> None:
+    """`members`: the gateways with a claim of the newest generation (a dead one's
+    older claim, not yet tombstoned, is not one); at least 1."""
+    owners = OwnerMap()
+    assert owners.members() == 1
+    for instance, generation, partitions in (("a", 3, {0}), ("b", 3, {1}), ("c", 2, {2}),
+                                             ("d", 3, set())):
+        claim = Claim(instance, f"http://{instance}", generation, frozenset(partitions))
+        owners.put(claim.key, claim)
+    assert owners.members() == 3

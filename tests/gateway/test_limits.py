@@ -119,3 +119,37 @@ def test_limits_come_from_the_environment() -> None:
             limits.post_burst, limits.active_runs_per_tenant, limits.replay_max_records) == \
         (3, 2, 0.5, 4, 6, 7)
     assert Settings.from_env({}).gateway.limits == GatewayLimits()
+
+
+def test_gateways_of_a_group_each_take_their_share_of_a_tenants_post_rate() -> None:
+    """With N gateways sharing the posts (a load balancer spreads them), each admits
+    1/N of the rate and of the burst, so the tenant's whole is its limit; the refusal
+    names the tenant's limit, not the share."""
+    clock = Clock()
+    gateways = [TenantLimiter(GatewayLimits(posts_per_s=6.0, post_burst=6), clock)
+                for _ in range(3)]
+    for limiter in gateways:
+        limiter.sharing = lambda: 3
+    admitted = 0
+    for n in range(30):  # round robin, all at once: the burst of 6 in all
+        try:
+            gateways[n % 3].post("a")
+            admitted += 1
+        except Problem as refused:
+            assert refused.status == 429 and "6 posts a second" in str(refused.detail) \
+                and "across 3 gateways" in str(refused.detail)
+    assert admitted == 6
+    for second in range(10):  # then 6 a second in all, 2 at each
+        clock.now += 1.0
+        assert sum(_try(gateways[n % 3]) for n in range(30)) == 6, second
+    gateways[0].sharing = lambda: 1  # the others left: the whole rate here
+    clock.now += 1.0
+    assert sum(_try(gateways[0]) for _ in range(30)) == 6
+
+
+def _try(limiter: TenantLimiter) -> bool:
+    try:
+        limiter.post("a")
+    except Problem:
+        return False
+    return True
