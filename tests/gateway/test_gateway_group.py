@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
@@ -54,6 +55,26 @@ async def _until(condition: Callable[[], bool], what: str, limit_s: float = 120.
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"never: {what}")
+
+
+async def _progressing(waited: Awaitable[object], progress: Callable[[], object], what: str,
+                       idle_s: float = 90.0) -> None:
+    """Await `waited` for as long as `progress()` keeps changing: it fails after `idle_s`
+    without a change (a stall), however long the whole takes on a busy machine."""
+    task = asyncio.ensure_future(waited)
+    last, since = progress(), time.monotonic()
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=1.0)
+            now = progress()
+            if now != last:
+                last, since = now, time.monotonic()
+            elif not task.done() and time.monotonic() - since > idle_s:
+                raise AssertionError(f"no progress for {idle_s:.0f} s: {what}")
+        task.result()
+    finally:
+        if not task.done():
+            task.cancel()
 
 
 def _split(apps: list[web.Application], partitions: int) -> bool:
@@ -190,13 +211,14 @@ async def test_a_forwarded_stream_goes_on_when_its_owner_leaves(stack: Stack) ->
             watcher = asyncio.create_task(_two_runs(response, seen, first_done))
             status, posted = await stack.post(thread_id, "first, while b owns it")
             assert status == 202, posted
-            await asyncio.wait_for(first_done.wait(), 60)
+            await _progressing(first_done.wait(), lambda: len(seen), "the first run's done")
             # B leaves here: its partitions come to A, the only member left.
         try:
             await _until(lambda: app_a[FEED].owns(partition), "A owns the thread's partition")
             status, posted = await stack.post(thread_id, "second, after b left")
             assert status == 202, posted
-            await asyncio.wait_for(watcher, 60)  # the same connection, on to the second `done`
+            # the same connection, on to the second `done`
+            await _progressing(watcher, lambda: len(seen), "the second run's done")
         finally:
             response.close()
     ids = [e.id for e in seen if e.id]
@@ -222,12 +244,12 @@ async def test_a_forwarded_stream_goes_on_when_its_owner_is_killed(stack: Stack)
             watcher = asyncio.create_task(_two_runs(response, seen, first_done))
             status, posted = await stack.post(thread_id, "first, while b owns it")
             assert status == 202, posted
-            await asyncio.wait_for(first_done.wait(), 60)
+            await _progressing(first_done.wait(), lambda: len(seen), "the first run's done")
             gateway_b.kill9()
             status, posted = await stack.post(thread_id, "second, b is dead")
             assert status == 202, posted
             await _until(lambda: app_a[FEED].owns(partition), "A owns the dead B's partition")
-            await asyncio.wait_for(watcher, 90)
+            await _progressing(watcher, lambda: len(seen), "the second run's done")
         finally:
             response.close()
     ids = [e.id for e in seen if e.id]
