@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install system-deps helm run test frontends console-shots chaos bench bench-peers lint clean
+.PHONY: install system-deps helm run test frontends console-shots chaos bench bench-peers bench-gateways lint clean
 
 $(STAMP): pyproject.toml infra/kafka/pom.xml infra/registry/pom.xml
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,13 @@ bench: install
 	$(PY) -c 'import matplotlib, pyinstrument, faust' 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'
 	$(PY) -m bench $(BENCH_ARGS)
 	$(PY) -m bench.peers $(PEERS_ARGS)
+	$(MAKE) bench-gateways
+
+# Gateways as a group behind HAProxy (issue #26): 1, 2 and 3 gateways side by side,
+# then one killed for good; they print their tables (docs/benchmarks.md holds them).
+bench-gateways: install system-deps
+	$(PY) -m bench.gateway_group
+	$(PY) -m bench.gateway_failover
 
 # Threadline side by side with Restate, DBOS and the LangGraph dev server (bench/peers/):
 # installs the peers (npm, PyPI, Debian's postgresql) under ~/.cache/threadline/peers,
