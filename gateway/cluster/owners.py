@@ -10,7 +10,10 @@ gateway writes what it owns to the compacted `gateways` topic (one partition): k
 gateway reads the whole topic and keeps `OwnerMap`: per partition, the claim of the
 newest group generation wins, so a dead gateway's claims lose to the next
 assignment's. Keys two generations old are tombstoned by whoever sees them after
-writing its own: their writer left the group (a crash leaves no tombstone).
+writing its own: their writer left the group (a crash leaves no tombstone). Each
+gateway writes its claim again every session timeout (at least 1 s); one not read
+again for three of those and a second is a dead gateway's and counts no more (after
+every gateway died at once, the group starts again at generation 1).
 
 Nothing here is static configuration: a gateway added or removed is in the map after
 the group's next rebalance.
@@ -24,7 +27,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -85,40 +88,59 @@ class Claim:
 
 class OwnerMap:
     """The claims read so far; per partition the newest generation's claim wins (on a
-    tie, which can only be two records of one gateway, the later one read)."""
+    tie, which can only be two records of one gateway, the later one read). With
+    `ttl_s`, a claim not read again within that long is a dead gateway's and counts
+    no more: a group whose every member died starts again at generation 1 (Kafka
+    forgets a group with no members and no offsets), and the dead members' claims of
+    higher generations would otherwise win for good."""
 
-    def __init__(self) -> None:
+    def __init__(self, ttl_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.claims: dict[bytes, Claim] = {}
-        self._owners: dict[int, Claim] = {}
+        self.ttl_s, self.clock = ttl_s, clock
+        self._read_at: dict[bytes, float] = {}
 
     def put(self, key: bytes, claim: Claim | None) -> None:
-        """A record read: a claim, or a tombstone (None) of the key."""
+        """A record read: a claim (or its refresh), or a tombstone (None) of the key."""
         if claim is None:
             self.claims.pop(key, None)
+            self._read_at.pop(key, None)
         else:
             self.claims[key] = claim
-        self._owners = {}
-        for each in sorted(self.claims.values(), key=lambda c: c.generation):
-            for partition in each.partitions:
-                self._owners[partition] = each
+            self._read_at[key] = self.clock()
+
+    def _live(self) -> list[Claim]:
+        if self.ttl_s is None:
+            return list(self.claims.values())
+        floor = self.clock() - self.ttl_s
+        return [c for key, c in self.claims.items() if self._read_at[key] >= floor]
 
     def owner(self, partition: int) -> Claim | None:
         """The gateway that owns `partition` as far as the map knows, or None."""
-        return self._owners.get(partition)
+        best: Claim | None = None
+        for claim in self._live():
+            if partition in claim.partitions and (best is None or
+                                                  claim.generation >= best.generation):
+                best = claim
+        return best
 
     def newest_generation(self) -> int:
         """The newest generation any claim names (-1 if none)."""
         return max((c.generation for c in self.claims.values()), default=-1)
 
     def members(self) -> int:
-        """The gateways in the group now: those with a claim of the newest generation
-        (at least 1)."""
-        newest = self.newest_generation()
-        return max(1, len({c.instance for c in self.claims.values() if c.generation == newest}))
+        """The gateways in the group now: those with a live claim of the newest live
+        generation (at least 1)."""
+        live = self._live()
+        newest = max((c.generation for c in live), default=-1)
+        return max(1, len({c.instance for c in live if c.generation == newest}))
 
     def stale(self, generation: int) -> list[bytes]:
-        """Keys of claims at least two generations older than `generation`."""
-        return [key for key, c in self.claims.items() if c.generation <= generation - 2]
+        """Keys of claims at least two generations older than `generation`, or not read
+        again within the TTL."""
+        floor = None if self.ttl_s is None else self.clock() - self.ttl_s
+        return [key for key, c in self.claims.items() if c.generation <= generation - 2
+                or (floor is not None and self._read_at[key] < floor)]
 
 
 class OwnerBoard:
@@ -128,12 +150,16 @@ class OwnerBoard:
         self.settings, self.url = settings, url
         self.instance = secrets.token_hex(8)  # this process
         self.topic = owners_topic(settings).name
-        self.map = OwnerMap()
+        # The claim is written again as often as a member heartbeats its session out;
+        # missing three of those, it is a dead gateway's.
+        self.refresh_s = max(1.0, settings.session_timeout_ms / 1000)
+        self.map = OwnerMap(ttl_s=3 * self.refresh_s + 1.0)
         self._mine: Claim | None = None
         self._changed = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
+        self._refresher: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Start writing, and reading the topic from its start."""
@@ -146,9 +172,18 @@ class OwnerBoard:
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
         self._task = asyncio.create_task(run_forever("gateways topic", self._step))
+        self._refresher = asyncio.create_task(run_forever("gateways claim", self._refresh))
+
+    async def _refresh(self) -> None:
+        await asyncio.sleep(self.refresh_s)
+        mine = self._mine
+        if mine is not None and self._producer is not None:
+            self.map.put(mine.key, mine)  # as claim() does: its own view needs no round trip
+            await self._producer.send_and_wait(self.topic, mine.to_json(), key=mine.key)
 
     async def stop(self) -> None:
         """Tombstone this gateway's claim (it leaves), then close."""
+        await stop_task(self._refresher)
         if self._producer is not None and self._mine is not None:
             with contextlib.suppress(Exception):
                 await within(self._producer.send_and_wait(self.topic, None, key=self._mine.key),

@@ -162,3 +162,49 @@ def test_the_group_counts_the_gateways_of_the_newest_generation() -> None:
         claim = Claim(instance, f"http://{instance}", generation, frozenset(partitions))
         owners.put(claim.key, claim)
     assert owners.members() == 3
+
+
+def test_claims_of_a_group_that_died_whole_stop_counting_when_not_written_again() -> None:
+    """Every gateway killed at once: Kafka forgets the group, and the next one starts
+    at generation 1. The dead gateways' claims (generation 57) win while they may
+    still be alive, then, not written again within the TTL, count no more: the new
+    claims, written again on time, own the partitions, and the old keys are stale."""
+    now = [1000.0]
+    owners = OwnerMap(ttl_s=7.0, clock=lambda: now[0])
+    dead = [Claim(f"dead-{n}", f"http://dead-{n}", 57, frozenset({2 * n, 2 * n + 1}))
+            for n in range(2)]
+    for claim in dead:
+        owners.put(claim.key, claim)
+    new = Claim("new", "http://new", 1, frozenset(range(4)))
+    owners.put(new.key, new)
+    assert owners.owner(0) == dead[0] and owners.members() == 2
+    for _ in range(4):  # the new gateway writes its claim again every 2 s; the dead do not
+        now[0] += 2.0
+        owners.put(new.key, new)
+    assert all(owners.owner(p) == new for p in range(4))
+    assert owners.members() == 1
+    assert sorted(owners.stale(1)) == sorted(c.key for c in dead)
+    assert owners.owner(5) is None
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 9), st.floats(0, 20)),
+                max_size=30))
+def test_a_claim_read_within_the_ttl_is_never_passed_over_for_an_older_generation(
+        writes: list[tuple[int, int, float]]) -> None:
+    """Whatever the order and timing of the writes: the owner is the newest generation
+    among the claims read within the TTL, and none of those is stale."""
+    now = [0.0]
+    owners = OwnerMap(ttl_s=5.0, clock=lambda: now[0])
+    read_at: dict[bytes, tuple[float, Claim]] = {}
+    for instance, generation, wait in writes:
+        now[0] += wait
+        claim = Claim(f"g{instance}", f"http://g{instance}", generation, frozenset({0}))
+        owners.put(claim.key, claim)
+        read_at[claim.key] = (now[0], claim)
+    live = [c for at, c in read_at.values() if at >= now[0] - 5.0]
+    owner = owners.owner(0)
+    if not live:
+        assert owner is None
+    else:
+        assert owner is not None and owner.generation == max(c.generation for c in live)
+        assert not set(owners.stale(-10)) & {c.key for c in live}

@@ -19,13 +19,16 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from aiokafka import AIOKafkaProducer
 
 from gateway.adapters.ai_sdk.chat import chat_thread_id
 from gateway.app import Options, create_app
+from gateway.cluster.owners import Claim, owners_topic
 from gateway.kafka import partition_for
 from gateway.keys import FEED, OWNERS
 from streams.config import Settings
 from streams.devtools.broker import free_port
+from streams.kafka.clients import aiokafka_config
 from streams.testing.process import RoleProcess
 from streams.testing.sse import SseEvent, iter_sse, read_sse
 from tests.gateway.conftest import AUTH_A, Stack
@@ -311,3 +314,33 @@ async def test_an_ai_sdk_chat_through_a_non_owner_ends_whole_across_the_owners_k
     answer = [m for m in stored["messages"] if m["role"] == "assistant"][-1]
     assert "".join(c["delta"] for c in chunks if c["type"] == "text-delta") == \
         "".join(p["text"] for p in answer["parts"] if p["type"] == "text")
+
+
+async def test_claims_left_by_gateways_that_all_died_stop_counting(stack: Stack) -> None:
+    """Every gateway of a group killed at once leaves its claims in the `gateways`
+    topic, of generations the next group (which Kafka starts again at 1) does not
+    reach for a long while. Written there as such a leftover (generation 10,000, every
+    partition, an address nobody serves), it counts until it is not written again
+    within the TTL; then the two new gateways split the partitions by their own
+    claims, and a run read through the one that does not own its thread comes from
+    the owner."""
+    async with _grouped_gateway(stack.settings) as (url_a, app_a):
+        leftover = Claim("dead-group", f"http://127.0.0.1:{free_port()}", 10_000,
+                         frozenset(range(stack.settings.partitions)))
+        producer = AIOKafkaProducer(**aiokafka_config(stack.settings))
+        await producer.start()
+        try:
+            await producer.send_and_wait(owners_topic(stack.settings).name, leftover.to_json(),
+                                         key=leftover.key)
+        finally:
+            await producer.stop()
+        await _until(lambda: app_a[OWNERS].map.owner(0) == leftover, "A read the leftover")
+        async with _grouped_gateway(stack.settings) as (_url_b, app_b):
+            await _until(lambda: _split([app_a, app_b], stack.settings.partitions),
+                         "the two gateways split the partitions by their own claims")
+            thread_id = await _thread_on(stack, app_b, "after a whole group died")
+            status, posted = await stack.post(thread_id, "hello through a")
+            assert status == 202, posted
+            events = await read_sse(stack.session, f"{url_a}/v1/runs/{posted['run_id']}/events",
+                                    headers=AUTH_A)
+            assert _names(events)[0] == "run_accepted" and _names(events)[-1] == "done"
