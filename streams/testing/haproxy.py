@@ -3,8 +3,11 @@ program: round robin (or random) per request, no affinity, as issue #26 asks of 
 deployment.
 
 A request to a server that refuses the connection is sent to another (`retry-on
-conn-failure`, `option redispatch`); a killed gateway is taken out once two health
-checks of `/livez`, half a second apart, fail, and put back once one passes. SSE
+conn-failure`, `option redispatch`); a killed gateway is taken out once three health
+checks of `/livez` fail (half a second apart once one has), and put back once one
+passes. A check waits up to 5 s for its answer: on a loaded machine, checks that
+gave up sooner took every gateway out at once, and HAProxy answered 503 (which
+EventSource does not retry). SSE
 responses are long reads: the client and server timeouts are an hour, and HAProxy
 does not buffer (it never does for a streamed HTTP/1.1 body). Each request is
 logged to `haproxy.log` as it starts (`logasap`: an SSE stream would be logged only
@@ -70,7 +73,8 @@ frontend threadline
 backend gateways
     balance {self.balance}
     option httpchk GET /livez
-    default-server inter 500ms fastinter 250ms downinter 500ms fall 2 rise 1
+    timeout check 5s
+    default-server inter 1s fastinter 500ms downinter 500ms fall 3 rise 1
 {servers}
 """
 

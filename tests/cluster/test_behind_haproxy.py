@@ -132,8 +132,9 @@ def test_a_browser_eventsource_sees_every_run_whole_across_owner_kills(cluster: 
                     timeout=120_000)
             except Exception:
                 seen = page.evaluate("[window.threadline.opens, window.threadline.errors, "
+                                     "window.threadline.reopens, "
                                      "window.threadline.events.slice(-3)]")
-                raise AssertionError(f"run {n}: browser (opens, errors, last) {seen}\n"
+                raise AssertionError(f"run {n}: browser (opens, errors, reopens, last) {seen}\n"
                                      f"{cluster.logs()}") from None
         events = page.evaluate("window.threadline.events")
         browser.close()
