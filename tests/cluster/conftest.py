@@ -91,6 +91,15 @@ class Cluster:
             return False
         return sorted(p for share in shares for p in share or []) == list(range(self.partitions))
 
+    def shares(self) -> list[list[int] | None]:
+        """Each gateway's partitions as its /healthz says (the progress of a rebalance)."""
+        return [self.owned(i) for i in range(len(self.gateways))]
+
+    def settle(self) -> None:
+        """Until the live gateways own every partition between them; bounded by
+        progress (the shares changing), not by the clock."""
+        wait_for(self.split, timeout=120, progress=self.shares)
+
     def owner(self, thread_id: str) -> int:
         """The index of the live gateway that owns the thread's partition now."""
         partition = partition_for(thread_id, self.partitions)
@@ -99,7 +108,7 @@ class Cluster:
             return next((i + 1 for i, g in enumerate(self.gateways)
                          if g.alive() and partition in (self.owned(i) or ())), None)
 
-        index = wait_for(found, timeout=60)
+        index = wait_for(found, timeout=60, progress=self.shares)
         assert index is not None  # wait_for returns a true value
         return index - 1
 
@@ -130,8 +139,7 @@ def running_cluster(bootstrap: str, folder: Path, **extra: str) -> Iterator[Clus
                 gateway.start()
             haproxy.start()
             cluster = Cluster(env, Settings.from_env(env).partitions, ports, gateways, haproxy)
-            wait_for(cluster.split, timeout=120,
-                     progress=lambda: [cluster.owned(i) for i in range(GATEWAYS)])
+            cluster.settle()
             haproxy.wait_serving()
             yield cluster
         finally:

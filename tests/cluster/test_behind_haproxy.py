@@ -18,7 +18,6 @@ import pytest
 from langgraph_sdk import get_client
 
 from gateway.adapters.ai_sdk.chat import chat_thread_id
-from streams.testing.process import wait_for
 from tests.browser_kit import LAUNCH_ARGS, chromium
 from tests.cluster.conftest import KEY, TENANT, Cluster
 from tests.frontends.stack import ProcessStack
@@ -243,7 +242,7 @@ async def test_the_reference_client_resumes_through_haproxy_after_the_owner_is_k
             e.name == "text_delta" for e in events))
         cluster.gateways[owner].kill9()
         cluster.gateways[owner].start()
-        await asyncio.to_thread(wait_for, cluster.split, 120)  # the group has settled again
+        await asyncio.to_thread(cluster.settle)  # the group has settled again
         resumed_open = asyncio.Event()
         resumed_task = asyncio.create_task(
             client.stream(thread_id, last=first[-1], opened=resumed_open))
