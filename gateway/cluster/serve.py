@@ -42,9 +42,10 @@ async def internal_stream(request: web.Request) -> web.StreamResponse:
             raise Problem(404, "not-found", "no such run")
     async with contextlib.AsyncExitStack() as opened:
         try:
+            # The tenant's stream slot is held by the gateway the client reached.
             stream = await opened.enter_async_context(config[STREAMS].open_local(
                 tenant, state, run, after=request.query.get("after"),
-                last_message_id=request.query.get("last_message_id")))
+                last_message_id=request.query.get("last_message_id"), slot=False))
         except NotOwned:  # a rebalance moved it while the stream's start was found
             raise Problem(421, "misdirected", "the thread's partition moved to another "
                           "gateway") from None

@@ -14,10 +14,12 @@ Four limits (`streams.config.GatewayLimits`, 0 turns one off), each refused with
                   cannot fill every worker slot
 
 Streams and replays are counted per process: N gateways admit up to N times as
-many. Posts are split instead: the load balancer spreads a tenant's posts over the
-group, so each gateway's 1/N share of the rate adds up to the tenant's limit, with no
-round trip per post (Envoy's local rate limit, divided; a balancer with affinity
-would send one tenant to fewer gateways and so admit less than the limit).
+many. A stream counts where its client connected: a gateway serving another's
+forwarded stream (the hop) takes no slot for it. Posts are split instead: the load
+balancer spreads a tenant's posts over the group, so each gateway's 1/N share of the
+rate adds up to the tenant's limit, with no round trip per post (Envoy's local rate
+limit, divided; a balancer with affinity would send one tenant to fewer gateways and
+so admit less than the limit).
 Active runs come from the read model, which lags the processor by a few
 milliseconds, so posts racing each other can pass the cap by the number in flight.
 """

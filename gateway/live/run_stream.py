@@ -175,11 +175,13 @@ class RunStreams:
 
     @contextlib.asynccontextmanager
     async def open_local(self, tenant: str, state: ThreadState, run: RunView | None = None, *,
-                         after: str | None = None,
-                         last_message_id: str | None = None) -> AsyncIterator[FeedStream]:
+                         after: str | None = None, last_message_id: str | None = None,
+                         slot: bool = True) -> AsyncIterator[FeedStream]:
         """`open`, on this gateway's feed; NotOwned if a rebalance took the partition
         away while the start was being found (a subscriber of a partition the feed no
-        longer reads would wait forever)."""
+        longer reads would wait forever). `slot=False`: the tenant's stream slot is
+        held already, by the gateway the client reached (a hop, or a forwarded stream
+        come back to this feed): one client stream takes one slot."""
         feed, limiter = self.feed, self.limiter
         run_id = None if run is None else run.run_id
         partition = feed.partition_of(state.thread_id)
@@ -188,7 +190,8 @@ class RunStreams:
             plan = await _fresh_plan(feed, state, run)
         if not feed.owns(partition):  # checked with no await between it and subscribing
             raise NotOwned(partition)
-        with limiter.stream(tenant), contextlib.ExitStack() as replaying:
+        held = limiter.stream(tenant) if slot else contextlib.nullcontext()
+        with held, contextlib.ExitStack() as replaying:
             sub, snapshot, covered = feed.subscribe(state.thread_id, run_id)
             here = feed.last_offsets.get(partition, -1)  # the feed's position at subscribing
             try:
@@ -257,7 +260,9 @@ class _Local:
         run = self.run
         if run is not None:
             run = await self.streams.read_model.run(self.tenant, run.run_id) or run
-        async with self.streams.open_local(self.tenant, self.state, run, after=after) as stream:
+        # The slot is the forwarded stream's, held since it opened.
+        async with self.streams.open_local(self.tenant, self.state, run, after=after,
+                                           slot=False) as stream:
             yield stream
 
 

@@ -344,3 +344,44 @@ async def test_claims_left_by_gateways_that_all_died_stop_counting(stack: Stack)
             events = await read_sse(stack.session, f"{url_a}/v1/runs/{posted['run_id']}/events",
                                     headers=AUTH_A)
             assert _names(events)[0] == "run_accepted" and _names(events)[-1] == "done"
+
+
+async def test_a_forwarded_stream_takes_one_stream_slot_of_its_tenant(stack: Stack) -> None:
+    """With one open stream a tenant per gateway: a stream read through A of a thread B
+    owns holds A's slot only (B serves the hop without one), so B still admits the
+    tenant's stream of its own and A refuses a second (429). When B leaves, the
+    forwarded stream comes to A's own feed under the slot it holds, and goes on to
+    the next run's `done`."""
+    limits = replace(stack.settings.gateway.limits, streams_per_tenant=1)
+    settings = stack.settings.with_(gateway=replace(stack.settings.gateway, limits=limits))
+    seen: list[SseEvent] = []
+    async with _grouped_gateway(settings) as (url_a, app_a):
+        async with _grouped_gateway(settings) as (url_b, app_b):
+            await _until(lambda: _split([app_a, app_b], stack.settings.partitions),
+                         "the two gateways split the partitions")
+            thread_id = await _thread_on(stack, app_b, "one slot")
+            partition = partition_for(thread_id, stack.settings.partitions)
+            first_done = asyncio.Event()
+            response = await stack.session.get(f"{url_a}/v1/threads/{thread_id}/stream",
+                                               headers=AUTH_A)
+            assert response.status == 200, await response.text()
+            watcher = asyncio.create_task(_two_runs(response, seen, first_done))
+            other = await _thread_on(stack, app_b, "b's own")
+            async with stack.session.get(f"{url_b}/v1/threads/{other}/stream",
+                                         headers=AUTH_A) as on_b:
+                assert on_b.status == 200, await on_b.text()
+            async with stack.session.get(f"{url_a}/v1/threads/{other}/stream",
+                                         headers=AUTH_A) as second_on_a:
+                assert second_on_a.status == 429, await second_on_a.text()
+            status, posted = await stack.post(thread_id, "first, while b owns it")
+            assert status == 202, posted
+            await _progressing(first_done.wait(), lambda: len(seen), "the first run's done")
+        try:  # B left: its partitions came to A
+            await _until(lambda: app_a[FEED].owns(partition), "A owns the thread's partition")
+            status, posted = await stack.post(thread_id, "second, after b left")
+            assert status == 202, posted
+            await _progressing(watcher, lambda: len(seen), "the second run's done")
+        finally:
+            response.close()
+    names = _names(seen)
+    assert names.count("run_accepted") == 2 and names.count("done") == 2, names
