@@ -157,6 +157,14 @@ def _names(events: list[SseEvent]) -> list[str]:
     return [e.event for e in events]
 
 
+def _two_runs_once(seen: list[SseEvent]) -> None:
+    """Two whole runs on the one connection, no event twice."""
+    ids = [e.id for e in seen if e.id]
+    assert len(ids) == len(set(ids)), "an event was repeated"
+    names = _names(seen)
+    assert names.count("run_accepted") == 2 and names.count("done") == 2, names
+
+
 async def test_a_stream_through_a_gateway_that_does_not_own_it_is_the_owners(
         stack: Stack) -> None:
     """The two gateways split the partitions; a run's events read through the gateway
@@ -224,10 +232,7 @@ async def test_a_forwarded_stream_goes_on_when_its_owner_leaves(stack: Stack) ->
             await _progressing(watcher, lambda: len(seen), "the second run's done")
         finally:
             response.close()
-    ids = [e.id for e in seen if e.id]
-    assert len(ids) == len(set(ids)), "an event was repeated"
-    names = _names(seen)
-    assert names.count("run_accepted") == 2 and names.count("done") == 2, names
+    _two_runs_once(seen)
 
 
 async def test_a_forwarded_stream_goes_on_when_its_owner_is_killed(stack: Stack) -> None:
@@ -255,10 +260,7 @@ async def test_a_forwarded_stream_goes_on_when_its_owner_is_killed(stack: Stack)
             await _progressing(watcher, lambda: len(seen), "the second run's done")
         finally:
             response.close()
-    ids = [e.id for e in seen if e.id]
-    assert len(ids) == len(set(ids)), "an event was repeated"
-    names = _names(seen)
-    assert names.count("run_accepted") == 2 and names.count("done") == 2, names
+    _two_runs_once(seen)
 
 
 async def test_a_forwarded_run_stream_survives_its_owner_killed_mid_run(stack: Stack) -> None:
@@ -383,5 +385,4 @@ async def test_a_forwarded_stream_takes_one_stream_slot_of_its_tenant(stack: Sta
             await _progressing(watcher, lambda: len(seen), "the second run's done")
         finally:
             response.close()
-    names = _names(seen)
-    assert names.count("run_accepted") == 2 and names.count("done") == 2, names
+    _two_runs_once(seen)
