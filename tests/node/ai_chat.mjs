@@ -115,6 +115,21 @@ async function approval(approved, reason) {
 }
 
 const lastAssistant = (chat) => [...chat.messages].reverse().find((m) => m.role === "assistant");
+
+// As after a reload: the partial answer is not a stored message, so drop it and let
+// the replay rebuild it whole.
+async function resumeAsAfterReload(chat) {
+  if (chat.lastMessage && chat.lastMessage.role === "assistant") chat.messages = chat.messages.slice(0, -1);
+  await chat.resumeStream();
+}
+
+// What a kill scenario reports: the chat's state after it, and the stored messages.
+async function killOutcome(chat, statusAfterKill, seenBefore) {
+  const message = lastAssistant(chat);
+  return { chatId: chat.id, statusAfterKill, seenBefore, status: chat.status, text: answerText(message),
+           id: message && message.id, metadata: message && message.metadata, errors: chat.errors,
+           stored: await stored(chat.id) };
+}
 // The text of the attempt that answered: a superseded attempt's text parts stay in
 // the message, tagged with their attempt (docs/clients.md).
 // The answer: the text of the attempt `finish` names, and of that attempt's newest
@@ -192,14 +207,8 @@ const scenarios = {
     await sending;
     const statusAfterKill = chat.status;
     await go("restarted");
-    // As after a reload: the partial answer is not a stored message, so drop it
-    // and let the replay rebuild it whole.
-    if (chat.lastMessage && chat.lastMessage.role === "assistant") chat.messages = chat.messages.slice(0, -1);
-    await chat.resumeStream();
-    const message = lastAssistant(chat);
-    return { chatId: chat.id, statusAfterKill, seenBefore, status: chat.status, text: answerText(message),
-             id: message && message.id, metadata: message && message.metadata, errors: chat.errors,
-             stored: await stored(chat.id) };
+    await resumeAsAfterReload(chat);
+    return killOutcome(chat, statusAfterKill, seenBefore);
   },
 
   // Behind a load balancer (tests/cluster): a gateway is killed mid-answer; if the chat's
@@ -216,14 +225,8 @@ const scenarios = {
     await sending;
     const statusAfterKill = chat.status;
     await go("restarted");
-    if (statusAfterKill === "error") {
-      if (chat.lastMessage && chat.lastMessage.role === "assistant") chat.messages = chat.messages.slice(0, -1);
-      await chat.resumeStream();
-    }
-    const message = lastAssistant(chat);
-    return { chatId: chat.id, statusAfterKill, seenBefore, status: chat.status, text: answerText(message),
-             id: message && message.id, metadata: message && message.metadata, errors: chat.errors,
-             stored: await stored(chat.id) };
+    if (statusAfterKill === "error") await resumeAsAfterReload(chat);
+    return killOutcome(chat, statusAfterKill, seenBefore);
   },
 
   // The worker killed mid-answer: a new execution starts over (the same attempt when the
