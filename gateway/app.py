@@ -152,6 +152,8 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
         board = app[OWNERS] = OwnerBoard(settings, settings.gateway.advertised_url)
         feed.on_owned = board.claim
         limiter.sharing = board.map.members  # each gateway takes its share of the post rate
+        limiter.streams_elsewhere = board.streams_elsewhere  # a tenant's streams: the group's
+        board.streams = lambda: limiter.streams
         # As long as a dead owner takes to leave the group, and a margin.
         app[STREAMS].remote = Forwarder(board, hops, settings.session_timeout_ms / 1000 + 10,
                                         options.keepalive_s)

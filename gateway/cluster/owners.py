@@ -6,14 +6,20 @@ group on the stream topic (`StreamFeed`): each consumes the partitions the group
 assigns it, and serves the live streams of their threads. On every assignment a
 gateway writes what it owns to the compacted `gateways` topic (one partition): key
 `<instance>/<generation>`, value JSON `{"instance", "url", "generation",
-"partitions", "at_ms"}`; it then tombstones its own previous key. Every such
+"partitions", "at_ms", "streams"}` (`streams`: its open SSE streams by tenant, the
+`MAX_TENANTS_LISTED` tenants with most; absent in claims of earlier versions); it
+then tombstones its own previous key. Every such
 gateway reads the whole topic and keeps `OwnerMap`: per partition, the claim of the
 newest group generation wins, so a dead gateway's claims lose to the next
 assignment's. Keys two generations old are tombstoned by whoever sees them after
 writing its own: their writer left the group (a crash leaves no tombstone). Each
 gateway writes its claim again every session timeout (at least 1 s); one not read
 again for three of those and a second is a dead gateway's and counts no more (after
-every gateway died at once, the group starts again at generation 1).
+every gateway died at once, the group starts again at generation 1). The refresh
+carries the gateway's stream counts of that moment: each gateway admits a tenant's
+stream against the tenant's streams here plus those the other live gateways last
+wrote (`OwnerMap.streams_elsewhere`), so the cap holds across the group, give or take
+the streams opened elsewhere since their last refresh.
 
 Nothing here is static configuration: a gateway added or removed is in the map after
 the group's next rebalance.
@@ -23,12 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import json
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -38,11 +45,14 @@ from streams.config import Settings
 from streams.kafka.clients import aiokafka_config
 from streams.topics import TopicSpec
 
-__all__ = ["Claim", "OwnerBoard", "OwnerMap", "owners_topic"]
+__all__ = ["MAX_TENANTS_LISTED", "Claim", "OwnerBoard", "OwnerMap", "owners_topic"]
 
 log = logging.getLogger("threadline.gateway")
 
 _MAX_VALUE_BYTES = 64 * 1024  # a claim names at most a few thousand partitions
+# Tenants whose stream counts a claim lists at most (those with most streams): about
+# 40 bytes each, well inside the value's bound beside the partitions.
+MAX_TENANTS_LISTED = 500
 
 
 def owners_topic(settings: Settings) -> TopicSpec:
@@ -60,6 +70,8 @@ class Claim:
     url: str
     generation: int
     partitions: frozenset[int]
+    # Its gateway's open SSE streams by tenant when written (not part of its identity).
+    streams: Mapping[str, int] = field(default_factory=dict, compare=False)
 
     @property
     def key(self) -> bytes:
@@ -68,9 +80,11 @@ class Claim:
 
     def to_json(self) -> bytes:
         """Its record's value."""
+        busiest = heapq.nlargest(MAX_TENANTS_LISTED, self.streams.items(), key=lambda kv: kv[1])
         return json.dumps({"instance": self.instance, "url": self.url,
                            "generation": self.generation, "partitions": sorted(self.partitions),
-                           "at_ms": int(time.time() * 1000)}).encode()
+                           "at_ms": int(time.time() * 1000),
+                           "streams": dict(busiest)}).encode()
 
     @classmethod
     def from_json(cls, value: bytes) -> Claim:
@@ -79,11 +93,15 @@ class Claim:
             raise ValueError("claim too large")
         data = json.loads(value)
         partitions = data["partitions"]
+        streams = data.get("streams", {})
         if not isinstance(data["instance"], str) or not isinstance(data["url"], str) or \
                 not isinstance(data["generation"], int) or not isinstance(partitions, list) or \
-                not all(isinstance(p, int) and p >= 0 for p in partitions):
+                not all(isinstance(p, int) and p >= 0 for p in partitions) or \
+                not isinstance(streams, dict) or \
+                not all(isinstance(n, int) and n >= 0 for n in streams.values()):
             raise ValueError("not a claim")
-        return cls(data["instance"], data["url"], data["generation"], frozenset(partitions))
+        return cls(data["instance"], data["url"], data["generation"], frozenset(partitions),
+                   streams)
 
 
 class OwnerMap:
@@ -135,6 +153,16 @@ class OwnerMap:
         newest = max((c.generation for c in live), default=-1)
         return max(1, len({c.instance for c in live if c.generation == newest}))
 
+    def streams_elsewhere(self, tenant: str, here: str) -> int:
+        """The tenant's open streams at the other live gateways, as each last wrote them
+        (its newest claim: a gateway's older key may linger until tombstoned)."""
+        newest: dict[str, Claim] = {}
+        for claim in self._live():
+            if claim.instance != here and (claim.instance not in newest or
+                                           claim.generation >= newest[claim.instance].generation):
+                newest[claim.instance] = claim
+        return sum(claim.streams.get(tenant, 0) for claim in newest.values())
+
     def stale(self, generation: int) -> list[bytes]:
         """Keys of claims at least two generations older than `generation`, or not read
         again within the TTL."""
@@ -155,6 +183,8 @@ class OwnerBoard:
         self.refresh_s = max(1.0, settings.session_timeout_ms / 1000)
         self.map = OwnerMap(ttl_s=3 * self.refresh_s + 1.0)
         self._mine: Claim | None = None
+        # This gateway's open streams by tenant, written with each refresh of its claim.
+        self.streams: Callable[[], Mapping[str, int]] = dict
         self._changed = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -178,6 +208,7 @@ class OwnerBoard:
         await asyncio.sleep(self.refresh_s)
         mine = self._mine
         if mine is not None and self._producer is not None:
+            mine = self._mine = replace(mine, streams=dict(self.streams()))
             self.map.put(mine.key, mine)  # as claim() does: its own view needs no round trip
             await self._producer.send_and_wait(self.topic, mine.to_json(), key=mine.key)
 
@@ -196,7 +227,8 @@ class OwnerBoard:
     async def claim(self, generation: int, partitions: Iterable[int]) -> None:
         """Say that this gateway owns `partitions` as of `generation`."""
         assert self._producer is not None, "OwnerBoard.start() first"
-        claim = Claim(self.instance, self.url, generation, frozenset(partitions))
+        claim = Claim(self.instance, self.url, generation, frozenset(partitions),
+                      dict(self.streams()))
         previous, self._mine = self._mine, claim
         self.map.put(claim.key, claim)  # at once: this gateway's own view needs no round trip
         self._changed.set()
@@ -208,6 +240,10 @@ class OwnerBoard:
             await self._producer.send_and_wait(self.topic, None, key=key)
         log.info("gateway %s owns %s (generation %d)", self.instance, sorted(partitions),
                  generation)
+
+    def streams_elsewhere(self, tenant: str) -> int:
+        """The tenant's open streams at the other gateways of the group."""
+        return self.map.streams_elsewhere(tenant, self.instance)
 
     def owner(self, partition: int) -> Claim | None:
         """Another gateway's claim on `partition`, or None (unknown, or this one's)."""

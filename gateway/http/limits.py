@@ -3,7 +3,9 @@
 Four limits (`streams.config.GatewayLimits`, 0 turns one off), each refused with
 `429` problem+json and `Retry-After`:
 
-    streams       open SSE streams of the tenant, in this gateway process
+    streams       open SSE streams of the tenant: in a gateway group, those here and
+                  those the other gateways last wrote in their claims (every session
+                  timeout, `gateway.cluster.owners`); else in this gateway process
     replays       Kafka replays the tenant's streams run at once, in this process
                   (each is a consumer of its own reading a partition)
     posts         POSTs a second, a token bucket per tenant in this process
@@ -13,9 +15,12 @@ Four limits (`streams.config.GatewayLimits`, 0 turns one off), each refused with
                   model: a user message beyond the cap is refused, so one tenant
                   cannot fill every worker slot
 
-Streams and replays are counted per process: N gateways admit up to N times as
-many. A stream counts where its client connected: a gateway serving another's
-forwarded stream (the hop) takes no slot for it. Posts are split instead: the load
+Replays are counted per process: N gateways admit up to N times as many. Streams
+are counted across a group: a gateway adds the tenant's streams at the others, as
+they last wrote them, to its own, so the cap holds across the group but for the
+streams opened elsewhere since (a session timeout's worth, 2 s by default). A
+stream counts where its client connected: a gateway serving another's forwarded
+stream (the hop) takes no slot for it. Posts are split instead: the load
 balancer spreads a tenant's posts over the group, so each gateway's 1/N share of the
 rate adds up to the tenant's limit, with no round trip per post (Envoy's local rate
 limit, divided; a balancer with affinity would send one tenant to fewer gateways and
@@ -74,12 +79,15 @@ class TenantLimiter:
         # How many gateways share the tenants' posts (the gateway group's live
         # members, `gateway.cluster.owners`): each takes that share of the rate.
         self.sharing: Callable[[], int] = lambda: 1
+        # The tenant's open streams at the group's other gateways.
+        self.streams_elsewhere: Callable[[str], int] = lambda tenant: 0
 
     @contextmanager
     def stream(self, tenant: str) -> Iterator[None]:
         """Hold one of the tenant's stream slots for the `with` block, or raise 429."""
         with self._slot(self.streams, tenant, self.limits.streams_per_tenant,
-                        "too-many-streams", "open streams", STREAM_RETRY_S):
+                        "too-many-streams", "open streams", STREAM_RETRY_S,
+                        self.streams_elsewhere):
             yield
 
     @contextmanager
@@ -98,9 +106,14 @@ class TenantLimiter:
 
     @contextmanager
     def _slot(self, held: Counter[str], tenant: str, limit: int, slug: str, what: str,
-              retry_after_s: int) -> Iterator[None]:
+              retry_after_s: int,
+              elsewhere: Callable[[str], int] = lambda tenant: 0) -> Iterator[None]:
         if limit > 0 and held[tenant] >= limit:
             raise _too_many(slug, f"the tenant has {held[tenant]} {what}, the limit is {limit}",
+                            retry_after_s, limit)
+        if limit > 0 and (others := elsewhere(tenant)) and held[tenant] + others >= limit:
+            raise _too_many(slug, f"the tenant has {held[tenant] + others} {what} across the "
+                            f"gateways ({others} at others), the limit is {limit}",
                             retry_after_s, limit)
         held[tenant] += 1
         try:

@@ -3,6 +3,7 @@ the owner map's rule (the newest generation's claim wins)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import cast
 
@@ -11,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.cluster.hop import HOP_TTL_S, BadHop, HopSigner
-from gateway.cluster.owners import Claim, OwnerMap
+from gateway.cluster.owners import MAX_TENANTS_LISTED, Claim, OwnerMap
 from gateway.cluster.remote import read_lines
 from gateway.kafka import Offsets
 from gateway.live.feed import NotOwned, StreamFeed
@@ -208,3 +209,41 @@ def test_a_claim_read_within_the_ttl_is_never_passed_over_for_an_older_generatio
     else:
         assert owner is not None and owner.generation == max(c.generation for c in live)
         assert not set(owners.stale(-10)) & {c.key for c in live}
+
+
+def test_a_claim_carries_its_gateways_stream_counts_the_busiest_tenants_first() -> None:
+    """A claim's value lists its gateway's open streams by tenant (the
+    MAX_TENANTS_LISTED busiest); a claim of an earlier version, without them, reads
+    as none; counts that are not counts make it no claim."""
+    counts = {f"t{n}": n for n in range(MAX_TENANTS_LISTED + 20)}
+    claim = Claim("a", "http://a", 3, frozenset({0, 1}), counts)
+    read = Claim.from_json(claim.to_json())
+    assert read == claim and len(read.streams) == MAX_TENANTS_LISTED
+    assert read.streams == {t: n for t, n in counts.items() if n >= 20}
+    earlier = json.loads(claim.to_json())
+    del earlier["streams"]
+    assert Claim.from_json(json.dumps(earlier).encode()).streams == {}
+    for bad in ({"t": -1}, {"t": "2"}, ["t"]):
+        with pytest.raises(ValueError):
+            Claim.from_json(json.dumps(earlier | {"streams": bad}).encode())
+
+
+def test_a_tenants_streams_elsewhere_are_the_other_live_gateways_newest_counts() -> None:
+    """The sum, over the other gateways whose claims are live, of each one's newest
+    claim's count (a gateway's older key, not yet tombstoned, is not counted again; a
+    dead gateway's, past the TTL, not at all; this gateway's own, never)."""
+    now = [0.0]
+    owners = OwnerMap(ttl_s=7.0, clock=lambda: now[0])
+    for claim in (Claim("here", "http://h", 4, frozenset({0}), {"t": 5}),
+                  Claim("b", "http://b", 3, frozenset({1}), {"t": 9}),  # b's older key
+                  Claim("b", "http://b", 4, frozenset({1}), {"t": 2, "u": 1}),
+                  Claim("c", "http://c", 4, frozenset({2}), {"t": 3})):
+        owners.put(claim.key, claim)
+    assert owners.streams_elsewhere("t", "here") == 5
+    assert owners.streams_elsewhere("u", "here") == 1
+    assert owners.streams_elsewhere("v", "here") == 0
+    now[0] += 5.0
+    refreshed = Claim("b", "http://b", 4, frozenset({1}), {"t": 1})  # c writes no more
+    owners.put(refreshed.key, refreshed)
+    now[0] += 5.0
+    assert owners.streams_elsewhere("t", "here") == 1

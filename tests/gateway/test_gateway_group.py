@@ -25,15 +25,17 @@ from gateway.adapters.ai_sdk.chat import chat_thread_id
 from gateway.app import Options, create_app
 from gateway.cluster.owners import Claim, owners_topic
 from gateway.kafka import partition_for
-from gateway.keys import FEED, OWNERS
+from gateway.keys import FEED, LIMITER, OWNERS
 from streams.config import Settings
 from streams.devtools.broker import free_port
 from streams.kafka.clients import aiokafka_config
 from streams.testing.process import RoleProcess
 from streams.testing.sse import SseEvent, iter_sse, read_sse
-from tests.gateway.conftest import AUTH_A, Stack
+from tests.gateway.conftest import AUTH_A, KEYS, Stack
 
 pytestmark = pytest.mark.kafka
+
+TENANT_A = KEYS[AUTH_A["Authorization"].removeprefix("Bearer ")]
 
 
 @asynccontextmanager
@@ -349,11 +351,11 @@ async def test_claims_left_by_gateways_that_all_died_stop_counting(stack: Stack)
 
 
 async def test_a_forwarded_stream_takes_one_stream_slot_of_its_tenant(stack: Stack) -> None:
-    """With one open stream a tenant per gateway: a stream read through A of a thread B
-    owns holds A's slot only (B serves the hop without one), so B still admits the
-    tenant's stream of its own and A refuses a second (429). When B leaves, the
-    forwarded stream comes to A's own feed under the slot it holds, and goes on to
-    the next run's `done`."""
+    """With one open stream a tenant: a stream read through A of a thread B owns holds
+    A's slot only (B serves the hop without one), and A refuses a second (429). Once B
+    has read A's claim, which carries A's stream counts, B refuses the tenant too: the
+    cap holds across the group. When B leaves, the forwarded stream comes to A's own
+    feed under the slot it holds, and goes on to the next run's `done`."""
     limits = replace(stack.settings.gateway.limits, streams_per_tenant=1)
     settings = stack.settings.with_(gateway=replace(stack.settings.gateway, limits=limits))
     seen: list[SseEvent] = []
@@ -368,16 +370,24 @@ async def test_a_forwarded_stream_takes_one_stream_slot_of_its_tenant(stack: Sta
                                                headers=AUTH_A)
             assert response.status == 200, await response.text()
             watcher = asyncio.create_task(_two_runs(response, seen, first_done))
+            assert app_a[LIMITER].streams[TENANT_A] == 1
             other = await _thread_on(stack, app_b, "b's own")
-            async with stack.session.get(f"{url_b}/v1/threads/{other}/stream",
-                                         headers=AUTH_A) as on_b:
-                assert on_b.status == 200, await on_b.text()
             async with stack.session.get(f"{url_a}/v1/threads/{other}/stream",
                                          headers=AUTH_A) as second_on_a:
                 assert second_on_a.status == 429, await second_on_a.text()
+            await _until(lambda: app_b[OWNERS].streams_elsewhere(TENANT_A) == 1,
+                         "B read A's claim with A's stream")
+            async with stack.session.get(f"{url_b}/v1/threads/{other}/stream",
+                                         headers=AUTH_A) as on_b:
+                refused = await on_b.json()
+                assert on_b.status == 429, refused
+                assert "across the gateways (1 at others)" in refused["detail"], refused
             status, posted = await stack.post(thread_id, "first, while b owns it")
             assert status == 202, posted
             await _progressing(first_done.wait(), lambda: len(seen), "the first run's done")
+            # The run came through B's hop, which holds no slot of the tenant.
+            assert app_b[LIMITER].streams[TENANT_A] == 0
+            assert app_a[LIMITER].streams[TENANT_A] == 1
         try:  # B left: its partitions came to A
             await _until(lambda: app_a[FEED].owns(partition), "A owns the thread's partition")
             status, posted = await stack.post(thread_id, "second, after b left")

@@ -153,3 +153,23 @@ def _try(limiter: TenantLimiter) -> bool:
     except Problem:
         return False
     return True
+
+
+def test_a_tenants_streams_at_the_other_gateways_count_against_its_cap() -> None:
+    """In a group, a stream is admitted against the tenant's streams here plus those
+    the other gateways last wrote; the refusal says so. Another tenant's, and this
+    one's once the others' close, are not held back."""
+    elsewhere = {"a": 2}
+    limiter = TenantLimiter(GatewayLimits(streams_per_tenant=3))
+    limiter.streams_elsewhere = lambda tenant: elsewhere.get(tenant, 0)
+    with limiter.stream("a"):
+        with pytest.raises(Problem) as refused, limiter.stream("a"):
+            pass
+        assert refused.value.status == 429
+        assert "3 open streams across the gateways (2 at others)" in str(refused.value.detail)
+        with limiter.stream("b"), limiter.stream("b"), limiter.stream("b"):
+            assert limiter.streams == {"a": 1, "b": 3}
+        elsewhere["a"] = 0
+        with limiter.stream("a"), limiter.stream("a"):
+            assert limiter.streams["a"] == 3
+    assert limiter.streams == {}
