@@ -50,9 +50,10 @@ __all__ = ["MAX_TENANTS_LISTED", "Claim", "OwnerBoard", "OwnerMap", "owners_topi
 log = logging.getLogger("threadline.gateway")
 
 _MAX_VALUE_BYTES = 64 * 1024  # a claim names at most a few thousand partitions
-# Tenants whose stream counts a claim lists at most (those with most streams): about
-# 40 bytes each, well inside the value's bound beside the partitions.
+# Tenants whose stream counts a claim lists at most (those with most streams), and the
+# bytes their names may take: inside the value's bound beside the partitions.
 MAX_TENANTS_LISTED = 500
+_MAX_TENANT_BYTES = 32 * 1024
 
 
 def owners_topic(settings: Settings) -> TopicSpec:
@@ -80,11 +81,16 @@ class Claim:
 
     def to_json(self) -> bytes:
         """Its record's value."""
-        busiest = heapq.nlargest(MAX_TENANTS_LISTED, self.streams.items(), key=lambda kv: kv[1])
+        listed, size = {}, 0
+        for tenant, count in heapq.nlargest(MAX_TENANTS_LISTED, self.streams.items(),
+                                            key=lambda kv: kv[1]):
+            size += len(json.dumps(tenant)) + 12
+            if size > _MAX_TENANT_BYTES:
+                break
+            listed[tenant] = count
         return json.dumps({"instance": self.instance, "url": self.url,
                            "generation": self.generation, "partitions": sorted(self.partitions),
-                           "at_ms": int(time.time() * 1000),
-                           "streams": dict(busiest)}).encode()
+                           "at_ms": int(time.time() * 1000), "streams": listed}).encode()
 
     @classmethod
     def from_json(cls, value: bytes) -> Claim:

@@ -226,6 +226,13 @@ def test_a_claim_carries_its_gateways_stream_counts_the_busiest_tenants_first() 
     for bad in ({"t": -1}, {"t": "2"}, ["t"]):
         with pytest.raises(ValueError):
             Claim.from_json(json.dumps(earlier | {"streams": bad}).encode())
+    # Long tenant names: as many as fit, the busiest, and the claim stays readable.
+    long_names = {f"{n:04d}" + "t" * 996: n + 1 for n in range(MAX_TENANTS_LISTED)}
+    partitions = frozenset(range(2048))
+    read = Claim.from_json(Claim("a", "http://a", 3, partitions, long_names).to_json())
+    assert read.partitions == partitions and 20 <= len(read.streams) < MAX_TENANTS_LISTED
+    assert min(read.streams.values()) > max(n for n in long_names.values()
+                                            if n not in read.streams.values())
 
 
 def test_a_tenants_streams_elsewhere_are_the_other_live_gateways_newest_counts() -> None:
