@@ -59,6 +59,7 @@ log = logging.getLogger("threadline.gateway")
 _LIVE, _END = object(), object()
 _QUEUE_ITEMS = 256  # items read ahead of the client: then the owner's socket waits
 _MAX_LINE = 8 * 1024 * 1024  # one batch of events, at most
+_UNAVAILABLE_RETRY_S = 0.25  # this gateway's feed could not open the stream for now
 
 
 def item_line(item: Item | None, end: str | None = None) -> bytes:
@@ -228,8 +229,9 @@ class RemoteEventStream:
                     body = await response.read()
                     response.release()
                     if response.status not in (421, 502, 503):
-                        log.info("stream of %s: owner %s answered %d: %s", self.thread_id,
-                                 claim.url, response.status, body[:300])
+                        log.log(logging.INFO if first else logging.WARNING,
+                                "stream of %s: owner %s answered %d: %s", self.thread_id,
+                                claim.url, response.status, body[:300])
                         if first:
                             raise _problem(response.status, body)
                         return None
@@ -252,6 +254,7 @@ class RemoteEventStream:
     async def _read(self, source: object) -> None:
         """Each source's items into the queue, in turn: when one ends before the stream
         is over, the next opens right after the last event received."""
+        unavailable_since: float | None = None
         try:
             while source is not None:
                 if source is _LOCAL:
@@ -261,6 +264,19 @@ class RemoteEventStream:
                     reason = await self._from_owner(source)
                 if reason == "done" or self.done or self.ended:
                     break
+                if reason == "unavailable":
+                    # As an owner's 503 is asked again: for as long as an owner is
+                    # waited for, then the stream ends (the client resumes).
+                    now = time.monotonic()
+                    unavailable_since = unavailable_since or now
+                    if now - unavailable_since > self._forwarder.owner_wait_s:
+                        log.warning("stream of %s: this gateway could not serve it for "
+                                    "%.0f s; ending it", self.thread_id,
+                                    now - unavailable_since)
+                        break
+                    await asyncio.sleep(_UNAVAILABLE_RETRY_S)
+                else:
+                    unavailable_since = None
                 self._last_message_id = None  # from here on, the last event received names it
                 source = await self._connect()  # moved, shut down, dropped, too slow
         finally:
@@ -301,8 +317,13 @@ class RemoteEventStream:
                     await self._put(item)
                 return str(stream.end_reason())
         except Problem as exc:
-            log.info("stream of %s on this gateway refused: %s", self.thread_id, exc.detail)
-            return "done"
+            # Unavailable for now (its read model behind a moment after the partition
+            # came here, on a loaded machine): asked again, as an owner's 503 is. A
+            # refusal (the thread or the position gone) ends the stream.
+            log.log(logging.WARNING if exc.status >= 500 else logging.INFO,
+                    "stream of %s on this gateway refused (%d): %s", self.thread_id,
+                    exc.status, exc.detail)
+            return "unavailable" if exc.status >= 500 else "done"
         except NotOwned:
             return "moved"  # moved on again before it opened here: ask the map
 

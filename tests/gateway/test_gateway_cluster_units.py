@@ -3,8 +3,11 @@ the owner map's rule (the newest generation's claim wins)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import cast
 
 import pytest
@@ -12,10 +15,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.cluster.hop import HOP_TTL_S, BadHop, HopSigner
-from gateway.cluster.owners import MAX_TENANTS_LISTED, Claim, OwnerMap
-from gateway.cluster.remote import read_lines
+from gateway.cluster.owners import MAX_TENANTS_LISTED, Claim, OwnerBoard, OwnerMap
+from gateway.cluster.remote import Forwarder, read_lines
+from gateway.http.problems import Problem
 from gateway.kafka import Offsets
 from gateway.live.feed import NotOwned, StreamFeed
+from gateway.live.sse import SseEvent
 from gateway.model.read_model import ReadModel
 from streams.config import Settings
 
@@ -254,3 +259,88 @@ def test_a_tenants_streams_elsewhere_are_the_other_live_gateways_newest_counts()
     owners.put(refreshed.key, refreshed)
     now[0] += 5.0
     assert owners.streams_elsewhere("t", "here") == 1
+
+
+def _event(offset: int, name: str, sub: int = 0) -> SseEvent:
+    frame = f"id: t{offset}.{sub}\nevent: {name}\ndata: {{}}\n\n".encode()
+    return SseEvent(0, offset, sub, 0, "run-1", name, frame, len(frame) - 4)
+
+
+class _NoOwnerElsewhere:
+    """An owner map that names no other gateway (the partition is this one's)."""
+
+    def owner(self, partition: int) -> None:
+        return None
+
+    async def changed(self, timeout_s: float) -> None:
+        await asyncio.sleep(timeout_s)
+
+
+@dataclass
+class _FeedStream:
+    caught_up: list[SseEvent]
+    live_events: list[SseEvent]
+
+    async def catch_up(self) -> AsyncIterator[list[SseEvent]]:
+        yield self.caught_up
+
+    async def live(self) -> AsyncIterator[list[SseEvent]]:
+        yield self.live_events
+
+    def end_reason(self) -> str:
+        return "done"
+
+
+@dataclass
+class _LocalFeed:
+    """This gateway's feed: unavailable (503) `refusals` times, then the stream."""
+
+    refusals: int
+    stream: _FeedStream
+    opened_after: list[str | None] = field(default_factory=list)
+
+    def owns(self) -> bool:
+        return True
+
+    @contextlib.asynccontextmanager
+    async def open(self, after: str | None) -> AsyncIterator[_FeedStream]:
+        self.opened_after.append(after)
+        if self.refusals > 0:
+            self.refusals -= 1
+            raise Problem(503, "read-model-behind", "not yet read")
+        yield self.stream
+
+
+async def test_a_forwarded_stream_asks_its_own_feed_again_while_it_is_unavailable() -> None:
+    """A forwarded stream whose partition came to this gateway, whose feed answers
+    503 for a moment (its read model behind, under load): it asks again, as an
+    owner's 503 is asked again, and goes on to the run's `done`; it is not ended as if
+    the run were over (seen in `make test`: the client's one response closed before
+    `run_completed`)."""
+    events = [_event(1, "text_delta"), _event(2, "run_completed"), _event(2, "done", 1)]
+    local = _LocalFeed(3, _FeedStream(events[:1], events[1:]))
+    forwarder = Forwarder(cast(OwnerBoard, _NoOwnerElsewhere()), cast(HopSigner, None),
+                          owner_wait_s=30.0, keepalive_s=1.0)
+    async with forwarder.open("tenant", "thread", 0, "run-1", "t0", None, local) as stream:
+        got = [event for batch in [b async for b in stream] if isinstance(batch, list)
+               for event in batch]
+    assert [e.name for e in got] == ["text_delta", "run_completed", "done"]
+    assert local.opened_after == ["t0"] * 4
+
+
+async def test_a_forwarded_stream_its_own_feed_refuses_for_good_ends() -> None:
+    """A refusal that is not for now (the position gone: 410, say) ends the stream."""
+    local = _LocalFeed(0, _FeedStream([], []))
+
+    @contextlib.asynccontextmanager
+    async def refuse(after: str | None) -> AsyncIterator[_FeedStream]:
+        local.opened_after.append(after)
+        raise Problem(410, "gone", "trimmed")
+        yield local.stream
+
+    local.open = refuse  # type: ignore[method-assign]
+    forwarder = Forwarder(cast(OwnerBoard, _NoOwnerElsewhere()), cast(HopSigner, None),
+                          owner_wait_s=30.0, keepalive_s=1.0)
+    async with forwarder.open("tenant", "thread", 0, "run-1", "t0", None, local) as stream:
+        got = [b async for b in stream]
+    assert got == [] and local.opened_after == ["t0"]
