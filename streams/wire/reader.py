@@ -32,6 +32,8 @@ import struct
 from collections.abc import Callable, Collection
 from typing import Any
 
+from streams.wire.compiled import SchemaCompiler
+
 __all__ = ["Reader", "compile_reader"]
 
 Reader = Callable[[bytes, int], tuple[Any, int]]
@@ -191,44 +193,16 @@ def _span(indent: str) -> list[str]:
             f"{indent}    raise ValueError(f'{{n}} bytes at {{p}} run past the end')"]
 
 
-class _Compiler:
+class _Compiler(SchemaCompiler):
+    primitives = _PRIMITIVE_READERS
+
     def __init__(self, named: dict[str, Any], skip: frozenset[str] = frozenset()) -> None:
-        self.named = named  # full name -> schema, as parse_schema records them
+        super().__init__(named, _HELPERS)
         self.skip = skip  # "<record>.<field>": stepped over, read as empty
-        self.functions: dict[str, str] = {}  # full name -> function name
         self.skippers: dict[str, str] = {}  # full name -> its skipping function's name
         self.late: list[tuple[str, list[str]]] = []  # union skippers' branch tables
-        self.sources: list[str] = []
-        self.namespace: dict[str, Any] = dict(_HELPERS)
-        self.counter = 0
 
-    def fresh(self, stem: str) -> str:
-        self.counter += 1
-        return f"_{stem}{self.counter}"
-
-    def reader(self, schema: Any) -> str:
-        """The name of a function (bytes, pos) -> (value, pos) for `schema`."""
-        if isinstance(schema, str):
-            if schema in _PRIMITIVE_READERS:
-                return _PRIMITIVE_READERS[schema]
-            return self.named_reader(schema)
-        if isinstance(schema, list):
-            return self.union(schema)
-        kind = schema["type"]
-        if kind in ("record", "error", "enum", "fixed"):
-            self.named.setdefault(schema["name"], schema)
-            return self.named_reader(schema["name"])
-        if kind == "array":
-            return self.array(schema["items"])
-        if kind == "map":
-            return self.map(schema["values"])
-        if kind in _PRIMITIVE_READERS:  # {"type": "string"}, logical types unused here
-            if schema.get("logicalType"):
-                raise NotImplementedError(f"logical type {schema['logicalType']}")
-            return _PRIMITIVE_READERS[kind]
-        raise NotImplementedError(f"Avro type {kind!r}")
-
-    def named_reader(self, name: str) -> str:
+    def named_function(self, name: str) -> str:
         function = self.functions.get(name)
         if function is not None:
             return function
@@ -295,7 +269,7 @@ class _Compiler:
             lines += [f"{indent}else:",
                       f"{indent}    raise ValueError(f'union index byte {{x}} out of range')"]
             return lines
-        return [f"{indent}{target}, p = {self.reader(schema)}(b, p)"]
+        return [f"{indent}{target}, p = {self.function(schema)}(b, p)"]
 
     def branches(self, branches: list[Any]) -> list[tuple[Any, str | None]]:
         """Each branch of a union, with the name fastavro returns it under, if any."""
@@ -313,7 +287,7 @@ class _Compiler:
             out.append((branch, name))
         return out
 
-    def union(self, branches: list[Any]) -> str:
+    def union_function(self, branches: list[Any]) -> str:
         function = self.fresh("union")
         lines = [f"def {function}(b, p):", "    size = len(b)"]
         lines += self.inline(branches, "v", "    ") if len(branches) < 64 else [
@@ -324,7 +298,7 @@ class _Compiler:
 
     def array(self, items: Any) -> str:
         function = self.fresh("array")
-        read = self.reader(items)
+        read = self.function(items)
         zero = self._zero_width(items)
         self.sources.append("\n".join([
             f"def {function}(b, p):",
@@ -341,7 +315,7 @@ class _Compiler:
 
     def map(self, values: Any) -> str:
         function = self.fresh("map")
-        read = self.reader(values)
+        read = self.function(values)
         self.sources.append("\n".join([
             f"def {function}(b, p):",
             "    out = {}",
@@ -433,7 +407,7 @@ class _Compiler:
                 lines += self.inline_skip(field["type"], "    ")
             lines.append("    return p")
         else:  # an enum or a fixed: read, as cheap as stepping over it
-            lines = [f"def {function}(b, p):", f"    return {self.named_reader(name)}(b, p)[1]"]
+            lines = [f"def {function}(b, p):", f"    return {self.named_function(name)}(b, p)[1]"]
         self.sources.append("\n".join(lines))
         return function
 
@@ -454,7 +428,7 @@ def compile_reader(schema: Any, named: dict[str, Any] | None = None,
     `skip` ("<record full name>.<field>", an array or a map) is stepped over and
     read as empty."""
     compiler = _Compiler(dict(named or {}), frozenset(skip))
-    top = compiler.reader(schema)
+    top = compiler.function(schema)
     source = "\n\n".join(compiler.sources) + "\n"
     exec(compile(source, "<avro reader>", "exec"), compiler.namespace)
     for table, functions in compiler.late:

@@ -29,6 +29,8 @@ from typing import Any
 
 from fastavro._write import write_data  # type: ignore[attr-defined]
 
+from streams.wire.compiled import SchemaCompiler
+
 __all__ = ["Writer", "compile_writer"]
 
 Writer = Callable[[bytearray, Any], None]
@@ -89,23 +91,12 @@ _PRIMITIVE_WRITERS = {"null": "_null", "boolean": "_boolean", "int": "_long", "l
                       "float": "_float", "double": "_double", "bytes": "_bytes",
                       "string": "_string"}
 
-class _Compiler:
+class _Compiler(SchemaCompiler):
+    primitives = _PRIMITIVE_WRITERS
+
     def __init__(self, named: dict[str, Any]) -> None:
-        self.named = named  # full name -> schema, as parse_schema records them
-        self.functions: dict[str, str] = {}  # full name -> function name
-        self.sources: list[str] = []
-        self.namespace: dict[str, Any] = dict(_HELPERS)
+        super().__init__(named, _HELPERS)
         self.late: list[str] = []  # tables of function names, bound after exec
-        self.counter = 0
-
-    def fresh(self, stem: str) -> str:
-        self.counter += 1
-        return f"_{stem}{self.counter}"
-
-    def constant(self, stem: str, value: Any) -> str:
-        name = self.fresh(stem)
-        self.namespace[name] = value
-        return name
 
     def resolve(self, schema: Any) -> Any:
         """A named type's schema for a reference to it; anything else as it is."""
@@ -120,32 +111,13 @@ class _Compiler:
         kind = schema if isinstance(schema, str) else schema["type"]
         return "record" if kind == "error" else kind
 
-    def writer(self, schema: Any) -> str:
-        """The name of a function (out, value) -> None for `schema`."""
-        if isinstance(schema, str):
-            if schema in _PRIMITIVE_WRITERS:
-                return _PRIMITIVE_WRITERS[schema]
-            return self.named_writer(schema)
-        if isinstance(schema, list):
-            function = self.fresh("union")
-            lines = [f"def {function}(out, v):", *self.union(schema, "v", "    ")]
-            self.sources.append("\n".join(lines))
-            return function
-        kind = schema["type"]
-        if kind in ("record", "error", "enum", "fixed"):
-            self.named.setdefault(schema["name"], schema)
-            return self.named_writer(schema["name"])
-        if kind == "array":
-            return self.array(schema["items"])
-        if kind == "map":
-            return self.map(schema["values"])
-        if kind in _PRIMITIVE_WRITERS:
-            if schema.get("logicalType"):
-                raise NotImplementedError(f"logical type {schema['logicalType']}")
-            return _PRIMITIVE_WRITERS[kind]
-        raise NotImplementedError(f"Avro type {kind!r}")
+    def union_function(self, branches: list[Any]) -> str:
+        function = self.fresh("union")
+        self.sources.append("\n".join([f"def {function}(out, v):",
+                                       *self.union(branches, "v", "    ")]))
+        return function
 
-    def named_writer(self, name: str) -> str:
+    def named_function(self, name: str) -> str:
         function = self.functions.get(name)
         if function is not None:
             return function
@@ -197,7 +169,7 @@ class _Compiler:
             return [f"{indent}out.append(1 if {value} else 0)"]
         if isinstance(schema, list):
             return self.union(schema, value, indent)
-        return [f"{indent}{self.writer(schema)}(out, {value})"]
+        return [f"{indent}{self.function(schema)}(out, {value})"]
 
     def union(self, branches: list[Any], value: str, indent: str) -> list[str]:
         """Statements that write `value` as the branch of `branches` fastavro picks for
@@ -233,7 +205,7 @@ class _Compiler:
             lines += self.inline(branches[i], value, indent + "    ")
         # fastavro's tuple notation, ("<branch name>", value): a tuple fits no test above.
         names = self.constant("branches", {
-            self.branch_name(b): (2 * i, self.writer(b))
+            self.branch_name(b): (2 * i, self.function(b))
             for i, b in reversed(list(enumerate(branches)))})  # the first of a name wins
         self.late.append(names)  # the functions' names, bound once they exist
         found = self.fresh("m")
@@ -301,7 +273,7 @@ def compile_writer(schema: Any, named: dict[str, Any] | None = None) -> Writer:
     """A writer of `schema` (as fastavro's `parse_schema` or `load_schema` gives it);
     `named` is the named-types dict `parse_schema` filled for it."""
     compiler = _Compiler(dict(named or {}))
-    top = compiler.writer(schema)
+    top = compiler.function(schema)
     compiler.namespace["_NAMED"] = compiler.named
     source = "\n\n".join(compiler.sources) + "\n"
     namespace = compiler.namespace
