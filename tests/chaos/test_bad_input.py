@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import importlib
 import json
 import os
+import pkgutil
 import time
 import urllib.error
 import urllib.parse
@@ -15,6 +18,8 @@ import urllib.request
 import uuid
 from typing import Any
 
+import hypothesis.stateful  # noqa: F401 - imported at collection: see _import_every_module
+import hypothesis.strategies._internal
 import pytest
 import requests
 import schemathesis
@@ -30,6 +35,22 @@ from streams.wire import Codec, new_meta
 from tests.chaos.conftest import AUTH, Live
 from tests.kafka_helpers import command_producer, read_topic, send_command
 from tests.raw_http import raw_request
+
+
+def _import_every_module(package: object) -> None:
+    """Every module of `package`, now, at collection. pytest rewrites the asserts of a
+    pytest plugin's modules as they are imported (schemathesis and hypothesis are
+    plugins), and schemathesis imports most of its own lazily, inside the fuzz test: a
+    rewrite there, after a property test changed the recursion limit in this xdist
+    worker, meets CPython 3.11.7's AST bug (gh-106905: "SystemError: AST constructor
+    recursion depth mismatch", seen in make test)."""
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):  # type: ignore[attr-defined]
+        with contextlib.suppress(Exception):  # an optional extra not installed (allure)
+            importlib.import_module(info.name)
+
+
+_import_every_module(schemathesis)
+_import_every_module(hypothesis.strategies._internal)  # what the fuzz's strategies use
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry
 
