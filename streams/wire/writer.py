@@ -40,6 +40,10 @@ _OPTIONS = {"strict": False, "strict_allow_default": False, "disable_tuple_notat
 
 
 def _long(out: bytearray, n: int) -> None:
+    # fastavro refuses what a long cannot hold; written, it would be a varint no reader
+    # takes (ours refuses one past 10 bytes), a record every consumer dead-letters.
+    if not -0x8000_0000_0000_0000 <= n <= 0x7FFF_FFFF_FFFF_FFFF:
+        raise OverflowError(f"{n} does not fit in an Avro long")
     n = (n << 1) ^ (n >> 63)
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)

@@ -182,3 +182,19 @@ def test_a_missing_field_is_written_as_its_default_as_fastavro_writes_it() -> No
         {"name": "d", "type": {"type": "array", "items": "long"}, "default": []}]}, named)
     for record in ({"a": 1}, {"a": 2, "b": "x"}, {"a": 3, "c": -4, "d": [1, 2]}):
         assert _compiled(schema, named, record) == _fastavro(schema, named, record)
+
+
+@pytest.mark.parametrize("field_type", ["long", "int"])
+@pytest.mark.parametrize("value", [2**63, -(2**63) - 1, 2**70])
+def test_an_integer_beyond_a_long_is_refused_as_fastavro_refuses_it(field_type: str,
+                                                                   value: int) -> None:
+    """Not written as a varint no reader takes: OverflowError, as from fastavro (which
+    writes an `int` field's value beyond 32 bits as a long, and so does this writer)."""
+    named: dict[str, Any] = {}
+    schema = _field(field_type, named)
+    with pytest.raises(OverflowError):
+        _fastavro(schema, named, {"v": value})
+    with pytest.raises(OverflowError):
+        _compiled(schema, named, {"v": value})
+    for inside in (2**63 - 1, -(2**63), 2**40):
+        assert _compiled(schema, named, {"v": inside}) == _fastavro(schema, named, {"v": inside})
