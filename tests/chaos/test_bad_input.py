@@ -4,22 +4,21 @@ bad record dead-lettered with a reason, and processing goes on."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import base64
 import contextlib
-import importlib
+import gc
 import json
 import os
-import pkgutil
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
-import hypothesis.stateful  # noqa: F401 - imported at collection: see _import_every_module
-import hypothesis.strategies._internal
 import pytest
 import requests
 import schemathesis
@@ -37,20 +36,20 @@ from tests.kafka_helpers import command_producer, read_topic, send_command
 from tests.raw_http import raw_request
 
 
-def _import_every_module(package: object) -> None:
-    """Every module of `package`, now, at collection. pytest rewrites the asserts of a
-    pytest plugin's modules as they are imported (schemathesis and hypothesis are
-    plugins), and schemathesis imports most of its own lazily, inside the fuzz test: a
-    rewrite there, after a property test changed the recursion limit in this xdist
-    worker, meets CPython 3.11.7's AST bug (gh-106905: "SystemError: AST constructor
-    recursion depth mismatch", seen in make test)."""
-    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):  # type: ignore[attr-defined]
-        with contextlib.suppress(Exception):  # an optional extra not installed (allure)
-            importlib.import_module(info.name)
-
-
-_import_every_module(schemathesis)
-_import_every_module(hypothesis.strategies._internal)  # what the fuzz's strategies use
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """No cyclic garbage collection inside the block (what earlier tests left is collected
+    first). CPython 3.11.7 keeps one AST-conversion depth per interpreter: a collection
+    during an `ast.parse` (hypothesis parses the sources of the lambdas in the strategies
+    schemathesis builds; pytest parses a plugin's module it rewrites on import) can run a
+    finalizer that parses too, and the outer parse then raises "SystemError: AST
+    constructor recursion depth mismatch" (gh-106905; twice in make test, in this test)."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry
 
@@ -80,39 +79,69 @@ def _thread(live: Live) -> str:
     return str(body["thread_id"])
 
 
+class _ParsesWhenCollected:
+    """Garbage whose finalizer parses, as a finalizer that formats a traceback does."""
+
+    def __init__(self) -> None:
+        self.cycle = [self]
+
+    def __del__(self) -> None:
+        ast.parse("x = 1 if y else 2")
+
+
+def test_no_cyclic_gc_keeps_a_finalizer_from_parsing_inside_a_parse() -> None:
+    """The guard the fuzz test runs under: garbage in cycles whose finalizers parse,
+    collected during a long `ast.parse`, made CPython 3.11.7 raise SystemError; under
+    `_no_cyclic_gc` the same parses pass."""
+    source = "\n".join(f"def f{n}(a):\n    match a:\n        case {n}:\n            return [a]"
+                        for n in range(300))
+    threshold = gc.get_threshold()
+    gc.set_threshold(50)  # collect often, as a busy test worker does
+    try:
+        with _no_cyclic_gc():
+            for _ in range(500):
+                _ParsesWhenCollected()
+            for _ in range(3):
+                assert isinstance(ast.parse(source), ast.Module)
+        gc.collect()  # the finalizers run now, outside any parse
+    finally:
+        gc.set_threshold(*threshold)
+
+
 def test_the_api_fuzzed_from_its_openapi_answers_no_5xx(live: Live) -> None:
     """Requests generated from the OpenAPI description, valid and invalid, never get a 5xx."""
-    schema = schemathesis.openapi.from_url(f"{live.base}/openapi.json")
-    thread_id = _thread(live)
-    http = requests.Session()
-    failures: list[str] = []
-    operations = 0
-    for result in schema.get_all_operations():
-        assert isinstance(result, Ok), f"an operation the fuzzer cannot use: {result.err()}"
-        operation = result.ok()
-        operations += 1
-        real = {"thread_id": thread_id} if operation.path not in SSE_PATHS and \
-            "{thread_id}" in operation.path else None
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            for fixed in (None, real):
-                strategy = operation.as_strategy(mode, path_parameters=fixed)
+    with _no_cyclic_gc():
+        schema = schemathesis.openapi.from_url(f"{live.base}/openapi.json")
+        thread_id = _thread(live)
+        http = requests.Session()
+        failures: list[str] = []
+        operations = 0
+        for result in schema.get_all_operations():
+            assert isinstance(result, Ok), f"an operation the fuzzer cannot use: {result.err()}"
+            operation = result.ok()
+            operations += 1
+            real = {"thread_id": thread_id} if operation.path not in SSE_PATHS and \
+                "{thread_id}" in operation.path else None
+            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+                for fixed in (None, real):
+                    strategy = operation.as_strategy(mode, path_parameters=fixed)
 
-                @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-                          suppress_health_check=list(HealthCheck))
-                @given(case=strategy)
-                def call(case: Any) -> None:
-                    kwargs = case.as_transport_kwargs(base_url=live.base, headers=AUTH)
-                    # An SSE stream on a real thread stays open: only the status matters.
-                    with http.request(**kwargs, timeout=10, stream=True) as response:
-                        status = response.status_code
-                    if status >= 500:
-                        failures.append(f"{case.method} {case.formatted_path} {status}: "
-                                        f"{case.body!r:.200}")
+                    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
+                              suppress_health_check=list(HealthCheck))
+                    @given(case=strategy)
+                    def call(case: Any) -> None:
+                        kwargs = case.as_transport_kwargs(base_url=live.base, headers=AUTH)
+                        # An SSE stream on a real thread stays open: only the status matters.
+                        with http.request(**kwargs, timeout=10, stream=True) as response:
+                            status = response.status_code
+                        if status >= 500:
+                            failures.append(f"{case.method} {case.formatted_path} {status}: "
+                                            f"{case.body!r:.200}")
 
-                try:
-                    call()
-                except Unsatisfiable:  # nothing to make invalid (e.g. no parameters)
-                    assert mode is GenerationMode.NEGATIVE, operation.path
+                    try:
+                        call()
+                    except Unsatisfiable:  # nothing to make invalid (e.g. no parameters)
+                        assert mode is GenerationMode.NEGATIVE, operation.path
     assert operations >= 9
     assert not failures, failures[:10]
     with urllib.request.urlopen(f"{live.base}/healthz", timeout=10) as response:
