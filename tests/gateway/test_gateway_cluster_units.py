@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from gateway.cluster.hop import HOP_TTL_S, BadHop, HopSigner
 from gateway.cluster.owners import MAX_TENANTS_LISTED, Claim, OwnerBoard, OwnerMap
 from gateway.cluster.remote import Forwarder, read_lines
+from gateway.cluster.sticky import assignors, remember
 from gateway.http.problems import Problem
 from gateway.kafka import Offsets
 from gateway.live.feed import NotOwned, StreamFeed
@@ -344,3 +345,18 @@ async def test_a_forwarded_stream_its_own_feed_refuses_for_good_ends() -> None:
     async with forwarder.open("tenant", "thread", 0, "run-1", "t0", None, local) as stream:
         got = [b async for b in stream]
     assert got == [] and local.opened_after == ["t0"]
+
+
+def test_each_group_consumer_has_a_sticky_assignor_of_its_own() -> None:
+    """aiokafka's sticky assignor keeps its last assignment on the class: two consumers
+    of one process would send each other's partitions as their own. Each gets a
+    subclass; what one remembers (its partitions and the generation, which aiokafka
+    never tells it) is in its own join metadata only, and round robin comes second."""
+    first, fallback = assignors()
+    second, _ = assignors()
+    assert first is not second and fallback.name == "roundrobin" and first.name == "sticky"
+    remember(first, "stream", {3, 1}, 7)
+    mine = first.parse_member_metadata(first.metadata(["stream"]))
+    theirs = second.parse_member_metadata(second.metadata(["stream"]))
+    assert (sorted(tp.partition for tp in mine.partitions), mine.generation) == ([1, 3], 7)
+    assert (list(theirs.partitions), theirs.generation) == ([], -1)

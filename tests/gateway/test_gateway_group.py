@@ -8,6 +8,7 @@ from the last event, on the gateway that takes the partition over."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,7 +20,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 
 from gateway.adapters.ai_sdk.chat import chat_thread_id
 from gateway.app import Options, create_app
@@ -396,3 +398,71 @@ async def test_a_forwarded_stream_takes_one_stream_slot_of_its_tenant(stack: Sta
         finally:
             response.close()
     _two_runs_once(seen)
+
+
+async def test_a_gateway_joining_or_leaving_moves_only_the_partitions_it_must(
+        stack: Stack) -> None:
+    """Sticky assignment: a third gateway joining two takes its share from theirs, and
+    each of the two keeps the rest of what it had (round robin dealt about two thirds of
+    the partitions anew, and each moved one ends its streams); when it leaves, its
+    share goes back and the two keep theirs. The shares stay balanced throughout."""
+    partitions = stack.settings.partitions
+
+    def shares(*apps: web.Application) -> list[set[int]]:
+        return [set(app[FEED].owned or ()) for app in apps]
+
+    def balanced(owned: list[set[int]]) -> bool:
+        return max(map(len, owned)) - min(map(len, owned)) <= 1
+
+    async with _grouped_gateway(stack.settings) as (_url_a, app_a):
+        # Alone first: a member a previous test killed has left the group by then.
+        await _until(lambda: _split([app_a], partitions), "A alone owns every partition")
+        async with _grouped_gateway(stack.settings) as (_url_b, app_b):
+            await _until(lambda: _split([app_a, app_b], partitions), "A and B split")
+            a_two, b_two = shares(app_a, app_b)
+            assert balanced([a_two, b_two]), (a_two, b_two)
+            async with _grouped_gateway(stack.settings) as (_url_c, app_c):
+                await _until(lambda: _split([app_a, app_b, app_c], partitions),
+                             "A, B and C split")
+                a_three, b_three, c_three = shares(app_a, app_b, app_c)
+                assert balanced([a_three, b_three, c_three]), (a_three, b_three, c_three)
+                assert a_three <= a_two and b_three <= b_two, \
+                    f"A {sorted(a_two)} -> {sorted(a_three)}, B {sorted(b_two)} -> {sorted(b_three)}"
+            await _until(lambda: _split([app_a, app_b], partitions), "A and B split after C left")
+            a_back, b_back = shares(app_a, app_b)
+            assert balanced([a_back, b_back]), (a_back, b_back)
+            assert a_three <= a_back and b_three <= b_back, \
+                f"A {sorted(a_three)} -> {sorted(a_back)}, B {sorted(b_three)} -> {sorted(b_back)}"
+
+
+async def test_a_gateway_of_an_earlier_version_still_joins_the_group(stack: Stack) -> None:
+    """A gateway of an earlier version proposes round robin only: this one proposes
+    sticky first and round robin second, so the two form one group (the first protocol
+    both support) and split the partitions, rather than the joiner being refused."""
+    partitions = stack.settings.partitions
+    async with _grouped_gateway(stack.settings) as (_url_a, app_a):
+        await _until(lambda: _split([app_a], partitions), "A alone owns every partition")
+        earlier = AIOKafkaConsumer(**{**aiokafka_config(stack.settings),
+                                      "group_id": stack.settings.group_id("gateway")},
+                                   partition_assignment_strategy=(RoundRobinPartitionAssignor,))
+        await earlier.start()
+        try:
+            earlier.subscribe([stack.settings.topics.stream])
+            held: set[int] = set()
+
+            async def poll() -> None:
+                while True:
+                    await earlier.getmany(timeout_ms=200)
+                    held.clear()
+                    held.update(tp.partition for tp in earlier.assignment())
+
+            poller = asyncio.create_task(poll())
+            try:
+                await _until(lambda: bool(held) and (app_a[FEED].owned or set()) ==
+                             set(range(partitions)) - held, "the two split the partitions")
+            finally:
+                poller.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await poller
+        finally:
+            await earlier.stop()
