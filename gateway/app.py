@@ -26,6 +26,7 @@ from gateway.cluster.hop import HopSigner
 from gateway.cluster.owners import OwnerBoard, owners_topic
 from gateway.cluster.remote import Forwarder
 from gateway.cluster.serve import internal_stream
+from gateway.cluster.sticky import assignors
 from gateway.http.auth import (
     BROWSER_TOKENS_PATH,
     INTERNAL_PREFIX,
@@ -151,6 +152,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     if hops is not None and settings.gateway.advertised_url is not None:
         board = app[OWNERS] = OwnerBoard(settings, settings.gateway.advertised_url)
         feed.on_owned = board.claim
+        feed.assignors = assignors(board.instance, board.partition_owners)  # sticky
         limiter.sharing = board.map.members  # each gateway takes its share of the post rate
         limiter.streams_elsewhere = board.streams_elsewhere  # a tenant's streams: the group's
         board.streams = lambda: limiter.streams

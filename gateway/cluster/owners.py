@@ -247,6 +247,11 @@ class OwnerBoard:
         log.info("gateway %s owns %s (generation %d)", self.instance, sorted(partitions),
                  generation)
 
+    def partition_owners(self) -> dict[int, str]:
+        """Each partition's owner now, as far as the map knows (its instance id)."""
+        return {p: claim.instance for p in range(self.settings.partitions)
+                if (claim := self.map.owner(p)) is not None}
+
     def streams_elsewhere(self, tenant: str) -> int:
         """The tenant's open streams at the other gateways of the group."""
         return self.map.streams_elsewhere(tenant, self.instance)

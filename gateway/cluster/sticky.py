@@ -8,47 +8,104 @@ default assignor (round robin over the sorted member ids) deals every partition 
 afresh at each rebalance: a third gateway joining two moved about two thirds of the
 partitions, not the third that balance needs.
 
-aiokafka ships KIP-54's sticky assignor (`StickyPartitionAssignor`, the Java
-client's algorithm), with two flaws this module works around:
-- its last assignment lives in class attributes, shared by every consumer of the
-  process that uses it (aio-libs/aiokafka#1175): each consumer gets a subclass of
-  its own here;
-- nothing tells it the group generation (aio-libs/aiokafka#1176), which decides
-  between two members claiming one partition (a member that missed a rebalance):
-  the feed sets it, with the partitions, on each assignment (`remember`).
+Where each partition is now, the group leader reads from the owner map (the claims
+on the `gateways` topic, `gateway.cluster.owners`), not from the members' join
+metadata as KIP-54's sticky assignor does. A member's metadata is its instance id
+alone, the same at every join. That matters: the group coordinator starts a new
+rebalance whenever a member joins with metadata that differs from its last join, and
+KIP-54's metadata (the member's last assignment and generation) differs after every
+rebalance. aiokafka's port of it (which also keeps its state on the class, shared by
+every consumer of a process, aio-libs/aiokafka#1175, and is never told the
+generation, #1176) kept three gateways started together rebalancing for a minute in
+the gateways chaos preset (seed 71: generations 2 to 348, two partitions unowned),
+one member's late join forcing the next rebalance each time. A leader whose map is a
+moment stale only moves more than it had to; the assignment is balanced either way.
 
-Round robin stays the second choice of each member, so a group of gateways of an
+Round robin stays the second choice of each member, so a group with gateways of an
 earlier version (round robin only) still forms while they are replaced one by one:
 the group uses the first protocol every member supports.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import collections
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from aiokafka import TopicPartition
+from aiokafka.cluster import ClusterMetadata
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
-from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
 
-__all__ = ["GatewayAssignor", "assignors", "remember"]
+__all__ = ["assignors", "shares"]
 
-GatewayAssignor = type[StickyPartitionAssignor]
-
-
-def assignors() -> tuple[GatewayAssignor, type[AbstractPartitionAssignor]]:
-    """The assignors of one group consumer, in order of preference: a sticky one of its
-    own (a fresh subclass, so its state is this consumer's alone), then round robin."""
-    own: GatewayAssignor = type("GatewayStickyAssignor", (StickyPartitionAssignor,),
-                                {"member_assignment": None,
-                                 "generation": StickyPartitionAssignor.DEFAULT_GENERATION_ID})
-    return own, RoundRobinPartitionAssignor
+Owners = Callable[[], Mapping[int, str]]  # partition -> the instance that owns it now
 
 
-def remember(assignor: GatewayAssignor, topic: str, partitions: Iterable[int],
-             generation: int) -> None:
-    """What this member owns as of `generation`, sent with its next join: the leader
-    keeps each partition with its owner where balance allows. Set on every
-    assignment, whichever protocol the group chose, so it is never an older one's."""
-    assignor.member_assignment = [TopicPartition(topic, p) for p in sorted(partitions)]
-    assignor.generation = generation
+def shares(partitions: Iterable[int], members: Iterable[str],
+           owners: Mapping[int, str]) -> dict[str, list[int]]:
+    """Each member's partitions: every partition to one member, the counts differing
+    by at most one, and as many partitions as that allows left with their owner (the
+    larger shares go to the members that hold most now)."""
+    names = sorted(set(members))
+    if not names:
+        return {}
+    pool = sorted(set(partitions))
+    held = {m: [p for p in pool if owners.get(p) == m] for m in names}
+    base, extra = divmod(len(pool), len(names))
+    ranked = sorted(names, key=lambda m: (-len(held[m]), m))
+    quota = {m: base + (rank < extra) for rank, m in enumerate(ranked)}
+    result = {m: held[m][:quota[m]] for m in names}
+    kept = {p for share in result.values() for p in share}
+    free = collections.deque(p for p in pool if p not in kept)
+    for m in names:
+        while len(result[m]) < quota[m]:
+            result[m].append(free.popleft())
+    return result
+
+
+def assignors(instance: str, owners: Owners) -> tuple[type[AbstractPartitionAssignor], ...]:
+    """The assignors of this gateway's group consumer, in order of preference: the
+    sticky one (a class of its own: aiokafka calls assignors on the class), then round
+    robin."""
+
+    class ClaimStickyAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
+        name = "threadline-sticky"
+        version = 0
+
+        @classmethod
+        def metadata(cls, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
+            return ConsumerProtocolMemberMetadata(cls.version, list(topics), instance.encode())
+
+        @classmethod
+        def assign(cls, cluster: ClusterMetadata,
+                   members: Mapping[str, ConsumerProtocolMemberMetadata]) \
+                -> dict[str, ConsumerProtocolMemberAssignment]:
+            return _assign(cluster, members, owners())
+
+        @classmethod
+        def on_assignment(cls, assignment: ConsumerProtocolMemberAssignment) -> None:
+            """Nothing to keep: the owner map says where partitions are."""
+
+    return ClaimStickyAssignor, RoundRobinPartitionAssignor
+
+
+def _assign(cluster: ClusterMetadata, members: Mapping[str, ConsumerProtocolMemberMetadata],
+            owners: Mapping[int, str]) -> dict[str, ConsumerProtocolMemberAssignment]:
+    # A member is known by its instance id; two with one id (never, short of a bug)
+    # or none are known by their member ids instead.
+    ids = collections.Counter(meta.user_data for meta in members.values())
+    name = {member: (meta.user_data.decode("utf-8", "replace")
+                     if meta.user_data and ids[meta.user_data] == 1 else member)
+            for member, meta in members.items()}
+    assigned: dict[str, list[tuple[str, list[int]]]] = {member: [] for member in members}
+    for topic in sorted({t for meta in members.values() for t in meta.subscription}):
+        partitions: Sequence[int] = sorted(cluster.partitions_for_topic(topic) or ())
+        subscribed = [m for m, meta in members.items() if topic in meta.subscription]
+        dealt = shares(partitions, (name[m] for m in subscribed), owners)
+        for member in subscribed:
+            assigned[member].append((topic, dealt[name[member]]))
+    return {member: ConsumerProtocolMemberAssignment(0, topics, b"")
+            for member, topics in assigned.items()}

@@ -74,10 +74,11 @@ from typing import cast
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import IllegalStateError
 from aiokafka.structs import ConsumerRecord
 
-from gateway.cluster.sticky import GatewayAssignor, assignors, remember
 from gateway.kafka import (
     Offsets,
     new_consumer,
@@ -261,7 +262,8 @@ class StreamFeed:
         self.owned: set[int] | None = set() if self.group else None
         # Told each assignment (the group generation, the partitions): the owner board.
         self.on_owned: Callable[[int, list[int]], Awaitable[None]] | None = None
-        self._assignor: GatewayAssignor | None = None  # the group's sticky assignor, its state
+        # The group consumer's assignors, by preference (the app's: `gateway.cluster.sticky`).
+        self.assignors: tuple[type[AbstractPartitionAssignor], ...] = (RoundRobinPartitionAssignor,)
         self._assigned = asyncio.Event()
 
     @property
@@ -323,12 +325,10 @@ class StreamFeed:
     async def _start_in_group(self, load_timeout_s: float) -> None:
         assert self.group is not None
         session_ms = await asyncio.to_thread(session_timeout_ms, self.settings)
-        strategies = assignors()  # sticky: a rebalance moves only what it must
-        self._assignor = strategies[0]
         consumer = self._consumer_ = new_consumer(
             self.settings, group_id=self.group, session_timeout_ms=session_ms,
             heartbeat_interval_ms=heartbeat_interval_ms(session_ms),
-            partition_assignment_strategy=strategies)
+            partition_assignment_strategy=self.assignors)
         await consumer.start()
         await self._wait_for_read_model(load_timeout_s)
         consumer.subscribe([self.topic], listener=_Rebalance(self))
@@ -354,8 +354,6 @@ class StreamFeed:
         before = set(self.start_offsets)  # the partitions held, their start found
         lost, new = before - partitions, partitions - before
         self.owned = set(partitions)
-        if self._assignor is not None:
-            remember(self._assignor, self.topic, partitions, generation)
         if lost:
             self._forget(lost)
         consumer = self._consumer

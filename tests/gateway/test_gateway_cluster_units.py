@@ -8,7 +8,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from hypothesis import given
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from gateway.cluster.hop import HOP_TTL_S, BadHop, HopSigner
 from gateway.cluster.owners import MAX_TENANTS_LISTED, Claim, OwnerBoard, OwnerMap
 from gateway.cluster.remote import Forwarder, read_lines
-from gateway.cluster.sticky import assignors, remember
+from gateway.cluster.sticky import assignors, shares
 from gateway.http.problems import Problem
 from gateway.kafka import Offsets
 from gateway.live.feed import NotOwned, StreamFeed
@@ -347,16 +347,52 @@ async def test_a_forwarded_stream_its_own_feed_refuses_for_good_ends() -> None:
     assert got == [] and local.opened_after == ["t0"]
 
 
-def test_each_group_consumer_has_a_sticky_assignor_of_its_own() -> None:
-    """aiokafka's sticky assignor keeps its last assignment on the class: two consumers
-    of one process would send each other's partitions as their own. Each gets a
-    subclass; what one remembers (its partitions and the generation, which aiokafka
-    never tells it) is in its own join metadata only, and round robin comes second."""
-    first, fallback = assignors()
-    second, _ = assignors()
-    assert first is not second and fallback.name == "roundrobin" and first.name == "sticky"
-    remember(first, "stream", {3, 1}, 7)
-    mine = first.parse_member_metadata(first.metadata(["stream"]))
-    theirs = second.parse_member_metadata(second.metadata(["stream"]))
-    assert (sorted(tp.partition for tp in mine.partitions), mine.generation) == ([1, 3], 7)
-    assert (list(theirs.partitions), theirs.generation) == ([], -1)
+
+@given(st.integers(1, 48), st.lists(st.text("abcdefgh", min_size=1, max_size=2), min_size=1,
+                                    max_size=9, unique=True),
+       st.dictionaries(st.integers(0, 47), st.text("abcdefghij", min_size=1, max_size=2)))
+def test_sticky_shares_are_balanced_whole_and_move_only_what_balance_needs(
+        count: int, members: list[str], owners: dict[int, str]) -> None:
+    """Every partition to exactly one member, counts within one of each other, and
+    each member keeps as many of the partitions it owns as its share allows, the
+    larger shares going to those that hold most: no assignment keeps more."""
+    partitions = list(range(count))
+    dealt = shares(partitions, members, owners)
+    assert sorted(p for share in dealt.values() for p in share) == partitions
+    sizes = sorted(len(share) for share in dealt.values())
+    assert sizes[-1] - sizes[0] <= 1 and set(dealt) == set(members)
+    held = {m: {p for p in partitions if owners.get(p) == m} for m in members}
+    for m, share in dealt.items():
+        assert len(set(share) & held[m]) == min(len(held[m]), len(share)), (m, share, held[m])
+    # the most any balanced assignment keeps: the larger shares to the largest holders
+    base, extra = divmod(count, len(members))
+    ranked = sorted((len(h) for h in held.values()), reverse=True)
+    best = sum(min(h, base + (i < extra)) for i, h in enumerate(ranked))
+    assert sum(len(set(share) & held[m]) for m, share in dealt.items()) == best
+
+
+def test_a_third_member_takes_its_share_from_the_two_and_they_keep_the_rest() -> None:
+    """Twelve partitions: the third of three takes four, two from each; when it leaves,
+    its four go back and the two keep what they had."""
+    two = shares(range(12), ["a", "b"], {})
+    assert sorted(map(len, two.values())) == [6, 6]
+    owners = {p: m for m, share in two.items() for p in share}
+    three = shares(range(12), ["a", "b", "c"], owners)
+    assert set(three["a"]) <= set(two["a"]) and set(three["b"]) <= set(two["b"])
+    assert len(three["c"]) == 4
+    back = shares(range(12), ["a", "b"], {p: m for m, share in three.items() for p in share})
+    assert set(three["a"]) <= set(back["a"]) and set(three["b"]) <= set(back["b"])
+
+
+def test_a_member_joins_with_the_same_metadata_every_time() -> None:
+    """Its instance id, nothing that changes with an assignment: the coordinator starts
+    a new rebalance when a member joins with changed metadata (KIP-54's carries the
+    last assignment, and kept three gateways rebalancing for a minute). The leader
+    reads ownership from the owner map instead; round robin is the second choice."""
+    sticky, fallback = assignors("instance-a", lambda: {0: "instance-b"})
+    other, _ = assignors("instance-b", dict)
+    assert fallback.name == "roundrobin" and sticky.name == other.name == "threadline-sticky"
+    assert sticky.metadata(["stream"]).user_data == b"instance-a"
+    sticky.on_assignment(cast(Any, None))
+    assert sticky.metadata(["stream"]).user_data == b"instance-a"
+    assert other.metadata(["stream"]).user_data == b"instance-b"
