@@ -105,6 +105,7 @@ from streams.wire import (
     EnvelopeMeta,
     header_value,
     payload_header,
+    payload_named,
     stream_headers,
 )
 
@@ -118,6 +119,13 @@ HISTORY_LIMIT = 50  # earlier messages handed to the agent with a dispatch, at m
 TICK_INTERVAL_S = 0.1
 TICK_RESEND_MS = 2_000  # a due tick not yet acted on is sent again after this
 DEAD_LETTER_MAX_BYTES = 256 * 1024  # of a dead record's key and value kept in its dead letter
+# Commands whose decisions nobody waits for, by their payload header: a worker's step
+# reports and heartbeats (it goes on once the broker acks them). A batch of only
+# these waits up to REPORT_LINGER_S for more (`TableLoop`): a run's completion, which
+# comes right after its last steps, then shares their transaction instead of queueing
+# behind it. Their `step_recorded` records come that much later at most.
+UNAWAITED = frozenset({b"ReportStepCompleted", b"ReportHeartbeat"})
+REPORT_LINGER_S = 0.02
 
 
 
@@ -225,7 +233,8 @@ class Processor:
             takeover=takeover_for(settings, self.group_id, f"{self.group_id}-{self.instance_id}",
                                   self.instance_id) if self.exactly_once else None,
             reachable=brokers_reachable(settings),
-            producer_factory=producer_factory if self.exactly_once else None)
+            producer_factory=producer_factory if self.exactly_once else None,
+            unawaited=_unawaited, linger_s=REPORT_LINGER_S)
         self._step = _Step()
         self._next_tick = 0.0
         self.observer = ProcessorObserver(self.topics.commands)
@@ -650,6 +659,12 @@ class Processor:
 
 
 _ENVELOPE_ROOM = 16 * 1024  # of a record, for the envelope and ids around an answer
+
+
+def _unawaited(msg: Message) -> bool:
+    """Whether nobody waits for the record's decision (`UNAWAITED`; a record without
+    the header, from an older writer, is waited for)."""
+    return payload_named(msg.headers()) in UNAWAITED
 
 
 def _known(state: ThreadState | None, command: Command, history: MessageStore) -> Known:

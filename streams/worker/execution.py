@@ -113,7 +113,8 @@ class Outlet:
         for every report; the future is its delivery."""
         delivery: asyncio.Future[Any] = await self.producer.send(
             self.settings.topics.commands, self.codec.encode_command(command, meta),
-            key=meta.thread_id.encode(), partition=partition)
+            key=meta.thread_id.encode(), partition=partition,
+            headers=[payload_header(command)])  # the processor's linger reads it
         delivery.add_done_callback(_log_failed_delivery)
         return delivery
 
