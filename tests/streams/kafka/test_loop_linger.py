@@ -1,7 +1,8 @@
 """The table loop's linger (issue #22): a batch whose decisions nobody waits for (a
-worker's step reports) takes what arrives within `linger_s` into the same
-transaction, and a record somebody waits for (a run's completion) ends the wait at
-once; the processor tells the two apart by the payload header alone.
+worker's reports of an attempt's start, steps and heartbeats) takes what arrives
+within `linger_s` into the same transaction, and a record somebody waits for (a
+run's completion) ends the wait at once; the processor tells the two apart by the
+payload header alone.
 
 The consumer here is scripted: each `consume` with a wait delivers the next records
 the test lined up, so nothing depends on the clock but the linger's own bound.
@@ -81,7 +82,7 @@ def test_a_record_without_the_header_is_waited_for() -> None:
     consumer = ScriptedConsumer([_record(0, None)], [[_record(1, STEP)]])
     assert len(_loop(consumer).next_batch()) == 1
     assert not _unawaited(_record(0, None)) and not _unawaited(_record(0, DONE))
-    assert set(UNAWAITED) == {STEP, HEARTBEAT}
+    assert set(UNAWAITED) == {STEP, HEARTBEAT, b"ReportAttemptStarted", b"ReportExecutionStarted"}
 
 
 def test_the_linger_ends_when_nothing_more_comes() -> None:
