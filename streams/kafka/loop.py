@@ -205,6 +205,7 @@ class TableLoop:
         # they are down goes on when they are back; streams.kafka.watchdog)
         self.watchdog = Watchdog(TXN_HANG_S, reachable)
         self._positions: dict[int, int] = {}  # owned partition -> committed input offset (<0: none)
+        self._rebalances = 0  # assignments and revocations so far (`next_batch` reads it)
         self._unclaimed: set[int] = set()  # assigned, not yet committed by this instance
         self._paused_until = 0.0
         # Seconds a transaction took: in all, then begin and produce, send offsets, commit.
@@ -232,33 +233,42 @@ class TableLoop:
         """What the consumer holds, up to BATCH records, at once; else the first record
         within 50 ms and whatever came with it. `consume(n, timeout)` alone waits for
         n records or the whole timeout: at a low rate every record waited for it."""
-        batch: list[Message] = self.consumer.consume(BATCH, timeout=0)
+        batch: list[Message] = self._consume(BATCH, [], timeout=0)
         if not batch:
-            batch = self.consumer.consume(1, timeout=0.05)
+            batch = self._consume(1, [], timeout=0.05)
             if batch:
-                batch += self.consumer.consume(BATCH - 1, timeout=0)
+                batch = self._consume(BATCH - 1, batch, timeout=0)
         if batch and self.unawaited is not None and self.linger_s > 0:
             batch = self._linger(batch)
         return batch
 
+    def _consume(self, most: int, batch: list[Message], timeout: float) -> list[Message]:
+        """`batch` and up to `most` more records. The consumer runs the rebalance
+        callbacks inside `consume`: after one, the records consumed before it are
+        dropped, since a partition revoked and assigned again is read again from its
+        committed offset (kept, they would be decided twice)."""
+        rebalances = self._rebalances
+        more: list[Message] = self.consumer.consume(most, timeout=timeout)
+        return more if self._rebalances != rebalances else batch + more
+
     def _linger(self, batch: list[Message]) -> list[Message]:
         """`batch`, and while every record of it is one whose decision nobody waits for
-        (a worker's step report: the worker goes on when the broker acks it), what
-        arrives within `linger_s` of now: a run's completion, which arrives right after
-        its last steps, then shares their transaction instead of waiting behind it (a
-        transaction is 8-20 ms here, and the processor commits one at a time). A record
-        somebody waits for ends the wait at once."""
+        (a worker's start, step or heartbeat report: the worker goes on when the broker
+        acks it), what arrives within `linger_s` of now: a run's completion, which
+        arrives right after its last steps, then shares their transaction instead of
+        waiting behind it (a transaction is 5-20 ms here, and the processor commits one
+        at a time). A record somebody waits for ends the wait at once."""
         assert self.unawaited is not None
         if not all(self.unawaited(m) for m in batch):
             return batch
         deadline = time.monotonic() + self.linger_s
         while len(batch) < BATCH and (left := deadline - time.monotonic()) > 0:
-            more: list[Message] = self.consumer.consume(1, timeout=left)
-            if not more:
+            before = len(batch)
+            batch = self._consume(1, batch, timeout=left)
+            if len(batch) == before:
                 break
-            more += self.consumer.consume(BATCH - len(batch) - 1, timeout=0)
-            batch += more
-            if not all(self.unawaited(m) for m in more):
+            batch = self._consume(BATCH - len(batch), batch, timeout=0)
+            if not all(self.unawaited(m) for m in batch):
                 break
         return batch
 
@@ -272,6 +282,7 @@ class TableLoop:
     # --- rebalance --------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._rebalances += 1
         if self.transactional and self.producer_factory is not None:  # step -1: the module doc
             self._replace_producer("at an assignment, after any takeover's fence", logging.INFO)
         if self.takeover is not None:  # step 0: see the module doc
@@ -287,6 +298,7 @@ class TableLoop:
         log.info("assigned %s", sorted(tp.partition for tp in partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._rebalances += 1
         self.role.revoked([tp.partition for tp in partitions])
         for tp in partitions:
             self._positions.pop(tp.partition, None)

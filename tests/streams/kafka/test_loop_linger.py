@@ -11,9 +11,10 @@ the test lined up, so nothing depends on the clock but the linger's own bound.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any, cast
 
-from confluent_kafka import Consumer, Message, Producer
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from streams.kafka.loop import BATCH, TableLoop, TableRole
 from streams.processor import UNAWAITED, _unawaited
@@ -37,18 +38,40 @@ class ScriptedConsumer:
         self.queue = deque(arrived)
         self.arrivals = deque(arrivals)
         self.calls: list[tuple[int, float]] = []
+        self.rebalance: Callable[[], None] | None = None  # run inside the next wait, once
 
     def consume(self, num_messages: int, timeout: float) -> list[Message]:
         """Up to `num_messages` of what arrived; with a wait and nothing there, the next
         arrival first. Each call written down."""
         self.calls.append((num_messages, timeout))
         if not self.queue and timeout > 0 and self.arrivals:
+            rebalance, self.rebalance = self.rebalance, None
+            if rebalance is not None:  # as librdkafka serves callbacks in consume
+                self.queue.clear()  # and purges the revoked partitions' fetched records
+                rebalance()
             self.queue.extend(self.arrivals.popleft())
         return [self.queue.popleft() for _ in range(min(num_messages, len(self.queue)))]
 
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        """Every partition's committed offset: 0."""
+        return [TopicPartition(tp.topic, tp.partition, 0) for tp in partitions]
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        """Nothing to do: the test lines up what is read next."""
+
+
+class NoRole:
+    """A role's rebalance half, doing nothing."""
+
+    def assigned(self, partitions: list[int]) -> None:
+        """Nothing to restore."""
+
+    def revoked(self, partitions: list[int]) -> None:
+        """Nothing to drop."""
+
 
 def _loop(consumer: ScriptedConsumer, linger_s: float = 600.0) -> TableLoop:
-    return TableLoop(cast(TableRole, object()), cast(Consumer, consumer),
+    return TableLoop(cast(TableRole, NoRole()), cast(Consumer, consumer),
                      cast(Producer, object()), "commands", unawaited=_unawaited,
                      linger_s=linger_s)
 
@@ -100,3 +123,23 @@ def test_without_a_linger_nothing_waits() -> None:
     consumer = ScriptedConsumer([_record(0, STEP)], [[_record(1, STEP)]])
     assert len(_loop(consumer, linger_s=0.0).next_batch()) == 1
     assert consumer.calls == [(BATCH, 0)]
+
+
+def test_records_read_before_a_rebalance_are_dropped_from_the_batch() -> None:
+    """Step reports linger; inside the next wait the partition is revoked and assigned
+    again (librdkafka runs the callbacks inside `consume`), so it is read again from
+    its committed offset: the reports read before are dropped, not decided twice, and
+    the batch is what came after."""
+    consumer = ScriptedConsumer([_record(0, STEP), _record(1, STEP)],
+                                [[_record(0, STEP), _record(1, STEP), _record(2, DONE)]])
+    loop = _loop(consumer)
+    partition = [TopicPartition("commands", 0)]
+
+    def rebalance() -> None:
+        loop._on_revoke(cast(Consumer, consumer), partition)
+        loop._on_assign(cast(Consumer, consumer), partition)
+
+    consumer.rebalance = rebalance
+    batch = loop.next_batch()
+    assert [(m.offset(), p) for m, p in zip(batch, _payloads(batch), strict=True)] == \
+        [(0, STEP), (1, STEP), (2, DONE)]
