@@ -32,7 +32,12 @@ On assignment:
 On revocation or loss: `role.revoked(partitions)`: the role drops those tables.
 
 Each step (`step`):
-  1. consume a batch (read_committed); records of partitions not owned are dropped;
+  1. consume a batch (read_committed); records of partitions not owned are dropped,
+     and so are those read before a rebalance that ran inside the consume (a
+     partition revoked and assigned again is read again from its committed offset).
+     A batch whose decisions nobody waits for (the role's `unawaited`: a worker's
+     reports) waits up to `linger_s` for more, so that the record somebody waits for
+     next shares its transaction instead of queueing behind it;
   2. `role.process(records)`: the role stages its table writes (nothing reaches its
      stores yet) and returns the records to write, in order;
   3. begin the transaction and produce those records;
