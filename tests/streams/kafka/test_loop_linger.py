@@ -112,10 +112,10 @@ def test_the_linger_ends_when_nothing_more_comes() -> None:
     """Only step reports, and nothing more within the linger: the batch goes as it is,
     after one wait (the consumer's own timeout is the linger left)."""
     consumer = ScriptedConsumer([_record(0, STEP)], [[]])
-    batch = _loop(consumer, linger_s=0.05).next_batch()
+    batch = _loop(consumer, linger_s=600.0).next_batch()
     assert _payloads(batch) == [STEP]
     waits = [timeout for _, timeout in consumer.calls if timeout > 0]
-    assert len(waits) == 1 and 0 < waits[0] <= 0.05
+    assert len(waits) == 1 and 0 < waits[0] <= 600.0
 
 
 def test_without_a_linger_nothing_waits() -> None:
