@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 
 from streams.config import Settings
 from streams.core.domain import Command, Event, PostUserMessage, RunRejected
-from streams.wire import Codec, new_meta
+from streams.wire import Codec, new_meta, payload_header
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry
 
@@ -38,8 +38,11 @@ def send_command(producer: Producer, settings: Settings, command: Command, tenan
     `flush_all` turns into a test failure, so a lost command is never blamed on
     the processor."""
     meta = new_meta(command.thread_id, tenant, int(time.time() * 1000))
+    # Named as a worker names its reports: the processor lets a batch of reports
+    # linger (`streams.processor.UNAWAITED`), and the tests' reports should too.
     producer.produce(settings.topics.commands, CODEC.encode_command(command, meta),
-                     command.thread_id.encode(), on_delivery=_delivered)
+                     command.thread_id.encode(), on_delivery=_delivered,
+                     headers=[payload_header(command)])
 
 
 def send_marker(producer: Producer, settings: Settings, thread_id: str, tenant: str = "t") -> str:
