@@ -268,12 +268,14 @@ class TableLoop:
             return batch
         deadline = time.monotonic() + self.linger_s
         while len(batch) < BATCH and (left := deadline - time.monotonic()) > 0:
-            before = len(batch)
+            before, rebalances = len(batch), self._rebalances
             batch = self._consume(1, batch, timeout=left)
-            if len(batch) == before:
-                break
+            if len(batch) == before and self._rebalances == rebalances:
+                break  # nothing came
             batch = self._consume(BATCH - len(batch), batch, timeout=0)
-            if not all(self.unawaited(m) for m in batch):
+            # Only what came is looked at (all of it after a rebalance replaced the batch).
+            came = batch if self._rebalances != rebalances else batch[before:]
+            if not all(self.unawaited(m) for m in came):
                 break
         return batch
 

@@ -143,3 +143,20 @@ def test_records_read_before_a_rebalance_are_dropped_from_the_batch() -> None:
     batch = loop.next_batch()
     assert [(m.offset(), p) for m, p in zip(batch, _payloads(batch), strict=True)] == \
         [(0, STEP), (1, STEP), (2, DONE)]
+
+
+def test_each_record_is_looked_at_once_while_the_batch_lingers() -> None:
+    """The linger reads each record's header once, not the whole batch again at every
+    arrival (a batch grows to 500 records)."""
+    looked: list[int] = []
+
+    def counted(msg: Message) -> bool:
+        looked.append(msg.offset() or 0)
+        return _unawaited(msg)
+
+    consumer = ScriptedConsumer([_record(0, STEP), _record(1, STEP)],
+                                [[_record(2, STEP)], [_record(3, HEARTBEAT)], [_record(4, DONE)]])
+    loop = _loop(consumer)
+    loop.unawaited = counted
+    assert len(loop.next_batch()) == 5
+    assert sorted(looked) == [0, 1, 2, 3, 4]
