@@ -48,7 +48,7 @@ def audit_tools(lines: Iterable[str], events: Iterable[Event],
     """Check the tool log against the recorded tool calls (`decided_ms`: when each
     `run_id:step` was decided, see the module's docstring)."""
     findings = ToolFindings()
-    starts: dict[str, list[int]] = defaultdict(list)
+    starts: dict[str, list[float]] = defaultdict(list)
     for line in lines:
         parts = line.split()
         if len(parts) != 4 or parts[0] not in ("start", "done", "cancelled", "dedup"):
@@ -56,7 +56,7 @@ def audit_tools(lines: Iterable[str], events: Iterable[Event],
             continue
         if parts[0] in ("start", "dedup"):
             findings.executions += 1
-            starts[parts[1]].append(int(parts[3]))
+            starts[parts[1]].append(float(parts[3]))
     recorded: dict[str, int] = {}
     for event in events:
         if isinstance(event, StepRecorded) and event.entry.kind == TOOL_CALL:

@@ -31,12 +31,13 @@ from bench.peers.langgraph import LangGraph
 from bench.peers.report import print_results, write_section
 from bench.peers.restate import Restate, RestateTurns
 from bench.peers.system import Missing, System
-from bench.peers.threadline import Threadline
+from bench.peers.threadline import Threadline, ThreadlineCalls
 from bench.report import git_head
 
 SYSTEMS: dict[str, type[System]] = {"Threadline": Threadline, "Restate": Restate,
                                     "DBOS": Dbos, "LangGraph": LangGraph,
-                                    "Restate-turns": RestateTurns}
+                                    "Restate-turns": RestateTurns,
+                                    "Threadline-calls": ThreadlineCalls}
 RUN_BUDGET_S = 1500  # past it, no new round or recovery starts
 STOP_TIMEOUT_S = 90
 

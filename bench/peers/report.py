@@ -145,15 +145,17 @@ def section(results: dict[str, Any], plotted: bool) -> str:
              f"{size.get('rounds')} round(s), {size.get('warmup')} warm-up runs each",
              "- the workload: a run is 4 tool calls in a row, then the answer; each call appends "
              "`begin <run>:<step>` and `done <run>:<step>` with a timestamp to a side-effect log. "
-             "Step overhead: a call's `done` to the next call's `begin` (Threadline's log has "
-             "whole milliseconds, the peers' a fraction). CPU: user + system time of every "
+             "Step overhead: a call's `done` to the next call's `begin` (every log has "
+             "microseconds). CPU: user + system time of every "
              "process of the system (its process trees: Threadline's broker JVM included), "
              "over the throughput batch, per run answered. A range is the rounds' lowest to highest.",
              "- repeated calls: a completed call (its `done` written) whose `begin` appears again.",
-             "- Threadline's builtin agent journals a model turn before each tool call (its "
-             "tool mode: `Step i: looking up ...`, then the call), so a step gap holds two "
-             "durable writes; the peers journal the call alone. *Restate, model turn + call* "
-             "journals a stand-in model turn before each call too: the same durable steps.",
+             "- *Threadline*: its builtin agent journals a model turn before each tool call (its "
+             "tool mode: `Step i: looking up ...`, streamed, then the call), so a step gap holds "
+             "two durable writes; *Restate, model turn + call* journals a stand-in model turn "
+             "before each call too: the same durable steps. *Threadline, calls only* "
+             "(`THREADLINE_AGENT_TURNS=0`) makes the calls in a row, as the other peers do: "
+             "one durable write a step.",
              ""]
     lines += tables(results)
     if plotted:

@@ -60,6 +60,7 @@ class Threadline(System):
     name = "Threadline"
     roles: tuple[str, ...] = ("worker", "processor")
     lost_roles: tuple[str, ...] = ("worker", "processor")
+    turns = True  # the builtin agent journals a model turn before each call
 
     @override
     async def start(self, session: aiohttp.ClientSession) -> None:
@@ -74,6 +75,7 @@ class Threadline(System):
             "THREADLINE_HTTP_PORT": str(self.port), "THREADLINE_API_KEYS": "bench=bench",
             **RAISED, "THREADLINE_AGENT_TOOLS": "4", "THREADLINE_AGENT_TOKENS_PER_S": "0",
             "THREADLINE_AGENT_TOOL_DELAY_S": "0", "THREADLINE_AGENT_TOOL_LOG": str(self.tool_log),
+            "THREADLINE_AGENT_TURNS": "1" if self.turns else "0",
         }
         await asyncio.to_thread(ensure_topics, Settings.from_env(self.env))
         self.killed: dict[str, tuple[str, list[int]]] = {}  # role -> (pid, partitions owned)
@@ -326,4 +328,16 @@ class Threadline(System):
     @override
     def settings(self) -> str:
         return ("code defaults, except " + ", ".join(f"{k}={v}" for k, v in RAISED.items())
-                + "; builtin agent THREADLINE_AGENT_TOOLS=4, THREADLINE_AGENT_TOKENS_PER_S=0")
+                + "; builtin agent THREADLINE_AGENT_TOOLS=4, THREADLINE_AGENT_TOKENS_PER_S=0"
+                + ("" if self.turns else ", THREADLINE_AGENT_TURNS=0"))
+
+
+class ThreadlineCalls(Threadline):
+    """The builtin agent making its 4 calls in a row with no model turn between them
+    (`THREADLINE_AGENT_TURNS=0`), as the peers' workload does: the same durable steps
+    as Restate's, DBOS's and LangGraph's rows."""
+
+    name = "Threadline, calls only"
+    roles = ()
+    lost_roles = ()
+    turns = False

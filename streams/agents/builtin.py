@@ -25,8 +25,10 @@ The tool mode, for tests and chaos without a network: before the reply the agent
 takes n turns, each a sentence (`Step i: looking up "<message> #i".`, a model
 turn, journaled) and a call of the `lookup` tool (journaled). `lookup` answers a
 fact derived from its query and cites a source; the reply ends with the facts.
-A message with `[tools=k]` takes k turns instead. Every call goes through
-`streams.agents.runtime.call_tool`, so a retried attempt replays the calls that
+A message with `[tools=k]` takes k turns instead. With `THREADLINE_AGENT_TURNS=0` the
+calls are made in a row with no model turn between them, as a workflow makes them
+(the peers benchmark's workload, whose peers journal the calls alone). Every call goes
+through `streams.agents.runtime.call_tool`, so a retried attempt replays the calls that
 completed and calls `lookup` again only for the rest. With `THREADLINE_AGENT_MCP_TOOL`
 (and the servers of `THREADLINE_AGENT_MCP_SERVERS`), each turn calls that MCP tool
 (`server__tool`, with `{"query": ...}`) instead of `lookup`: the tests and the chaos
@@ -136,6 +138,7 @@ class BuiltinAgent:
     words: int = 24
     steps: bool = False
     tools: int = 0
+    turns: bool = True  # the tool mode: a journaled model turn before each call
     tool_delay_s: float = 0.0
     tool_log: str | None = None
     mcp_tool: str | None = None  # the tool mode calls this MCP tool instead of `lookup`
@@ -156,6 +159,7 @@ class BuiltinAgent:
             words=env.words,
             steps=env.steps,
             tools=env.tools,
+            turns=env.turns,
             tool_delay_s=env.tool_delay_s,
             tool_log=str(env.tool_log) if env.tool_log is not None else None,
             mcp_tool=mcp_tool,
@@ -175,8 +179,9 @@ class BuiltinAgent:
             tool = await self._tool(message)
             for turn in range(1, turns + 1):
                 query = f"{message.strip()} #{turn}"
-                async for chunk in self._turn(turn, query, pause, tool.name):
-                    yield chunk
+                if self.turns:
+                    async for chunk in self._turn(turn, query, pause, tool.name):
+                        yield chunk
                 result = await call_tool(tool, {"query": query})
                 if isinstance(result.content, dict):
                     facts.append(str(result.content.get("fact", "")))
@@ -278,5 +283,6 @@ class BuiltinAgentEnv(Section):
     words: int = Field(_BUILTIN.words, ge=0, alias="THREADLINE_AGENT_WORDS")
     steps: bool = Field(_BUILTIN.steps, alias="THREADLINE_AGENT_STEPS")
     tools: int = Field(_BUILTIN.tools, ge=0, alias="THREADLINE_AGENT_TOOLS")
+    turns: bool = Field(_BUILTIN.turns, alias="THREADLINE_AGENT_TURNS")
     tool_delay_s: float = Field(_BUILTIN.tool_delay_s, ge=0, alias="THREADLINE_AGENT_TOOL_DELAY_S")
     tool_log: Path | None = Field(None, alias="THREADLINE_AGENT_TOOL_LOG")

@@ -111,11 +111,12 @@ def by_name(tools: Sequence[Tool]) -> dict[str, Tool]:
 def log_side_effect(path: str | None, what: str, key: str) -> None:
     """Append `<what> <key> <pid> <ms>` to `path` in one write (O_APPEND keeps lines
     whole across processes); nothing without a path. The example tools log their
-    calls so the crash tests and the chaos tool audit can count them."""
+    calls so the crash tests and the chaos tool audit can count them. `<ms>` has
+    microseconds: the peers benchmark reads steps a few milliseconds long from it."""
     if not path:
         return
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, f"{what} {key} {os.getpid()} {time.time_ns() // 1_000_000}\n".encode())
+        os.write(fd, f"{what} {key} {os.getpid()} {time.time_ns() / 1e6:.3f}\n".encode())
     finally:
         os.close(fd)

@@ -93,6 +93,25 @@ async def test_builtin_tool_mode_journals_turns_and_calls_and_replays_them(tmp_p
         assert _log(log) == [f"{w} r:{s}" for s in (1, 3) if s >= cut for w in ("start", "done")]
 
 
+async def test_builtin_tool_mode_without_turns_journals_the_calls_alone(tmp_path: Path) -> None:
+    """THREADLINE_AGENT_TURNS=0: the calls in a row, each a journaled step, no model turn
+    and no sentence between them; replay calls no tool again."""
+    log = tmp_path / "tools.log"
+    agent = BuiltinAgent.from_settings(Settings.from_env({
+        "THREADLINE_AGENT_TOKENS_PER_S": "0", "THREADLINE_AGENT_WORDS": "3",
+        "THREADLINE_AGENT_TOOLS": "3", "THREADLINE_AGENT_TURNS": "0",
+        "THREADLINE_AGENT_TOOL_LOG": str(log)}))
+    first = RunContext(run_id="r")
+    outputs = await _run(agent, "weather", first)
+    assert [e.kind for e in first.journal] == [TOOL_CALL] * 3
+    assert _log(log) == [f"{w} r:{s}" for s in range(3) for w in ("start", "done")]
+    assert "Step 1" not in _text(outputs) and "Facts:" in _text(outputs)
+    log.unlink()
+    again = RunContext(run_id="r", journal=list(first.journal))
+    assert _text(await _run(agent, "weather", again)) == _text(outputs)
+    assert not log.exists()
+
+
 async def test_a_tool_call_starts_only_once_every_step_before_it_is_durable() -> None:
     """`call_tool` goes on without waiting for its result's record (the report travels
     while the agent thinks), but the next call's function starts only at the fence:

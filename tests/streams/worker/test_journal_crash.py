@@ -63,7 +63,7 @@ class Call:
     run_id: str
     step: int
     pid: int
-    ms: int  # when it was written (wall clock)
+    ms: float  # when it was written (wall clock)
 
 
 def _calls(log: Path) -> list[Call]:
@@ -73,7 +73,7 @@ def _calls(log: Path) -> list[Call]:
     for line in log.read_text().splitlines():
         what, key, pid, ms = line.split()
         run_id, _, step = key.rpartition(":")
-        calls.append(Call(what, run_id, int(step), int(pid), int(ms)))
+        calls.append(Call(what, run_id, int(step), int(pid), float(ms)))
     return calls
 
 
