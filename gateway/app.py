@@ -72,6 +72,7 @@ from streams.core.domain import (
     ThreadCreated,
     ThreadDeleted,
 )
+from streams.heap import freeze_startup_heap
 from streams.kafka.clients import aiokafka_config
 from streams.kafka.topics import ensure_specs, ensure_topics
 from streams.observability.tracing import setup_tracing
@@ -252,6 +253,7 @@ async def _start_feed(app: web.Application, started: list[
         logging.shutdown()
         os._exit(70)
     started.append(app[FEED])
+    freeze_startup_heap()  # the read model loaded: what is left lives as long as the process
 
 
 async def _run_thread(request: web.Request, tenant: str, run_id: str) -> str | None:

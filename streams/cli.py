@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streams.config import Settings
+from streams.heap import dedicate_process
 from streams.observability.settings import DEFAULT_RUN_METRICS_PORT
 from streams.supervisor import ProcessChild, Supervisor
 
@@ -235,6 +236,7 @@ def start_role(log_level: str) -> Settings:
     logging.basicConfig(level=log_level,
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s")
     Path("var").mkdir(exist_ok=True)
+    dedicate_process()  # the role freezes its start-up heap once it is up (streams/heap.py)
     settings = Settings.from_env()
     if settings.observability.log_format == "json":
         from streams.observability.logs import install_json_logs

@@ -82,6 +82,7 @@ from streams.core.thread import (
     next_deadline_ms,
     output_bytes,
 )
+from streams.heap import freeze_startup_heap
 from streams.kafka.clients import (
     brokers_reachable,
     librdkafka_config,
@@ -262,6 +263,7 @@ class Processor:
             self.policy.max_output_bytes, self.max_record_bytes - _ENVELOPE_ROOM))
         log.info("processor %s started on %s (records up to %d bytes)", self.instance_id,
                  self.settings.bootstrap, self.max_record_bytes)
+        freeze_startup_heap()
         self._next_tick = time.monotonic()
         try:
             self.loop.run(lambda: self.stopping)

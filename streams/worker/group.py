@@ -30,6 +30,7 @@ from streams.config import Settings
 from streams.core.journal import JournalEntry, merge
 from streams.core.lifecycle import RunFate
 from streams.core.records import DeadLetter
+from streams.heap import freeze_startup_heap
 from streams.identity import claim_member_id
 from streams.kafka.clients import aiokafka_config
 from streams.kafka.liveness import heartbeat_interval_ms, session_timeout_ms
@@ -123,6 +124,7 @@ class Worker:
         await self.consumer.start()
         log.info("worker %s started on %s (concurrency %d)", self.worker_id,
                  self.settings.bootstrap, self.concurrency)
+        freeze_startup_heap()
         try:
             while not stop.is_set():
                 await self._poll()
