@@ -6,13 +6,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-__all__ = ["start_when_reachable", "stop_client", "within"]
+__all__ = ["know_topics", "start_when_reachable", "stop_client", "within"]
 
 log = logging.getLogger("threadline")
 
@@ -44,6 +44,18 @@ async def stop_client(client: AIOKafkaConsumer | AIOKafkaProducer) -> None:
         if task is not None and task.cancelling():
             raise
         log.warning("aiokafka leaked a CancelledError while stopping %s", type(client).__name__)
+
+
+async def know_topics(client: AIOKafkaConsumer, topics: Iterable[str]) -> None:
+    """Load the metadata of `topics` into a started `client` now.
+
+    aiokafka learns where a topic's partitions are only when a query misses them, and
+    then retries after `retry_backoff_ms` (100 ms): the first offset query of each
+    topic on a fresh client waited that long. A restarted worker waited twice (the
+    dispatch topic, then the stream topic) between its assignment and its first run.
+    aiokafka 0.14 has no public call for this; its client's `add_topic` is what its own
+    subscription uses."""
+    await asyncio.gather(*(client._client.add_topic(topic) for topic in topics))  # noqa: SLF001
 
 
 async def start_when_reachable(name: str, start: Callable[[], Awaitable[None]],

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from streams.aio import stop_client, within
+from streams.aio import know_topics, stop_client, within
 from streams.clock import now_ms
 from streams.config import Settings
 from streams.core.journal import JournalEntry, entry_from_json
@@ -56,6 +56,9 @@ class LifecycleWatch:
                  on_step: Callable[[str, JournalEntry], None] = lambda run, entry: None,
                  on_execution: Callable[[str, str], None] = lambda run, execution: None) -> None:
         self.topic = settings.topics.stream
+        # What the offsets client is asked about: the stream, and the dispatch topic
+        # (the worker's `_mark_fresh`).
+        self.known_topics = (settings.topics.stream, settings.topics.dispatch)
         self.codec = codec
         self.on_fate = on_fate
         self.on_step = on_step
@@ -88,6 +91,7 @@ class LifecycleWatch:
     async def start(self) -> None:
         """Start the consumers and the reading loop."""
         await self.offsets.start()
+        await know_topics(self.offsets, self.known_topics)
         await self.consumer.start()
         self._task = asyncio.create_task(self._loop(), name="lifecycle-watch")
 
@@ -122,9 +126,9 @@ class LifecycleWatch:
             since = now_ms() - LIFECYCLE_MARGIN_MS
             self.covered_from = {p: self.covered_from.get(p, since) for p in kept}
             self.caught_up = {p for p in self.caught_up if p in kept}
-            for p in partitions - kept.keys():
-                await self._seek_to_time(p, since)
-                self.covered_from[p] = since
+            new = partitions - kept.keys()
+            await self._seek_to_time(new, since)
+            self.covered_from.update(dict.fromkeys(new, since))
         finally:
             self._ready.set()
 
@@ -140,7 +144,7 @@ class LifecycleWatch:
             log.debug("lifecycle partition %d: reading again from %d", partition, since)
             self.covered_from[partition] = since
             self.caught_up.discard(partition)
-            await self._seek_to_time(partition, since)
+            await self._seek_to_time({partition}, since)
         if partition not in self.caught_up and await self._catch_up(partition):
             self.caught_up.add(partition)
         log.debug("lifecycle partition %d: caught up", partition)
@@ -159,17 +163,24 @@ class LifecycleWatch:
             log.warning("lifecycle catch-up on partition %d failed: %s", partition, exc)
         return False
 
-    async def _seek_to_time(self, partition: int, timestamp_ms: int) -> None:
-        tp = TopicPartition(self.topic, partition)
-        log.debug("lifecycle partition %d: seeking to time %d", partition, timestamp_ms)
+    async def _seek_to_time(self, partitions: set[int], timestamp_ms: int) -> None:
+        """Seek each of `partitions` to its first record at or after `timestamp_ms`: two
+        offset queries for all of them, not two each (12 partitions a worker start)."""
+        if not partitions:
+            return
+        tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        log.debug("lifecycle partitions %s: seeking to time %d", sorted(partitions), timestamp_ms)
         try:
-            found = (await self.offsets.offsets_for_times({tp: max(timestamp_ms, 0)})).get(tp)
+            found = await self.offsets.offsets_for_times(dict.fromkeys(tps, max(timestamp_ms, 0)))
             # Nothing that new: the end. A plain `seek` takes effect at once, where
             # `seek_to_end` waits for an offset reset by the fetcher.
-            offset = (await self.offsets.end_offsets([tp]))[tp] if found is None else found.offset
-            self.consumer.seek(tp, offset)
+            past = [tp for tp in tps if found.get(tp) is None]
+            ends = await self.offsets.end_offsets(past) if past else {}
+            for tp in tps:
+                hit = found.get(tp)
+                self.consumer.seek(tp, ends[tp] if hit is None else hit.offset)
         except KafkaError as exc:  # e.g. no longer assigned after a rebalance
-            log.warning("lifecycle seek on partition %d failed: %s", partition, exc)
+            log.warning("lifecycle seek on partitions %s failed: %s", sorted(partitions), exc)
 
     async def _loop(self) -> None:
         while True:
