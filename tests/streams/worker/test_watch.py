@@ -34,9 +34,10 @@ async def test_a_started_watch_knows_its_topics_and_seeks_new_partitions_at_once
         async def counted(times: dict[TopicPartition, int]) \
                 -> dict[TopicPartition, OffsetAndTimestamp | None]:
             asked.append(sorted(tp.partition for tp in times))
-            return await query(times)
+            found: dict[TopicPartition, OffsetAndTimestamp | None] = await query(times)
+            return found
 
-        watch.offsets.offsets_for_times = counted  # type: ignore[method-assign]
+        watch.offsets.offsets_for_times = counted
         await watch.follow(everything)
         assert asked == [sorted(everything)]
         assert set(watch.covered_from) == everything
