@@ -142,4 +142,4 @@ def test_a_start_over_existing_topics_asks_for_them_all_at_once(
     monkeypatch.setattr(topics_module, "_probe", lambda s: Counted(made_probe(s)))
     ensure_topics(settings)
     assert asked["describe_configs"] == 1
-    assert asked["offsets_for_times"] == 1 and asked["get_watermark_offsets"] == 0
+    assert asked["list_offsets"] == 1 and asked["get_watermark_offsets"] == 0
