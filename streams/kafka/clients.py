@@ -36,9 +36,15 @@ def librdkafka_config(settings: Settings, **extra: Any) -> dict[str, Any]:
     """A confluent-kafka client configuration: bootstrap servers, security, `extra`.
 
     Reconnects back off to 1 s at most (librdkafka's default goes up to 10 s): after
-    a broker restart every client is back within a second of the broker, not ten."""
+    a broker restart every client is back within a second of the broker, not ten.
+
+    Each client connects to the brokers it learns of at once. Connecting on demand
+    (librdkafka's default), a new client's first request after the bootstrap waited
+    out librdkafka's suppression of new connections (50 ms) for the broker it had just
+    learned of: each of the processor's new producers and restore readers, in turn, at
+    every start and assignment (issue #22)."""
     return {"bootstrap.servers": settings.bootstrap, "reconnect.backoff.max.ms": 1_000,
-            **settings.kafka_security, **extra}
+            "enable.sparse.connections": False, **settings.kafka_security, **extra}
 
 
 def table_consumer_config(settings: Settings, group_id: str, client_id: str, *,

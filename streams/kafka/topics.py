@@ -33,15 +33,8 @@ class TopicMismatch(RuntimeError):
     """An existing topic disagrees with the declared contract."""
 
 
-# The short-lived clients of a role's start connect to the brokers at once: on demand
-# (librdkafka's default), the first query went to the bootstrap address, then waited
-# out librdkafka's suppression of new connections (half of `reconnect.backoff.ms`, 50 ms)
-# to reach the broker it had just learned of, in every role's start (issue #22).
-_AT_ONCE = {"enable.sparse.connections": False}
-
-
 def _admin(settings: Settings) -> AdminClient:
-    return AdminClient(librdkafka_config(settings, log_level=0, **_AT_ONCE))
+    return AdminClient(librdkafka_config(settings, log_level=0))
 
 
 class _Progress:
@@ -198,8 +191,7 @@ def _verify(admin: AdminClient, specs: list[TopicSpec], progress: _Progress, set
 
 def _probe(settings: Settings) -> Consumer:
     """A client for the watermark queries of `_wait_until_served`."""
-    return Consumer(librdkafka_config(settings, **{"group.id": "threadline-topics", "log_level": 0,
-                                                   **_AT_ONCE}))
+    return Consumer(librdkafka_config(settings, **{"group.id": "threadline-topics", "log_level": 0}))
 
 
 def _wait_until_served(admin: AdminClient, settings: Settings, specs: list[TopicSpec],
