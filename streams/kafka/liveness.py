@@ -50,7 +50,10 @@ def heartbeat_interval_ms(session_ms: int) -> int:
 
 @functools.cache
 def _broker_minimum(bootstrap: str, security: tuple[tuple[str, str], ...]) -> int | None:
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, **dict(security)})
+    # Connected at once, as `librdkafka_config` does: on demand, the describe waited
+    # 50 ms for its broker's connection, in every role's start.
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0,
+                         "enable.sparse.connections": False, **dict(security)})
     try:
         brokers = admin.list_topics(timeout=TIMEOUT_S).brokers
         if not brokers:
