@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
@@ -33,7 +34,11 @@ TIMEOUT_S = 10.0
 
 def session_timeout_ms(settings: Settings) -> int:
     """The session timeout to ask for: the setting, or the broker's minimum if higher."""
-    floor = _broker_minimum(settings.bootstrap, tuple(sorted(settings.kafka_security.items())))
+    # The roles' own client configuration (security, reconnects, connecting at once);
+    # imported here: streams.kafka.clients imports this module.
+    from streams.kafka.clients import librdkafka_config
+
+    floor = _broker_minimum(tuple(sorted(librdkafka_config(settings, log_level=0).items())))
     if floor is not None and floor > settings.session_timeout_ms:
         log.warning("THREADLINE_SESSION_TIMEOUT_S is %.1f s, below the broker's %s (%.1f s): "
                     "using %.1f s, so a member lost for good is noticed that late; lower %s on "
@@ -49,11 +54,8 @@ def heartbeat_interval_ms(session_ms: int) -> int:
 
 
 @functools.cache
-def _broker_minimum(bootstrap: str, security: tuple[tuple[str, str], ...]) -> int | None:
-    # Connected at once, as `librdkafka_config` does: on demand, the describe waited
-    # 50 ms for its broker's connection, in every role's start.
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0,
-                         "enable.sparse.connections": False, **dict(security)})
+def _broker_minimum(config: tuple[tuple[str, Any], ...]) -> int | None:
+    admin = AdminClient(dict(config))
     try:
         brokers = admin.list_topics(timeout=TIMEOUT_S).brokers
         if not brokers:

@@ -35,6 +35,6 @@ assert gone() is None, "a cycle made after the freeze was not collected"
 print("ok", frozen)
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120, check=False)
+                          check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("ok ")
