@@ -24,7 +24,9 @@ from gateway.api import branches, copies, interrupts, rest
 from gateway.api.openapi import openapi
 from gateway.cluster.hop import HopSigner
 from gateway.cluster.owners import OwnerBoard, owners_topic
+from gateway.cluster.reads import READS_PATH, RemoteReads, internal_reads
 from gateway.cluster.remote import Forwarder
+from gateway.cluster.route import route_middleware
 from gateway.cluster.serve import internal_stream
 from gateway.cluster.sticky import assignors
 from gateway.http.auth import (
@@ -103,18 +105,24 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     limiter = TenantLimiter(settings.gateway.limits)
     grouped = settings.gateway.advertised_url is not None  # the gateways share partitions
     hops = HopSigner(deployment_keys(settings)) if grouped else None
+    options = options or Options()
+    offsets = Offsets(settings)
+    codec = Codec.from_settings(settings)
+    # In a group each gateway reads and serves its share of the partitions only.
+    read_model = ReadModel(settings, offsets, options.catch_up_timeout_s, options.store_name,
+                           codec=codec, split=grouped)
+    board = OwnerBoard(settings, settings.gateway.advertised_url) \
+        if hops is not None and settings.gateway.advertised_url is not None else None
+    # As long as a dead owner takes to leave the group, and a margin.
+    forwarder = Forwarder(board, hops, settings.session_timeout_ms / 1000 + 10,
+                          options.keepalive_s) if board is not None and hops is not None else None
     app = web.Application(client_max_size=max_body, middlewares=[
         cors_middleware(settings.gateway.cors_origins), observe_middleware, problem_middleware,
         discovery_middleware,
         auth_middleware(settings.gateway.api_keys, BrowserTokens.from_settings(settings),
                         [langgraph.internal_thread_id], _run_thread, hops),
-        starting_middleware, post_rate_middleware(limiter)])
+        starting_middleware, post_rate_middleware(limiter), route_middleware(forwarder)])
     app[LIMITER] = limiter
-    options = options or Options()
-    offsets = Offsets(settings)
-    codec = Codec.from_settings(settings)
-    read_model = ReadModel(settings, offsets, options.catch_up_timeout_s, options.store_name,
-                           codec=codec)
     bus = CommandBus(settings, codec)
     feed = StreamFeed(settings, read_model, offsets, window_events=options.window_events,
                       max_windows=options.max_windows, queue_limit=options.queue_limit,
@@ -150,17 +158,19 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     app[CODEC] = codec
     app[FEED] = feed
     app[STREAMS] = RunStreams(settings, feed, read_model, limiter, codec, options.keepalive_s)
-    if hops is not None and settings.gateway.advertised_url is not None:
-        board = app[OWNERS] = OwnerBoard(settings, settings.gateway.advertised_url)
+    if board is not None and forwarder is not None:
+        app[OWNERS] = board
         feed.on_owned = board.claim
         feed.assignors = assignors(board.instance, board.partition_owners)  # sticky
         limiter.sharing = board.map.members  # each gateway takes its share of the post rate
         limiter.streams_elsewhere = board.streams_elsewhere  # a tenant's streams: the group's
         board.streams = lambda: limiter.streams
-        # As long as a dead owner takes to leave the group, and a margin.
-        app[STREAMS].remote = Forwarder(board, hops, settings.session_timeout_ms / 1000 + 10,
-                                        options.keepalive_s)
+        board.runs = read_model.active_run_counts  # a tenant's active runs: the group's
+        read_model.runs_elsewhere = board.runs_elsewhere
+        read_model.elsewhere = RemoteReads(forwarder, codec, settings.partitions, read_model.here)
+        app[STREAMS].remote = forwarder
         app.router.add_get(INTERNAL_PREFIX + "threads/{thread_id}/stream", internal_stream)
+        app.router.add_get(READS_PATH, internal_reads)
     app[HEALTH] = HealthProbe(settings.bootstrap, aiokafka_config(settings))
     app[READY] = Readiness(settings, bus, app[HEALTH], read_model,
                            timeout_s=options.ready_timeout_s, cache_s=options.ready_cache_s)

@@ -286,7 +286,8 @@ async def list_threads(request: web.Request) -> web.Response:
     last = page.states[-1] if page.states else None
     next_cursor = None if not page.more or last is None else cursor(
         "t", last.updated_at_ms or last.created_at_ms, last.thread_id)
-    return json_answer(200, {"threads": [thread_json(s, read_model.display_title(s))
+    return json_answer(200, {"threads": [thread_json(s, page.titles.get(s.thread_id)
+                                                     or read_model.display_title(s))
                                          for s in page.states],
                        "next_cursor": next_cursor})
 

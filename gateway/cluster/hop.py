@@ -17,7 +17,7 @@ import hashlib
 import hmac
 from collections.abc import Sequence
 
-__all__ = ["HOP_HEADER", "HOP_TTL_S", "BadHop", "HopSigner"]
+__all__ = ["HOP_HEADER", "HOP_TTL_S", "BadHop", "HopSigner", "hop_target"]
 
 HOP_HEADER = "Threadline-Hop"
 HOP_TTL_S = 30
@@ -66,3 +66,9 @@ class HopSigner:
 def _mac(key: bytes, name: str, expiry: int, method: str, path_qs: str) -> str:
     message = "\n".join((name, str(expiry), method.upper(), path_qs)).encode()
     return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def hop_target(path_qs: str, body: bytes) -> str:
+    """What a whole request's hop MAC covers besides the tenant and method: the path
+    and query, and the body's digest (a captured hop cannot carry another body)."""
+    return f"{path_qs}#{hashlib.sha256(body).hexdigest()}" if body else path_qs

@@ -73,6 +73,8 @@ class Claim:
     partitions: frozenset[int]
     # Its gateway's open SSE streams by tenant when written (not part of its identity).
     streams: Mapping[str, int] = field(default_factory=dict, compare=False)
+    # The active runs of the partitions it holds, by tenant, when written.
+    runs: Mapping[str, int] = field(default_factory=dict, compare=False)
 
     @property
     def key(self) -> bytes:
@@ -81,16 +83,10 @@ class Claim:
 
     def to_json(self) -> bytes:
         """Its record's value."""
-        listed, size = {}, 0
-        for tenant, count in heapq.nlargest(MAX_TENANTS_LISTED, self.streams.items(),
-                                            key=lambda kv: kv[1]):
-            size += len(json.dumps(tenant)) + 12
-            if size > _MAX_TENANT_BYTES:
-                break
-            listed[tenant] = count
         return json.dumps({"instance": self.instance, "url": self.url,
                            "generation": self.generation, "partitions": sorted(self.partitions),
-                           "at_ms": int(time.time() * 1000), "streams": listed}).encode()
+                           "at_ms": int(time.time() * 1000), "streams": _most(self.streams),
+                           "runs": _most(self.runs)}).encode()
 
     @classmethod
     def from_json(cls, value: bytes) -> Claim:
@@ -99,15 +95,27 @@ class Claim:
             raise ValueError("claim too large")
         data = json.loads(value)
         partitions = data["partitions"]
-        streams = data.get("streams", {})
+        streams, runs = data.get("streams", {}), data.get("runs", {})
         if not isinstance(data["instance"], str) or not isinstance(data["url"], str) or \
                 not isinstance(data["generation"], int) or not isinstance(partitions, list) or \
                 not all(isinstance(p, int) and p >= 0 for p in partitions) or \
-                not isinstance(streams, dict) or \
-                not all(isinstance(n, int) and n >= 0 for n in streams.values()):
+                not all(isinstance(counts, dict) and
+                        all(isinstance(n, int) and n >= 0 for n in counts.values())
+                        for counts in (streams, runs)):
             raise ValueError("not a claim")
         return cls(data["instance"], data["url"], data["generation"], frozenset(partitions),
-                   streams)
+                   streams, runs)
+
+
+def _most(counts: Mapping[str, int]) -> dict[str, int]:
+    """The tenants with most, as many as `MAX_TENANTS_LISTED` and their names' bytes allow."""
+    listed, size = {}, 0
+    for tenant, count in heapq.nlargest(MAX_TENANTS_LISTED, counts.items(), key=lambda kv: kv[1]):
+        size += len(json.dumps(tenant)) + 12
+        if size > _MAX_TENANT_BYTES:
+            break
+        listed[tenant] = count
+    return listed
 
 
 class OwnerMap:
@@ -159,15 +167,24 @@ class OwnerMap:
         newest = max((c.generation for c in live), default=-1)
         return max(1, len({c.instance for c in live if c.generation == newest}))
 
-    def streams_elsewhere(self, tenant: str, here: str) -> int:
-        """The tenant's open streams at the other live gateways, as each last wrote them
-        (its newest claim: a gateway's older key may linger until tombstoned)."""
+    def _newest_elsewhere(self, here: str) -> list[Claim]:
+        """The other live gateways' newest claims (a gateway's older key may linger
+        until tombstoned)."""
         newest: dict[str, Claim] = {}
         for claim in self._live():
             if claim.instance != here and (claim.instance not in newest or
                                            claim.generation >= newest[claim.instance].generation):
                 newest[claim.instance] = claim
-        return sum(claim.streams.get(tenant, 0) for claim in newest.values())
+        return list(newest.values())
+
+    def streams_elsewhere(self, tenant: str, here: str) -> int:
+        """The tenant's open streams at the other live gateways, as each last wrote them."""
+        return sum(claim.streams.get(tenant, 0) for claim in self._newest_elsewhere(here))
+
+    def runs_elsewhere(self, tenant: str, here: str) -> int:
+        """The tenant's active runs in the partitions the other live gateways hold, as
+        each last wrote them."""
+        return sum(claim.runs.get(tenant, 0) for claim in self._newest_elsewhere(here))
 
     def stale(self, generation: int) -> list[bytes]:
         """Keys of claims at least two generations older than `generation`, or not read
@@ -189,8 +206,10 @@ class OwnerBoard:
         self.refresh_s = max(1.0, settings.session_timeout_ms / 1000)
         self.map = OwnerMap(ttl_s=3 * self.refresh_s + 1.0)
         self._mine: Claim | None = None
-        # This gateway's open streams by tenant, written with each refresh of its claim.
+        # This gateway's open streams and its partitions' active runs by tenant, written
+        # with each refresh of its claim.
         self.streams: Callable[[], Mapping[str, int]] = dict
+        self.runs: Callable[[], Mapping[str, int]] = dict
         self._changed = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -214,7 +233,7 @@ class OwnerBoard:
         await asyncio.sleep(self.refresh_s)
         mine = self._mine
         if mine is not None and self._producer is not None:
-            mine = self._mine = replace(mine, streams=dict(self.streams()))
+            mine = self._mine = replace(mine, streams=dict(self.streams()), runs=dict(self.runs()))
             self.map.put(mine.key, mine)  # as claim() does: its own view needs no round trip
             await self._producer.send_and_wait(self.topic, mine.to_json(), key=mine.key)
 
@@ -234,7 +253,7 @@ class OwnerBoard:
         """Say that this gateway owns `partitions` as of `generation`."""
         assert self._producer is not None, "OwnerBoard.start() first"
         claim = Claim(self.instance, self.url, generation, frozenset(partitions),
-                      dict(self.streams()))
+                      dict(self.streams()), dict(self.runs()))
         previous, self._mine = self._mine, claim
         self.map.put(claim.key, claim)  # at once: this gateway's own view needs no round trip
         self._changed.set()
@@ -255,6 +274,10 @@ class OwnerBoard:
     def streams_elsewhere(self, tenant: str) -> int:
         """The tenant's open streams at the other gateways of the group."""
         return self.map.streams_elsewhere(tenant, self.instance)
+
+    def runs_elsewhere(self, tenant: str) -> int:
+        """The tenant's active runs in the partitions the other gateways hold."""
+        return self.map.runs_elsewhere(tenant, self.instance)
 
     def owner(self, partition: int) -> Claim | None:
         """Another gateway's claim on `partition`, or None (unknown, or this one's)."""

@@ -19,17 +19,19 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.typedefs import Middleware
 
-from gateway.cluster.hop import HOP_HEADER, BadHop, HopSigner
+from gateway.cluster.hop import HOP_HEADER, BadHop, HopSigner, hop_target
 from gateway.http.browser_tokens import PREFIX as BROWSER_PREFIX
 from gateway.http.browser_tokens import BadBrowserToken, BrowserGrant, BrowserTokens
 from gateway.http.problems import Handler, Problem
 from streams.observability import logs
 
-__all__ = ["BROWSER_TOKENS_PATH", "COOKIE", "GRANT", "PUBLIC_PATHS", "PUBLIC_PREFIXES", "TENANT",
+__all__ = ["BROWSER_TOKENS_PATH", "COOKIE", "GRANT", "HOPPED", "PUBLIC_PATHS", "PUBLIC_PREFIXES",
+           "TENANT",
            "RedactingAccessLogger", "RunThread", "ThreadIds", "auth_middleware", "is_public",
            "redact"]
 
 TENANT = web.RequestKey("tenant", str)
+HOPPED = web.RequestKey("hopped", bool)  # sent on by another gateway (gateway.cluster.route)
 GRANT = web.RequestKey("browser_grant", BrowserGrant)  # set when a browser token was presented
 BROWSER_TOKENS_PATH = "/v1/browser_tokens"
 COOKIE = "threadline_token"
@@ -90,12 +92,17 @@ def auth_middleware(keys: Mapping[str, str], browser: BrowserTokens | None = Non
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if is_public(request.path):
             return await handler(request)
-        if request.path.startswith(INTERNAL_PREFIX):
-            value = request.headers.get(HOP_HEADER)
-            if hops is None or value is None:
+        hop = request.headers.get(HOP_HEADER)
+        if request.path.startswith(INTERNAL_PREFIX) or (hop is not None and hops is not None):
+            if hops is None or hop is None:
                 raise _unauthorized("a gateway hop is required")
+            target = request.raw_path
+            if not request.path.startswith(INTERNAL_PREFIX):  # a request sent on whole
+                target = hop_target(target, await request.read() if request.body_exists
+                                    else b"")
+                request[HOPPED] = True
             try:
-                tenant = hops.verify(value, request.method, request.raw_path, time.time())
+                tenant = hops.verify(hop, request.method, target, time.time())
             except BadHop as exc:
                 raise _unauthorized(str(exc)) from None
             request[TENANT] = tenant

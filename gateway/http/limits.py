@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from gateway.http.auth import TENANT
+from gateway.http.auth import HOPPED, TENANT
 from gateway.http.problems import Handler, Problem
 from gateway.model.read_model import ReadModel
 from streams.config import GatewayLimits
@@ -163,7 +163,8 @@ def post_rate_middleware(limiter: TenantLimiter) -> Middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         tenant = request.get(TENANT)
-        if request.method == "POST" and tenant is not None:
+        # A request another gateway sent on was counted there.
+        if request.method == "POST" and tenant is not None and not request.get(HOPPED):
             limiter.post(tenant)
         return await handler(request)
 

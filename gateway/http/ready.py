@@ -80,7 +80,7 @@ class Readiness:
             return await self._check()
 
     async def _check(self) -> tuple[bool, dict[str, Any]]:
-        report: dict[str, Any] = {"cached": False, "read_model_loaded": self.read_model.loaded}
+        report: dict[str, Any] = {"cached": False, "read_model_loaded": self.read_model.ready}
         try:
             await self._write_probes()
         except Exception as exc:
@@ -105,7 +105,7 @@ class Readiness:
                 break
             await asyncio.sleep(_POLL_S)
         report["partitions_waiting"] = waiting
-        ready = not waiting and self.read_model.loaded
+        ready = not waiting and self.read_model.ready
         if ready:
             self._ready_until = time.monotonic() + self.cache_s
             if self.first_ready_at is None:

@@ -265,6 +265,7 @@ class StreamFeed:
         # The group consumer's assignors, by preference (the app's: `gateway.cluster.sticky`).
         self.assignors: tuple[type[AbstractPartitionAssignor], ...] = (RoundRobinPartitionAssignor,)
         self._assigned = asyncio.Event()
+        self._taking: asyncio.Task[None] | None = None  # new partitions, their start found
 
     @property
     def _consumer(self) -> AIOKafkaConsumer:
@@ -354,13 +355,25 @@ class StreamFeed:
         before = set(self.start_offsets)  # the partitions held, their start found
         lost, new = before - partitions, partitions - before
         self.owned = set(partitions)
+        split = self.read_model.held is not None
+        if split:  # the read model holds the same share
+            if self._taking is not None:
+                self._taking.cancel()
+                self._taking = None
+            self.read_model.hold(set(partitions))
         if lost:
             self._forget(lost)
         consumer = self._consumer
         for partition in sorted(partitions - new):
             consumer.seek(TopicPartition(self.topic, partition),
                           self.last_offsets.get(partition, -1) + 1)
-        if new:
+        if new and split:
+            # Their threads' read model loads first (a rebalance callback must not wait
+            # for it: no heartbeat goes out meanwhile); until then they wait paused.
+            tps = [TopicPartition(self.topic, p) for p in sorted(new)]
+            consumer.pause(*tps)
+            self._taking = asyncio.create_task(self._take(new), name="feed takes partitions")
+        elif new:
             # Here, not in the fetch loop: aiokafka's fetcher is not woken by a resume,
             # so the new partitions cannot wait paused. It costs a few offset queries
             # and the read model's catch-up on them (milliseconds when it keeps up; no
@@ -373,6 +386,29 @@ class StreamFeed:
         self._assigned.set()
         if self.on_owned is not None:
             await self.on_owned(generation, sorted(partitions))
+
+    async def _take(self, partitions: set[int]) -> None:
+        """Find the start of new partitions once the read model has loaded them."""
+        while True:
+            try:
+                await self.read_model.wait_held(partitions)
+                still = sorted(p for p in partitions if p in (self.owned or set())
+                               and p not in self.start_offsets)
+                if not still:
+                    return
+                tps = [TopicPartition(self.topic, p) for p in still]
+                await self._seek_starts(tps)
+                consumer = self._consumer
+                consumer.resume(*tps)
+                for tp in tps:  # a seek wakes the fetcher: a resume alone does not
+                    consumer.seek(tp, self.start_offsets[tp.partition])
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # Kafka unreachable: try again
+                log.warning("stream feed: the start of %s not found yet", sorted(partitions),
+                            exc_info=True)
+                await asyncio.sleep(1.0)
 
     def _forget(self, partitions: set[int]) -> None:
         """Partitions this gateway no longer owns: end their streams, drop their state."""
@@ -403,6 +439,7 @@ class StreamFeed:
     async def stop(self) -> None:
         """Close every subscriber, then stop the reading task and its consumer."""
         self.close_all("shutdown")
+        await stop_task(self._taking)
         await stop_task(self._task)
         if self._consumer_ is not None:
             await stop_client(self._consumer_)
@@ -550,7 +587,13 @@ class StreamFeed:
 
     async def _step(self) -> None:
         if self.owned is not None and (unstarted := self.owned - set(self.start_offsets)):
-            await self._seek_starts([TopicPartition(self.topic, p) for p in sorted(unstarted)])
+            tps = [TopicPartition(self.topic, p) for p in sorted(unstarted)]
+            if self.read_model.held is None:
+                await self._seek_starts(tps)
+            elif self._taking is None or self._taking.done():  # its start not found: again
+                self._consumer.pause(*tps)
+                self._taking = asyncio.create_task(self._take(unstarted),
+                                                   name="feed takes partitions")
         batch = await self._consumer.getmany(timeout_ms=1000, max_records=2000)
         await self.codec.prepare(r.value for rs in batch.values() for r in rs)
         try:

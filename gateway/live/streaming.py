@@ -26,6 +26,7 @@ from gateway.http.problems import Problem
 from gateway.keys import OPTIONS, READ_MODEL
 from gateway.live.run_stream import STREAMS, EventStream, Gone
 from gateway.live.sse import SseEvent, comment_frame, not_streaming_frame, retry_frame
+from gateway.model.placement import served_here
 from gateway.model.read_model import RunView
 from streams.clock import now_ms
 from streams.core.domain import ThreadState
@@ -94,6 +95,7 @@ def write_now(response: web.StreamResponse, data: bytes, max_buffered: int = 1 <
     return True
 
 
+@served_here
 async def thread_stream(request: web.Request) -> web.StreamResponse:
     """GET /v1/threads/{thread_id}/stream"""
     state = await request.config_dict[READ_MODEL].thread(request[TENANT],
@@ -103,6 +105,7 @@ async def thread_stream(request: web.Request) -> web.StreamResponse:
     return await _serve_native(request, state, None)
 
 
+@served_here
 async def run_events(request: web.Request) -> web.StreamResponse:
     """GET /v1/runs/{run_id}/events"""
     run = await request.config_dict[READ_MODEL].run(request[TENANT], request.match_info["run_id"])

@@ -33,6 +33,7 @@ from aiokafka.errors import KafkaError
 
 from gateway.http.problems import Problem
 from gateway.kafka import new_consumer, run_forever, stop_client, stop_task, topic_partitions
+from gateway.model.placement import stay_here
 from streams.aio import within
 from streams.clock import now_ms
 from streams.config import Settings
@@ -109,6 +110,7 @@ class CommandBus:
         """Queue `command` durably and return its (partition, offset); Problem 503 if
         Kafka does not take it."""
         assert self._producer is not None, "CommandBus.start() first"
+        stay_here()  # published: the request can no longer be sent on whole
         meta = new_meta(command.thread_id, tenant, now_ms(), traceparent)
         name = type(command).__name__
         try:

@@ -57,12 +57,14 @@ from gateway.kafka import (
     topic_partitions,
 )
 from gateway.model.branches import Branch, branches, is_straight, page_of, path_oldest_first
+from gateway.model.placement import FORWARD, ROUTE, ElsewhereReads, HeldElsewhere, Hints
 from gateway.model.read_store import (
     MESSAGES,
     THREADS,
     ActiveRunStart,
     MessagePage,
     ReadStore,
+    RunRef,
     ThreadPage,
     run_status,
 )
@@ -136,8 +138,20 @@ class ReadModel:
     """The threads and messages topics kept in a local RocksDB store, for the REST reads."""
     def __init__(self, settings: Settings, offsets: Offsets,
                  catch_up_timeout_s: float = 5.0, store_name: str | None = None,
-                 codec: Codec | None = None) -> None:
+                 codec: Codec | None = None, split: bool = False) -> None:
         self.settings = settings
+        # With `split` (a gateway group) only the partitions `hold` names are read and
+        # served here; reads of the others go elsewhere (`gateway.model.placement`).
+        self.held: set[int] | None = set() if split else None
+        self._wanted: set[int] | None = self.held
+        self._loading: dict[int, dict[TopicPartition, int]] = {}  # held, not read to these yet
+        self._held_changed = asyncio.Event()
+        self._progress = asyncio.Event()  # set after each batch is applied
+        self.elsewhere: ElsewhereReads | None = None
+        # Split: a tenant's active runs in the partitions other gateways hold.
+        self.runs_elsewhere: Callable[[str], int] = lambda tenant: 0
+        self._retention_ms = DEFAULT_DELETE_RETENTION_MS
+        self._first_share_read = False
         # THREADLINE_SCHEMA_REGISTRY_URL: the Confluent format; else single-object.
         self.codec = codec or Codec.from_settings(settings)
         self.offsets = offsets
@@ -175,7 +189,50 @@ class ReadModel:
         return self._store_
 
     def _tps(self) -> list[TopicPartition]:
+        if self.held is not None:
+            return [TopicPartition(topic, p) for topic in self._topics for p in sorted(self.held)]
         return [tp for topic in self._topics for tp in topic_partitions(self.settings, topic)]
+
+    def partition_of(self, thread_id: str) -> int:
+        """The partition of each topic that holds the thread's records."""
+        return partition_for(thread_id, self.settings.partitions)
+
+    def here(self, partition: int) -> bool:
+        """Whether this gateway reads and serves the partition (loaded or loading)."""
+        return self.held is None or partition in self.held
+
+    def hold(self, partitions: set[int]) -> None:
+        """Read and serve these partitions only (a gateway group's share): new ones are
+        read from their checkpoints, or from the start, while reads of them wait; the
+        ones let go keep their rows and checkpoints for a later return."""
+        assert self.held is not None, "hold() is for a split read model"
+        self._wanted = set(partitions)
+        self._held_changed.set()
+
+    @property
+    def loading(self) -> list[int]:
+        """The held partitions not read up to where they were when taken."""
+        return sorted(self._loading)
+
+    @property
+    def ready(self) -> bool:
+        """Loaded; split, its first share read up to where it was when taken (a later
+        rebalance does not take a serving gateway out of its load balancer)."""
+        if self.held is not None and not self._first_share_read:
+            self._first_share_read = bool(self.held) and self._wanted == self.held \
+                and not self._loading
+        return self.loaded and (self.held is None or self._first_share_read)
+
+    async def wait_held(self, partitions: set[int]) -> None:
+        """Until these partitions are held and read up to where they were when taken
+        (or `hold` lets go of one of them: the caller's assignment is over)."""
+        while True:
+            wanted = self._wanted or set()
+            if not partitions <= wanted or (self.held is not None and partitions <= self.held
+                                            and not partitions & set(self._loading)):
+                return
+            self._progress.clear()
+            await self._progress.wait()
 
     async def start(self) -> None:
         """Open (or start afresh) the local store and begin reading the threads and messages topics."""
@@ -184,7 +241,7 @@ class ReadModel:
         identity = {"topic_prefix": self.settings.topic_prefix,
                     "partitions": self.settings.partitions}
         self._store_ = await asyncio.to_thread(partial(ReadStore, codec=self.codec), path, identity)
-        retention_ms = await asyncio.to_thread(self._delete_retention_ms)
+        retention_ms = self._retention_ms = await asyncio.to_thread(self._delete_retention_ms)
         saved = self.store.saved_at_ms
         if self.store.checkpoint(THREADS, 0) is not None and \
                 time.time() * 1000 - saved > retention_ms:
@@ -195,6 +252,19 @@ class ReadModel:
         # Small fetches: the restore's working set, not the data, sets the peak memory.
         self._consumer_ = new_consumer(self.settings, fetch_max_bytes=RESTORE_FETCH_BYTES)
         await self._consumer.start()
+        if self.held is not None:  # partitions come with the group's assignments
+            self.mode = "split"
+            for partition in range(self.settings.partitions):
+                # Held before this process (or a crash let go of it unmarked): at the
+                # latest when the store was last written.
+                if self.store.checkpoint(THREADS, partition) is not None and \
+                        self.store.released_at(partition) is None:
+                    self.store.release(partition, self.store.saved_at_ms)
+            self._mark_loaded()
+            log.info("read model split start from %s: %d active runs stored", path,
+                     len(self.store.active))
+            self._task = asyncio.create_task(run_forever("read model consumer", self._step))
+            return
         tps = self._tps()
         self._consumer.assign(tps)
         begins = await self.offsets.beginning(tps)
@@ -362,7 +432,10 @@ class ReadModel:
         machine, a big backlog) is waited for: giving up on it would answer a thread
         created a moment ago as unknown."""
         parts = range(self.settings.partitions) if partitions is None else partitions
-        tps = [TopicPartition(topic, p) for topic in self._topics for p in parts]
+        # Split: only what is held here (a thread held elsewhere is read there, fresh).
+        tps = [TopicPartition(topic, p) for topic in self._topics for p in parts if self.here(p)]
+        if not tps:
+            return True
         started = time.monotonic()
         try:
             ends = await within(self.offsets.end(tps), self.catch_up_timeout_s)
@@ -372,14 +445,18 @@ class ReadModel:
         stalled_at = time.monotonic() + self.catch_up_timeout_s
         give_up = started + 6 * self.catch_up_timeout_s
         for tp in tps:
+            if not self.here(tp.partition):
+                continue  # let go of meanwhile
             position = await self._consumer.position(tp)
-            while position < ends[tp]:
+            while position < ends[tp] and self.here(tp.partition):
                 now = time.monotonic()
                 if now > stalled_at or now > give_up:
                     log.warning("read model catch-up: %s at %d of %d after %.1f s", tp,
                                 position, ends[tp], now - started)
                     return False
                 await asyncio.sleep(_POLL_S)
+                if not self.here(tp.partition):
+                    break
                 moved = await self._consumer.position(tp)
                 if moved > position:
                     position, stalled_at = moved, time.monotonic() + self.catch_up_timeout_s
@@ -387,13 +464,60 @@ class ReadModel:
 
     # --- reads ---------------------------------------------------------------------
 
-    async def thread(self, tenant: str, thread_id: str, *, fresh: bool = False) -> \
-            ThreadState | None:
-        """The tenant's thread, or None (unknown, deleted, or another tenant's)."""
+    def _hints(self, thread_id: str, run_id: str | None = None) -> Hints:
+        now = time.monotonic()
+        ended = self._ended.get(thread_id)
+        return (self._created.get(thread_id, 0.0) > now,
+                run_id if run_id is not None and self._accepted.get(run_id, ("", 0.0))[1] > now
+                else None,
+                ended[0] if ended is not None and ended[1] > now else None)
+
+    def heed(self, thread_id: str, hints: Hints) -> None:
+        """What the gateway that asked knows of the thread (it read the decisions):
+        wait for it here as if this gateway had read them."""
+        created, accepted, ended = hints
+        self.note_write(thread_id)
+        if created:
+            self.note_created(thread_id)
+        if accepted is not None:
+            self.note_accepted(accepted, thread_id)
+        if ended is not None:
+            self.note_ended(thread_id, ended)
+
+    def _elsewhere(self, partition: int) -> ElsewhereReads:
+        """The remote reads, for a request that must stay here (else HeldElsewhere:
+        it is forwarded whole)."""
+        if ROUTE.get() == FORWARD or self.elsewhere is None:
+            raise HeldElsewhere(partition)
+        return self.elsewhere
+
+    def here_or_elsewhere(self, thread_id: str) -> None:
+        """Go on here if the thread is held here (or the request must stay here);
+        else HeldElsewhere: the request is sent on whole to its owner."""
+        partition = self.partition_of(thread_id)
+        if not self.here(partition) and ROUTE.get() == FORWARD:
+            raise HeldElsewhere(partition)
+
+    def _local(self, thread_id: str) -> None:
+        """A synchronous read may only be of a thread held here."""
+        partition = self.partition_of(thread_id)
+        if not self.here(partition):
+            raise HeldElsewhere(partition)
+
+    async def thread(self, tenant: str, thread_id: str, *, fresh: bool = False,
+                     peek: bool = False) -> ThreadState | None:
+        """The tenant's thread, or None (unknown, deleted, or another tenant's). With
+        `peek`, a thread held elsewhere is asked of its owner even by a request that
+        would be sent on whole (to learn where to send it)."""
+        partition = self.partition_of(thread_id)
+        if not self.here(partition):
+            reads = self.elsewhere if peek and self.elsewhere is not None \
+                else self._elsewhere(partition)
+            return await reads.thread(tenant, thread_id, self._hints(thread_id))
         state = self.store.state(thread_id)
-        if fresh or state is None or not self.loaded or self._recently_written(thread_id) \
-                or thread_id in self._ended:
-            partitions = [partition_for(thread_id, self.settings.partitions)]
+        if fresh or state is None or not self.loaded or partition in self._loading \
+                or self._recently_written(thread_id) or thread_id in self._ended:
+            partitions = [partition]
             caught_up = await self.catch_up(partitions)
             while (until := self._end_unread(thread_id)) is not None:
                 if until <= time.monotonic():
@@ -412,12 +536,34 @@ class ReadModel:
                 raise _behind()
         return state if state is not None and state.tenant == tenant else None
 
-    async def run(self, tenant: str, run_id: str) -> RunView | None:
-        """The tenant's run (by the id of the run its user message started), or None."""
+    def _run_ref(self, run_id: str) -> RunRef | None:
         ref = self.store.run(run_id)
+        # A split store keeps the rows of partitions it let go of: not to be served.
+        return ref if ref is not None and self.here(self.partition_of(ref.thread_id)) else None
+
+    async def run(self, tenant: str, run_id: str, *, scatter: bool = True) -> RunView | None:
+        """The tenant's run (by the id of the run its user message started), or None.
+        Split, a run not held here is asked of the other gateways (not with `scatter`
+        off: this is one of them, asked)."""
+        ref = self._run_ref(run_id)
+        if ref is None and self.held is not None and scatter:
+            accepted = self._accepted.get(run_id)
+            if accepted is not None and not self.here(self.partition_of(accepted[0])):
+                partition = self.partition_of(accepted[0])
+                return await self._elsewhere(partition).run(
+                    tenant, run_id, accepted[0], self._hints(accepted[0], run_id))
+            if self._loading:
+                await self.catch_up()
+            ref = self._run_ref(run_id)
+            if ref is None and self.elsewhere is not None:
+                # Which gateway holds it is not known: every other one is asked.
+                found = await self.elsewhere.run(tenant, run_id, None, (False, None, None))
+                if found is None or ROUTE.get() != FORWARD:
+                    return found
+                raise HeldElsewhere(self.partition_of(found.state.thread_id))
         if ref is None:
             caught_up = await self.catch_up()
-            ref = self.store.run(run_id)
+            ref = self._run_ref(run_id)
             if ref is None and not caught_up:
                 raise _behind()
             deadline = time.monotonic() + self.catch_up_timeout_s
@@ -426,7 +572,7 @@ class ReadModel:
                     raise _behind()
                 await asyncio.sleep(_POLL_S)
                 await self.catch_up()
-                ref = self.store.run(run_id)
+                ref = self._run_ref(run_id)
         if ref is None:
             return None
         state = await self.thread(tenant, ref.thread_id)
@@ -435,9 +581,33 @@ class ReadModel:
         record = self.store.message(ref.thread_id, ref.seq)
         return RunView(state, run_id, ref.seq, record, run_status(state, run_id, record))
 
+    async def message(self, tenant: str, thread_id: str, seq: int) -> MessageRecord | None:
+        """The thread's message at `seq` (the tenant's thread: read with `thread` first)."""
+        partition = self.partition_of(thread_id)
+        if not self.here(partition):
+            return await self._elsewhere(partition).message(tenant, thread_id, seq)
+        return self.store.message(thread_id, seq)
+
+    async def message_seq(self, tenant: str, thread_id: str, message_id: str) -> int | None:
+        """The seq of the thread's message with this id (the tenant's thread)."""
+        partition = self.partition_of(thread_id)
+        if not self.here(partition):
+            return await self._elsewhere(partition).message_seq(tenant, thread_id, message_id)
+        return self.store.message_seq(thread_id, message_id)
+
+    async def current_page(self, state: ThreadState, *, after: int | None = None,
+                           before: int | None = None, limit: int = 100) -> MessagePage:
+        """`current_messages`, of a thread held here or elsewhere."""
+        partition = self.partition_of(state.thread_id)
+        if not self.here(partition):
+            return await self._elsewhere(partition).current_messages(
+                state.tenant, state.thread_id, after, before, limit)
+        return self.current_messages(state, after=after, before=before, limit=limit)
+
     def messages(self, thread_id: str, *, after: int | None = None, before: int | None = None,
                  limit: int = 100) -> MessagePage:
         """One page of a thread's messages, by sequence number."""
+        self._local(thread_id)
         return self.store.messages(thread_id, after=after, before=before, limit=limit)
 
     def branch_messages(self, state: ThreadState, seq: int, *, after: int | None = None,
@@ -445,6 +615,7 @@ class ReadModel:
         """One page of the branch ending at message `seq` (`gateway.model.branches`), as
         `messages` pages: the path is walked through the parent index (no decode), and
         only the page's records are decoded."""
+        self._local(state.thread_id)
         store = self.store
         path = path_oldest_first(seq, partial(store.link, state.thread_id))
         chosen, more = page_of(path, after=after, before=before, limit=limit)
@@ -454,6 +625,7 @@ class ReadModel:
                          before: int | None = None, limit: int = 100) -> MessagePage:
         """One page of the thread's current branch: every message of a thread that never
         branched (one range scan), else the path from the current head."""
+        self._local(state.thread_id)
         if is_straight(state):
             return self.store.messages(state.thread_id, after=after, before=before, limit=limit)
         return self.branch_messages(state, head_of(state), after=after, before=before,
@@ -461,6 +633,7 @@ class ReadModel:
 
     def branches(self, state: ThreadState) -> list[Branch]:
         """The thread's branches, the current one first, with where each forks."""
+        self._local(state.thread_id)
         return branches(state, partial(self.store.link, state.thread_id))
 
     def display_title(self, state: ThreadState) -> str:
@@ -468,38 +641,72 @@ class ReadModel:
         not readable, its first message's start (one store read, only then)."""
         if not needs_message(state.title):
             return display_title(state.title)
+        self._local(state.thread_id)
         page = self.store.messages(state.thread_id, limit=1)
         return display_title(state.title, page.records[0].message.text if page.records else None)
 
     def has_message(self, thread_id: str, message_id: str) -> bool:
         """Whether the thread holds a message with this id."""
+        self._local(thread_id)
         return self.store.message_seq(thread_id, message_id) is not None
 
     async def threads(self, tenant: str, *, after: tuple[int, str] | None = None,
                       limit: int = 50) -> ThreadPage:
-        """The tenant's threads, most recently updated first."""
-        if not self.loaded or self._any_recent_write():
+        """The tenant's threads, most recently updated first (of every gateway's share,
+        split)."""
+        if not self.loaded or self._loading or self._any_recent_write():
             await self.catch_up()
-        return self.store.threads(tenant, after=after, limit=limit)
+        here = self.threads_here(tenant, after=after, limit=limit)
+        if self.held is None:
+            return here
+        if self.elsewhere is None:
+            raise _behind()
+        return await self.elsewhere.threads(tenant, after, limit, here)
+
+    def threads_here(self, tenant: str, *, after: tuple[int, str] | None = None,
+                     limit: int = 50) -> ThreadPage:
+        """`threads`, of the partitions held here only."""
+        only = None if self.held is None else self._held_thread
+        return self.store.threads(tenant, after=after, limit=limit, only=only)
+
+    def _held_thread(self, thread_id: str) -> bool:
+        return self.here(self.partition_of(thread_id))
+
+    def _active(self) -> list[tuple[str, tuple[str, str, int]]]:
+        items = self.store.active.items()
+        if self.held is None:
+            return list(items)
+        return [(t, entry) for t, entry in items if self._held_thread(t)]
 
     def active_runs(self) -> list[ActiveRunStart]:
-        """Every active run with the time its user message was accepted."""
-        return self.store.active_runs()
+        """Every active run (of the partitions held here) with the time its user
+        message was accepted."""
+        return [(t, run, at) for t, (_, run, at) in self._active()]
 
     def active_runs_of(self, tenant: str) -> list[ActiveRunStart]:
         """The tenant's active runs (thread_id, run_id, accepted at), as far as the
         model has read: `await catch_up()` first to include a run decided just now."""
-        return [(t, run, at) for t, (owner, run, at) in self.store.active.items()
-                if owner == tenant]
+        return [(t, run, at) for t, (owner, run, at) in self._active() if owner == tenant]
 
     def active_run_count(self, tenant: str) -> int:
-        """How many runs of this tenant are accepted and not yet ended."""
-        return sum(1 for owner, _, _ in self.store.active.values() if owner == tenant)
+        """How many runs of this tenant are accepted and not yet ended: held here, and
+        split, as the other gateways last said of theirs."""
+        here = sum(1 for _, (owner, _, _) in self._active() if owner == tenant)
+        return here + (self.runs_elsewhere(tenant) if self.held is not None else 0)
+
+    def active_run_counts(self) -> dict[str, int]:
+        """Active runs held here, by tenant (what a gateway's claim tells the others)."""
+        counts: dict[str, int] = {}
+        for _, (owner, _, _) in self._active():
+            counts[owner] = counts.get(owner, 0) + 1
+        return counts
 
     def stats(self) -> dict[str, Any]:
         """Load state, records read, active runs and RocksDB memory for /healthz."""
         store = self._store_
-        return {"loaded": self.loaded, "mode": self.mode, "restore_s": self.restore_s,
+        return {"loaded": self.loaded, "mode": self.mode,
+                "held": None if self.held is None else sorted(self.held),
+                "loading": self.loading, "restore_s": self.restore_s,
                 "store": None if store is None else str(store.path),
                 "read_until_loaded": dict(self.read_until_loaded),
                 "read_since_start": dict(self.read_records),
@@ -509,8 +716,66 @@ class ReadModel:
 
     # --- restore -------------------------------------------------------------------
 
+    async def _apply_held(self) -> None:
+        """Take the partitions `hold` named and let go of the others (see `hold`)."""
+        assert self.held is not None and self._wanted is not None
+        wanted, held, store = set(self._wanted), set(self.held), self.store
+        consumer = self._consumer
+        new, gone = wanted - held, held - wanted
+        new_tps = [TopicPartition(topic, p) for topic in self._topics for p in sorted(new)]
+        begins = await self.offsets.beginning(new_tps) if new_tps else {}
+        ends = await self.offsets.end(new_tps) if new_tps else {}
+        kept = {tp: await consumer.position(tp) for tp in self._checkpointed
+                if tp.partition in wanted}
+        now = int(time.time() * 1000)
+        starts: dict[TopicPartition, int] = {}
+        for partition in sorted(new):
+            tps = [tp for tp in new_tps if tp.partition == partition]
+            released = store.released_at(partition)
+            fits = self._starts(tps, begins, ends)
+            if fits is None or (released is not None and now - released > self._retention_ms):
+                erased = await asyncio.to_thread(store.erase_partition, partition, partial(
+                    _in_partition, partition, self.settings.partitions))
+                log.info("read model: partition %d read again from the start (%d threads "
+                         "erased: %s)", partition, erased, "checkpoints do not fit the topics"
+                         if fits is None else "let go of longer than tombstones are kept")
+                fits = {tp: begins[tp] for tp in tps}
+            starts.update(fits)
+            store.retake(partition)
+        for partition in gone:
+            store.release(partition, now)
+            self._loading.pop(partition, None)
+        consumer.assign([*kept, *new_tps])
+        for tp, position in kept.items():
+            consumer.seek(tp, position)
+        for tp, start in starts.items():
+            consumer.seek(tp, start)
+        self._checkpointed = {tp: o for tp, o in self._checkpointed.items()
+                              if tp.partition in wanted}
+        self._checkpointed.update(starts)
+        for partition in new:
+            behind = {tp: ends[tp] for tp in new_tps
+                      if tp.partition == partition and starts[tp] < ends[tp]}
+            if behind:
+                self._loading[partition] = behind
+        self.held = wanted
+        log.info("read model holds partitions %s (took %s, let go of %s; %s loading)",
+                 sorted(wanted), sorted(new), sorted(gone), self.loading)
+        self._progress.set()
+
     async def _step(self) -> None:
-        batch = await self._consumer.getmany(timeout_ms=500, max_records=1000)
+        if self.held is not None:
+            if self._wanted != self.held:
+                self._held_changed.clear()
+                await self._apply_held()
+            if not self.held:
+                self._held_changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await within(self._held_changed.wait(), 1.0)
+                return
+        # A split model looks for a new share between short fetches.
+        batch = await self._consumer.getmany(timeout_ms=500 if self.held is None else 100,
+                                             max_records=1000)
         # Positions first: no await below suspends (known positions return at once),
         # so nothing reads a position before the rows it covers are committed.
         positions = {tp: await self._consumer.position(tp) for tp in self._checkpointed}
@@ -539,6 +804,11 @@ class ReadModel:
         for thread_id in deleted:
             if self.on_deleted is not None:
                 self.on_deleted(thread_id)
+        for partition, ends in list(self._loading.items()):
+            if all(positions.get(tp, 0) >= end for tp, end in ends.items()):
+                del self._loading[partition]
+                log.info("read model: partition %d loaded", partition)
+        self._progress.set()
         if not self._loaded.is_set():
             if any(positions[tp] < end for tp, end in self._initial_end.items()):
                 return
@@ -556,6 +826,10 @@ class ReadModel:
                  "message records; %d active runs", self.mode, self.restore_s,
                  self.read_records[THREADS], self.read_records[MESSAGES],
                  len(store.active))
+
+
+def _in_partition(partition: int, count: int, thread_id: str) -> bool:
+    return partition_for(thread_id, count) == partition
 
 
 def _behind() -> Problem:

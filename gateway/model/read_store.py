@@ -16,6 +16,8 @@ Rows (keys are bytes; `len2(x)` is x's UTF-8 length as 2 bytes, then x):
 
     \\x00meta                        JSON: what the store was built from
     \\x01 kind partition(4)          changelog offset to read next (kind t|m)
+    \\x02 partition(4)               when a split store let go of the partition (ms):
+                                     rows kept past the tombstones' retention are stale
     T thread_id                      header (updated_at, tenant) + encoded ThreadState
     S len2(thread_id) seq(8)         len2(message_id) len2(run_id if user) + the encoded
                                      MessageRecord (the messages topic's value)
@@ -42,8 +44,8 @@ import json
 import logging
 import shutil
 import struct
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +63,15 @@ from streams.wire import (
     new_meta,
 )
 
-__all__ = ["ActiveRunStart", "Link", "MessagePage", "ReadStore", "RunRef", "ThreadPage"]
+__all__ = ["ActiveRunStart", "Link", "MessagePage", "ReadStore", "RunRef", "ThreadPage",
+           "listed_at"]
 
 log = logging.getLogger("threadline.gateway")
 
 FORMAT = 3  # 3: parent rows (P) and regenerate runs (G), issue #30
 _META = b"\x00meta"
 _CHECKPOINT = b"\x01"
+_RELEASED = b"\x02"  # + partition(4): when a split store last let go of the partition (ms)
 _THREAD, _MESSAGE, _BY_ID, _RUN, _LIST, _ACTIVE = b"T", b"S", b"N", b"R", b"L", b"A"
 _PARENT, _REGENERATE = b"P", b"G"
 _PARENT_SEQ = struct.Struct(">q")
@@ -97,7 +101,8 @@ def _checkpoint_key(kind: str, partition: int) -> bytes:
     return _CHECKPOINT + kind.encode() + partition.to_bytes(4, "big")
 
 
-def _listed_at(state: ThreadState) -> int:
+def listed_at(state: ThreadState) -> int:
+    """When the thread was last updated, as its listing orders it."""
     return state.updated_at_ms or state.created_at_ms
 
 
@@ -130,6 +135,8 @@ class ThreadPage:
     """One page of thread states, and whether more lie past it."""
     states: list[ThreadState]
     more: bool
+    # Display titles the gateways holding them gave (a gateway group's gathered page).
+    titles: dict[str, str] = field(default_factory=dict)
 
 
 class ReadStore:
@@ -225,6 +232,37 @@ class ReadStore:
         self._db.write(batch)
         self._pending.clear()
 
+    # --- partitions of a split store (a gateway group) ----------------------------
+
+    def released_at(self, partition: int) -> int | None:
+        """When the store let go of the partition (ms), or None if it holds it or never did."""
+        raw = self._db.get(_RELEASED + partition.to_bytes(4, "big"))
+        return int(raw) if raw is not None else None
+
+    def release(self, partition: int, at_ms: int) -> None:
+        """Mark the partition let go of at `at_ms`: its rows and checkpoints stay, to go
+        on from there if it comes back before the topics forget tombstones."""
+        self._db.put(_RELEASED + partition.to_bytes(4, "big"), str(at_ms).encode())
+
+    def retake(self, partition: int) -> None:
+        """The partition is held again."""
+        self._db.delete(_RELEASED + partition.to_bytes(4, "big"))
+
+    def erase_partition(self, partition: int, in_partition: Callable[[str], bool]) -> int:
+        """Delete every row of the threads `in_partition` selects and the partition's
+        checkpoints: it is read again from the start. Returns the threads erased."""
+        threads = {key[1:].decode("utf-8", "surrogatepass") for key, _ in self._scan(_THREAD)}
+        for key, _ in self._scan(_MESSAGE):
+            n = int.from_bytes(key[1:3], "big")
+            threads.add(key[3:3 + n].decode("utf-8", "surrogatepass"))
+        erased = sorted(t for t in threads if in_partition(t))
+        for thread_id in erased:
+            self.apply_state(thread_id.encode("utf-8", "surrogatepass"), None)
+        for kind in (THREADS, MESSAGES):
+            self._delete(_checkpoint_key(kind, partition))
+        self.commit({})
+        return len(erased)
+
     # --- staged access -----------------------------------------------------------
 
     def _get(self, key: bytes) -> bytes | None:
@@ -285,9 +323,9 @@ class ReadStore:
             return None
         if messages:  # written before the messages topic: index its history here
             state, value = self._index_legacy(state, messages, runs)
-        header = _HEADER.pack(_listed_at(state), len(state.tenant.encode("utf-8", "surrogatepass")))
+        header = _HEADER.pack(listed_at(state), len(state.tenant.encode("utf-8", "surrogatepass")))
         self._put(_THREAD + key, header + state.tenant.encode("utf-8", "surrogatepass") + value)
-        self._put(_listing_key(state.tenant, _listed_at(state), thread_id), b"")
+        self._put(_listing_key(state.tenant, listed_at(state), thread_id), b"")
         self._set_active(thread_id, state.tenant, state.active_run)
         self._index_regenerates(thread_id, state)
         return None
@@ -500,18 +538,22 @@ class ReadStore:
         return MessagePage([self.codec.decode_message(r[_header_size(r):])[1] for r in rows], more, read)
 
     def threads(self, tenant: str, *, after: tuple[int, str] | None = None,
-                limit: int = 50) -> ThreadPage:
+                limit: int = 50, only: Callable[[str], bool] | None = None) -> ThreadPage:
         """The tenant's threads, most recently updated first, after the cursor
-        (updated_at_ms, thread_id) of the last one of the previous page."""
+        (updated_at_ms, thread_id) of the last one of the previous page; with `only`,
+        those of the threads it selects."""
         prefix = _LIST + _len2(tenant)
         start = None if after is None else _listing_key(tenant, after[0], after[1])
         states: list[ThreadState] = []
         for key, _ in self._scan(prefix, start):
             if key == start:
                 continue
+            thread_id = key[len(prefix) + 8:].decode("utf-8", "surrogatepass")
+            if only is not None and not only(thread_id):
+                continue
             if len(states) == limit:
                 return ThreadPage(states, True)
-            state = self.state(key[len(prefix) + 8:].decode("utf-8", "surrogatepass"))
+            state = self.state(thread_id)
             if state is not None:
                 states.append(state)
         return ThreadPage(states, False)

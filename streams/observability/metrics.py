@@ -191,6 +191,9 @@ class GatewayMetrics:
         self.forwarded_streams = _counter(
             "threadline_gateway_forwarded_streams_total",
             "Streams of threads another gateway owns, opened on that owner (re-opens included)")
+        self.forwarded_requests = _counter(
+            "threadline_gateway_forwarded_requests_total",
+            "Requests about a thread another gateway holds, sent on whole to it")
         self.replays = _counter("threadline_gateway_replays_total",
                                "Streams that replayed older events from Kafka")
         self.replay_events = _histogram("threadline_gateway_replay_events",

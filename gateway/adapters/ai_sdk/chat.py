@@ -60,6 +60,7 @@ from gateway.live.sse import SseEvent
 from gateway.live.streaming import serve_run
 from gateway.model.branches import path_oldest_first
 from gateway.model.decisions import new_traceparent
+from gateway.model.placement import served_here
 from gateway.model.read_model import RunView
 from streams.clock import now_ms
 from streams.core.branches import head_of
@@ -358,6 +359,7 @@ async def _resume_once(request: web.Request, state: ThreadState, approval: Appro
         # Resumed meanwhile, or the run ended first: its stream shows which.
 
 
+@served_here
 async def resume_chat(request: web.Request) -> web.StreamResponse:
     """GET /v1/ai/chat/{chat_id}/stream: the active run from its start, or 204."""
     state = await _thread(request, request.match_info["chat_id"])

@@ -40,6 +40,7 @@ from gateway.http.plumbing import END_SEQ, int_field, is_text, read_json_body
 from gateway.http.problems import Problem
 from gateway.keys import BUS, READ_MODEL
 from gateway.model.decisions import new_traceparent
+from gateway.model.placement import served_here
 from gateway.model.read_model import RunView
 from streams.clock import now_ms
 from streams.core.domain import (
@@ -188,6 +189,7 @@ async def stream_run(request: web.Request) -> web.StreamResponse:
     return await stream_run_events(request, state, run_id, modes, None)
 
 
+@served_here
 async def join_stream(request: web.Request) -> web.StreamResponse:
     """GET /threads/{thread_id}/runs/{run_id}/stream (Last-Event-ID resumes)."""
     state = await own_thread(request)

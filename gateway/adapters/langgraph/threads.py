@@ -28,6 +28,7 @@ from gateway.http.plumbing import END_SEQ, int_field, is_text, read_json_body
 from gateway.http.problems import Problem
 from gateway.keys import BUS, READ_MODEL
 from gateway.model.decisions import new_traceparent
+from gateway.model.placement import served_here
 from streams.clock import now_ms
 from streams.core.domain import CreateThread, ThreadCreated, ThreadState
 
@@ -47,10 +48,16 @@ async def find_thread(request: web.Request, lg_id: str) -> ThreadState | None:
     if not is_text(lg_id) or not lg_id or len(lg_id) > MAX_THREAD_ID_CHARS:
         return None
     tenant, read_model = request[TENANT], request.config_dict[READ_MODEL]
-    state = await read_model.thread(tenant, internal_thread_id(tenant, lg_id))
-    if state is None and _is_uuid(lg_id):  # a thread made over /v1, by its own id
-        state = await read_model.thread(tenant, lg_id)
-    return state
+    internal = internal_thread_id(tenant, lg_id)
+    if not _is_uuid(lg_id):
+        return await read_model.thread(tenant, internal)
+    # Two candidates, in two partitions maybe: the first is looked at wherever it is
+    # held (a gateway group), and the request goes where the one found is.
+    state = await read_model.thread(tenant, internal, peek=True)
+    if state is not None:
+        read_model.here_or_elsewhere(internal)
+        return state
+    return await read_model.thread(tenant, lg_id)  # a thread made over /v1, by its own id
 
 
 async def own_thread(request: web.Request) -> ThreadState:
@@ -72,7 +79,7 @@ async def values_view(request: web.Request, state: ThreadState, cap: int | None 
                       before: int | None = None) -> tuple[dict[str, Any], int | None]:
     """The newest `cap` (VALUES_CAP) messages before seq `before`, and the seq to page on
     from (None at the first message)."""
-    page = request.config_dict[READ_MODEL].current_messages(  # the current branch
+    page = await request.config_dict[READ_MODEL].current_page(  # the current branch
         state, before=END_SEQ if before is None else before,
         limit=VALUES_CAP if cap is None else cap)
     older = page.records[0].seq if page.more and page.records else None
@@ -115,6 +122,7 @@ async def get_thread(request: web.Request) -> web.Response:
     return web.json_response(thread_json(state, (await values_view(request, state))[0]))
 
 
+@served_here  # it gathers threads from every gateway: each read goes where it is held
 async def search_threads(request: web.Request) -> web.Response:
     """POST /threads/search {limit, offset, ids?, status?}: newest first."""
     body = await read_json_body(request, required=False)

@@ -1,0 +1,295 @@
+"""Reads of threads held by another gateway, for requests that must stay where they
+arrived (`gateway.model.placement`: a request that published a command, or a stream).
+
+The asking side (`RemoteReads`) sends one hop per read to the owner of the thread's
+partition, as the owner map names it (`gateway.cluster.owners`):
+
+    GET /internal/v1/reads/{op}?thread_id=&...      op: thread, run, message,
+                                                     message_seq, current_messages,
+                                                     threads
+    {"state": <ThreadState, base64 of its Avro record>, ...}
+
+States and messages travel in the wire format of the topics they were read from
+(`streams.wire`), so both sides decode them with their codec. The owner serves a
+read only of a partition it holds (else 421: the asking side waits for the map to
+name the new owner, as a forwarded stream does). What the asking gateway learned
+from the decisions it read (a thread created, a run accepted or ended a moment ago)
+goes with the read, so the owner waits for those records as the asker would have.
+
+`GET /v1/threads` and LangGraph's `threads/search` span every partition: each
+gateway that owns some answers its page of the tenant's threads, and the pages are
+merged on the order the read store lists by (updated_at descending, then thread id),
+which the cursor names. Cost: one hop per other gateway per page. A run by its id
+alone (`/v1/runs/{run_id}/events`) is asked of every other gateway unless this one
+read the run's acceptance (which names its thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlencode
+
+import aiohttp
+from aiohttp import web
+
+from gateway.cluster.owners import Claim, OwnerBoard
+from gateway.cluster.remote import Forwarder, _problem
+from gateway.http.auth import INTERNAL_PREFIX, TENANT
+from gateway.http.problems import Problem
+from gateway.kafka import partition_for
+from gateway.keys import READ_MODEL
+from gateway.model.placement import Hints
+from gateway.model.read_model import ReadModel, RunView
+from gateway.model.read_store import MessagePage, ThreadPage, listed_at, run_status
+from streams.core.domain import ThreadState
+from streams.core.records import MessageRecord
+from streams.wire import Codec, new_meta
+
+__all__ = ["READS_PATH", "RemoteReads", "internal_reads"]
+
+READS_PATH = INTERNAL_PREFIX + "reads/{op}"
+_MAX_LIMIT = 1000
+
+
+def _state_out(codec: Codec, state: ThreadState | None) -> str | None:
+    return None if state is None else base64.b64encode(codec.encode_state(state)).decode()
+
+
+def _state_in(codec: Codec, raw: object) -> ThreadState | None:
+    return None if not isinstance(raw, str) else codec.decode_state(base64.b64decode(raw))
+
+
+def _message_out(codec: Codec, record: MessageRecord | None, thread_id: str,
+                 tenant: str) -> str | None:
+    if record is None:
+        return None
+    return base64.b64encode(codec.encode_message(record, new_meta(thread_id, tenant, 0))).decode()
+
+
+def _message_in(codec: Codec, raw: object) -> MessageRecord | None:
+    return None if not isinstance(raw, str) else codec.decode_message(base64.b64decode(raw))[1]
+
+
+def _hints_query(hints: Hints) -> dict[str, str]:
+    created, accepted, ended = hints
+    query = {"created": "1"} if created else {}
+    if accepted is not None:
+        query["accepted"] = accepted
+    if ended is not None:
+        query["ended"] = ended
+    return query
+
+
+def _cursor_key(state: ThreadState) -> tuple[int, bytes]:
+    """The read store's listing order (`ReadStore.threads`)."""
+    return -listed_at(state), state.thread_id.encode("utf-8", "surrogatepass")
+
+
+class RemoteReads:
+    """`gateway.model.placement.ElsewhereReads` over hops to the owners."""
+
+    def __init__(self, forwarder: Forwarder, codec: Codec, partitions: int,
+                 here: Callable[[int], bool]) -> None:
+        self.forwarder, self.codec, self.partitions = forwarder, codec, partitions
+        self.here = here  # whether this gateway holds a partition (its read model's)
+
+    @property
+    def board(self) -> OwnerBoard:
+        """The owner map's board."""
+        return self.forwarder.board
+
+    async def _get(self, claim: Claim, tenant: str, op: str,
+                   query: dict[str, str]) -> tuple[int, bytes]:
+        path_qs = f"{INTERNAL_PREFIX}reads/{op}?{urlencode(query)}"
+        hop = self.forwarder.signer.sign(tenant, "GET", path_qs, time.time())
+        async with self.forwarder.session.get(claim.url + path_qs,
+                                              headers={"Threadline-Hop": hop}) as response:
+            return response.status, await response.read()
+
+    async def _ask(self, partition: int, tenant: str, op: str,
+                   query: dict[str, str]) -> dict[str, Any]:
+        """The owner of `partition`'s answer; waits (up to the forwarder's owner wait)
+        for the map to name an owner that holds it."""
+        board = self.board
+        deadline = time.monotonic() + self.forwarder.owner_wait_s
+        while True:
+            claim = board.owner(partition)
+            if claim is not None:
+                try:
+                    status, body = await self._get(claim, tenant, op, query)
+                except (aiohttp.ClientError, OSError, TimeoutError):
+                    status, body = 502, b""
+                if status == 200:
+                    answer: dict[str, Any] = json.loads(body)
+                    return answer
+                if status not in (421, 502):
+                    raise _problem(status, body)
+            if time.monotonic() > deadline:
+                raise Problem(503, "unavailable", "no gateway serves this thread now; retry",
+                              headers={"Retry-After": "1"})
+            await board.changed(0.2)
+
+    async def thread(self, tenant: str, thread_id: str, hints: Hints) -> ThreadState | None:
+        """The thread as its owner reads it after catching up."""
+        answer = await self._ask(self._partition(thread_id), tenant, "thread",
+                                 {"thread_id": thread_id, **_hints_query(hints)})
+        return _state_in(self.codec, answer.get("state"))
+
+    def _run_in(self, answer: dict[str, Any]) -> RunView | None:
+        state = _state_in(self.codec, answer.get("state"))
+        if state is None:
+            return None
+        run_id, seq = str(answer["run_id"]), int(answer["seq"])
+        record = _message_in(self.codec, answer.get("message"))
+        return RunView(state, run_id, seq, record, run_status(state, run_id, record))
+
+    async def run(self, tenant: str, run_id: str, thread_id: str | None,
+                  hints: Hints) -> RunView | None:
+        """The run from its thread's owner, or if the thread is unknown, from whichever
+        other gateway holds it."""
+        query = {"run_id": run_id, **_hints_query(hints)}
+        if thread_id is not None:
+            answer = await self._ask(self._partition(thread_id), tenant, "run",
+                                     {**query, "thread_id": thread_id})
+            return self._run_in(answer)
+        claims = self._others()
+        answers = await asyncio.gather(*(self._ask(min(c.partitions), tenant, "run", query)
+                                         for c in claims if c.partitions))
+        for answer in answers:
+            found = self._run_in(answer)
+            if found is not None:
+                return found
+        return None
+
+    async def message(self, tenant: str, thread_id: str, seq: int) -> MessageRecord | None:
+        """The thread's message at `seq`."""
+        answer = await self._ask(self._partition(thread_id), tenant, "message",
+                                 {"thread_id": thread_id, "seq": str(seq)})
+        return _message_in(self.codec, answer.get("message"))
+
+    async def message_seq(self, tenant: str, thread_id: str, message_id: str) -> int | None:
+        """The seq of the thread's message with this id."""
+        answer = await self._ask(self._partition(thread_id), tenant, "message_seq",
+                                 {"thread_id": thread_id, "message_id": message_id})
+        seq = answer.get("seq")
+        return seq if isinstance(seq, int) else None
+
+    async def current_messages(self, tenant: str, thread_id: str, after: int | None,
+                               before: int | None, limit: int) -> MessagePage:
+        """A page of the thread's current branch."""
+        query = {"thread_id": thread_id, "limit": str(limit)}
+        if after is not None:
+            query["after"] = str(after)
+        if before is not None:
+            query["before"] = str(before)
+        answer = await self._ask(self._partition(thread_id), tenant, "current_messages", query)
+        records = [r for r in (_message_in(self.codec, raw) for raw in answer["records"])
+                   if r is not None]
+        return MessagePage(records, bool(answer["more"]), int(answer["rows_read"]))
+
+    async def threads(self, tenant: str, after: tuple[int, str] | None, limit: int,
+                      here: ThreadPage) -> ThreadPage:
+        """The tenant's threads over every gateway: each owner's page, merged."""
+        query = {"limit": str(limit)}
+        if after is not None:
+            query["after_at"], query["after_id"] = str(after[0]), after[1]
+        claims = self._others()
+        answers = await asyncio.gather(*(self._ask(min(c.partitions), tenant, "threads", query)
+                                         for c in claims if c.partitions))
+        states = {s.thread_id: s for s in here.states}
+        titles: dict[str, str] = {}
+        more = here.more
+        for answer in answers:
+            more = more or bool(answer["more"])
+            for raw, title in zip(answer["states"], answer["titles"], strict=True):
+                state = _state_in(self.codec, raw)
+                if state is not None and state.thread_id not in states:
+                    states[state.thread_id] = state
+                    titles[state.thread_id] = str(title)
+        merged = sorted(states.values(), key=_cursor_key)[:limit]
+        return ThreadPage(merged, more or len(states) > limit,
+                          {s.thread_id: titles[s.thread_id] for s in merged
+                           if s.thread_id in titles})
+
+    def _partition(self, thread_id: str) -> int:
+        return partition_for(thread_id, self.partitions)
+
+    def _others(self) -> list[Claim]:
+        """The other gateways' newest claims, one each; 503 if a partition has no owner
+        this gateway knows of (a spanning read would miss its threads)."""
+        board = self.board
+        newest: dict[str, Claim] = {}
+        for partition in range(self.partitions):
+            claim = board.owner(partition)
+            if claim is None:
+                if not self.here(partition):
+                    raise Problem(503, "unavailable", "a partition has no gateway now; retry",
+                                  headers={"Retry-After": "1"})
+                continue
+            newest[claim.instance] = claim
+        return list(newest.values())
+
+
+async def internal_reads(request: web.Request) -> web.Response:
+    """GET /internal/v1/reads/{op} (a hop; see the module)."""
+    tenant, op, query = request[TENANT], request.match_info["op"], request.query
+    model: ReadModel = request.config_dict[READ_MODEL]
+    codec = model.codec
+    thread_id = query.get("thread_id")
+    if thread_id is not None and not model.here(model.partition_of(thread_id)):
+        raise Problem(421, "misdirected", "this gateway does not hold the thread's partition")
+    hints: Hints = (query.get("created") == "1", query.get("accepted"), query.get("ended"))
+    if thread_id is not None and any(hints):
+        model.heed(thread_id, hints)
+    if op == "thread" and thread_id is not None:
+        state = await model.thread(tenant, thread_id, fresh=True)
+        return web.json_response({"state": _state_out(codec, state)})
+    if op == "run":
+        run = await model.run(tenant, query["run_id"], scatter=False)
+        if run is None:
+            return web.json_response({"state": None})
+        return web.json_response({
+            "state": _state_out(codec, run.state), "run_id": run.run_id, "seq": run.seq,
+            "message": _message_out(codec, run.message, run.state.thread_id, tenant)})
+    if thread_id is not None and await model.thread(tenant, thread_id) is None:
+        raise Problem(404, "not-found", "no such thread")
+    if op == "message" and thread_id is not None:
+        record = await model.message(tenant, thread_id, _int(query, "seq", 0))
+        return web.json_response({"message": _message_out(codec, record, thread_id, tenant)})
+    if op == "message_seq" and thread_id is not None:
+        seq = await model.message_seq(tenant, thread_id, query.get("message_id", ""))
+        return web.json_response({"seq": seq})
+    if op == "current_messages" and thread_id is not None:
+        state = await model.thread(tenant, thread_id)
+        assert state is not None
+        after, before = query.get("after"), query.get("before")
+        page = model.current_messages(
+            state, after=None if after is None else int(after),
+            before=None if before is None else int(before),
+            limit=min(_MAX_LIMIT, _int(query, "limit", 100)))
+        return web.json_response({
+            "records": [_message_out(codec, r, thread_id, tenant) for r in page.records],
+            "more": page.more, "rows_read": page.rows_read})
+    if op == "threads":
+        after_at, after_id = query.get("after_at"), query.get("after_id")
+        cursor = None if after_at is None or after_id is None else (int(after_at), after_id)
+        await model.catch_up()
+        threads = model.threads_here(tenant, after=cursor,
+                                     limit=min(_MAX_LIMIT, _int(query, "limit", 50)))
+        return web.json_response({"states": [_state_out(codec, s) for s in threads.states],
+                                  "titles": [model.display_title(s) for s in threads.states],
+                                  "more": threads.more})
+    raise Problem(404, "not-found", f"no read {op!r}")
+
+
+def _int(query: Any, name: str, default: int) -> int:
+    raw = query.get(name)
+    try:
+        return default if raw is None else int(raw)
+    except ValueError:
+        raise Problem(400, "bad-request", f"'{name}' must be an integer") from None

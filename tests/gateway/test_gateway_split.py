@@ -1,0 +1,142 @@
+"""Gateways that split the read model (issue #26, its second part): in a group each
+gateway's read model reads and holds only the partitions it owns, and any gateway
+answers any request: a request about a thread held elsewhere is sent on whole to its
+owner, a stream's few reads are asked of it, and the lists that span partitions
+(`GET /v1/threads`, LangGraph's `threads/search`) are gathered from every gateway."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from gateway.kafka import partition_for
+from gateway.keys import FEED, READ_MODEL
+from streams.testing.sse import read_sse
+from tests.gateway.conftest import AUTH_A, Stack
+from tests.gateway.test_gateway_group import _grouped_gateway, _split, _until
+
+pytestmark = pytest.mark.kafka
+
+
+@asynccontextmanager
+async def _two(stack: Stack) -> AsyncIterator[tuple[tuple[str, web.Application],
+                                                    tuple[str, web.Application]]]:
+    """Gateways A and B of one group, once they split the partitions and each read
+    model holds its feed's share, loaded."""
+    async with _grouped_gateway(stack.settings) as a, _grouped_gateway(stack.settings) as b:
+        apps = [a[1], b[1]]
+
+        await _until(lambda: _settled(apps, stack),
+                     "A and B split, their read models holding their shares")
+        yield a, b
+
+
+def _settled(apps: list[web.Application], stack: Stack) -> bool:
+    """The apps split the partitions, and each read model holds its feed's share,
+    loaded, and the feed serves it."""
+    return _split(apps, stack.settings.partitions) and all(
+        app[READ_MODEL].held == app[FEED].owned and not app[READ_MODEL].loading
+        and all(app[FEED].owns(p) for p in app[FEED].owned or ()) for app in apps)
+
+
+def _on(app: web.Application, stack: Stack) -> Callable[[str], bool]:
+    return lambda thread_id: partition_for(thread_id, stack.settings.partitions) in \
+        (app[FEED].owned or ())
+
+
+async def _json(stack: Stack, method: str, url: str, body: dict[str, Any] | None = None,
+                headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    async with stack.session.request(method, url, json=body,
+                                     headers={**AUTH_A, **(headers or {})}) as response:
+        return response.status, await response.json(content_type=None)
+
+
+async def _thread_via(stack: Stack, url: str, holder: Callable[[str], bool], title: str) -> str:
+    """A thread created through `url` whose partition `holder` selects."""
+    for n in range(200):
+        status, body = await _json(stack, "POST", url + "/v1/threads", {"title": f"{title} {n}"})
+        assert status == 201, body
+        if holder(body["thread_id"]):
+            return str(body["thread_id"])
+    raise AssertionError("no thread landed where wanted")
+
+
+async def test_each_read_model_holds_its_share_and_any_gateway_answers(stack: Stack) -> None:
+    """A thread created through A on B's partitions: A's store never holds it, yet
+    through A it reads at once (sent on to B), takes a message (the post published
+    on A), streams its run (the stream's reads asked of B) and lists its answer."""
+    async with _two(stack) as ((url_a, app_a), (url_b, app_b)):
+        thread_id = await _thread_via(stack, url_a, _on(app_b, stack), "held by B")
+        status, thread = await _json(stack, "GET", f"{url_a}/v1/threads/{thread_id}")
+        assert status == 200 and thread["thread_id"] == thread_id, thread
+        status, posted = await _json(stack, "POST", f"{url_a}/v1/threads/{thread_id}/user_message",
+                                     {"input_text": "hello through A"})
+        assert status == 202, posted
+        events = await read_sse(stack.session, f"{url_a}/v1/runs/{posted['run_id']}/events",
+                                headers=AUTH_A, timeout=90)
+        assert [e.event for e in events][-1] == "done", [e.event for e in events]
+        status, page = await _json(stack, "GET", f"{url_a}/v1/threads/{thread_id}/messages")
+        assert status == 200 and [m["role"] for m in page["messages"]] == ["user", "assistant"]
+        assert app_a[READ_MODEL].store.state(thread_id) is None, "A holds a thread of B's"
+        assert app_b[READ_MODEL].store.state(thread_id) is not None
+        # And B answers the same.
+        status, same = await _json(stack, "GET", f"{url_b}/v1/threads/{thread_id}/messages")
+        assert status == 200 and same["messages"] == page["messages"]
+
+
+async def test_the_thread_list_is_gathered_from_every_gateway(stack: Stack) -> None:
+    """Threads on both gateways' partitions: the list through either gateway holds
+    them all, newest first, and paging one by one walks it without a gap or a repeat."""
+    async with _two(stack) as ((url_a, app_a), (url_b, app_b)):
+        made = [await _thread_via(stack, url_a, _on(app, stack), f"listed {n}")
+                for n, app in enumerate([app_a, app_b, app_a, app_b])]
+        for url in (url_a, url_b):
+            status, page = await _json(stack, "GET", f"{url}/v1/threads?limit=100")
+            assert status == 200, page
+            listed = [t["thread_id"] for t in page["threads"]]
+            assert set(made) <= set(listed), (made, listed)
+            assert listed.index(made[-1]) < listed.index(made[0]), "not newest first"
+            walked: list[str] = []
+            cursor = None
+            while True:
+                query = "limit=1" + ("" if cursor is None else f"&cursor={cursor}")
+                status, one = await _json(stack, "GET", f"{url}/v1/threads?{query}")
+                assert status == 200, one
+                walked += [t["thread_id"] for t in one["threads"]]
+                cursor = one.get("next_cursor")
+                if not cursor:
+                    break
+            assert walked == listed, (walked, listed)
+
+
+async def test_langgraph_reads_of_a_thread_held_elsewhere(stack: Stack) -> None:
+    """LangGraph's routes through A for a thread B holds: made over /v1 and named by
+    its own id (a second candidate id: the request is sent on twice at most), read,
+    and found by `threads/search`."""
+    async with _two(stack) as ((url_a, app_a), (_url_b, app_b)):
+        thread_id = await _thread_via(stack, url_a, _on(app_b, stack), "langgraph")
+        status, thread = await _json(stack, "GET", f"{url_a}/langgraph/threads/{thread_id}")
+        assert status == 200 and thread["thread_id"] == thread_id, thread
+        status, found = await _json(stack, "POST", f"{url_a}/langgraph/threads/search",
+                                    {"limit": 100})
+        assert status == 200 and thread_id in [t["thread_id"] for t in found], found
+        assert app_a[READ_MODEL].store.state(thread_id) is None
+
+
+async def test_a_moved_partition_is_read_again_where_it_goes(stack: Stack) -> None:
+    """When B leaves, A takes B's partitions: its read model reads them (from the
+    start: it never held them) and serves their threads itself."""
+    async with _grouped_gateway(stack.settings) as (url_a, app_a):
+        async with _grouped_gateway(stack.settings) as (_url_b, app_b):
+            apps = [app_a, app_b]
+            await _until(lambda: _settled(apps, stack), "A and B split")
+            thread_id = await _thread_via(stack, url_a, _on(app_b, stack), "moves")
+        await _until(lambda: _settled([app_a], stack), "A holds every partition")
+        assert app_a[READ_MODEL].held == set(range(stack.settings.partitions))
+        status, thread = await _json(stack, "GET", f"{url_a}/v1/threads/{thread_id}")
+        assert status == 200, thread
+        assert app_a[READ_MODEL].store.state(thread_id) is not None
