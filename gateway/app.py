@@ -121,7 +121,8 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
         discovery_middleware,
         auth_middleware(settings.gateway.api_keys, BrowserTokens.from_settings(settings),
                         [langgraph.internal_thread_id], _run_thread, hops),
-        starting_middleware, post_rate_middleware(limiter), route_middleware(forwarder)])
+        starting_middleware, post_rate_middleware(limiter),
+        route_middleware(forwarder, read_model.here)])
     app[LIMITER] = limiter
     bus = CommandBus(settings, codec)
     feed = StreamFeed(settings, read_model, offsets, window_events=options.window_events,

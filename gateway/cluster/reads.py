@@ -38,7 +38,7 @@ import aiohttp
 from aiohttp import web
 
 from gateway.cluster.owners import Claim, OwnerBoard
-from gateway.cluster.remote import Forwarder, _problem
+from gateway.cluster.remote import Forwarder, owner_problem
 from gateway.http.auth import INTERNAL_PREFIX, TENANT
 from gateway.http.problems import Problem
 from gateway.kafka import partition_for
@@ -128,7 +128,7 @@ class RemoteReads:
                     answer: dict[str, Any] = json.loads(body)
                     return answer
                 if status not in (421, 502):
-                    raise _problem(status, body)
+                    raise owner_problem(status, body)
             if time.monotonic() > deadline:
                 raise Problem(503, "unavailable", "no gateway serves this thread now; retry",
                               headers={"Retry-After": "1"})

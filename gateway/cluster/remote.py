@@ -52,7 +52,8 @@ from gateway.live.run_stream import KEEP_ALIVE, Gone, Item, KeepAlive
 from gateway.live.sse import SseEvent
 from streams.observability.metrics import gateway_metrics
 
-__all__ = ["INTERNAL_PREFIX", "Forwarder", "RemoteEventStream", "item_line", "read_lines"]
+__all__ = ["INTERNAL_PREFIX", "Forwarder", "RemoteEventStream", "item_line", "owner_problem",
+           "read_lines"]
 
 log = logging.getLogger("threadline.gateway")
 
@@ -233,7 +234,7 @@ class RemoteEventStream:
                                 "stream of %s: owner %s answered %d: %s", self.thread_id,
                                 claim.url, response.status, body[:300])
                         if first:
-                            raise _problem(response.status, body)
+                            raise owner_problem(response.status, body)
                         return None
                     # Not the owner (any more), or not ready yet (its start not found):
                     # ask it again shortly, or whoever the map names next.
@@ -432,7 +433,7 @@ class RemoteEventStream:
                     await task
 
 
-def _problem(status: int, body: bytes) -> Problem:
+def owner_problem(status: int, body: bytes) -> Problem:
     """The owner's refusal, as this gateway's."""
     try:
         data = json.loads(body)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
@@ -53,9 +54,11 @@ _DROPPED_RESPONSE = frozenset({
     "upgrade", "trailer"})
 
 
-def route_middleware(forwarder: Forwarder | None) -> Middleware:
+def route_middleware(forwarder: Forwarder | None,
+                     here: Callable[[int], bool] = lambda partition: True) -> Middleware:
     """Serve here, or send on whole to the partition's owner (see the module). The
-    innermost middleware: the request's tenant is known and its post counted."""
+    innermost middleware: the request's tenant is known and its post counted. `here`:
+    whether this gateway's read model holds a partition now."""
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         hopped = request.get(HOPPED, False)
@@ -74,7 +77,7 @@ def route_middleware(forwarder: Forwarder | None) -> Middleware:
                           "published", request.method, request.path, exc.partition)
                 raise Problem(503, "unavailable", "retry the request",
                               headers={"Retry-After": "1"}) from None
-            return await _send_on(request, forwarder, exc.partition)
+            return await _send_on(request, handler, forwarder, here, exc.partition)
 
     return middleware
 
@@ -86,14 +89,18 @@ def _onward(request: web.Request, held: HeldElsewhere) -> bool:
         request.headers.get(_HOP_PARTITION) != str(held.partition)
 
 
-async def _send_on(request: web.Request, forwarder: Forwarder,
-                   partition: int) -> web.StreamResponse:
+async def _send_on(request: web.Request, handler: Handler, forwarder: Forwarder,
+                   here: Callable[[int], bool], partition: int) -> web.StreamResponse:
     board, tenant = forwarder.board, request[TENANT]
     body = await request.read() if request.body_exists else b""
     path_qs = request.raw_path
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROPPED_REQUEST}
     deadline = time.monotonic() + forwarder.owner_wait_s
     while True:
+        if here(partition):
+            # It came here meanwhile (this gateway was given it, and its read model
+            # took it): nothing was done for the request yet, so it runs here again.
+            return await handler(request)
         claim = board.owner(partition)
         if claim is not None:
             headers[_HOP_PARTITION] = str(partition)
@@ -137,6 +144,10 @@ async def _relay(request: web.Request, response: aiohttp.ClientResponse) -> web.
         await out.write_eof()
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         log.info("%s %s: the owner's answer broke off: %s", request.method, request.path, exc)
+        # The client's connection breaks off too: ended cleanly, a cut stream would pass
+        # for a whole one (the AI SDK's chat would not resume).
+        if request.transport is not None:
+            request.transport.abort()
     finally:
         response.release()
     return out
