@@ -162,7 +162,8 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     if board is not None and forwarder is not None:
         app[OWNERS] = board
         feed.on_owned = board.claim
-        feed.assignors = assignors(board.instance, board.partition_owners)  # sticky
+        feed.assignors = assignors(board.instance, board.partition_owners, board.map.warm)
+        board.on_standbys = read_model.keep_warm  # standby copies: warm when they come here
         limiter.sharing = board.map.members  # each gateway takes its share of the post rate
         limiter.streams_elsewhere = board.streams_elsewhere  # a tenant's streams: the group's
         board.streams = lambda: limiter.streams

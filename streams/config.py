@@ -256,6 +256,9 @@ class GatewayEnv(Section):
     # set, the gateways of a deployment share the stream's partitions (docs/scaling.md);
     # unset, this gateway reads every partition, alone or beside others.
     advertised_url: str | None = Field(None, alias="THREADLINE_GATEWAY_URL")
+    # In a group: how many other gateways keep a standby copy of each partition's read
+    # model, so that a dead gateway's partitions serve again at once (docs/scaling.md).
+    standbys: Count = Field(1, alias="THREADLINE_GATEWAY_STANDBYS")
 
     @field_validator("advertised_url")
     @classmethod
@@ -347,13 +350,15 @@ class GatewaySettings:
     limits: GatewayLimits
     cors_origins: tuple[str, ...] = ()  # origins whose browser apps may call (CORS)
     advertised_url: str | None = None  # set: this gateway shares partitions (GatewayEnv)
+    standbys: int = 1  # standby copies of each partition's read model, in a group
 
     @classmethod
     def from_section(cls, env: GatewayEnv) -> GatewaySettings:
         """These settings from their section."""
         return cls(http_host=env.http_host, http_port=env.http_port, api_keys=env.api_keys,
                    decision_timeout_ms=_ms(env.decision_timeout_s), limits=env.limits(),
-                   cors_origins=env.cors_origins, advertised_url=env.advertised_url)
+                   cors_origins=env.cors_origins, advertised_url=env.advertised_url,
+                   standbys=env.standbys)
 
 
 @dataclass(frozen=True, slots=True)

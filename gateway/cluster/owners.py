@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from gateway.cluster.sticky import standbys
 from gateway.kafka import new_consumer, run_forever, stop_client, stop_task
 from streams.aio import within
 from streams.config import Settings
@@ -75,6 +76,8 @@ class Claim:
     streams: Mapping[str, int] = field(default_factory=dict, compare=False)
     # The active runs of the partitions it holds, by tenant, when written.
     runs: Mapping[str, int] = field(default_factory=dict, compare=False)
+    # The partitions of other gateways it keeps a standby copy of, when written.
+    standbys: frozenset[int] = field(default_factory=frozenset, compare=False)
 
     @property
     def key(self) -> bytes:
@@ -86,7 +89,7 @@ class Claim:
         return json.dumps({"instance": self.instance, "url": self.url,
                            "generation": self.generation, "partitions": sorted(self.partitions),
                            "at_ms": int(time.time() * 1000), "streams": _most(self.streams),
-                           "runs": _most(self.runs)}).encode()
+                           "runs": _most(self.runs), "standbys": sorted(self.standbys)}).encode()
 
     @classmethod
     def from_json(cls, value: bytes) -> Claim:
@@ -94,17 +97,18 @@ class Claim:
         if len(value) > _MAX_VALUE_BYTES:
             raise ValueError("claim too large")
         data = json.loads(value)
-        partitions = data["partitions"]
+        partitions, standbys = data["partitions"], data.get("standbys", [])
         streams, runs = data.get("streams", {}), data.get("runs", {})
         if not isinstance(data["instance"], str) or not isinstance(data["url"], str) or \
                 not isinstance(data["generation"], int) or not isinstance(partitions, list) or \
-                not all(isinstance(p, int) and p >= 0 for p in partitions) or \
+                not all(isinstance(p, int) and p >= 0 for p in (*partitions, *standbys)) or \
+                not isinstance(standbys, list) or \
                 not all(isinstance(counts, dict) and
                         all(isinstance(n, int) and n >= 0 for n in counts.values())
                         for counts in (streams, runs)):
             raise ValueError("not a claim")
         return cls(data["instance"], data["url"], data["generation"], frozenset(partitions),
-                   streams, runs)
+                   streams, runs, frozenset(standbys))
 
 
 def _most(counts: Mapping[str, int]) -> dict[str, int]:
@@ -177,6 +181,20 @@ class OwnerMap:
                 newest[claim.instance] = claim
         return list(newest.values())
 
+    def warm(self) -> dict[int, set[str]]:
+        """Who keeps a standby copy of each partition, as the live gateways last wrote."""
+        kept: dict[int, set[str]] = {}
+        for claim in self._newest_elsewhere(""):
+            for partition in claim.standbys:
+                kept.setdefault(partition, set()).add(claim.instance)
+        return kept
+
+    def instances(self) -> list[str]:
+        """The live gateways of the newest live generation."""
+        live = self._live()
+        newest = max((c.generation for c in live), default=-1)
+        return sorted({c.instance for c in live if c.generation == newest})
+
     def streams_elsewhere(self, tenant: str, here: str) -> int:
         """The tenant's open streams at the other live gateways, as each last wrote them."""
         return sum(claim.streams.get(tenant, 0) for claim in self._newest_elsewhere(here))
@@ -210,6 +228,11 @@ class OwnerBoard:
         # with each refresh of its claim.
         self.streams: Callable[[], Mapping[str, int]] = dict
         self.runs: Callable[[], Mapping[str, int]] = dict
+        # Standby copies (THREADLINE_GATEWAY_STANDBYS): how many each partition has, and
+        # who is told this gateway's share of them whenever the map changes.
+        self.standby_copies = settings.gateway.standbys
+        self.on_standbys: Callable[[set[int]], None] | None = None
+        self.standbys: frozenset[int] = frozenset()
         self._changed = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -233,7 +256,9 @@ class OwnerBoard:
         await asyncio.sleep(self.refresh_s)
         mine = self._mine
         if mine is not None and self._producer is not None:
-            mine = self._mine = replace(mine, streams=dict(self.streams()), runs=dict(self.runs()))
+            self._place_standbys()
+            mine = self._mine = replace(mine, streams=dict(self.streams()), runs=dict(self.runs()),
+                                        standbys=self.standbys)
             self.map.put(mine.key, mine)  # as claim() does: its own view needs no round trip
             await self._producer.send_and_wait(self.topic, mine.to_json(), key=mine.key)
 
@@ -253,9 +278,10 @@ class OwnerBoard:
         """Say that this gateway owns `partitions` as of `generation`."""
         assert self._producer is not None, "OwnerBoard.start() first"
         claim = Claim(self.instance, self.url, generation, frozenset(partitions),
-                      dict(self.streams()), dict(self.runs()))
+                      dict(self.streams()), dict(self.runs()), self.standbys)
         previous, self._mine = self._mine, claim
         self.map.put(claim.key, claim)  # at once: this gateway's own view needs no round trip
+        self._place_standbys()
         self._changed.set()
         await self._producer.send_and_wait(self.topic, claim.to_json(), key=claim.key)
         stale = set(self.map.stale(generation))
@@ -265,6 +291,21 @@ class OwnerBoard:
             await self._producer.send_and_wait(self.topic, None, key=key)
         log.info("gateway %s owns %s (generation %d)", self.instance, sorted(partitions),
                  generation)
+
+    def _place_standbys(self) -> None:
+        """This gateway's standby partitions as the map stands now, to `on_standbys`."""
+        if self.standby_copies <= 0 or self._mine is None:
+            return
+        owners, live = self.partition_owners(), self.map.instances()
+        mine = standbys(owners, live, self.standby_copies).get(self.instance, set())
+        # A copy whose owner left stays until the partition has a new owner: it may be
+        # this gateway, which then serves it at once.
+        mine |= {p for p in self.standbys if owners.get(p) not in live}
+        mine -= self._mine.partitions
+        if mine != self.standbys:
+            self.standbys = frozenset(mine)
+            if self.on_standbys is not None:
+                self.on_standbys(set(mine))
 
     def partition_owners(self) -> dict[int, str]:
         """Each partition's owner now, as far as the map knows (its instance id)."""
@@ -305,4 +346,5 @@ class OwnerBoard:
                 except (ValueError, KeyError, TypeError) as exc:
                     log.warning("gateways topic: skipping %r: %s", record.key, exc)
         if batch:
+            self._place_standbys()
             self._changed.set()

@@ -21,6 +21,10 @@ the gateways chaos preset (seed 71: generations 2 to 348, two partitions unowned
 one member's late join forcing the next rebalance each time. A leader whose map is a
 moment stale only moves more than it had to; the assignment is balanced either way.
 
+A partition that must move (its owner left) goes, where balance allows, to a member
+that keeps a standby copy of its read model (the claims name them,
+`THREADLINE_GATEWAY_STANDBYS`): it serves again without reading the partition anew.
+
 Round robin stays the second choice of each member, so a group with gateways of an
 earlier version (round robin only) still forms while they are replaced one by one:
 the group uses the first protocol every member supports.
@@ -29,7 +33,7 @@ the group uses the first protocol every member supports.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from aiokafka.cluster import ClusterMetadata
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
@@ -39,16 +43,19 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
-__all__ = ["assignors", "shares"]
+__all__ = ["assignors", "shares", "standbys"]
 
 Owners = Callable[[], Mapping[int, str]]  # partition -> the instance that owns it now
+Warm = Callable[[], Mapping[int, Collection[str]]]  # partition -> who keeps a standby copy
 
 
 def shares(partitions: Iterable[int], members: Iterable[str],
-           owners: Mapping[int, str]) -> dict[str, list[int]]:
+           owners: Mapping[int, str],
+           warm: Mapping[int, Collection[str]] | None = None) -> dict[str, list[int]]:
     """Each member's partitions: every partition to one member, the counts differing
     by at most one, and as many partitions as that allows left with their owner (the
-    larger shares go to the members that hold most now)."""
+    larger shares go to the members that hold most now). A partition that moves goes,
+    where balance allows, to a member that keeps a standby copy of it (`warm`)."""
     names = sorted(set(members))
     if not names:
         return {}
@@ -59,14 +66,38 @@ def shares(partitions: Iterable[int], members: Iterable[str],
     quota = {m: base + (rank < extra) for rank, m in enumerate(ranked)}
     result = {m: held[m][:quota[m]] for m in names}
     kept = {p for share in result.values() for p in share}
-    free = collections.deque(p for p in pool if p not in kept)
-    for m in names:
-        while len(result[m]) < quota[m]:
-            result[m].append(free.popleft())
+    for p in (p for p in pool if p not in kept):
+        room = [m for m in names if len(result[m]) < quota[m]]
+        copies = (warm or {}).get(p, ())
+        result[next((m for m in room if m in copies), room[0])].append(p)
     return result
 
 
-def assignors(instance: str, owners: Owners) -> tuple[type[AbstractPartitionAssignor], ...]:
+def standbys(owners: Mapping[int, str], members: Iterable[str],
+             copies: int) -> dict[str, set[int]]:
+    """Each member's standby partitions: a partition's `copies` copies are kept by as
+    many other members (fewer when the group is smaller), never by its owner. One
+    owner's partitions spread their copies over all the others, in turn, so that
+    when it leaves, the members that keep its copies can take its partitions
+    evenly."""
+    ring = sorted(set(members))
+    kept: dict[str, set[int]] = {m: set() for m in ring}
+    count = min(copies, len(ring) - 1)
+    by_owner: dict[str, list[int]] = {}
+    for partition, owner in sorted(owners.items()):
+        if owner in kept:
+            by_owner.setdefault(owner, []).append(partition)
+    for owner, share in by_owner.items():
+        at = ring.index(owner)
+        others = ring[at + 1:] + ring[:at]
+        for rank, partition in enumerate(share):
+            for step in range(count):
+                kept[others[(rank + step) % len(others)]].add(partition)
+    return kept
+
+
+def assignors(instance: str, owners: Owners,
+              warm: Warm = dict) -> tuple[type[AbstractPartitionAssignor], ...]:
     """The assignors of this gateway's group consumer, in order of preference: the
     sticky one (a class of its own: aiokafka calls assignors on the class), then round
     robin."""
@@ -83,7 +114,7 @@ def assignors(instance: str, owners: Owners) -> tuple[type[AbstractPartitionAssi
         def assign(cls, cluster: ClusterMetadata,
                    members: Mapping[str, ConsumerProtocolMemberMetadata]) \
                 -> dict[str, ConsumerProtocolMemberAssignment]:
-            return _assign(cluster, members, owners())
+            return _assign(cluster, members, owners(), warm())
 
         @classmethod
         def on_assignment(cls, assignment: ConsumerProtocolMemberAssignment) -> None:
@@ -93,7 +124,8 @@ def assignors(instance: str, owners: Owners) -> tuple[type[AbstractPartitionAssi
 
 
 def _assign(cluster: ClusterMetadata, members: Mapping[str, ConsumerProtocolMemberMetadata],
-            owners: Mapping[int, str]) -> dict[str, ConsumerProtocolMemberAssignment]:
+            owners: Mapping[int, str], warm: Mapping[int, Collection[str]] | None = None) \
+        -> dict[str, ConsumerProtocolMemberAssignment]:
     # A member is known by its instance id; two with one id (never, short of a bug)
     # or none are known by their member ids instead.
     ids = collections.Counter(meta.user_data for meta in members.values())
@@ -104,7 +136,7 @@ def _assign(cluster: ClusterMetadata, members: Mapping[str, ConsumerProtocolMemb
     for topic in sorted({t for meta in members.values() for t in meta.subscription}):
         partitions: Sequence[int] = sorted(cluster.partitions_for_topic(topic) or ())
         subscribed = [m for m, meta in members.items() if topic in meta.subscription]
-        dealt = shares(partitions, (name[m] for m in subscribed), owners)
+        dealt = shares(partitions, (name[m] for m in subscribed), owners, warm)
         for member in subscribed:
             assigned[member].append((topic, dealt[name[member]]))
     return {member: ConsumerProtocolMemberAssignment(0, topics, b"")

@@ -143,6 +143,8 @@ class ReadModel:
         # With `split` (a gateway group) only the partitions `hold` names are read and
         # served here; reads of the others go elsewhere (`gateway.model.placement`).
         self.held: set[int] | None = set() if split else None
+        self.owned: set[int] = set()  # split: the share the group gave this gateway
+        self.standby: set[int] = set()  # split: standby copies of other gateways' shares
         self._wanted: set[int] | None = self.held
         self._loading: dict[int, dict[TopicPartition, int]] = {}  # held, not read to these yet
         self._held_changed = asyncio.Event()
@@ -202,12 +204,25 @@ class ReadModel:
         return self.held is None or partition in self.held
 
     def hold(self, partitions: set[int]) -> None:
-        """Read and serve these partitions only (a gateway group's share): new ones are
-        read from their checkpoints, or from the start, while reads of them wait; the
-        ones let go keep their rows and checkpoints for a later return."""
+        """Read and serve these partitions (a gateway group's share), and the standby
+        copies `keep_warm` names: new ones are read from their checkpoints, or from the
+        start, while reads of them wait; the ones let go keep their rows and
+        checkpoints for a later return."""
         assert self.held is not None, "hold() is for a split read model"
-        self._wanted = set(partitions)
-        self._held_changed.set()
+        self.owned = set(partitions)
+        self._want()
+
+    def keep_warm(self, partitions: set[int]) -> None:
+        """Also read and serve these partitions, owned by other gateways: a standby
+        copy, current when one of them comes here (`THREADLINE_GATEWAY_STANDBYS`)."""
+        self.standby = set(partitions)
+        self._want()
+
+    def _want(self) -> None:
+        wanted = self.owned | self.standby
+        if wanted != self._wanted:
+            self._wanted = wanted
+            self._held_changed.set()
 
     @property
     def loading(self) -> list[int]:
@@ -672,16 +687,20 @@ class ReadModel:
     def _held_thread(self, thread_id: str) -> bool:
         return self.here(self.partition_of(thread_id))
 
-    def _active(self) -> list[tuple[str, tuple[str, str, int]]]:
+    def _active(self, owned: bool = True) -> list[tuple[str, tuple[str, str, int]]]:
+        """The active runs of the partitions this gateway owns (or holds: `owned` off);
+        split, each partition's runs are counted by its owner alone."""
         items = self.store.active.items()
         if self.held is None:
             return list(items)
-        return [(t, entry) for t, entry in items if self._held_thread(t)]
+        count = self.settings.partitions
+        share = self.owned if owned else self.held
+        return [(t, entry) for t, entry in items if partition_for(t, count) in share]
 
     def active_runs(self) -> list[ActiveRunStart]:
         """Every active run (of the partitions held here) with the time its user
         message was accepted."""
-        return [(t, run, at) for t, (_, run, at) in self._active()]
+        return [(t, run, at) for t, (_, run, at) in self._active(owned=False)]
 
     def active_runs_of(self, tenant: str) -> list[ActiveRunStart]:
         """The tenant's active runs (thread_id, run_id, accepted at), as far as the
@@ -689,13 +708,14 @@ class ReadModel:
         return [(t, run, at) for t, (owner, run, at) in self._active() if owner == tenant]
 
     def active_run_count(self, tenant: str) -> int:
-        """How many runs of this tenant are accepted and not yet ended: held here, and
+        """How many runs of this tenant are accepted and not yet ended: owned here, and
         split, as the other gateways last said of theirs."""
         here = sum(1 for _, (owner, _, _) in self._active() if owner == tenant)
         return here + (self.runs_elsewhere(tenant) if self.held is not None else 0)
 
     def active_run_counts(self) -> dict[str, int]:
-        """Active runs held here, by tenant (what a gateway's claim tells the others)."""
+        """Active runs of the partitions owned here, by tenant (what a gateway's claim
+        tells the others)."""
         counts: dict[str, int] = {}
         for _, (owner, _, _) in self._active():
             counts[owner] = counts.get(owner, 0) + 1
@@ -706,6 +726,7 @@ class ReadModel:
         store = self._store_
         return {"loaded": self.loaded, "mode": self.mode,
                 "held": None if self.held is None else sorted(self.held),
+                "standby": sorted(self.standby),
                 "loading": self.loading, "restore_s": self.restore_s,
                 "store": None if store is None else str(store.path),
                 "read_until_loaded": dict(self.read_until_loaded),

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from gateway.cluster.hop import HOP_TTL_S, BadHop, HopSigner
 from gateway.cluster.owners import MAX_TENANTS_LISTED, Claim, OwnerBoard, OwnerMap
 from gateway.cluster.remote import Forwarder, read_lines
-from gateway.cluster.sticky import assignors, shares
+from gateway.cluster.sticky import assignors, shares, standbys
 from gateway.http.problems import Problem
 from gateway.kafka import Offsets
 from gateway.live.feed import NotOwned, StreamFeed
@@ -350,14 +350,18 @@ async def test_a_forwarded_stream_its_own_feed_refuses_for_good_ends() -> None:
 
 @given(st.integers(1, 48), st.lists(st.text("abcdefgh", min_size=1, max_size=2), min_size=1,
                                     max_size=9, unique=True),
-       st.dictionaries(st.integers(0, 47), st.text("abcdefghij", min_size=1, max_size=2)))
+       st.dictionaries(st.integers(0, 47), st.text("abcdefghij", min_size=1, max_size=2)),
+       st.dictionaries(st.integers(0, 47), st.sets(st.text("abcdefghij", min_size=1,
+                                                           max_size=2), max_size=3)))
 def test_sticky_shares_are_balanced_whole_and_move_only_what_balance_needs(
-        count: int, members: list[str], owners: dict[int, str]) -> None:
+        count: int, members: list[str], owners: dict[int, str],
+        warm: dict[int, set[str]]) -> None:
     """Every partition to exactly one member, counts within one of each other, and
     each member keeps as many of the partitions it owns as its share allows, the
-    larger shares going to those that hold most: no assignment keeps more."""
+    larger shares going to those that hold most: no assignment keeps more (standby
+    copies change where moved partitions go, not how many stay)."""
     partitions = list(range(count))
-    dealt = shares(partitions, members, owners)
+    dealt = shares(partitions, members, owners, warm)
     assert sorted(p for share in dealt.values() for p in share) == partitions
     sizes = sorted(len(share) for share in dealt.values())
     assert sizes[-1] - sizes[0] <= 1 and set(dealt) == set(members)
@@ -396,3 +400,50 @@ def test_a_member_joins_with_the_same_metadata_every_time() -> None:
     sticky.on_assignment(cast(Any, None))
     assert sticky.metadata(["stream"]).user_data == b"instance-a"
     assert other.metadata(["stream"]).user_data == b"instance-b"
+
+
+@given(st.dictionaries(st.integers(0, 47), st.text("abcdef", min_size=1, max_size=1)),
+       st.lists(st.text("abcdef", min_size=1, max_size=1), min_size=1, max_size=6, unique=True),
+       st.integers(0, 4))
+def test_each_partition_has_its_standby_copies_never_at_its_owner(
+        owners: dict[int, str], members: list[str], copies: int) -> None:
+    """A partition of a live owner has min(copies, members - 1) keepers, all distinct
+    and none its owner; a partition whose owner is not a member has none."""
+    kept = standbys(owners, members, copies)
+    assert set(kept) == set(members)
+    for partition, owner in owners.items():
+        keepers = [m for m, share in kept.items() if partition in share]
+        if owner in members:
+            assert len(keepers) == min(copies, len(members) - 1) and owner not in keepers
+        else:
+            assert keepers == []
+
+
+def test_a_dead_members_partitions_go_to_their_standby_keepers() -> None:
+    """Three members with one standby copy each; one leaves: each of its partitions
+    goes to the member that kept its copy, as balance allows (round robin over the
+    rest would have sent about half of them cold)."""
+    three = shares(range(12), ["a", "b", "c"], {})
+    owners = {p: m for m, share in three.items() for p in share}
+    warm: dict[int, set[str]] = {}
+    for member, share in standbys(owners, ["a", "b", "c"], 1).items():
+        for partition in share:
+            warm.setdefault(partition, set()).add(member)
+    two = shares(range(12), ["a", "c"], owners, warm)
+    moved = three["b"]
+    assert all(p in two[next(iter(warm[p]))] for p in moved), (moved, two, warm)
+
+
+def test_a_claim_carries_its_active_runs_and_standby_copies() -> None:
+    """The runs by tenant and the standby partitions read back as written; a claim of
+    an earlier version (neither) reads as none."""
+    claim = Claim("a", "http://a", 3, frozenset({1}), {}, {"t": 2}, frozenset({4, 5}))
+    back = Claim.from_json(claim.to_json())
+    assert back.runs == {"t": 2} and back.standbys == {4, 5}
+    old = Claim.from_json(b'{"instance": "a", "url": "u", "generation": 1, "partitions": [0]}')
+    assert old.runs == {} and old.standbys == frozenset()
+    owners = OwnerMap()
+    owners.put(claim.key, claim)
+    other = Claim("b", "http://b", 3, frozenset({0}), {}, {"t": 3}, frozenset({1}))
+    owners.put(other.key, other)
+    assert owners.runs_elsewhere("t", "a") == 3 and owners.warm() == {4: {"a"}, 5: {"a"}, 1: {"b"}}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from aiohttp import web
 
 from gateway.kafka import partition_for
 from gateway.keys import FEED, READ_MODEL
+from streams.config import Settings
 from streams.testing.sse import read_sse
 from tests.gateway.conftest import AUTH_A, Stack
 from tests.gateway.test_gateway_group import _grouped_gateway, _split, _until
@@ -22,12 +24,17 @@ from tests.gateway.test_gateway_group import _grouped_gateway, _split, _until
 pytestmark = pytest.mark.kafka
 
 
+def _standbys(stack: Stack, copies: int) -> Settings:
+    return stack.settings.with_(gateway=replace(stack.settings.gateway, standbys=copies))
+
+
 @asynccontextmanager
 async def _two(stack: Stack) -> AsyncIterator[tuple[tuple[str, web.Application],
                                                     tuple[str, web.Application]]]:
-    """Gateways A and B of one group, once they split the partitions and each read
-    model holds its feed's share, loaded."""
-    async with _grouped_gateway(stack.settings) as a, _grouped_gateway(stack.settings) as b:
+    """Gateways A and B of one group without standby copies, once they split the
+    partitions and each read model holds its feed's share, loaded."""
+    settings = _standbys(stack, 0)
+    async with _grouped_gateway(settings) as a, _grouped_gateway(settings) as b:
         apps = [a[1], b[1]]
 
         await _until(lambda: _settled(apps, stack),
@@ -36,10 +43,11 @@ async def _two(stack: Stack) -> AsyncIterator[tuple[tuple[str, web.Application],
 
 
 def _settled(apps: list[web.Application], stack: Stack) -> bool:
-    """The apps split the partitions, and each read model holds its feed's share,
-    loaded, and the feed serves it."""
+    """The apps split the partitions, and each read model holds its feed's share (and
+    its standby copies), loaded, and the feed serves it."""
     return _split(apps, stack.settings.partitions) and all(
-        app[READ_MODEL].held == app[FEED].owned and not app[READ_MODEL].loading
+        app[READ_MODEL].held == (app[FEED].owned or set()) | app[READ_MODEL].standby
+        and not app[READ_MODEL].loading
         and all(app[FEED].owns(p) for p in app[FEED].owned or ()) for app in apps)
 
 
@@ -130,8 +138,9 @@ async def test_langgraph_reads_of_a_thread_held_elsewhere(stack: Stack) -> None:
 async def test_a_moved_partition_is_read_again_where_it_goes(stack: Stack) -> None:
     """When B leaves, A takes B's partitions: its read model reads them (from the
     start: it never held them) and serves their threads itself."""
-    async with _grouped_gateway(stack.settings) as (url_a, app_a):
-        async with _grouped_gateway(stack.settings) as (_url_b, app_b):
+    settings = _standbys(stack, 0)
+    async with _grouped_gateway(settings) as (url_a, app_a):
+        async with _grouped_gateway(settings) as (_url_b, app_b):
             apps = [app_a, app_b]
             await _until(lambda: _settled(apps, stack), "A and B split")
             thread_id = await _thread_via(stack, url_a, _on(app_b, stack), "moves")
@@ -140,3 +149,33 @@ async def test_a_moved_partition_is_read_again_where_it_goes(stack: Stack) -> No
         status, thread = await _json(stack, "GET", f"{url_a}/v1/threads/{thread_id}")
         assert status == 200, thread
         assert app_a[READ_MODEL].store.state(thread_id) is not None
+
+
+async def test_a_standby_copy_serves_at_once_when_its_partition_comes_here(stack: Stack) -> None:
+    """With one standby copy (the default), A keeps B's partitions warm beside its own
+    and serves their threads without a hop; when B leaves, A takes them over with
+    nothing to read anew (no partition loading) and the thread B held reads at once."""
+    async with _grouped_gateway(stack.settings) as (url_a, app_a):
+        async with _grouped_gateway(stack.settings) as (url_b, app_b):
+            apps = [app_a, app_b]
+            await _until(lambda: _settled(apps, stack) and all(
+                app[READ_MODEL].standby == set(range(stack.settings.partitions)) -
+                (app[FEED].owned or set()) for app in apps), "A and B keep each other's copies")
+            thread_id = await _thread_via(stack, url_b, _on(app_b, stack), "kept warm")
+            await _until(lambda: app_a[READ_MODEL].store.state(thread_id) is not None,
+                         "A's standby copy has B's thread")
+            status, thread = await _json(stack, "GET", f"{url_a}/v1/threads/{thread_id}")
+            assert status == 200, thread
+        taken: list[list[int]] = []
+        model = app_a[READ_MODEL]
+        original = model._apply_held
+
+        async def spy() -> None:
+            taken.append(sorted((model._wanted or set()) - (model.held or set())))
+            await original()
+
+        model._apply_held = spy  # type: ignore[method-assign]
+        await _until(lambda: _settled([app_a], stack), "A holds every partition")
+        assert all(not new for new in taken), taken
+        status, thread = await _json(stack, "GET", f"{url_a}/v1/threads/{thread_id}")
+        assert status == 200, thread
