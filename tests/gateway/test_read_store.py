@@ -192,3 +192,33 @@ def test_a_state_in_the_old_form_is_indexed_with_its_history(tmp_path: Path) -> 
     assert [(r.seq, r.message.text, r.run_status) for r in page.records] == [
         (0, "Hi", RunStatus.COMPLETED), (1, "Hello", None), (2, "Again", RunStatus.RUNNING)]
     assert store.run("r2") is not None and store.message_seq("old", "a1") == 1
+
+
+def test_a_split_store_erases_one_partitions_threads_and_lists_only_what_is_asked(
+        tmp_path: Path) -> None:
+    """A gateway group's store: the listing can be limited to the threads of the
+    partitions held; erasing a partition (let go of past the tombstones' retention)
+    deletes its threads' every row and its checkpoints, and nothing of the others;
+    the mark of when a partition was let go of survives a reopen."""
+    store = _store(tmp_path)
+    for thread_id in ("p0-a", "p0-b", "p1-a"):
+        _fill(store, thread_id, 4)
+    store.commit({(THREADS, 1): 7, (MESSAGES, 1): 9})
+    partition = {"p0-a": 0, "p0-b": 0, "p1-a": 1}.__getitem__
+    listed = store.threads("ten", limit=10, only=lambda t: partition(t) == 1)
+    assert [s.thread_id for s in listed.states] == ["p1-a"] and not listed.more
+    store.release(0, 1234)
+    assert store.released_at(0) == 1234 and store.released_at(1) is None
+    assert store.erase_partition(0, lambda t: partition(t) == 0) == 2
+    for gone in ("p0-a", "p0-b"):
+        assert store.state(gone) is None and store.messages(gone).records == []
+        assert store.message_seq(gone, f"{gone}-m0") is None and store.run(f"{gone}-run-0") is None
+    assert store.checkpoint(THREADS, 0) is None and store.checkpoint(MESSAGES, 0) is None
+    assert store.state("p1-a") is not None and len(store.messages("p1-a").records) == 4
+    assert store.checkpoint(THREADS, 1) == 7
+    assert [s.thread_id for s in store.threads("ten", limit=10).states] == ["p1-a"]
+    store.close()
+    reopened = _store(tmp_path)
+    assert reopened.released_at(0) == 1234
+    reopened.retake(0)
+    assert reopened.released_at(0) is None
