@@ -154,6 +154,7 @@ class ReadModel:
         self.runs_elsewhere: Callable[[str], int] = lambda tenant: 0
         self._retention_ms = DEFAULT_DELETE_RETENTION_MS
         self._first_share_read = False
+        self.ready_s: float | None = None  # from start to ready (split: its first share read)
         # THREADLINE_SCHEMA_REGISTRY_URL: the Confluent format; else single-object.
         self.codec = codec or Codec.from_settings(settings)
         self.offsets = offsets
@@ -233,10 +234,17 @@ class ReadModel:
     def ready(self) -> bool:
         """Loaded; split, its first share read up to where it was when taken (a later
         rebalance does not take a serving gateway out of its load balancer)."""
-        if self.held is not None and not self._first_share_read:
-            self._first_share_read = bool(self.held) and self._wanted == self.held \
-                and not self._loading
+        self._see_first_share()
         return self.loaded and (self.held is None or self._first_share_read)
+
+    def _see_first_share(self) -> None:
+        if self.held is not None and not self._first_share_read and self.held \
+                and self._wanted == self.held and not self._loading:
+            self._first_share_read = True
+            self.ready_s = time.monotonic() - self._started_at
+            log.info("read model ready: its first share %s read in %.2f s", sorted(self.held),
+                     self.ready_s)
+            release_free_memory()  # the load's decoded batches are garbage now
 
     async def wait_held(self, partitions: set[int]) -> None:
         """Until these partitions are held and read up to where they were when taken
@@ -724,7 +732,8 @@ class ReadModel:
     def stats(self) -> dict[str, Any]:
         """Load state, records read, active runs and RocksDB memory for /healthz."""
         store = self._store_
-        return {"loaded": self.loaded, "mode": self.mode,
+        return {"loaded": self.loaded, "ready": self.ready, "ready_s": self.ready_s,
+                "mode": self.mode,
                 "held": None if self.held is None else sorted(self.held),
                 "standby": sorted(self.standby),
                 "loading": self.loading, "restore_s": self.restore_s,
@@ -782,6 +791,7 @@ class ReadModel:
         self.held = wanted
         log.info("read model holds partitions %s (took %s, let go of %s; %s loading)",
                  sorted(wanted), sorted(new), sorted(gone), self.loading)
+        self._see_first_share()
         self._progress.set()
 
     async def _step(self) -> None:
@@ -829,6 +839,7 @@ class ReadModel:
             if all(positions.get(tp, 0) >= end for tp, end in ends.items()):
                 del self._loading[partition]
                 log.info("read model: partition %d loaded", partition)
+        self._see_first_share()
         self._progress.set()
         if not self._loaded.is_set():
             if any(positions[tp] < end for tp, end in self._initial_end.items()):
@@ -838,6 +849,8 @@ class ReadModel:
     def _mark_loaded(self) -> None:
         store = self.store
         self.restore_s = time.monotonic() - self._started_at
+        if self.held is None:
+            self.ready_s = self.restore_s
         self.read_until_loaded = dict(self.read_records)
         self._loaded.set()
         # The restore's decoded batches are garbage now; without this the process keeps
