@@ -68,10 +68,12 @@ bench: install
 	$(MAKE) bench-gateways
 
 # Gateways as a group behind HAProxy (issue #26): 1, 2 and 3 gateways side by side,
-# then one killed for good; they print their tables (docs/benchmarks.md holds them).
+# one killed for good, and one joining two over 100k threads; they print their
+# tables (docs/benchmarks.md holds them).
 bench-gateways: install system-deps
 	$(PY) -m bench.gateway_group
 	$(PY) -m bench.gateway_failover
+	$(PY) -m bench.gateway_join
 
 # Threadline side by side with Restate, DBOS and the LangGraph dev server (bench/peers/):
 # installs the peers (npm, PyPI, Debian's postgresql) under ~/.cache/threadline/peers,

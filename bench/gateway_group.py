@@ -23,6 +23,9 @@ the same whatever its share. Cases alternate 1, 2, 3 with the
 order rotated each round.
 
     python -m bench.gateway_group [--rounds 2] [--threads 120] [--watched 40]
+
+Three gateways are measured twice: without standby copies of the read model (the
+case issue #26 bounds) and with one (`THREADLINE_GATEWAY_STANDBYS`, the default).
     python -m bench.gateway_group --rounds 1 --spy var/spy-gateways  # where the CPU goes
 """
 
@@ -152,7 +155,7 @@ async def _healthy(session: aiohttp.ClientSession, ports: list[int], partitions:
 
 
 async def measure(bootstrap: str, gateways: int, threads: int, watched: int,
-                  words: int, spy: Path | None = None) -> Case:
+                  words: int, spy: Path | None = None, standbys: int = 0) -> Case:
     """One case (see the module); with `spy`, py-spy records each gateway over the
     measured window into that folder and its summary is printed."""
     stack = new_stack(bootstrap, partitions=6, THREADLINE_WORKER_CONCURRENCY="256",
@@ -166,6 +169,7 @@ async def measure(bootstrap: str, gateways: int, threads: int, watched: int,
             env = {**stack.env, "THREADLINE_HTTP_PORT": str(port)}
             if gateways > 1:
                 env["THREADLINE_GATEWAY_URL"] = f"http://127.0.0.1:{port}"
+                env["THREADLINE_GATEWAY_STANDBYS"] = str(standbys)
             children.append(Child(f"gateway-{n}", ["-m", "streams.cli", "gateway"], env,
                                   stack.folder / f"gateway-{n}.log"))
         haproxy.start()
@@ -240,18 +244,19 @@ def main() -> None:
     args = parser.parse_args()
     if haproxy_binary() is None:
         raise SystemExit("haproxy is not installed (make system-deps)")
-    counts = [1, 2, 3]
-    cases: dict[int, list[Case]] = {n: [] for n in counts}
+    # (label, gateways, standby copies): the bound is for 0 copies; 1 is the default.
+    kinds = [("1", 1, 0), ("2", 2, 0), ("3", 3, 0), ("3, 1 standby", 3, 1)]
+    cases: dict[str, list[Case]] = {label: [] for label, _, _ in kinds}
     print(f"load before: {load_text()}")
     with broker() as bootstrap:
         for r in range(args.rounds):
-            order = counts[r % 3:] + counts[:r % 3]
-            for n in order:
-                spy = args.spy / f"r{r + 1}-n{n}" if args.spy else None
+            order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
+            for label, n, standbys in order:
+                spy = args.spy / f"r{r + 1}-n{n}-s{standbys}" if args.spy else None
                 case = asyncio.run(measure(bootstrap, n, args.threads, args.watched, args.words,
-                                           spy))
-                cases[n].append(case)
-                print(f"round {r + 1}, {n} gateway(s): {case.records} records, CPU s "
+                                           spy, standbys))
+                cases[label].append(case)
+                print(f"round {r + 1}, {label} gateway(s): {case.records} records, CPU s "
                       f"{[round(c, 3) for c in case.cpu_s]} (idle "
                       f"{[round(c, 3) for c in case.idle_cpu_s]}), µs/record "
                       f"{[round(u, 1) for u in case.us_per_record()]}, less idle "
@@ -261,13 +266,13 @@ def main() -> None:
     print("| gateways | cluster records a case | busiest gateway µs/record | all gateways "
           "µs/record | busiest against one gateway | the same, idle CPU taken out |")
     print("|---|---|---|---|---|---|")
-    single = statistics.median(max(c.us_per_record()) for c in cases[1])
-    single_busy = statistics.median(max(c.us_per_record(idle=False)) for c in cases[1])
-    for n in counts:
-        busiest = [max(c.us_per_record()) for c in cases[n]]
-        total = [sum(c.us_per_record()) for c in cases[n]]
-        busy = [max(c.us_per_record(idle=False)) for c in cases[n]]
-        print(f"| {n} | {statistics.median(c.records for c in cases[n]):.0f} "
+    single = statistics.median(max(c.us_per_record()) for c in cases["1"])
+    single_busy = statistics.median(max(c.us_per_record(idle=False)) for c in cases["1"])
+    for label, _, _ in kinds:
+        busiest = [max(c.us_per_record()) for c in cases[label]]
+        total = [sum(c.us_per_record()) for c in cases[label]]
+        busy = [max(c.us_per_record(idle=False)) for c in cases[label]]
+        print(f"| {label} | {statistics.median(c.records for c in cases[label]):.0f} "
               f"| {min(busiest):.1f} to {max(busiest):.1f} | {min(total):.1f} to {max(total):.1f} "
               f"| {statistics.median(busiest) / single:.2f}x "
               f"| {statistics.median(busy) / single_busy:.2f}x |")
