@@ -273,6 +273,8 @@ class Load:
     replication_factor: int = 3
     core_share: float = 0.6  # of one core, what each process is planned to use at most
     broker_cores: int = 4  # cores of each broker host
+    gateway_standbys: int = 1  # a gateway group's standby copies of each partition
+    partitions: int = 12  # THREADLINE_PARTITIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,8 +293,9 @@ def plan(load: Load, costs: Costs, worker_concurrency: int = 16) -> Plan:
     run too. A viewer costs the gateway per event it is sent: a run's events reach its
     viewers (viewers / concurrent runs of them per run). Brokers: the measured broker CPU
     at replication factor 1, times the replication factor (followers fetch everything
-    again), on `broker_cores` each at `core_share`. Every gateway holds every thread
-    today (issue #26); a processor holds its partitions' share."""
+    again), on `broker_cores` each at `core_share`. A processor holds its partitions'
+    share; gateways, more than one being a group, their share and its standby copies
+    (one gateway holds every thread)."""
     cores: dict[str, float] = {}
     for name in costs.run_ms:
         per_run = (costs.run_ms[name] + load.steps_per_run * costs.step_ms[name]
@@ -311,14 +314,19 @@ def plan(load: Load, costs: Costs, worker_concurrency: int = 16) -> Plan:
         instances["broker"] = max(load.replication_factor,
                                   math.ceil(cores["broker"] / (load.broker_cores * load.core_share)))
     gib = 2**20  # KiB per GiB
+    gateways = instances["gateway"]
+    # Of the threads, what the busiest gateway holds: its partitions and their copies.
+    busiest = math.ceil(load.partitions / min(gateways, load.partitions))
+    share = 1.0 if gateways == 1 else \
+        min(1.0, busiest * (1 + load.gateway_standbys) / load.partitions)
     memory = {
         "processor": load.threads * costs.thread_kib["processor"] / instances["processor"] / gib,
-        "gateway": (load.threads * costs.thread_kib["gateway"]
-                    + load.viewers / instances["gateway"] * costs.client_kib) / gib,
+        "gateway": (load.threads * costs.thread_kib["gateway"] * share
+                    + load.viewers / gateways * costs.client_kib) / gib,
     }
     disk = {
         "processor": load.threads * costs.thread_disk_kib["processor"] / instances["processor"] / gib,
-        "gateway": load.threads * costs.thread_disk_kib["gateway"] / gib,
+        "gateway": load.threads * costs.thread_disk_kib["gateway"] * share / gib,
         "topics": load.threads * costs.thread_disk_kib["topics"] * load.replication_factor / gib,
     }
     return Plan(cores, instances, memory, disk)
