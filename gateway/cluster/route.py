@@ -47,6 +47,9 @@ _DROPPED_REQUEST = frozenset({
     "trailer", "transfer-encoding", "upgrade", "content-length", "authorization", "cookie",
     "x-api-key", "accept-encoding", "origin", HOP_HEADER.lower(), "threadline-hop-partition",
     "threadline-hops"})
+# A long poll sent on (LangGraph's `runs/wait` and `join`) answers when its run ends:
+# no read limit (a killed owner's socket is reset, and the client's own limits apply).
+_NO_READ_LIMIT = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=None)
 # What routing a request sent on carries (not trusted for more than routing).
 _HOP_PARTITION, _HOPS = "Threadline-Hop-Partition", "Threadline-Hops"
 _DROPPED_RESPONSE = frozenset({
@@ -110,7 +113,7 @@ async def _send_on(request: web.Request, handler: Handler, forwarder: Forwarder,
             try:
                 response = await forwarder.session.request(
                     request.method, claim.url + path_qs, data=body or None, headers=headers,
-                    allow_redirects=False)
+                    allow_redirects=False, timeout=_NO_READ_LIMIT)
             except aiohttp.ClientConnectorError as exc:  # not sent: send it elsewhere
                 log.info("%s %s: owner %s unreachable: %s", request.method, request.path,
                          claim.url, exc)

@@ -569,14 +569,14 @@ class ReadModel:
         Split, a run not held here is asked of the other gateways (not with `scatter`
         off: this is one of them, asked)."""
         ref = self._run_ref(run_id)
-        if ref is None and self.held is not None and scatter:
-            accepted = self._accepted.get(run_id)
-            if accepted is not None and not self.here(self.partition_of(accepted[0])):
+        accepted = self._accepted.get(run_id)
+        if ref is None and self.held is not None and scatter and \
+                (accepted is None or not self.here(self.partition_of(accepted[0]))):
+            if accepted is not None:  # this gateway read its acceptance: its thread's owner
                 partition = self.partition_of(accepted[0])
                 return await self._elsewhere(partition).run(
                     tenant, run_id, accepted[0], self._hints(accepted[0], run_id))
-            if self._loading:
-                await self.catch_up()
+            await self.catch_up()
             ref = self._run_ref(run_id)
             if ref is None and self.elsewhere is not None:
                 # Which gateway holds it is not known: every other one is asked.

@@ -179,3 +179,16 @@ async def test_a_standby_copy_serves_at_once_when_its_partition_comes_here(stack
         assert all(not new for new in taken), taken
         status, thread = await _json(stack, "GET", f"{url_a}/v1/threads/{thread_id}")
         assert status == 200, thread
+
+
+async def test_a_long_poll_sent_on_waits_for_its_run_whatever_it_takes(stack: Stack) -> None:
+    """LangGraph's `runs/wait` through A for a thread B holds is sent on whole and
+    answers when the run ends: a slow run (seconds, past the hops' read limit of a
+    few keep-alives) still answers once, with the answer in its values."""
+    async with _two(stack) as ((url_a, _app_a), (_url_b, app_b)):
+        thread_id = await _thread_via(stack, url_a, _on(app_b, stack), "waited")
+        status, values = await _json(stack, "POST", f"{url_a}/langgraph/threads/{thread_id}/runs/wait", {
+            "assistant_id": "agent", "input": {"messages": [
+                {"role": "user", "content": "[slow] " + " ".join(["word"] * 40)}]}})
+        assert status == 200, values
+        assert values["messages"][-1]["type"] == "ai" and "word" in values["messages"][-1]["content"]
