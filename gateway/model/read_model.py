@@ -22,6 +22,15 @@ model has reached the partition's current last stable offset on both topics
 (bounded by a timeout). A thread written through another gateway a moment ago may
 be read a few milliseconds stale; its own writer's reads are not.
 
+In a gateway group the model is split (`split=True`): it reads and serves only the
+partitions `hold` names (the share the group gave this gateway's stream feed) and
+those `keep_warm` names (standby copies of other gateways' shares). A partition taken
+is read from its checkpoint (reads of it wait meanwhile), one let go of keeps its rows
+for a later return, and a read of a thread held elsewhere either raises
+`HeldElsewhere` (the request is sent on whole to the owner) or is asked of the owner
+(`elsewhere`), as `gateway.model.placement` decides per request. Lists of threads and
+run lookups by id gather from every gateway.
+
 Consistency of a batch: `getmany` hands out records and advances the consumer's
 positions; the batch is applied and committed to RocksDB before the step awaits
 anything, so a coroutine that sees a position also sees the rows before it.
