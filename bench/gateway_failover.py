@@ -136,7 +136,7 @@ async def one_round(bootstrap: str, threads: int,
                     loading = [await _loading(session, port) for port in survivors]
                     if not any(loading) and await _reads(session, probe):
                         served = time.monotonic() - killed
-                if served is not None and all(
+                if served is not None and rebalanced is not None and all(
                         any(t > killed + rebalanced for t in s) for s in seen):
                     break
                 await asyncio.sleep(0.05)
