@@ -50,7 +50,7 @@ from streams.core.domain import ThreadState
 from streams.core.records import MessageRecord
 from streams.wire import Codec, new_meta
 
-__all__ = ["READS_PATH", "RemoteReads", "internal_reads"]
+__all__ = ["READS_PATH", "RemoteReads", "internal_reads", "merge_pages"]
 
 READS_PATH = INTERNAL_PREFIX + "reads/{op}"
 _MAX_LIMIT = 1000
@@ -88,6 +88,26 @@ def _hints_query(hints: Hints) -> dict[str, str]:
 def _cursor_key(state: ThreadState) -> tuple[int, bytes]:
     """The read store's listing order (`ReadStore.threads`)."""
     return -listed_at(state), state.thread_id.encode("utf-8", "surrogatepass")
+
+
+def merge_pages(pages: list[ThreadPage], limit: int) -> ThreadPage:
+    """One page of `limit` from the pages of the gateways, each the first of its
+    threads after the same cursor: the first in the listing order of them all (a
+    thread in two pages, a standby copy's and its owner's, once), more if any page
+    had more or some were left out."""
+    states: dict[str, ThreadState] = {}
+    titles: dict[str, str] = {}
+    more = False
+    for page in pages:
+        more = more or page.more
+        for state in page.states:
+            if state.thread_id not in states:
+                states[state.thread_id] = state
+                if state.thread_id in page.titles:
+                    titles[state.thread_id] = page.titles[state.thread_id]
+    merged = sorted(states.values(), key=_cursor_key)[:limit]
+    return ThreadPage(merged, more or len(states) > limit,
+                      {s.thread_id: titles[s.thread_id] for s in merged if s.thread_id in titles})
 
 
 class RemoteReads:
@@ -201,20 +221,14 @@ class RemoteReads:
         claims = self._others()
         answers = await asyncio.gather(*(self._ask(min(c.partitions), tenant, "threads", query)
                                          for c in claims if c.partitions))
-        states = {s.thread_id: s for s in here.states}
-        titles: dict[str, str] = {}
-        more = here.more
+        pages = []
         for answer in answers:
-            more = more or bool(answer["more"])
-            for raw, title in zip(answer["states"], answer["titles"], strict=True):
-                state = _state_in(self.codec, raw)
-                if state is not None and state.thread_id not in states:
-                    states[state.thread_id] = state
-                    titles[state.thread_id] = str(title)
-        merged = sorted(states.values(), key=_cursor_key)[:limit]
-        return ThreadPage(merged, more or len(states) > limit,
-                          {s.thread_id: titles[s.thread_id] for s in merged
-                           if s.thread_id in titles})
+            states = [_state_in(self.codec, raw) for raw in answer["states"]]
+            pages.append(ThreadPage(
+                [s for s in states if s is not None], bool(answer["more"]),
+                {s.thread_id: str(t) for s, t in zip(states, answer["titles"], strict=True)
+                 if s is not None}))
+        return merge_pages([here, *pages], limit)
 
     def _partition(self, thread_id: str) -> int:
         return partition_for(thread_id, self.partitions)

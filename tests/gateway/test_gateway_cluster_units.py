@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from gateway.cluster.hop import HOP_TTL_S, BadHop, HopSigner
 from gateway.cluster.owners import MAX_TENANTS_LISTED, Claim, OwnerBoard, OwnerMap
+from gateway.cluster.reads import merge_pages
 from gateway.cluster.remote import Forwarder, read_lines
 from gateway.cluster.sticky import assignors, shares, standbys
 from gateway.http.problems import Problem
@@ -23,7 +24,9 @@ from gateway.kafka import Offsets
 from gateway.live.feed import NotOwned, StreamFeed
 from gateway.live.sse import SseEvent
 from gateway.model.read_model import ReadModel
+from gateway.model.read_store import ThreadPage
 from streams.config import Settings
+from streams.core.domain import ThreadState
 
 NOW = 1_800_000_000.0
 
@@ -447,3 +450,34 @@ def test_a_claim_carries_its_active_runs_and_standby_copies() -> None:
     other = Claim("b", "http://b", 3, frozenset({0}), {}, {"t": 3}, frozenset({1}))
     owners.put(other.key, other)
     assert owners.runs_elsewhere("t", "a") == 3 and owners.warm() == {4: {"a"}, 5: {"a"}, 1: {"b"}}
+
+
+@given(st.lists(st.tuples(st.integers(0, 20), st.text("abc", min_size=1, max_size=3),
+                          st.integers(0, 2)), max_size=30, unique_by=lambda t: t[1]),
+       st.integers(1, 7))
+def test_gathered_thread_pages_walk_the_whole_list_in_order(
+        threads: list[tuple[int, str, int]], limit: int) -> None:
+    """Threads spread over three gateways (updated_at, id, which gateway): each answers
+    the first `limit` of its own after the cursor, and the merged pages, walked by the
+    cursor of each page's last thread, give every thread once, in the listing order."""
+    states = {tid: ThreadState(tid, "t", "", 0, updated_at_ms=at) for at, tid, _ in threads}
+    where = {tid: g for _, tid, g in threads}
+
+    def order(state: ThreadState) -> tuple[int, bytes]:
+        return -state.updated_at_ms, state.thread_id.encode()
+
+    def page_of(gateway: int, after: tuple[int, bytes] | None) -> ThreadPage:
+        mine = sorted((s for s in states.values() if where[s.thread_id] == gateway), key=order)
+        mine = [s for s in mine if after is None or order(s) > after]
+        return ThreadPage(mine[:limit], len(mine) > limit)
+
+    walked: list[str] = []
+    after = None
+    while True:
+        page = merge_pages([page_of(g, after) for g in range(3)], limit)
+        assert len(page.states) <= limit
+        walked += [s.thread_id for s in page.states]
+        if not page.more:
+            break
+        after = order(page.states[-1])
+    assert walked == [s.thread_id for s in sorted(states.values(), key=order)]
