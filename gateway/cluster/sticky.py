@@ -25,9 +25,15 @@ A partition that must move (its owner left) goes, where balance allows, to a mem
 that keeps a standby copy of its read model (the claims name them,
 `THREADLINE_GATEWAY_STANDBYS`): it serves again without reading the partition anew.
 
-Round robin stays the second choice of each member, so a group with gateways of an
-earlier version (round robin only) still forms while they are replaced one by one:
-the group uses the first protocol every member supports.
+One protocol, named `roundrobin`: a gateway of an earlier version (aiokafka's round
+robin only) shares it, so a group of both still forms while they are replaced one by
+one (whichever member leads assigns, each by its own rule, both balanced). Not two
+protocols, sticky first and round robin second: aiokafka 0.14 then sends a JoinGroup
+per assignor, the first with the first protocol alone and the next with both
+(aio-libs/aiokafka#1168, open), so every join changes the member's metadata and starts
+another rebalance. Two or three gateways starting together rebalanced for minutes
+that way (generation 856 after two minutes in `bench.gateway_group`), and one gave up
+without an assignment.
 """
 
 from __future__ import annotations
@@ -98,12 +104,11 @@ def standbys(owners: Mapping[int, str], members: Iterable[str],
 
 def assignors(instance: str, owners: Owners,
               warm: Warm = dict) -> tuple[type[AbstractPartitionAssignor], ...]:
-    """The assignors of this gateway's group consumer, in order of preference: the
-    sticky one (a class of its own: aiokafka calls assignors on the class), then round
-    robin."""
+    """The assignor of this gateway's group consumer (a class of its own: aiokafka calls
+    assignors on the class), alone, under round robin's protocol name (see the module)."""
 
     class ClaimStickyAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
-        name = "threadline-sticky"
+        name = RoundRobinPartitionAssignor.name  # "roundrobin": what earlier gateways propose
         version = 0
 
         @classmethod
@@ -120,7 +125,7 @@ def assignors(instance: str, owners: Owners,
         def on_assignment(cls, assignment: ConsumerProtocolMemberAssignment) -> None:
             """Nothing to keep: the owner map says where partitions are."""
 
-    return ClaimStickyAssignor, RoundRobinPartitionAssignor
+    return (ClaimStickyAssignor,)
 
 
 def _assign(cluster: ClusterMetadata, members: Mapping[str, ConsumerProtocolMemberMetadata],

@@ -436,9 +436,9 @@ async def test_a_gateway_joining_or_leaving_moves_only_the_partitions_it_must(
 
 
 async def test_a_gateway_of_an_earlier_version_still_joins_the_group(stack: Stack) -> None:
-    """A gateway of an earlier version proposes round robin only: this one proposes
-    sticky first and round robin second, so the two form one group (the first protocol
-    both support) and split the partitions, rather than the joiner being refused."""
+    """A gateway of an earlier version proposes aiokafka's round robin only: this one's
+    sticky assignor goes by the same protocol name, so the two form one group and
+    split the partitions, rather than the joiner being refused."""
     partitions = stack.settings.partitions
     async with _grouped_gateway(stack.settings) as (_url_a, app_a):
         await _until(lambda: _split([app_a], partitions), "A alone owns every partition")
