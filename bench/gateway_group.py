@@ -132,12 +132,14 @@ async def _watch(session: aiohttp.ClientSession, base: str, thread_id: str,
 
 async def _healthy(session: aiohttp.ClientSession, ports: list[int], partitions: int,
                    grouped: bool, timeout_s: float = 180) -> None:
-    """Every gateway answers /healthz 200; grouped, their shares cover the partitions."""
+    """Every gateway answers /healthz 200; grouped, every one has a share (the group
+    formed: a stream opened before a member joined would end "moved") and the shares
+    cover the partitions."""
     deadline = time.monotonic() + timeout_s
     last = ""
     while time.monotonic() < deadline:
         owned: list[int] = []
-        ok = True
+        ok, shares = True, 0
         for port in ports:
             try:
                 async with session.get(f"http://127.0.0.1:{port}/healthz") as response:
@@ -145,10 +147,12 @@ async def _healthy(session: aiohttp.ClientSession, ports: list[int], partitions:
                     ok = ok and response.status == 200
                     share = body.get("feed", {}).get("owned")
                     owned += share if isinstance(share, list) else []
+                    shares += bool(share)
                     last = str(body)[:300]
             except aiohttp.ClientError as exc:
                 ok, last = False, str(exc)
-        if ok and (not grouped or sorted(owned) == list(range(partitions))):
+        if ok and (not grouped or (sorted(owned) == list(range(partitions))
+                                   and shares == min(len(ports), partitions))):
             return
         await asyncio.sleep(0.3)
     raise RuntimeError(f"gateways not healthy in {timeout_s:.0f} s: {last}")
