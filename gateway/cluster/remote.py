@@ -10,6 +10,7 @@ over one HTTP request signed as a hop (`gateway.cluster.hop`):
     GET /internal/v1/threads/{thread_id}/stream?run_id=&after=&last_message_id=
     {"events": [[partition, offset, sub, run_start, run_id, name, frame, data_at], ...]}
     {"gone": [thread_id, run_id, token]}
+    {"start": [offset, sub, scan_from, run_id]}   where the stream began (first line)
     {"live": 1}            the catch-up (replay, window) is over
     {"keepalive": 1}
     {"end": "<reason>"}    the owner ended it: "done", "moved", "shutdown", "overflow"...
@@ -23,7 +24,9 @@ command is published there), and only the events come from the owner.
 
 When the owner's stream ends before the stream is over (the partition moved at a
 rebalance, the owner shut down or died), this gateway opens it again on the
-partition's new owner right after the last event it delivered: the client sees
+partition's new owner right after the last event it delivered, or, if none was
+delivered yet, where the stream began on the first owner (`start`: a fresh start on
+the next owner could come later, and miss a run begun between): the client sees
 neither a gap nor a repeat (positions only go up, and the resume token names the
 place). It waits for the group to name an owner for as long as a dead gateway takes
 to leave it (the session timeout) and a margin, then ends the stream: the client
@@ -38,6 +41,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
@@ -48,19 +52,33 @@ from gateway.cluster.owners import Claim, OwnerBoard
 from gateway.http.auth import INTERNAL_PREFIX
 from gateway.http.problems import Problem
 from gateway.live.feed import NotOwned
-from gateway.live.run_stream import KEEP_ALIVE, Gone, Item, KeepAlive
+from gateway.live.run_stream import KEEP_ALIVE, Gone, Item, KeepAlive, Start
 from gateway.live.sse import SseEvent
 from streams.observability.metrics import gateway_metrics
 
 __all__ = ["INTERNAL_PREFIX", "Forwarder", "RemoteEventStream", "item_line", "owner_problem",
-           "read_lines"]
+           "read_lines", "start_line"]
 
 log = logging.getLogger("threadline.gateway")
 
 _LIVE, _END = object(), object()
+
+
+@dataclass(frozen=True, slots=True)
+class _Began:
+    """Where the owner's stream began (its `start` line)."""
+
+    start: Start
 _QUEUE_ITEMS = 256  # items read ahead of the client: then the owner's socket waits
 _MAX_LINE = 8 * 1024 * 1024  # one batch of events, at most
 _UNAVAILABLE_RETRY_S = 0.25  # this gateway's feed could not open the stream for now
+
+
+def start_line(start: Start) -> bytes:
+    """The owner's first line: where the stream began."""
+    offset, sub, scan_from, run_id = start
+    return json.dumps({"start": [offset, sub, scan_from, run_id or ""]},
+                      separators=(",", ":")).encode() + b"\n"
 
 
 def item_line(item: Item | None, end: str | None = None) -> bytes:
@@ -109,6 +127,9 @@ def _parse(line: bytes) -> Item | str | object:
         return KEEP_ALIVE
     if "end" in data:
         return str(data["end"])
+    if "start" in data:
+        offset, sub, scan_from, run_id = data["start"]
+        return _Began((int(offset), int(sub), int(scan_from), str(run_id) or None))
     return _LIVE
 
 
@@ -165,8 +186,10 @@ class LocalStreams(Protocol):
         """Whether this gateway owns the stream's partition now."""
         ...
 
-    def open(self, after: str | None) -> contextlib.AbstractAsyncContextManager[Any]:
-        """The stream on this gateway's feed (`RunStreams.open_local`)."""
+    def open(self, after: str | None,
+             start: Start | None = None) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The stream on this gateway's feed (`RunStreams.open_local`), after `after`,
+        or without one, from `start`."""
         ...
 
 
@@ -191,12 +214,16 @@ class RemoteEventStream:
         self._reader: asyncio.Task[None] | None = None
         self._pump: asyncio.Task[None] | None = None
         self._live_seen = False
+        self._start: Start | None = None  # where the first owner's stream began
 
     # --- the sources: the owner, or this gateway's feed -----------------------------
 
     def _path(self) -> str:
+        start = None if self._after is not None or self._start is None else \
+            ".".join(str(part) if part is not None else "" for part in self._start)
         query = {k: v for k, v in (("run_id", self.run_id), ("after", self._after),
-                                   ("last_message_id", self._last_message_id)) if v}
+                                   ("last_message_id", self._last_message_id),
+                                   ("start", start)) if v}
         path = f"{INTERNAL_PREFIX}threads/{self.thread_id}/stream"
         return f"{path}?{urlencode(query)}" if query else path
 
@@ -285,6 +312,10 @@ class RemoteEventStream:
                 await self._queue.put(_END)
 
     async def _put(self, item: object) -> None:
+        if isinstance(item, _Began):
+            if self._start is None:  # the first owner's: later ones began from it
+                self._start = item.start
+            return
         if item is _LIVE:
             if self._live_seen:
                 return  # a later source's catch-up is part of the live events here
@@ -310,7 +341,8 @@ class RemoteEventStream:
 
     async def _from_feed(self) -> str | None:
         try:
-            async with self._local.open(self._after) as stream:
+            async with self._local.open(
+                    self._after, None if self._after is not None else self._start) as stream:
                 async for caught_up in stream.catch_up():
                     await self._put(caught_up)
                 await self._put(_LIVE)

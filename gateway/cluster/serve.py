@@ -12,12 +12,12 @@ import contextlib
 
 from aiohttp import web
 
-from gateway.cluster.remote import item_line
+from gateway.cluster.remote import item_line, start_line
 from gateway.http.auth import TENANT
 from gateway.http.problems import Problem
 from gateway.keys import FEED, READ_MODEL
 from gateway.live.feed import NotOwned
-from gateway.live.run_stream import STREAMS
+from gateway.live.run_stream import STREAMS, Start
 
 __all__ = ["internal_stream"]
 
@@ -45,13 +45,16 @@ async def internal_stream(request: web.Request) -> web.StreamResponse:
             # The tenant's stream slot is held by the gateway the client reached.
             stream = await opened.enter_async_context(config[STREAMS].open_local(
                 tenant, state, run, after=request.query.get("after"),
-                last_message_id=request.query.get("last_message_id"), slot=False))
+                last_message_id=request.query.get("last_message_id"), slot=False,
+                start=_start(request.query.get("start"))))
         except NotOwned:  # a rebalance moved it while the stream's start was found
             raise Problem(421, "misdirected", "the thread's partition moved to another "
                           "gateway") from None
         response = web.StreamResponse(headers=NDJSON)
         await response.prepare(request)
         try:
+            if stream.start is not None:
+                await response.write(start_line(stream.start))
             async for caught_up in stream.catch_up():
                 await response.write(item_line(caught_up))
             await response.write(item_line(None))  # live from here
@@ -61,3 +64,15 @@ async def internal_stream(request: web.Request) -> web.StreamResponse:
         except ConnectionError:
             pass  # the asking gateway went away
         return response
+
+
+def _start(raw: str | None) -> Start | None:
+    """The `start` the asking gateway passed (`gateway.cluster.remote`): where the
+    stream began on the owner before, to go on from there."""
+    if not raw:
+        return None
+    try:
+        offset, sub, scan_from, run_id = raw.split(".", 3)
+        return int(offset), int(sub), int(scan_from), run_id or None
+    except ValueError:
+        raise Problem(400, "bad-request", "'start' is not a stream's start") from None

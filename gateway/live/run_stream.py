@@ -101,6 +101,13 @@ class _Plan:
     token: str | None = None  # the resume token the client sent
 
 
+# Where a stream began, when no event was delivered yet: (offset, sub) to deliver
+# after, the offset a replay reads from, and the run. A forwarded stream re-opened on
+# another owner starts there, not anew: a fresh start there could come later than the
+# first one did (a run begun between the two would be missed).
+Start = tuple[int, int, int, str | None]
+
+
 def _live_plan(here: int) -> _Plan:
     """Everything the feed ingests after offset `here` (the feed's position then)."""
     return _Plan((here + 1, -1), here + 1, None)
@@ -176,7 +183,7 @@ class RunStreams:
     @contextlib.asynccontextmanager
     async def open_local(self, tenant: str, state: ThreadState, run: RunView | None = None, *,
                          after: str | None = None, last_message_id: str | None = None,
-                         slot: bool = True) -> AsyncIterator[FeedStream]:
+                         slot: bool = True, start: Start | None = None) -> AsyncIterator[FeedStream]:
         """`open`, on this gateway's feed; NotOwned if a rebalance took the partition
         away while the start was being found (a subscriber of a partition the feed no
         longer reads would wait forever). `slot=False`: the tenant's stream slot is
@@ -185,7 +192,8 @@ class RunStreams:
         feed, limiter = self.feed, self.limiter
         run_id = None if run is None else run.run_id
         partition = feed.partition_of(state.thread_id)
-        plan = await self._resume(partition, state, run_id, after, last_message_id)
+        plan = _Plan((start[0], start[1]), start[2], start[3]) if start is not None and \
+            after is None else await self._resume(partition, state, run_id, after, last_message_id)
         if plan is None:
             plan = await _fresh_plan(feed, state, run)
         if not feed.owns(partition):  # checked with no await between it and subscribing
@@ -252,7 +260,8 @@ class _Local:
         return self.streams.feed.owns(self.partition)
 
     @contextlib.asynccontextmanager
-    async def open(self, after: str | None) -> AsyncIterator[FeedStream]:
+    async def open(self, after: str | None,
+                   start: Start | None = None) -> AsyncIterator[FeedStream]:
         # From the last event received: where the client is, whatever it named first.
         # The run read anew: the view the request began with may say it runs when it
         # has ended since, and a stream of an ended run this feed started after would
@@ -262,7 +271,7 @@ class _Local:
             run = await self.streams.read_model.run(self.tenant, run.run_id) or run
         # The slot is the forwarded stream's, held since it opened.
         async with self.streams.open_local(self.tenant, self.state, run, after=after,
-                                           slot=False) as stream:
+                                           slot=False, start=start) as stream:
             yield stream
 
 
@@ -320,6 +329,9 @@ class FeedStream:
         # gateway's feed may be behind the one the client read before, and then the
         # live queue still brings events the client has (found by the chaos run).
         self.last: Position = plan.after
+        # Where the stream began (None: found by time, so not known yet).
+        self.start: Start | None = None if plan.from_time_ms is not None else \
+            (plan.after[0], plan.after[1], plan.scan_from, plan.run_id)
         self.done = False  # a run stream's `done` was delivered
         self.ended = False  # a run stream whose position is gone: nothing more comes
         self._iterators: list[AsyncGenerator[Item, None]] = []  # closed with the stream

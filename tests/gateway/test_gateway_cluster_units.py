@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from gateway.cluster.hop import HOP_TTL_S, BadHop, HopSigner
 from gateway.cluster.owners import MAX_TENANTS_LISTED, Claim, OwnerBoard, OwnerMap
 from gateway.cluster.reads import merge_pages
-from gateway.cluster.remote import Forwarder, read_lines
+from gateway.cluster.remote import Forwarder, RemoteEventStream, _parse, read_lines, start_line
 from gateway.cluster.sticky import assignors, shares, standbys
 from gateway.http.problems import Problem
 from gateway.kafka import Offsets
@@ -303,13 +303,16 @@ class _LocalFeed:
     refusals: int
     stream: _FeedStream
     opened_after: list[str | None] = field(default_factory=list)
+    opened_start: list[tuple[int, int, int, str | None] | None] = field(default_factory=list)
 
     def owns(self) -> bool:
         return True
 
     @contextlib.asynccontextmanager
-    async def open(self, after: str | None) -> AsyncIterator[_FeedStream]:
+    async def open(self, after: str | None,
+                   start: tuple[int, int, int, str | None] | None = None) -> AsyncIterator[_FeedStream]:
         self.opened_after.append(after)
+        self.opened_start.append(start)
         if self.refusals > 0:
             self.refusals -= 1
             raise Problem(503, "read-model-behind", "not yet read")
@@ -338,7 +341,7 @@ async def test_a_forwarded_stream_its_own_feed_refuses_for_good_ends() -> None:
     local = _LocalFeed(0, _FeedStream([], []))
 
     @contextlib.asynccontextmanager
-    async def refuse(after: str | None) -> AsyncIterator[_FeedStream]:
+    async def refuse(after: str | None, start: object = None) -> AsyncIterator[_FeedStream]:
         local.opened_after.append(after)
         raise Problem(410, "gone", "trimmed")
         yield local.stream
@@ -484,3 +487,22 @@ def test_gathered_thread_pages_walk_the_whole_list_in_order(
             break
         after = order(page.states[-1])
     assert walked == [s.thread_id for s in sorted(states.values(), key=order)]
+
+
+async def test_a_forwarded_stream_with_no_event_yet_goes_on_from_where_it_began() -> None:
+    """The owner's first line says where its stream began; if it ends before any event
+    (its partition moved a moment after the client subscribed), the stream opens again
+    from there, on the next owner or this gateway's feed, not anew: a fresh start there
+    could come after a run begun meanwhile, which the client would never see (chaos
+    seed 103: two watchers missed a whole run). Once an event came, its id is where."""
+    local = _LocalFeed(0, _FeedStream([], [_event(9, "done", 1)]))
+    forwarder = Forwarder(cast(OwnerBoard, _NoOwnerElsewhere()), cast(HopSigner, None),
+                          owner_wait_s=30.0, keepalive_s=1.0)
+    stream = RemoteEventStream(forwarder, "tenant", "thread", 0, "run-1", None, None, local)
+    await stream._put(_parse(start_line((7, -1, 7, "run-1"))))
+    assert "start=7.-1.7.run-1" in stream._path()
+    async with local.open(stream._after, stream._start):
+        pass
+    assert local.opened_start == [(7, -1, 7, "run-1")]
+    await stream._put([_event(8, "text_delta")])
+    assert "start=" not in stream._path() and "after=" in stream._path()
