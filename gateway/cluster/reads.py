@@ -4,8 +4,7 @@ arrived (`gateway.model.placement`: a request that published a command, or a str
 The asking side (`RemoteReads`) sends one hop per read to the owner of the thread's
 partition, as the owner map names it (`gateway.cluster.owners`):
 
-    GET /internal/v1/reads/{op}?thread_id=&...      op: thread, run, message,
-                                                     message_seq, current_messages,
+    GET /internal/v1/reads/{op}?thread_id=&...      op: thread, run, current_messages,
                                                      threads
     {"state": <ThreadState, base64 of its Avro record>, ...}
 
@@ -186,19 +185,6 @@ class RemoteReads:
                 return found
         return None
 
-    async def message(self, tenant: str, thread_id: str, seq: int) -> MessageRecord | None:
-        """The thread's message at `seq`."""
-        answer = await self._ask(self._partition(thread_id), tenant, "message",
-                                 {"thread_id": thread_id, "seq": str(seq)})
-        return _message_in(self.codec, answer.get("message"))
-
-    async def message_seq(self, tenant: str, thread_id: str, message_id: str) -> int | None:
-        """The seq of the thread's message with this id."""
-        answer = await self._ask(self._partition(thread_id), tenant, "message_seq",
-                                 {"thread_id": thread_id, "message_id": message_id})
-        seq = answer.get("seq")
-        return seq if isinstance(seq, int) else None
-
     async def current_messages(self, tenant: str, thread_id: str, after: int | None,
                                before: int | None, limit: int) -> MessagePage:
         """A page of the thread's current branch."""
@@ -272,12 +258,6 @@ async def internal_reads(request: web.Request) -> web.Response:
             "message": _message_out(codec, run.message, run.state.thread_id, tenant)})
     if thread_id is not None and await model.thread(tenant, thread_id) is None:
         raise Problem(404, "not-found", "no such thread")
-    if op == "message" and thread_id is not None:
-        record = await model.message(tenant, thread_id, _int(query, "seq", 0))
-        return web.json_response({"message": _message_out(codec, record, thread_id, tenant)})
-    if op == "message_seq" and thread_id is not None:
-        seq = await model.message_seq(tenant, thread_id, query.get("message_id", ""))
-        return web.json_response({"seq": seq})
     if op == "current_messages" and thread_id is not None:
         state = await model.thread(tenant, thread_id)
         assert state is not None

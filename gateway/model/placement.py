@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from gateway.model.read_model import RunView
     from gateway.model.read_store import MessagePage, ThreadPage
     from streams.core.domain import ThreadState
-    from streams.core.records import MessageRecord
 
 __all__ = ["FORWARD", "REMOTE", "ROUTE", "ElsewhereReads", "HeldElsewhere", "Hints",
            "is_served_here", "served_here", "stay_here"]
@@ -78,14 +77,6 @@ class ElsewhereReads(Protocol):
     async def run(self, tenant: str, run_id: str, thread_id: str | None,
                   hints: Hints) -> RunView | None:
         """The run (its thread's owner asked; every other gateway if the thread is unknown)."""
-        ...
-
-    async def message(self, tenant: str, thread_id: str, seq: int) -> MessageRecord | None:
-        """The thread's message at `seq`."""
-        ...
-
-    async def message_seq(self, tenant: str, thread_id: str, message_id: str) -> int | None:
-        """The seq of the thread's message with this id."""
         ...
 
     async def current_messages(self, tenant: str, thread_id: str, after: int | None,

@@ -613,20 +613,6 @@ class ReadModel:
         record = self.store.message(ref.thread_id, ref.seq)
         return RunView(state, run_id, ref.seq, record, run_status(state, run_id, record))
 
-    async def message(self, tenant: str, thread_id: str, seq: int) -> MessageRecord | None:
-        """The thread's message at `seq` (the tenant's thread: read with `thread` first)."""
-        partition = self.partition_of(thread_id)
-        if not self.here(partition):
-            return await self._elsewhere(partition).message(tenant, thread_id, seq)
-        return self.store.message(thread_id, seq)
-
-    async def message_seq(self, tenant: str, thread_id: str, message_id: str) -> int | None:
-        """The seq of the thread's message with this id (the tenant's thread)."""
-        partition = self.partition_of(thread_id)
-        if not self.here(partition):
-            return await self._elsewhere(partition).message_seq(tenant, thread_id, message_id)
-        return self.store.message_seq(thread_id, message_id)
-
     async def current_page(self, state: ThreadState, *, after: int | None = None,
                            before: int | None = None, limit: int = 100) -> MessagePage:
         """`current_messages`, of a thread held here or elsewhere."""

@@ -166,15 +166,16 @@ async def test_a_standby_copy_serves_at_once_when_its_partition_comes_here(stack
                          "A's standby copy has B's thread")
             status, thread = await _json(stack, "GET", f"{url_a}/v1/threads/{thread_id}")
             assert status == 200, thread
-        taken: list[list[int]] = []
-        model = app_a[READ_MODEL]
-        original = model._apply_held
+            # Watched from before B leaves: a takeover read anew could not pass unseen.
+            taken: list[list[int]] = []
+            model = app_a[READ_MODEL]
+            original = model._apply_held
 
-        async def spy() -> None:
-            taken.append(sorted((model._wanted or set()) - (model.held or set())))
-            await original()
+            async def spy() -> None:
+                taken.append(sorted((model._wanted or set()) - (model.held or set())))
+                await original()
 
-        model._apply_held = spy  # type: ignore[method-assign]
+            model._apply_held = spy  # type: ignore[method-assign]
         await _until(lambda: _settled([app_a], stack), "A holds every partition")
         assert all(not new for new in taken), taken
         status, thread = await _json(stack, "GET", f"{url_a}/v1/threads/{thread_id}")
