@@ -159,11 +159,13 @@ async def _healthy(session: aiohttp.ClientSession, ports: list[int], partitions:
 
 
 async def measure(bootstrap: str, gateways: int, threads: int, watched: int,
-                  words: int, spy: Path | None = None, standbys: int = 0) -> Case:
+                  words: int, spy: Path | None = None, standbys: int = 0,
+                  tokens_per_s: float = 0) -> Case:
     """One case (see the module); with `spy`, py-spy records each gateway over the
     measured window into that folder and its summary is printed."""
     stack = new_stack(bootstrap, partitions=6, THREADLINE_WORKER_CONCURRENCY="256",
-                      THREADLINE_AGENT_TOKENS_PER_S="0", THREADLINE_AGENT_WORDS=str(words))
+                      THREADLINE_AGENT_TOKENS_PER_S=str(tokens_per_s),
+                      THREADLINE_AGENT_WORDS=str(words))
     stack.start(["processor", "worker"])
     ports = [free_port() for _ in range(gateways)]
     children: list[Child] = []
@@ -243,6 +245,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=120)
     parser.add_argument("--watched", type=int, default=40)
     parser.add_argument("--words", type=int, default=40)
+    parser.add_argument("--tokens-per-s", type=float, default=0,
+                        help="the builtin agent's token rate (0: as fast as it can)")
     parser.add_argument("--spy", type=Path, help="py-spy each gateway into this folder "
                         "(the CPU figures then include py-spy's sampling)")
     args = parser.parse_args()
@@ -258,7 +262,7 @@ def main() -> None:
             for label, n, standbys in order:
                 spy = args.spy / f"r{r + 1}-n{n}-s{standbys}" if args.spy else None
                 case = asyncio.run(measure(bootstrap, n, args.threads, args.watched, args.words,
-                                           spy, standbys))
+                                           spy, standbys, args.tokens_per_s))
                 cases[label].append(case)
                 print(f"round {r + 1}, {label} gateway(s): {case.records} records, CPU s "
                       f"{[round(c, 3) for c in case.cpu_s]} (idle "

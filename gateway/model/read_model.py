@@ -272,7 +272,8 @@ class ReadModel:
         path = await asyncio.to_thread(self._lock_store)
         identity = {"topic_prefix": self.settings.topic_prefix,
                     "partitions": self.settings.partitions}
-        self._store_ = await asyncio.to_thread(partial(ReadStore, codec=self.codec), path, identity)
+        self._store_ = await asyncio.to_thread(partial(
+            ReadStore, codec=self.codec, partition_of=self.partition_of), path, identity)
         retention_ms = self._retention_ms = await asyncio.to_thread(self._delete_retention_ms)
         saved = self.store.saved_at_ms
         if self.store.checkpoint(THREADS, 0) is not None and \
@@ -693,12 +694,13 @@ class ReadModel:
     def _active(self, owned: bool = True) -> list[tuple[str, tuple[str, str, int]]]:
         """The active runs of the partitions this gateway owns (or holds: `owned` off);
         split, each partition's runs are counted by its owner alone."""
-        items = self.store.active.items()
+        return self.store.active.in_partitions(self._share(owned))
+
+    def _share(self, owned: bool = True) -> set[int] | None:
+        """The partitions whose active runs count here: None (all) unless split."""
         if self.held is None:
-            return list(items)
-        count = self.settings.partitions
-        share = self.owned if owned else self.held
-        return [(t, entry) for t, entry in items if partition_for(t, count) in share]
+            return None
+        return self.owned if owned else self.held
 
     def active_runs(self) -> list[ActiveRunStart]:
         """Every active run (of the partitions held here) with the time its user
@@ -713,16 +715,13 @@ class ReadModel:
     def active_run_count(self, tenant: str) -> int:
         """How many runs of this tenant are accepted and not yet ended: owned here, and
         split, as the other gateways last said of theirs."""
-        here = sum(1 for _, (owner, _, _) in self._active() if owner == tenant)
+        here = self.store.active.count(tenant, self._share())
         return here + (self.runs_elsewhere(tenant) if self.held is not None else 0)
 
     def active_run_counts(self) -> dict[str, int]:
         """Active runs of the partitions owned here, by tenant (what a gateway's claim
         tells the others)."""
-        counts: dict[str, int] = {}
-        for _, (owner, _, _) in self._active():
-            counts[owner] = counts.get(owner, 0) + 1
-        return counts
+        return self.store.active.counts(self._share())
 
     def stats(self) -> dict[str, Any]:
         """Load state, records read, active runs and RocksDB memory for /healthz."""
