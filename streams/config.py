@@ -259,6 +259,9 @@ class GatewayEnv(Section):
     # In a group: how many other gateways keep a standby copy of each partition's read
     # model, so that a dead gateway's partitions serve again at once (docs/scaling.md).
     standbys: Count = Field(1, alias="THREADLINE_GATEWAY_STANDBYS")
+    # Under sustained traffic the gateway's consumers batch their fetches for up to
+    # this long (gateway.kafka.FetchBatching); 0: every fetch returns at the first record.
+    fetch_batch_ms: Count = Field(5, le=100, alias="THREADLINE_GATEWAY_FETCH_BATCH_MS")
 
     @field_validator("advertised_url")
     @classmethod
@@ -351,6 +354,7 @@ class GatewaySettings:
     cors_origins: tuple[str, ...] = ()  # origins whose browser apps may call (CORS)
     advertised_url: str | None = None  # set: this gateway shares partitions (GatewayEnv)
     standbys: int = 1  # standby copies of each partition's read model, in a group
+    fetch_batch_ms: int = 5  # a consumer's fetch wait under sustained traffic (0: off)
 
     @classmethod
     def from_section(cls, env: GatewayEnv) -> GatewaySettings:
@@ -358,7 +362,7 @@ class GatewaySettings:
         return cls(http_host=env.http_host, http_port=env.http_port, api_keys=env.api_keys,
                    decision_timeout_ms=_ms(env.decision_timeout_s), limits=env.limits(),
                    cors_origins=env.cors_origins, advertised_url=env.advertised_url,
-                   standbys=env.standbys)
+                   standbys=env.standbys, fetch_batch_ms=env.fetch_batch_ms)
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,6 +80,7 @@ from aiokafka.errors import IllegalStateError
 from aiokafka.structs import ConsumerRecord
 
 from gateway.kafka import (
+    FetchBatching,
     Offsets,
     new_consumer,
     partition_for,
@@ -251,6 +252,7 @@ class StreamFeed:
         self._watched_ms: list[int] = []  # CreateTimes of this batch's records of watched threads
         self._dropped_floor: dict[int, Position] = {}
         self._consumer_: AIOKafkaConsumer | None = None  # made in start(): needs the loop
+        self._batching: FetchBatching | None = None  # with the consumer
         self._task: asyncio.Task[None] | None = None
         self._started = asyncio.Event()
         # With an advertised URL, the gateways share the partitions as one group.
@@ -281,6 +283,7 @@ class StreamFeed:
             return
         consumer = self._consumer_ = new_consumer(self.settings)
         await consumer.start()
+        self._batching = FetchBatching(consumer, self.settings.gateway.fetch_batch_ms)
         tps = topic_partitions(self.settings, self.topic)
         consumer.assign(tps)
         await self._wait_for_read_model(load_timeout_s)
@@ -331,6 +334,7 @@ class StreamFeed:
             heartbeat_interval_ms=heartbeat_interval_ms(session_ms),
             partition_assignment_strategy=self.assignors)
         await consumer.start()
+        self._batching = FetchBatching(consumer, self.settings.gateway.fetch_batch_ms)
         await self._wait_for_read_model(load_timeout_s)
         consumer.subscribe([self.topic], listener=_Rebalance(self))
         self._task = asyncio.create_task(run_forever("stream feed", self._step))
@@ -595,6 +599,8 @@ class StreamFeed:
                 self._taking = asyncio.create_task(self._take(unstarted),
                                                    name="feed takes partitions")
         batch = await self._consumer.getmany(timeout_ms=1000, max_records=2000)
+        if self._batching is not None:
+            self._batching.took(sum(len(records) for records in batch.values()))
         await self.codec.prepare(r.value for rs in batch.values() for r in rs)
         try:
             for tp, records in batch.items():

@@ -32,7 +32,14 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from gateway.http.problems import Problem
-from gateway.kafka import new_consumer, run_forever, stop_client, stop_task, topic_partitions
+from gateway.kafka import (
+    FetchBatching,
+    new_consumer,
+    run_forever,
+    stop_client,
+    stop_task,
+    topic_partitions,
+)
 from gateway.model.placement import stay_here
 from streams.aio import within
 from streams.clock import now_ms
@@ -82,6 +89,7 @@ class CommandBus:
         self._waiters: dict[str, tuple[asyncio.Future[Event], Callable[[Event], bool]]] = {}
         self._run_watchers: defaultdict[str, set[asyncio.Future[Event]]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
+        self._batching: FetchBatching | None = None
 
     async def start(self) -> None:
         """Start the producer, and a consumer reading decisions from the events topic's current end."""
@@ -90,6 +98,7 @@ class CommandBus:
         await self._producer.start()
         consumer = self._consumer = new_consumer(self.settings)
         await consumer.start()
+        self._batching = FetchBatching(consumer, self.settings.gateway.fetch_batch_ms)
         tps = topic_partitions(self.settings, self.settings.topics.events)
         consumer.assign(tps)
         await consumer.seek_to_end(*tps)
@@ -162,6 +171,8 @@ class CommandBus:
     async def _step(self) -> None:
         assert self._consumer is not None
         batch = await self._consumer.getmany(timeout_ms=1000, max_records=1000)
+        if self._batching is not None:
+            self._batching.took(sum(len(records) for records in batch.values()))
         await self.codec.prepare(r.value for rs in batch.values() for r in rs)
         for records in batch.values():
             for record in records:

@@ -57,6 +57,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[at
 
 from gateway.http.problems import Problem
 from gateway.kafka import (
+    FetchBatching,
     Offsets,
     new_consumer,
     partition_for,
@@ -172,6 +173,7 @@ class ReadModel:
         self.on_deleted: Callable[[str], None] | None = None  # a thread's tombstone was read
         self._topics = {settings.topics.threads: THREADS, settings.topics.messages: MESSAGES}
         self._consumer_: AIOKafkaConsumer | None = None  # made in start(): needs the loop
+        self._batching: FetchBatching | None = None  # with the consumer
         self._store_: ReadStore | None = None
         self._lock_file: IO[bytes] | None = None
         self._recent: dict[str, float] = {}
@@ -285,6 +287,7 @@ class ReadModel:
         # Small fetches: the restore's working set, not the data, sets the peak memory.
         self._consumer_ = new_consumer(self.settings, fetch_max_bytes=RESTORE_FETCH_BYTES)
         await self._consumer.start()
+        self._batching = FetchBatching(self._consumer, self.settings.gateway.fetch_batch_ms)
         if self.held is not None:  # partitions come with the group's assignments
             self.mode = "split"
             for partition in range(self.settings.partitions):
@@ -801,6 +804,8 @@ class ReadModel:
         # A split model looks for a new share between short fetches.
         batch = await self._consumer.getmany(timeout_ms=500 if self.held is None else 100,
                                              max_records=1000)
+        if self._batching is not None:
+            self._batching.took(sum(len(records) for records in batch.values()))
         # Positions first: no await below suspends (known positions return at once),
         # so nothing reads a position before the rows it covers are committed.
         positions = {tp: await self._consumer.position(tp) for tp in self._checkpointed}

@@ -1,0 +1,113 @@
+"""CPU per record of a thread nobody watches, through the broker: a gateway process
+reading the stream topic as it reads it in production (issue #26).
+
+`bench.feed_ingest` times the feed's own code on records handed to it in batches of
+up to 2,000; it leaves out the Kafka consumer. Here a gateway (one, no group, as
+`make run` starts it) reads a stream topic that `bench.streamgen`'s generator
+writes at a steady rate: text deltas round robin over `--threads` threads, each
+with a run started, none watched. The gateway's CPU (user + system, /proc) over
+the writing and one second after (every record read) less its idle CPU over as long
+(measured just before, over `--seconds`: long polls, health checks), per record
+written. Rates alternate round by round.
+
+    python -m bench.feed_broker [--rounds 2] [--rates 500,2000,8000] [--seconds 10]
+
+At a low rate every record comes in a fetch of its own, so the cost of a fetch
+(aiokafka is Python: a request built and sent, a response parsed) is paid per
+record; at a high rate a fetch brings many. Prints µs per record for each rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import aiohttp
+
+from bench.broker_cost import start_spies, stop_spies
+from bench.common import Child, broker, load_text
+from bench.stack import new_stack
+from bench.streamgen import Generator, seed_threads
+from streams.config import Settings
+
+DRAIN_S = 1.0
+
+
+async def _measure(settings: Settings, gateway: Child, threads: list[str], rate: float,
+                   seconds: float, spy: Path | None) -> tuple[float, int, float]:
+    async with Generator(settings, threads) as generator:
+        await generator.start_runs()
+        await asyncio.sleep(2.0)  # the runs' starts read
+        gateway.mark()
+        idle_since = time.monotonic()
+        await asyncio.sleep(seconds)
+        idle_rate = gateway.cpu_since_mark() / (time.monotonic() - idle_since)
+        gateway.mark()
+        since = time.monotonic()
+        spies = start_spies({"gateway": gateway.pid}, spy) if spy else {}
+        sent = await generator.deltas(rate, seconds)
+        await asyncio.sleep(DRAIN_S)
+        window = time.monotonic() - since
+        busy = gateway.cpu_since_mark()
+        if spy:
+            stop_spies(spies, spy)
+    return busy - idle_rate * window, sent, window
+
+
+def measure(bootstrap: str, threads: int, rate: float, seconds: float,
+            spy: Path | None = None) -> tuple[float, int, float]:
+    """One case on a fresh stack: (µs per record, records sent, seconds they took)."""
+    stack = new_stack(bootstrap)
+    thread_ids = seed_threads(stack.settings, threads)
+    stack.start(["gateway"])
+    try:
+        async def healthy() -> None:
+            async with aiohttp.ClientSession() as session:
+                await stack.healthy(session)
+
+        asyncio.run(healthy())
+        spent, sent, window = asyncio.run(_measure(
+            stack.settings, stack.children["gateway"], thread_ids, rate, seconds, spy))
+    finally:
+        stack.stop()
+        shutil.rmtree(stack.folder, ignore_errors=True)
+    return spent / max(1, sent) * 1e6, sent, window - DRAIN_S
+
+
+def main() -> None:
+    """Each rate, rounds alternating; the median and range of µs per record."""
+    parser = argparse.ArgumentParser(prog="python -m bench.feed_broker", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rates", default="500,2000,8000")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--threads", type=int, default=200)
+    parser.add_argument("--spy", type=Path, help="py-spy the gateway into this folder "
+                        "(the CPU figures then include py-spy's sampling)")
+    args = parser.parse_args()
+    rates = [float(r) for r in args.rates.split(",")]
+    results: dict[float, list[float]] = {r: [] for r in rates}
+    print(f"load before: {load_text()}", flush=True)
+    with broker() as bootstrap:
+        for r in range(args.rounds):
+            order = rates[r % len(rates):] + rates[:r % len(rates)]
+            for rate in order:
+                spy = args.spy / f"r{r + 1}-{rate:.0f}" if args.spy else None
+                us, sent, took = measure(bootstrap, args.threads, rate, args.seconds, spy)
+                results[rate].append(us)
+                print(f"round {r + 1}, {rate:.0f}/s: {sent} records in {took:.1f} s, "
+                      f"{us:.2f} µs a record, load {load_text()}", flush=True)
+    print(f"load after: {load_text()}")
+    print("| records/s written | µs per record (median) | range |")
+    print("|---|---|---|")
+    for rate in rates:
+        values = results[rate]
+        print(f"| {rate:.0f} | {statistics.median(values):.2f} | "
+              f"{min(values):.2f}-{max(values):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
