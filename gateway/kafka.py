@@ -123,20 +123,20 @@ class FetchBatching:
     records handed over) costs a gateway 0.4-0.6 ms of CPU. A fetch that returns at
     the first record (`fetch_min_bytes` 1: what low latency needs) brings one record
     at a time under a steady trickle, so following 500 records a second cost 0.2 of a
-    core, and 8,000 a second 0.4 (`bench.feed_broker`). While batches come at least
-    `_busy` times in `SPAN_S` (faster than one per `wait_ms`), fetches ask the broker
-    for `min_bytes` or `wait_ms`, whichever comes first: at most `wait_ms` more
-    latency, at most one fetch per `wait_ms`. Once fewer than half as many come, they
-    return at the first record again: a quiet or lightly used gateway adds no latency
-    (a run's few records come in bursts too short to switch). librdkafka's
-    `fetch.wait.max.ms` and `fetch.min.bytes` do the same, but fixed.
+    core, and 8,000 a second 0.45 (`bench.feed_broker`). While batches come `_busy`
+    times in `SPAN_S` (four fifths of one per `wait_ms`), fetches ask the broker for
+    `min_bytes` or `wait_ms`, whichever comes first: at most `wait_ms` more latency,
+    at most one fetch per `wait_ms`. Once half as many come, they return at the first
+    record again: a quiet or lightly used gateway adds no latency, and neither do a
+    run's few records in a burst. librdkafka's `fetch.wait.max.ms` and
+    `fetch.min.bytes` do the same, but fixed.
 
     aiokafka reads both from its fetcher each time it builds a fetch request (private
     attributes, checked by tests/gateway/test_fetch_batching.py); without them this
     does nothing.
     """
 
-    SPAN_S = 0.05
+    SPAN_S = 0.1
 
     def __init__(self, consumer: AIOKafkaConsumer, wait_ms: int, min_bytes: int = 64 << 10,
                  clock: Callable[[], float] = time.monotonic) -> None:

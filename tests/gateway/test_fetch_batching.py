@@ -36,22 +36,23 @@ def _fetch(consumer: Any) -> tuple[int, int]:
 
 
 def test_sustained_batches_batch_the_fetches_and_thin_traffic_ends_it() -> None:
-    """Batches 2 ms apart: after 8 within 50 ms, fetches wait for 64 KiB or 5 ms; batches
-    30 ms apart: they return at the first record again."""
+    """Batches 2 ms apart: once 16 came within 100 ms (four fifths of one per 5 ms),
+    fetches wait for 64 KiB or 5 ms; batches 30 ms apart: they return at the first
+    record again."""
     clock, consumer = _Clock(), _consumer()
     batching = FetchBatching(consumer, 5, clock=clock)
-    for _ in range(7):
+    for _ in range(15):
         clock.now += 0.002
         batching.took(3)
     assert _fetch(consumer) == (1, 100) and not batching.batching
     clock.now += 0.002
     batching.took(3)
     assert _fetch(consumer) == (64 << 10, 5) and batching.batching
-    for _ in range(3):  # still sustained at one batch per wait
+    for _ in range(40):  # sustained at one batch per wait
         clock.now += 0.005
         batching.took(40)
     assert batching.batching
-    for _ in range(3):
+    for _ in range(5):
         clock.now += 0.030
         batching.took(1)
     assert _fetch(consumer) == (1, 100) and not batching.batching
@@ -59,18 +60,18 @@ def test_sustained_batches_batch_the_fetches_and_thin_traffic_ends_it() -> None:
 
 
 def test_a_burst_does_not_switch_and_a_getmany_that_timed_out_ends_batching() -> None:
-    """A run's records come in bursts: 5 batches within 2 ms, then nothing, leave the
-    fetches alone; batching, an empty getmany (its timeout passed) ends it."""
+    """A run's records come in bursts: 10 batches within 4 ms, then 100 ms of nothing,
+    leave the fetches alone; batching, an empty getmany (its timeout passed) ends it."""
     clock, consumer = _Clock(), _consumer()
     batching = FetchBatching(consumer, 5, clock=clock)
     for _ in range(5):
-        for _ in range(5):
+        for _ in range(10):
             clock.now += 0.0004
             batching.took(1)
         clock.now += 0.1
         batching.took(0)
     assert not batching.batching and batching.switches == 0
-    for _ in range(8):
+    for _ in range(16):
         clock.now += 0.001
         batching.took(2)
     assert batching.batching

@@ -7,6 +7,7 @@ inside gateway/ as well (pyproject.toml's ruff config has the rest)."""
 from __future__ import annotations
 
 import ast
+import gc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,15 +16,28 @@ PACKAGES = ("streams", "gateway")
 FIRST_PARTY = ("streams", "gateway", "schemas", "chaos", "bench", "tests")
 
 
+def _parse(source: str, where: str) -> ast.Module:
+    """`ast.parse`, guarded against CPython 3.11.7's "AST constructor recursion depth
+    mismatch" (gh-106905). On a thread of its own: the recursion limit may have changed
+    while the calling thread was deep in a stack (hypothesis changes it), as in an xdist
+    worker after a property test; a fresh thread starts its count at zero. With no
+    cyclic collection meanwhile: the depth is kept per interpreter, and a collection
+    during the parse can run a finalizer that parses too (it failed so once more, in
+    tests/gateway with the thread alone; tests/chaos/test_bad_input.py does the same)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(ast.parse, source, where).result()
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def private_imports(source: str, where: str) -> list[str]:
     """`where:line name` of each private name `source` imports from a first-party module."""
     found = []
-    # On a thread of its own: CPython 3.11.7 can raise "AST constructor recursion depth
-    # mismatch" (gh-106905) when the recursion limit changed while
-    # the calling thread was deep in a stack (hypothesis changes it), as in an xdist
-    # worker after a property test; a fresh thread starts its count at zero.
-    with ThreadPoolExecutor(1) as pool:
-        tree = pool.submit(ast.parse, source, where).result()
+    tree = _parse(source, where)
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom):
             continue
@@ -59,12 +73,7 @@ ADAPTERS = ("gateway.adapters.ai_sdk", "gateway.adapters.console", "gateway.adap
 def adapter_imports(source: str, where: str, package: str) -> list[str]:
     """`where:line module` of each import of another adapter than `package` in `source`."""
     found = []
-    # On a thread of its own: CPython 3.11.7 can raise "AST constructor recursion depth
-    # mismatch" (gh-106905) when the recursion limit changed while
-    # the calling thread was deep in a stack (hypothesis changes it), as in an xdist
-    # worker after a property test; a fresh thread starts its count at zero.
-    with ThreadPoolExecutor(1) as pool:
-        tree = pool.submit(ast.parse, source, where).result()
+    tree = _parse(source, where)
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
