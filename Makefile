@@ -68,12 +68,14 @@ bench: install
 	$(MAKE) bench-gateways
 
 # Gateways as a group behind HAProxy (issue #26): 1, 2 and 3 gateways side by side,
-# one killed for good, and one joining two over 100k threads; they print their
+# one killed for good, one joining two over 100k threads, and one gateway's CPU per
+# record of a stream nobody watches, read through the broker; they print their
 # tables (docs/benchmarks.md holds them).
 bench-gateways: install system-deps
 	$(PY) -m bench.gateway_group
 	$(PY) -m bench.gateway_failover
 	$(PY) -m bench.gateway_join
+	$(PY) -m bench.feed_broker
 
 # Threadline side by side with Restate, DBOS and the LangGraph dev server (bench/peers/):
 # installs the peers (npm, PyPI, Debian's postgresql) under ~/.cache/threadline/peers,

@@ -8,13 +8,16 @@ writes at a steady rate: text deltas round robin over `--threads` threads, each
 with a run started, none watched. The gateway's CPU (user + system, /proc) over
 the writing and one second after (every record read) less its idle CPU over as long
 (measured just before, over `--seconds`: long polls, health checks), per record
-written. Rates alternate round by round.
+written. Each rate is measured with the fetches batched under sustained traffic
+(`THREADLINE_GATEWAY_FETCH_BATCH_MS`, the default 5) and without (0); the cases
+alternate, the order rotating round by round.
 
     python -m bench.feed_broker [--rounds 2] [--rates 500,2000,8000] [--seconds 10]
+                                [--batch-ms 0,5]
 
 At a low rate every record comes in a fetch of its own, so the cost of a fetch
 (aiokafka is Python: a request built and sent, a response parsed) is paid per
-record; at a high rate a fetch brings many. Prints µs per record for each rate.
+record; at a high rate a fetch brings many. Prints µs per record for each case.
 """
 
 from __future__ import annotations
@@ -58,10 +61,12 @@ async def _measure(settings: Settings, gateway: Child, threads: list[str], rate:
     return busy - idle_rate * window, sent, window
 
 
-def measure(bootstrap: str, threads: int, rate: float, seconds: float,
+def measure(bootstrap: str, threads: int, rate: float, seconds: float, batch_ms: int,
             spy: Path | None = None) -> tuple[float, int, float]:
-    """One case on a fresh stack: (µs per record, records sent, seconds they took)."""
-    stack = new_stack(bootstrap)
+    """One case on a fresh stack, the gateway's fetches batched for up to `batch_ms`
+    under sustained traffic (`THREADLINE_GATEWAY_FETCH_BATCH_MS`, 0: never): (µs per
+    record, records sent, seconds they took)."""
+    stack = new_stack(bootstrap, THREADLINE_GATEWAY_FETCH_BATCH_MS=str(batch_ms))
     thread_ids = seed_threads(stack.settings, threads)
     stack.start(["gateway"])
     try:
@@ -85,27 +90,31 @@ def main() -> None:
     parser.add_argument("--rates", default="500,2000,8000")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--threads", type=int, default=200)
+    parser.add_argument("--batch-ms", default="0,5", help="THREADLINE_GATEWAY_FETCH_BATCH_MS "
+                        "values to compare (0: every fetch returns at the first record; 5: the "
+                        "default)")
     parser.add_argument("--spy", type=Path, help="py-spy the gateway into this folder "
                         "(the CPU figures then include py-spy's sampling)")
     args = parser.parse_args()
-    rates = [float(r) for r in args.rates.split(",")]
-    results: dict[float, list[float]] = {r: [] for r in rates}
+    cases = [(float(rate), int(ms)) for rate in args.rates.split(",")
+             for ms in args.batch_ms.split(",")]
+    results: dict[tuple[float, int], list[float]] = {case: [] for case in cases}
     print(f"load before: {load_text()}", flush=True)
     with broker() as bootstrap:
         for r in range(args.rounds):
-            order = rates[r % len(rates):] + rates[:r % len(rates)]
-            for rate in order:
-                spy = args.spy / f"r{r + 1}-{rate:.0f}" if args.spy else None
-                us, sent, took = measure(bootstrap, args.threads, rate, args.seconds, spy)
-                results[rate].append(us)
-                print(f"round {r + 1}, {rate:.0f}/s: {sent} records in {took:.1f} s, "
-                      f"{us:.2f} µs a record, load {load_text()}", flush=True)
+            for rate, ms in cases[r % len(cases):] + cases[:r % len(cases)]:
+                spy = args.spy / f"r{r + 1}-{rate:.0f}-{ms}" if args.spy else None
+                us, sent, took = measure(bootstrap, args.threads, rate, args.seconds, ms, spy)
+                results[(rate, ms)].append(us)
+                print(f"round {r + 1}, {rate:.0f}/s, batch {ms} ms: {sent} records in "
+                      f"{took:.1f} s, {us:.2f} µs a record, load {load_text()}", flush=True)
     print(f"load after: {load_text()}")
-    print("| records/s written | µs per record (median) | range |")
-    print("|---|---|---|")
-    for rate in rates:
-        values = results[rate]
-        print(f"| {rate:.0f} | {statistics.median(values):.2f} | "
+    print("| records/s written | THREADLINE_GATEWAY_FETCH_BATCH_MS | µs per record (median) "
+          "| range |")
+    print("|---|---|---|---|")
+    for rate, ms in cases:
+        values = results[(rate, ms)]
+        print(f"| {rate:.0f} | {ms} | {statistics.median(values):.2f} | "
               f"{min(values):.2f}-{max(values):.2f} |")
 
 

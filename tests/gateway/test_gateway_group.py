@@ -27,7 +27,7 @@ from gateway.adapters.ai_sdk.chat import chat_thread_id
 from gateway.app import Options, create_app
 from gateway.cluster.owners import Claim, owners_topic
 from gateway.kafka import partition_for
-from gateway.keys import FEED, LIMITER, OWNERS
+from gateway.keys import FEED, LIMITER, OWNERS, READ_MODEL
 from streams.config import Settings
 from streams.devtools.broker import free_port
 from streams.kafka.clients import aiokafka_config
@@ -294,8 +294,14 @@ async def test_an_ai_sdk_chat_through_a_non_owner_ends_whole_across_the_owners_k
         stack: Stack) -> None:
     """The AI SDK's chat POST on A, its thread owned by B, B killed with SIGKILL at the
     first text: A's response goes on from the new owner and ends as the UI message
-    stream ends (a `finish` chunk, then `[DONE]`), its text the stored answer's."""
+    stream ends (a `finish` chunk, then `[DONE]`), its text the stored answer's. A
+    keeps a standby copy of B's share (the default) and reads the chat's thread there,
+    so the POST stays on A; waited for: a POST that finds no copy yet is sent on whole
+    to B, and its answer breaks off with B (the client resumes)."""
     async with _a_beside_a_killable_b(stack) as (url_a, app_a, gateway_b):
+        every, model = set(range(stack.settings.partitions)), app_a[READ_MODEL]
+        await _until(lambda: (every - (app_a[FEED].owned or every)) <= (model.held or set())
+                     and not model.loading, "A keeps a loaded copy of B's share")
         chat_id = next(c for c in (f"group-chat-{n}-{url_a[-5:]}" for n in range(500))
                        if not app_a[FEED].owns(partition_for(
                            chat_thread_id("tenant-a", c), stack.settings.partitions)))
