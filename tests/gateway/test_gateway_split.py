@@ -17,6 +17,7 @@ from aiohttp import web
 from gateway.kafka import partition_for
 from gateway.keys import FEED, READ_MODEL
 from streams.config import Settings
+from streams.core.domain import ThreadState
 from streams.testing.sse import read_sse
 from tests.gateway.conftest import AUTH_A, Stack
 from tests.gateway.test_gateway_group import _grouped_gateway, _split, _until
@@ -193,3 +194,55 @@ async def test_a_long_poll_sent_on_waits_for_its_run_whatever_it_takes(stack: St
                 {"role": "user", "content": "[slow] " + " ".join(["word"] * 40)}]}})
         assert status == 200, values
         assert values["messages"][-1]["type"] == "ai" and "word" in values["messages"][-1]["content"]
+
+
+def _ghost(stack: Stack, partition: int, name: str) -> str:
+    """A thread id of `partition` that no record on Kafka names."""
+    return next(t for t in (f"ghost-{name}-{n}" for n in range(10_000))
+                if partition_for(t, stack.settings.partitions) == partition)
+
+
+async def test_a_partition_let_go_of_longer_than_tombstones_are_kept_is_read_anew(
+        stack: Stack) -> None:
+    """A holds every partition, then B joins and takes a share. While A does not hold
+    them, its store keeps their rows and checkpoints; each of two of B's partitions
+    gets a row on A that no record names (a thread deleted meanwhile whose tombstone
+    compaction removed, as it would look). One of the two is marked let go of longer
+    ago than `delete.retention.ms`. When B leaves and A takes both back, the first is
+    read on from its checkpoint (its stale row stays: nothing on Kafka removes it), the
+    second is erased and read from the start (its stale row is gone, and its real
+    threads read again)."""
+    settings = _standbys(stack, 0)
+    async with _grouped_gateway(settings) as (url_a, app_a):
+        await _until(lambda: _settled([app_a], stack), "A holds every partition")
+        every = set(range(stack.settings.partitions))
+        kept: dict[int, str] = {}
+        for n in range(400):  # a real thread on every partition, read by A
+            if len(kept) == len(every):
+                break
+            thread_id = await stack.create_thread(title=f"before B {n}")
+            kept.setdefault(partition_for(thread_id, stack.settings.partitions), thread_id)
+        assert set(kept) == every
+        model = app_a[READ_MODEL]
+        await _until(lambda: all(model.store.state(t) is not None for t in kept.values()),
+                     "A's store has a thread of every partition")
+        async with _grouped_gateway(settings) as (_url_b, app_b):
+            await _until(lambda: _settled([app_a, app_b], stack), "A and B split")
+            on_b = sorted(app_b[FEED].owned or ())
+            assert len(on_b) >= 2, on_b
+            stays, erased = on_b[0], on_b[1]
+            store = model.store
+            assert store.released_at(stays) is not None and store.released_at(erased) is not None
+            ghosts = {p: _ghost(stack, p, str(p)) for p in (stays, erased)}
+            for ghost in ghosts.values():
+                state = ThreadState(ghost, "tenant-a", "stale", 1_000)
+                store.apply_state(ghost.encode(), store.codec.encode_state(state))
+            store.commit({})
+            store.release(erased, 0)  # let go of at the epoch: past any retention
+            assert all(store.state(g) is not None for g in ghosts.values())
+        await _until(lambda: _settled([app_a], stack), "A holds every partition again")
+        assert model.store.state(ghosts[stays]) is not None, "read on from its checkpoint"
+        assert model.store.state(ghosts[erased]) is None, "erased and read anew"
+        for thread_id in (kept[stays], kept[erased]):
+            status, thread = await _json(stack, "GET", f"{url_a}/v1/threads/{thread_id}")
+            assert status == 200, thread
