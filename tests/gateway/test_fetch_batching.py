@@ -100,20 +100,23 @@ def test_aiokafka_builds_each_fetch_request_from_the_fetcher_settings() -> None:
         assert f"self.{name} =" in init and f"self.{name}" in build, name
 
 
-async def _next_records(consumer: Any) -> list[Any]:
+async def _next_records(consumer: Any) -> tuple[list[Any], float]:
+    """The next records, and when the `getmany` that returned them began."""
     while True:
+        began = time.monotonic()
         got = [r for rs in (await consumer.getmany(timeout_ms=500)).values() for r in rs]
         if got:
-            return got
+            return got, began
 
 
 @pytest.mark.kafka
 async def test_a_batching_fetch_waits_as_set_against_the_broker(settings: Settings) -> None:
     """Set to batch with a 1.5 s wait and a minimum no record reaches: the fetch sent
-    as record A is handed out holds record B until its wait is over, so B comes at
-    least 1.5 s after A (a lower bound: load only makes it later; with the settings
-    ignored B would come at once). Set back, the next record comes on the next fetch
-    (waited for, no deadline)."""
+    once record A is handed out holds record B until its wait is over, so B comes at
+    least 1.5 s after the `getmany` that handed A out began (a lower bound that load
+    cannot break: that fetch leaves after the call began; with the settings ignored B
+    comes at once). Set back, the next record comes on the next fetch (waited for, no
+    deadline)."""
     ensure_topics(settings)
     topic, wait_s = settings.topics.stream, 1.5
     consumer = new_consumer(settings)
@@ -128,14 +131,16 @@ async def test_a_batching_fetch_waits_as_set_against_the_broker(settings: Settin
         await consumer.seek_to_end(tp)
         await consumer.position(tp)
         await producer.send_and_wait(topic, b"A", key=b"fetch-batching", partition=0)
-        assert [r.value for r in await _next_records(consumer)] == [b"A"]
-        a_at = time.monotonic()  # the next fetch went out as A was handed over
+        got, a_began = await _next_records(consumer)
+        assert [r.value for r in got] == [b"A"]
         await producer.send_and_wait(topic, b"B", key=b"fetch-batching", partition=0)
-        assert [r.value for r in await _next_records(consumer)] == [b"B"]
-        assert time.monotonic() - a_at >= wait_s - 0.1, "the fetch did not wait as set"
+        got, _ = await _next_records(consumer)
+        assert [r.value for r in got] == [b"B"]
+        assert time.monotonic() - a_began >= wait_s, "the fetch did not wait as set"
         batching._set(False)
         await producer.send_and_wait(topic, b"C", key=b"fetch-batching", partition=0)
-        assert [r.value for r in await _next_records(consumer)] == [b"C"]
+        got, _ = await _next_records(consumer)
+        assert [r.value for r in got] == [b"C"]
     finally:
         await producer.stop()
         await consumer.stop()
