@@ -8,7 +8,7 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sized
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
@@ -155,12 +155,12 @@ class FetchBatching:
         self.batching = False
         self.switches = 0
 
-    def took(self, records: int) -> None:
-        """After each `getmany`: how many records it handed out (0 after its timeout)."""
+    def took(self, batch: Mapping[object, Sized]) -> None:
+        """After each `getmany`: what it handed out (empty after its timeout)."""
         if not self.wait_ms:
             return
         now = self._clock()
-        if records:
+        if any(len(records) for records in batch.values()):
             self._times.append(now)
         recent = sum(1 for at in self._times if now - at <= self.SPAN_S)
         if not self.batching and recent >= self._busy:

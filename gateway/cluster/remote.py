@@ -57,11 +57,14 @@ from gateway.live.sse import SseEvent
 from streams.observability.metrics import gateway_metrics
 
 __all__ = ["INTERNAL_PREFIX", "Forwarder", "RemoteEventStream", "item_line", "owner_problem",
-           "read_lines", "start_line"]
+           "parse_start_param", "read_lines", "start_line", "start_param"]
 
 log = logging.getLogger("threadline.gateway")
 
 _LIVE, _END = object(), object()
+_QUEUE_ITEMS = 256  # items read ahead of the client: then the owner's socket waits
+_MAX_LINE = 8 * 1024 * 1024  # one batch of events, at most
+_UNAVAILABLE_RETRY_S = 0.25  # this gateway's feed could not open the stream for now
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +72,6 @@ class _Began:
     """Where the owner's stream began (its `start` line)."""
 
     start: Start
-_QUEUE_ITEMS = 256  # items read ahead of the client: then the owner's socket waits
-_MAX_LINE = 8 * 1024 * 1024  # one batch of events, at most
-_UNAVAILABLE_RETRY_S = 0.25  # this gateway's feed could not open the stream for now
 
 
 def start_line(start: Start) -> bytes:
@@ -79,6 +79,25 @@ def start_line(start: Start) -> bytes:
     offset, sub, scan_from, run_id = start
     return json.dumps({"start": [offset, sub, scan_from, run_id or ""]},
                       separators=(",", ":")).encode() + b"\n"
+
+
+def start_param(start: Start) -> str:
+    """Where a stream began, as the `start` query parameter of a re-open on the next
+    owner (`parse_start_param` reads it there)."""
+    offset, sub, scan_from, run_id = start
+    return f"{offset}.{sub}.{scan_from}.{run_id or ''}"
+
+
+def parse_start_param(raw: str | None) -> Start | None:
+    """The `start` query parameter (`start_param`), or None without one; 400 if it is
+    not a stream's start."""
+    if not raw:
+        return None
+    try:
+        offset, sub, scan_from, run_id = raw.split(".", 3)
+        return int(offset), int(sub), int(scan_from), run_id or None
+    except ValueError:
+        raise Problem(400, "bad-request", "'start' is not a stream's start") from None
 
 
 def item_line(item: Item | None, end: str | None = None) -> bytes:
@@ -220,7 +239,7 @@ class RemoteEventStream:
 
     def _path(self) -> str:
         start = None if self._after is not None or self._start is None else \
-            ".".join(str(part) if part is not None else "" for part in self._start)
+            start_param(self._start)
         query = {k: v for k, v in (("run_id", self.run_id), ("after", self._after),
                                    ("last_message_id", self._last_message_id),
                                    ("start", start)) if v}

@@ -12,12 +12,12 @@ import contextlib
 
 from aiohttp import web
 
-from gateway.cluster.remote import item_line, start_line
+from gateway.cluster.remote import item_line, parse_start_param, start_line
 from gateway.http.auth import TENANT
 from gateway.http.problems import Problem
 from gateway.keys import FEED, READ_MODEL
 from gateway.live.feed import NotOwned
-from gateway.live.run_stream import STREAMS, Start
+from gateway.live.run_stream import STREAMS
 
 __all__ = ["internal_stream"]
 
@@ -46,7 +46,7 @@ async def internal_stream(request: web.Request) -> web.StreamResponse:
             stream = await opened.enter_async_context(config[STREAMS].open_local(
                 tenant, state, run, after=request.query.get("after"),
                 last_message_id=request.query.get("last_message_id"), slot=False,
-                start=_start(request.query.get("start"))))
+                start=parse_start_param(request.query.get("start"))))
         except NotOwned:  # a rebalance moved it while the stream's start was found
             raise Problem(421, "misdirected", "the thread's partition moved to another "
                           "gateway") from None
@@ -65,14 +65,3 @@ async def internal_stream(request: web.Request) -> web.StreamResponse:
             pass  # the asking gateway went away
         return response
 
-
-def _start(raw: str | None) -> Start | None:
-    """The `start` the asking gateway passed (`gateway.cluster.remote`): where the
-    stream began on the owner before, to go on from there."""
-    if not raw:
-        return None
-    try:
-        offset, sub, scan_from, run_id = raw.split(".", 3)
-        return int(offset), int(sub), int(scan_from), run_id or None
-    except ValueError:
-        raise Problem(400, "bad-request", "'start' is not a stream's start") from None

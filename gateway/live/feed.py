@@ -600,7 +600,7 @@ class StreamFeed:
                                                    name="feed takes partitions")
         batch = await self._consumer.getmany(timeout_ms=1000, max_records=2000)
         if self._batching is not None:
-            self._batching.took(sum(len(records) for records in batch.values()))
+            self._batching.took(batch)
         await self.codec.prepare(r.value for rs in batch.values() for r in rs)
         try:
             for tp, records in batch.items():

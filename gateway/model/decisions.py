@@ -175,7 +175,7 @@ class CommandBus:
         assert self._consumer is not None
         batch = await self._consumer.getmany(timeout_ms=1000, max_records=1000)
         if self._batching is not None:
-            self._batching.took(sum(len(records) for records in batch.values()))
+            self._batching.took(batch)
         await self.codec.prepare(r.value for rs in batch.values() for r in rs)
         for records in batch.values():
             for record in records:

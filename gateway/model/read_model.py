@@ -805,7 +805,7 @@ class ReadModel:
         batch = await self._consumer.getmany(timeout_ms=500 if self.held is None else 100,
                                              max_records=1000)
         if self._batching is not None:
-            self._batching.took(sum(len(records) for records in batch.values()))
+            self._batching.took(batch)
         # Positions first: no await below suspends (known positions return at once),
         # so nothing reads a position before the rows it covers are committed.
         positions = {tp: await self._consumer.position(tp) for tp in self._checkpointed}

@@ -17,18 +17,16 @@ from gateway.kafka import FetchBatching, new_consumer
 from streams.config import Settings
 from streams.kafka.clients import aiokafka_config
 from streams.kafka.topics import ensure_topics
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.manual_clock import ManualClock
 
 
 def _consumer() -> Any:
     return SimpleNamespace(_fetcher=SimpleNamespace(_fetch_min_bytes=1, _fetch_max_wait_ms=100))
+
+
+def _batch(records: int) -> dict[Any, list[Any]]:
+    """What `getmany` hands out: `records` records of one partition (none: empty)."""
+    return {"tp": [object()] * records} if records else {}
 
 
 def _fetch(consumer: Any) -> tuple[int, int]:
@@ -39,22 +37,22 @@ def test_sustained_batches_batch_the_fetches_and_thin_traffic_ends_it() -> None:
     """Batches 2 ms apart: once 16 came within 100 ms (four fifths of one per 5 ms),
     fetches wait for 64 KiB or 5 ms; batches 30 ms apart: they return at the first
     record again."""
-    clock, consumer = _Clock(), _consumer()
+    clock, consumer = ManualClock(100.0), _consumer()
     batching = FetchBatching(consumer, 5, clock=clock)
     for _ in range(15):
         clock.now += 0.002
-        batching.took(3)
+        batching.took(_batch(3))
     assert _fetch(consumer) == (1, 100) and not batching.batching
     clock.now += 0.002
-    batching.took(3)
+    batching.took(_batch(3))
     assert _fetch(consumer) == (64 << 10, 5) and batching.batching
     for _ in range(40):  # sustained at one batch per wait
         clock.now += 0.005
-        batching.took(40)
+        batching.took(_batch(40))
     assert batching.batching
     for _ in range(5):
         clock.now += 0.030
-        batching.took(1)
+        batching.took(_batch(1))
     assert _fetch(consumer) == (1, 100) and not batching.batching
     assert batching.switches == 2
 
@@ -62,32 +60,32 @@ def test_sustained_batches_batch_the_fetches_and_thin_traffic_ends_it() -> None:
 def test_a_burst_does_not_switch_and_a_getmany_that_timed_out_ends_batching() -> None:
     """A run's records come in bursts: 10 batches within 4 ms, then 100 ms of nothing,
     leave the fetches alone; batching, an empty getmany (its timeout passed) ends it."""
-    clock, consumer = _Clock(), _consumer()
+    clock, consumer = ManualClock(100.0), _consumer()
     batching = FetchBatching(consumer, 5, clock=clock)
     for _ in range(5):
         for _ in range(10):
             clock.now += 0.0004
-            batching.took(1)
+            batching.took(_batch(1))
         clock.now += 0.1
-        batching.took(0)
+        batching.took(_batch(0))
     assert not batching.batching and batching.switches == 0
     for _ in range(16):
         clock.now += 0.001
-        batching.took(2)
+        batching.took(_batch(2))
     assert batching.batching
     clock.now += 1.0
-    batching.took(0)
+    batching.took(_batch(0))
     assert not batching.batching and _fetch(consumer) == (1, 100)
 
 
 def test_off_or_without_the_fetcher_settings_it_does_nothing() -> None:
     """`THREADLINE_GATEWAY_FETCH_BATCH_MS=0`, or an aiokafka without those attributes."""
-    clock = _Clock()
+    clock = ManualClock(100.0)
     for consumer, wait in ((_consumer(), 0), (SimpleNamespace(_fetcher=SimpleNamespace()), 5)):
         batching = FetchBatching(consumer, wait, clock=clock)
         for _ in range(20):
             clock.now += 0.001
-            batching.took(5)
+            batching.took(_batch(5))
         assert not batching.batching and batching.wait_ms == 0
 
 

@@ -18,7 +18,15 @@ from hypothesis import strategies as st
 from gateway.cluster.hop import HOP_TTL_S, BadHop, HopSigner
 from gateway.cluster.owners import MAX_TENANTS_LISTED, Claim, OwnerBoard, OwnerMap
 from gateway.cluster.reads import merge_pages
-from gateway.cluster.remote import Forwarder, RemoteEventStream, _parse, read_lines, start_line
+from gateway.cluster.remote import (
+    Forwarder,
+    RemoteEventStream,
+    _parse,
+    parse_start_param,
+    read_lines,
+    start_line,
+    start_param,
+)
 from gateway.cluster.sticky import assignors, shares, standbys
 from gateway.http.problems import Problem
 from gateway.kafka import Offsets
@@ -506,3 +514,23 @@ async def test_a_forwarded_stream_with_no_event_yet_goes_on_from_where_it_began(
     assert local.opened_start == [(7, -1, 7, "run-1")]
     await stream._put([_event(8, "text_delta")])
     assert "start=" not in stream._path() and "after=" in stream._path()
+
+
+_starts = st.tuples(st.integers(-1, 1 << 62), st.integers(-1, 1 << 30), st.integers(0, 1 << 62),
+                    st.one_of(st.none(), st.uuids().map(str)))
+
+
+@given(_starts)
+def test_a_streams_start_goes_to_the_next_owner_as_it_began(start: tuple[int, int, int, str | None]) -> None:
+    """The `start` a re-open sends (`start_param`) reads back as the same start on the
+    owner, a run or none; the owner's first line carries it to the asking gateway."""
+    assert parse_start_param(start_param(start)) == start
+    assert _parse(start_line(start).rstrip(b"\n")).start == start  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("raw", ["1.2", "x.1.2.run", "1.2.3", "1..3.run"])
+def test_a_start_that_is_not_one_is_a_400(raw: str) -> None:
+    """Whatever a hop sends as `start` is read, or refused: never a 500."""
+    with pytest.raises(Problem) as refused:
+        parse_start_param(raw)
+    assert refused.value.status == 400

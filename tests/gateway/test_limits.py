@@ -8,16 +8,7 @@ import pytest
 from gateway.http.limits import TenantLimiter
 from gateway.http.problems import Problem
 from streams.config import GatewayLimits, Settings
-
-
-class Clock:
-    """A settable clock for the limiter."""
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        """The current fake time in seconds."""
-        return self.now
+from tests.manual_clock import ManualClock
 
 
 def _refused(problem: pytest.ExceptionInfo[Problem], slug: str, retry_after: int) -> None:
@@ -75,7 +66,7 @@ def test_zero_turns_a_limit_off() -> None:
 
 def test_posts_take_tokens_from_a_bucket_that_refills_at_the_rate() -> None:
     """Posts draw from a per-tenant token bucket that refills at the rate up to the burst."""
-    clock = Clock()
+    clock = ManualClock(1000.0)
     limiter = TenantLimiter(GatewayLimits(posts_per_s=2.0, post_burst=3), clock)
     for _ in range(3):
         limiter.post("a")
@@ -125,7 +116,7 @@ def test_gateways_of_a_group_each_take_their_share_of_a_tenants_post_rate() -> N
     """With N gateways sharing the posts (a load balancer spreads them), each admits
     1/N of the rate and of the burst, so the tenant's whole is its limit; the refusal
     names the tenant's limit, not the share."""
-    clock = Clock()
+    clock = ManualClock(1000.0)
     gateways = [TenantLimiter(GatewayLimits(posts_per_s=6.0, post_burst=6), clock)
                 for _ in range(3)]
     for limiter in gateways:

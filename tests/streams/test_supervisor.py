@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from streams.supervisor import Backoff, ProcessChild, Supervisor, describe_exit
 from streams.testing.process import wait_for
+from tests.manual_clock import ManualClock
 
 
 def test_the_backoff_doubles_from_half_a_second_to_thirty() -> None:
@@ -79,18 +80,10 @@ class _FakeChild:
         self.events.append(f"wait {self.name}")
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_an_exited_child_is_restarted_after_a_growing_delay_and_logged(
         caplog: pytest.LogCaptureFixture) -> None:
     """A child that keeps crashing is restarted after growing delays, each logged."""
-    clock = _Clock()
+    clock = ManualClock()
     child = _FakeChild("processor")
     supervisor = Supervisor([child], Backoff(stable_s=60), clock=clock)
     supervisor._start(supervisor.slots[0])
