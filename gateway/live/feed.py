@@ -89,6 +89,7 @@ from gateway.kafka import (
     stop_task,
     topic_partitions,
 )
+from gateway.librdkafka_reader import LibrdkafkaReader, Record
 from gateway.live.sse import Position, RunState, RunTracker, SseEvent, make_events
 from gateway.live.tokens import ResumeTokens
 from gateway.model.read_model import ReadModel
@@ -251,8 +252,12 @@ class StreamFeed:
         self._lag_ms: deque[float] = deque(maxlen=20_000)  # record CreateTime -> written
         self._watched_ms: list[int] = []  # CreateTimes of this batch's records of watched threads
         self._dropped_floor: dict[int, Position] = {}
-        self._consumer_: AIOKafkaConsumer | None = None  # made in start(): needs the loop
+        self._consumer_: LibrdkafkaReader | None = None  # made in start(): needs the loop
         self._batching: FetchBatching | None = None  # with the consumer
+        # With a group: its membership (aiokafka, every partition paused: the reader
+        # above fetches), and the task that keeps it polled.
+        self._member_: AIOKafkaConsumer | None = None
+        self._membership: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._started = asyncio.Event()
         # With an advertised URL, the gateways share the partitions as one group.
@@ -270,9 +275,20 @@ class StreamFeed:
         self._taking: asyncio.Task[None] | None = None  # new partitions, their start found
 
     @property
-    def _consumer(self) -> AIOKafkaConsumer:
+    def _consumer(self) -> LibrdkafkaReader:
         assert self._consumer_ is not None, "StreamFeed.start() first"
         return self._consumer_
+
+    @property
+    def _member(self) -> AIOKafkaConsumer:
+        assert self._member_ is not None, "StreamFeed.start() in a group first"
+        return self._member_
+
+    async def _new_reader(self) -> LibrdkafkaReader:
+        reader = self._consumer_ = LibrdkafkaReader(self.settings, self.topic)
+        await reader.start()
+        self._batching = FetchBatching(reader, self.settings.gateway.fetch_batch_ms)
+        return reader
 
     async def start(self, load_timeout_s: float = 120.0) -> None:
         """Seek to where the active runs began, wait for the read model, and start reading
@@ -281,9 +297,7 @@ class StreamFeed:
         if self.group is not None:
             await self._start_in_group(load_timeout_s)
             return
-        consumer = self._consumer_ = new_consumer(self.settings)
-        await consumer.start()
-        self._batching = FetchBatching(consumer, self.settings.gateway.fetch_batch_ms)
+        consumer = await self._new_reader()
         tps = topic_partitions(self.settings, self.topic)
         consumer.assign(tps)
         await self._wait_for_read_model(load_timeout_s)
@@ -329,21 +343,29 @@ class StreamFeed:
     async def _start_in_group(self, load_timeout_s: float) -> None:
         assert self.group is not None
         session_ms = await asyncio.to_thread(session_timeout_ms, self.settings)
-        consumer = self._consumer_ = new_consumer(
+        await self._new_reader()
+        member = self._member_ = new_consumer(
             self.settings, group_id=self.group, session_timeout_ms=session_ms,
             heartbeat_interval_ms=heartbeat_interval_ms(session_ms),
-            partition_assignment_strategy=self.assignors)
-        await consumer.start()
-        self._batching = FetchBatching(consumer, self.settings.gateway.fetch_batch_ms)
+            partition_assignment_strategy=self.assignors,
+            # Its partitions are paused as they come: a fetch before that brings little.
+            auto_offset_reset="latest")
+        await member.start()
         await self._wait_for_read_model(load_timeout_s)
-        consumer.subscribe([self.topic], listener=_Rebalance(self))
+        member.subscribe([self.topic], listener=_Rebalance(self))
+        self._membership = asyncio.create_task(run_forever("gateway group", self._keep_member))
         self._task = asyncio.create_task(run_forever("stream feed", self._step))
-        # The first assignment comes inside the task's first fetches.
         with contextlib.suppress(TimeoutError):
             await within(self._assigned.wait(), load_timeout_s)
         if not self._assigned.is_set():
             raise TimeoutError("the stream feed got no assignment from the gateway group")
         self._started.set()
+
+    async def _keep_member(self) -> None:
+        """Poll the group membership: aiokafka leaves a group it is not polled in for
+        `max_poll_interval_ms`. Its partitions are paused, so it fetches nothing; a
+        record fetched before its assignment was paused is dropped."""
+        await self._member.getmany(timeout_ms=1000)
 
     def owns(self, partition: int) -> bool:
         """Whether this gateway serves the partition's streams (without a group: all):
@@ -365,12 +387,11 @@ class StreamFeed:
                 self._taking.cancel()
                 self._taking = None
             self.read_model.hold(set(partitions))
+        consumer = self._consumer
+        # The reader is no group member: the partitions kept read on where they were.
+        consumer.keep_only(partitions)
         if lost:
             self._forget(lost)
-        consumer = self._consumer
-        for partition in sorted(partitions - new):
-            consumer.seek(TopicPartition(self.topic, partition),
-                          self.last_offsets.get(partition, -1) + 1)
         if new and split:
             # Their threads' read model loads first (a rebalance callback must not wait
             # for it: no heartbeat goes out meanwhile); until then they wait paused.
@@ -378,9 +399,9 @@ class StreamFeed:
             consumer.pause(*tps)
             self._taking = asyncio.create_task(self._take(new), name="feed takes partitions")
         elif new:
-            # Here, not in the fetch loop: aiokafka's fetcher is not woken by a resume,
-            # so the new partitions cannot wait paused. It costs a few offset queries
-            # and the read model's catch-up on them (milliseconds when it keeps up; no
+            # Here, not in the fetch loop, as a stream of them may be asked for as soon
+            # as the owner board names this gateway. It costs a few offset queries and
+            # the read model's catch-up on them (milliseconds when it keeps up; no
             # heartbeat goes out meanwhile).
             try:
                 await self._seek_starts([TopicPartition(self.topic, p) for p in sorted(new)])
@@ -401,11 +422,8 @@ class StreamFeed:
                 if not still:
                     return
                 tps = [TopicPartition(self.topic, p) for p in still]
+                self._consumer.resume(*tps)
                 await self._seek_starts(tps)
-                consumer = self._consumer
-                consumer.resume(*tps)
-                for tp in tps:  # a seek wakes the fetcher: a resume alone does not
-                    consumer.seek(tp, self.start_offsets[tp.partition])
                 return
             except asyncio.CancelledError:
                 raise
@@ -444,9 +462,12 @@ class StreamFeed:
         """Close every subscriber, then stop the reading task and its consumer."""
         self.close_all("shutdown")
         await stop_task(self._taking)
+        await stop_task(self._membership)
         await stop_task(self._task)
+        if self._member_ is not None:
+            await stop_client(self._member_)
         if self._consumer_ is not None:
-            await stop_client(self._consumer_)
+            await self._consumer_.stop()
 
     def close_all(self, reason: str) -> None:
         """End every subscriber's stream with the same reason."""
@@ -634,7 +655,7 @@ class StreamFeed:
         for sub in dirty:
             sub.flush()
 
-    def ingest(self, partition: int, record: ConsumerRecord[bytes, bytes]) -> None:
+    def ingest(self, partition: int, record: Record | ConsumerRecord[bytes, bytes]) -> None:
         """Take one streams record: kept raw if it is a part of a thread nobody watches,
         else decoded, and made into events if its thread is watched (see the module)."""
         offset = record.offset
@@ -859,6 +880,8 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         """Take the new share (see `StreamFeed.assigned`)."""
-        coordinator = self.feed._consumer._coordinator  # noqa: SLF001  (aiokafka: no public generation)
+        member = self.feed._member  # noqa: SLF001
+        member.pause(*assigned)  # the feed's reader fetches them
+        coordinator = member._coordinator  # noqa: SLF001  (aiokafka: no public generation)
         generation = int(getattr(coordinator, "generation", -1))
         await self.feed.assigned({tp.partition for tp in assigned}, generation)

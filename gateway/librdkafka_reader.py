@@ -1,0 +1,265 @@
+"""A group-less, read_committed reader of assigned partitions on librdkafka, with the
+part of aiokafka's consumer interface the stream feed uses.
+
+Why not aiokafka here: aiokafka is Python, and each of its fetches (a request built
+and sent, a response parsed partition by partition) costs a gateway 0.4-0.6 ms of
+CPU, whatever its share of the partitions (issue #26). librdkafka fetches in its own
+C threads; the event loop is handed batches. The stream topic is most of a gateway's
+records, so the feed reads it so; the gateway group's membership stays with aiokafka
+(`gateway.live.feed`), whose assignor API the sticky assignment with standby copies
+is written against.
+
+One thread polls librdkafka (`getmany` waits on it); seeks, pauses and the
+assignment are made from the event loop, librdkafka's calls for them being
+thread-safe and quick (no network). A batch the thread had already taken when a
+partition was sought (or assigned anew) holds records from before the seek: its
+records of that partition are dropped and the partition is sought again to where it
+was asked, so that what the caller sees after `seek` starts at the offset it asked
+for, as with aiokafka.
+
+`FetchBatching` paces the hand-overs under sustained traffic: at most one batch per
+`wait_ms` while records flow steadily, as it asks aiokafka's fetches to wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from typing import Any, cast
+
+from aiokafka import TopicPartition
+from aiokafka.errors import IllegalStateError
+from confluent_kafka import Consumer, KafkaException, Message
+from confluent_kafka import TopicPartition as RdPartition
+
+from streams.config import Settings
+from streams.kafka.clients import librdkafka_config
+
+__all__ = ["LibrdkafkaReader", "Record"]
+
+log = logging.getLogger("threadline.gateway")
+
+# One poll of the thread at most so long: `stop` waits for it.
+POLL_SLICE_S = 0.1
+
+
+class Record:
+    """A record as the feed reads it (aiokafka's ConsumerRecord's names)."""
+
+    __slots__ = ("headers", "key", "offset", "timestamp", "value")
+
+    def __init__(self, offset: int, key: bytes | None, value: bytes | None,
+                 headers: object, timestamp: int) -> None:
+        self.offset = offset
+        self.key = key
+        self.value = value
+        self.headers = headers
+        self.timestamp = timestamp
+
+
+class LibrdkafkaReader:
+    """Reads the partitions it is told to, from the offsets it is told to (see the
+    module). Not a group member: nothing is committed."""
+
+    def __init__(self, settings: Settings, topic: str, *, max_queued_kib: int = 8192) -> None:
+        self.topic = topic
+        self._config: dict[str, Any] = librdkafka_config(
+            settings,
+            # librdkafka wants one; a consumer that only assigns never joins it.
+            **{"group.id": f"{settings.topic_prefix}gateway-reader-unused",
+               "client.id": "threadline-gateway-feed",
+               "isolation.level": "read_committed",
+               "enable.auto.commit": False, "enable.auto.offset.store": False,
+               "auto.offset.reset": "earliest",
+               "fetch.wait.max.ms": 100,  # an idle partition's long poll; a record ends it
+               # Bounds what librdkafka prefetches ahead of the feed (its default: 64 MiB).
+               "queued.max.messages.kbytes": max_queued_kib,
+               "queued.min.messages": 10_000})
+        self._consumer: Consumer | None = None
+        self._thread = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="feed-reader")
+        self._assigned: set[int] = set()  # in librdkafka's assignment
+        self._pending: set[int] = set()  # assigned by the caller, no offset sought yet
+        self._paused: set[int] = set()
+        self._sought: dict[int, int] = {}  # partition -> where it was last sought
+        self._epoch: dict[int, int] = {}  # partition -> seeks so far
+        self._tps: dict[int, TopicPartition] = {}
+        self.batch_wait_s = 0.0  # set by FetchBatching: the least time between hand-overs
+        self._handed_at = 0.0
+        self._closed = False
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Make the librdkafka consumer (it connects in its own threads)."""
+        self._consumer = Consumer(self._config, logger=log)
+
+    async def stop(self) -> None:
+        """Close the consumer once the polling thread is done with it."""
+        if self._closed:
+            return
+        self._closed = True
+        consumer, self._consumer = self._consumer, None
+        loop = asyncio.get_running_loop()
+        if consumer is not None:
+            await loop.run_in_executor(self._thread, consumer.close)
+        self._thread.shutdown(wait=False)
+
+    @property
+    def _client(self) -> Consumer:
+        if self._consumer is None:
+            raise IllegalStateError("the reader is not started, or stopped")
+        return self._consumer
+
+    # --- the assignment -------------------------------------------------------------
+
+    def assign(self, tps: list[TopicPartition]) -> None:
+        """Read these partitions (and no others) once each is sought."""
+        wanted = {tp.partition for tp in tps}
+        self.unassign([self._tp(p) for p in (self._assigned | self._pending) - wanted])
+        self._pending |= wanted - self._assigned
+
+    def unassign(self, tps: list[TopicPartition]) -> None:
+        """Stop reading these partitions, and forget where they were."""
+        gone = [tp.partition for tp in tps if tp.partition in self._assigned | self._pending]
+        if not gone:
+            return
+        live = [p for p in gone if p in self._assigned]
+        if live:
+            self._client.incremental_unassign([RdPartition(self.topic, p) for p in live])
+        for p in gone:
+            self._assigned.discard(p)
+            self._pending.discard(p)
+            self._paused.discard(p)
+            self._sought.pop(p, None)
+            self._epoch[p] = self._epoch.get(p, 0) + 1
+
+    def keep_only(self, partitions: set[int]) -> None:
+        """Read none but these partitions (those kept read on where they were), and
+        forget the others' pauses."""
+        self.unassign([self._tp(p) for p in self._assigned | self._pending
+                       if p not in partitions])
+        self._paused &= partitions
+
+    def assignment(self) -> set[TopicPartition]:
+        """The partitions read, or to be read once sought."""
+        return {self._tp(p) for p in self._assigned | self._pending}
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Read the partition on from `offset` (assigning it if it is not yet)."""
+        p = tp.partition
+        client = self._client
+        if p in self._assigned:
+            # Unassigned and assigned again: librdkafka's seek fails on a partition
+            # whose fetcher has not started yet, and this purges what it prefetched.
+            client.incremental_unassign([RdPartition(self.topic, p)])
+        client.incremental_assign([RdPartition(self.topic, p, offset)])
+        if p in self._paused:
+            client.pause([RdPartition(self.topic, p)])
+        self._assigned.add(p)
+        self._pending.discard(p)
+        self._sought[p] = offset
+        self._epoch[p] = self._epoch.get(p, 0) + 1
+
+    def pause(self, *tps: TopicPartition) -> None:
+        """Fetch nothing more of these partitions until resumed. Records of them
+        already fetched may still come in the next batch."""
+        ps = [tp.partition for tp in tps]
+        self._paused.update(ps)
+        live = [RdPartition(self.topic, p) for p in ps if p in self._assigned]
+        if live:
+            self._client.pause(live)
+
+    def resume(self, *tps: TopicPartition) -> None:
+        """Fetch these partitions again."""
+        ps = [tp.partition for tp in tps]
+        self._paused.difference_update(ps)
+        live = [RdPartition(self.topic, p) for p in ps if p in self._assigned]
+        if live:
+            self._client.resume(live)
+
+    async def position(self, tp: TopicPartition) -> int:
+        """The offset of the next record the caller will be handed (transaction markers
+        and aborted records passed)."""
+        p = tp.partition
+        if p not in self._assigned:
+            raise IllegalStateError(f"partition {p} is not assigned")
+        [at] = self._client.position([RdPartition(self.topic, p)])
+        # Nothing handed out since the seek: librdkafka knows no position yet.
+        return at.offset if at.offset >= 0 else self._sought.get(p, 0)
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        """The partition's high watermark as last fetched, or None before that."""
+        if tp.partition not in self._assigned:
+            return None
+        try:
+            _low, high = self._client.get_watermark_offsets(
+                RdPartition(self.topic, tp.partition), cached=True)
+        except KafkaException:  # none cached yet
+            return None
+        return int(high) if high >= 0 else None
+
+    # --- records --------------------------------------------------------------------
+
+    async def getmany(self, timeout_ms: int = 0, max_records: int = 2000) -> \
+            dict[TopicPartition, list[Record]]:
+        """The records fetched since the last call, waiting up to `timeout_ms` for one."""
+        if self.batch_wait_s:  # paced: let a sustained flow gather in librdkafka's queue
+            pause_s = self._handed_at + self.batch_wait_s - time.monotonic()
+            if pause_s > 0:
+                await asyncio.sleep(pause_s)
+        client = self._client
+        epochs = dict(self._epoch)
+        loop = asyncio.get_running_loop()
+        messages = await loop.run_in_executor(
+            self._thread, self._poll, client, timeout_ms / 1000, max_records)
+        self._handed_at = time.monotonic()
+        return self._batch(messages, epochs)
+
+    def _batch(self, messages: list[Message], epochs: dict[int, int]) -> \
+            dict[TopicPartition, list[Record]]:
+        batch: dict[TopicPartition, list[Record]] = {}
+        stale: set[int] = set()
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                log.warning("stream feed: %s", error)
+                continue
+            p = cast(int, message.partition())  # set on a record: None only on errors
+            if self._epoch.get(p, 0) != epochs.get(p, 0) or p not in self._assigned:
+                stale.add(p)
+                continue
+            tp = self._tps.get(p) or self._tp(p)
+            records = batch.get(tp)
+            if records is None:
+                records = batch[tp] = []
+            records.append(Record(cast(int, message.offset()), message.key(), message.value(),
+                                  message.headers(), message.timestamp()[1]))
+        # Fetched before a seek that came while the thread polled: read them again
+        # from where the seek asked (records after it may be among those dropped).
+        for p in stale:
+            if p in self._assigned:
+                self.seek(self._tp(p), self._sought[p])
+        return batch
+
+    def _poll(self, consumer: Consumer, timeout_s: float, max_records: int) -> list[Message]:
+        """On the reader's thread: wait up to `timeout_s` for a record, then take what
+        else is queued (librdkafka's `consume` would wait for a full batch)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            first = consumer.poll(min(POLL_SLICE_S, max(0.0, deadline - time.monotonic())))
+            if first is not None:
+                break
+            if self._closed or time.monotonic() >= deadline:
+                return []
+        if max_records <= 1:
+            return [first]
+        return [first, *consumer.consume(max_records - 1, 0)]
+
+    def _tp(self, partition: int) -> TopicPartition:
+        tp = self._tps.get(partition)
+        if tp is None:
+            tp = self._tps[partition] = TopicPartition(self.topic, partition)
+        return tp
