@@ -133,15 +133,15 @@ class FetchBatching:
 
     aiokafka reads both from its fetcher each time it builds a fetch request (private
     attributes, checked by tests/gateway/test_fetch_batching.py); without them this
-    does nothing.
+    does nothing. A `LibrdkafkaReader` (the stream feed's) is paced instead: while
+    batching, it hands over a batch at most once per `wait_ms`, librdkafka fetching
+    in its own threads meanwhile.
     """
 
     SPAN_S = 0.1
 
     def __init__(self, consumer: object, wait_ms: int, min_bytes: int = 64 << 10,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        # A `LibrdkafkaReader` is paced instead: it hands a batch over at most once
-        # per `wait_ms` (librdkafka fetches in C meanwhile).
         self._paced = consumer if hasattr(consumer, "batch_wait_s") else None
         fetcher = getattr(consumer, "_fetcher", None)  # made by start()
         usable = fetcher is not None and all(

@@ -27,6 +27,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any, cast
 
 from aiokafka import TopicPartition
@@ -41,8 +42,9 @@ __all__ = ["LibrdkafkaReader", "Record"]
 
 log = logging.getLogger("threadline.gateway")
 
-# One poll of the thread at most so long: `stop` waits for it.
-POLL_SLICE_S = 0.1
+# One poll of the thread at most so long: `stop` waits for it, and a position asked
+# for while it polls (`position`) is learned after it.
+POLL_SLICE_S = 0.02
 
 
 class Record:
@@ -86,6 +88,12 @@ class LibrdkafkaReader:
         self._sought: dict[int, int] = {}  # partition -> where it was last sought
         self._epoch: dict[int, int] = {}  # partition -> seeks so far
         self._tps: dict[int, TopicPartition] = {}
+        # Positions as of records handed out (or none in flight), per partition with
+        # the epoch they were read at: librdkafka's own runs ahead of what the caller
+        # has while the thread holds records not handed over yet.
+        self._known: dict[int, tuple[int, int]] = {}
+        self._busy = False  # the thread polls for a `getmany`
+        self._sample = False  # a position was asked for: the thread reads them
         self.batch_wait_s = 0.0  # set by FetchBatching: the least time between hand-overs
         self._handed_at = 0.0
         self._closed = False
@@ -182,13 +190,23 @@ class LibrdkafkaReader:
 
     async def position(self, tp: TopicPartition) -> int:
         """The offset of the next record the caller will be handed (transaction markers
-        and aborted records passed)."""
+        and aborted records passed), as of the records it was handed. While a
+        `getmany` waits, as the thread last read it (it reads it again within a
+        poll slice of being asked)."""
         p = tp.partition
         if p not in self._assigned:
             raise IllegalStateError(f"partition {p} is not assigned")
-        [at] = self._client.position([RdPartition(self.topic, p)])
-        # Nothing handed out since the seek: librdkafka knows no position yet.
-        return at.offset if at.offset >= 0 else self._sought.get(p, 0)
+        epoch = self._epoch.get(p, 0)
+        if not self._busy:  # every record librdkafka gave out was handed over
+            [at] = self._client.position([RdPartition(self.topic, p)])
+            if at.offset >= 0:
+                return int(at.offset)
+        else:
+            self._sample = True
+            at_epoch, offset = self._known.get(p, (-1, -1))
+            if at_epoch == epoch and offset >= 0:
+                return offset
+        return self._sought.get(p, 0)  # nothing handed out since the seek
 
     def highwater(self, tp: TopicPartition) -> int | None:
         """The partition's high watermark as last fetched, or None before that."""
@@ -212,14 +230,20 @@ class LibrdkafkaReader:
                 await asyncio.sleep(pause_s)
         client = self._client
         epochs = dict(self._epoch)
+        read = [RdPartition(self.topic, p) for p in sorted(self._assigned)]
         loop = asyncio.get_running_loop()
-        messages = await loop.run_in_executor(
-            self._thread, self._poll, client, timeout_ms / 1000, max_records)
-        self._handed_at = time.monotonic()
-        return self._batch(messages, epochs)
+        self._busy = True
+        try:
+            messages, positions = await loop.run_in_executor(
+                self._thread, self._poll, client, timeout_ms / 1000, max_records, read, epochs)
+            self._handed_at = time.monotonic()
+            return self._batch(messages, epochs, positions)
+        finally:
+            self._busy = False
 
-    def _batch(self, messages: list[Message], epochs: dict[int, int]) -> \
-            dict[TopicPartition, list[Record]]:
+    def _batch(self, messages: list[Message], epochs: dict[int, int],
+               positions: Sequence[RdPartition] = ()) -> dict[TopicPartition, list[Record]]:
+        self._learn(positions, epochs)
         batch: dict[TopicPartition, list[Record]] = {}
         stale: set[int] = set()
         for message in messages:
@@ -244,19 +268,31 @@ class LibrdkafkaReader:
                 self.seek(self._tp(p), self._sought[p])
         return batch
 
-    def _poll(self, consumer: Consumer, timeout_s: float, max_records: int) -> list[Message]:
+    def _learn(self, positions: Sequence[RdPartition], epochs: dict[int, int]) -> None:
+        for at in positions:
+            p = at.partition
+            if at.offset >= 0 and at.error is None and self._epoch.get(p, 0) == epochs.get(p, 0):
+                self._known[p] = (epochs.get(p, 0), at.offset)
+
+    def _poll(self, consumer: Consumer, timeout_s: float, max_records: int,
+              read: list[RdPartition], epochs: dict[int, int]) -> \
+            tuple[list[Message], list[RdPartition]]:
         """On the reader's thread: wait up to `timeout_s` for a record, then take what
-        else is queued (librdkafka's `consume` would wait for a full batch)."""
+        else is queued (librdkafka's `consume` would wait for a full batch). With the
+        positions after them, read here: librdkafka's move as records are taken."""
         deadline = time.monotonic() + timeout_s
         while True:
             first = consumer.poll(min(POLL_SLICE_S, max(0.0, deadline - time.monotonic())))
             if first is not None:
                 break
+            if self._sample and read:  # asked while nothing is held: they are current
+                self._sample = False
+                self._learn(consumer.position(read), epochs)
             if self._closed or time.monotonic() >= deadline:
-                return []
-        if max_records <= 1:
-            return [first]
-        return [first, *consumer.consume(max_records - 1, 0)]
+                return [], consumer.position(read) if read else []
+        messages = [first] if max_records <= 1 else \
+            [first, *consumer.consume(max_records - 1, 0)]
+        return messages, consumer.position(read) if read else []
 
     def _tp(self, partition: int) -> TopicPartition:
         tp = self._tps.get(partition)

@@ -1,6 +1,8 @@
 """The fan-out: one stream-topic consumer per gateway process feeds every SSE client.
 
-The consumer has no group: it reads every partition, read_committed. Each record
+The consumer has no group: it reads every partition, read_committed, through
+librdkafka (`gateway.librdkafka_reader`: its fetches cost the gateway a fraction of
+aiokafka's, which are Python; the stream topic is most of a gateway's records). Each record
 goes into a bounded per-thread window and, as events, into the bounded queue of
 each subscriber of that thread. A subscriber that falls `queue_limit` events
 behind is closed; its client reconnects with Last-Event-ID.
@@ -50,10 +52,11 @@ events). Otherwise (a run longer than half the window, or one evicted with its
 window while it runs) the parts leaving are decoded, for the run's state, and no
 events are made of them.
 
-With a gateway group (`THREADLINE_GATEWAY_URL`), the consumer joins the group
-instead and reads the partitions assigned to this gateway (`assigned`): the ones it
-kept go on from where they were, the new ones start as at start-up, and the lost
-ones end their streams ("moved") and are forgotten. Streams of the other partitions
+With a gateway group (`THREADLINE_GATEWAY_URL`), an aiokafka consumer joins the
+group for the feed (its partitions paused: it fetches nothing), and the reader reads
+the partitions assigned to this gateway (`assigned`): the ones it kept go on from
+where they were, the new ones start as at start-up, and the lost ones end their
+streams ("moved") and are forgotten. Streams of the other partitions
 are served by their owners (`gateway.cluster`).
 
 The price is paid by a thread's first subscriber: it decodes the window's raw
