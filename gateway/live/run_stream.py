@@ -238,6 +238,11 @@ class RunStreams:
         if event_id.offset > feed.last_offsets.get(partition, -1) and \
                 event_id.offset >= await feed.end_offset(partition):
             raise Problem(400, "bad-last-event-id", "the event id is ahead of the stream")
+        if feed.run(event_id.run_id) is None:
+            # Maybe the feed has not read that far yet (the read model, a consumer of
+            # its own, may have): else a stream would take the run for over, by the
+            # read model, before the feed brought any of its events.
+            await feed.catch_up(partition)
         scan_from = event_id.run_start if event_id.run_start >= 0 else event_id.offset
         ended = message_id is not None and await _run_ended(feed, self.read_model, state,
                                                              event_id.run_id)
