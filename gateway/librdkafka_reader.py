@@ -27,7 +27,8 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from aiokafka import TopicPartition
@@ -65,13 +66,14 @@ class LibrdkafkaReader:
     """Reads the partitions it is told to, from the offsets it is told to (see the
     module). Not a group member: nothing is committed."""
 
-    def __init__(self, settings: Settings, topic: str, *, max_queued_kib: int = 8192) -> None:
+    def __init__(self, settings: Settings, topic: str, *, name: str = "feed",
+                 max_queued_kib: int = 8192) -> None:
         self.topic = topic
         self._config: dict[str, Any] = librdkafka_config(
             settings,
             # librdkafka wants one; a consumer that only assigns never joins it.
             **{"group.id": f"{settings.topic_prefix}gateway-reader-unused",
-               "client.id": "threadline-gateway-feed",
+               "client.id": f"threadline-gateway-{name}",
                "isolation.level": "read_committed",
                "enable.auto.commit": False, "enable.auto.offset.store": False,
                "auto.offset.reset": "earliest",
@@ -81,7 +83,7 @@ class LibrdkafkaReader:
                "queued.min.messages": 10_000})
         self._consumer: Consumer | None = None
         self._thread = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="feed-reader")
+            max_workers=1, thread_name_prefix=f"{name}-reader")
         self._assigned: set[int] = set()  # in librdkafka's assignment
         self._pending: set[int] = set()  # assigned by the caller, no offset sought yet
         self._paused: set[int] = set()
@@ -92,8 +94,16 @@ class LibrdkafkaReader:
         # the epoch they were read at: librdkafka's own runs ahead of what the caller
         # has while the thread holds records not handed over yet.
         self._known: dict[int, tuple[int, int]] = {}
-        self._busy = False  # the thread polls for a `getmany`
+        # The thread polls for a `getmany`: calls on the consumer then wait in `_ops`
+        # for the thread (confluent-kafka's pause and watermark calls from another
+        # thread wait until the poll returns: up to a `getmany`'s whole timeout).
+        self._busy = False
+        self._ops: deque[Callable[[Consumer], object]] = deque()
         self._sample = False  # a position was asked for: the thread reads them
+        # High watermarks as last fetched: the thread reads them once asked for
+        # (confluent-kafka's call for them waits while another thread polls).
+        self._highwaters: dict[int, int] = {}
+        self._sample_highwaters = False
         self.batch_wait_s = 0.0  # set by FetchBatching: the least time between hand-overs
         self._handed_at = 0.0
         self._closed = False
@@ -136,7 +146,8 @@ class LibrdkafkaReader:
             return
         live = [p for p in gone if p in self._assigned]
         if live:
-            self._client.incremental_unassign([RdPartition(self.topic, p) for p in live])
+            gone_tps = [RdPartition(self.topic, p) for p in live]
+            self._call(lambda c: c.incremental_unassign(gone_tps))
         for p in gone:
             self._assigned.discard(p)
             self._pending.discard(p)
@@ -158,14 +169,13 @@ class LibrdkafkaReader:
     def seek(self, tp: TopicPartition, offset: int) -> None:
         """Read the partition on from `offset` (assigning it if it is not yet)."""
         p = tp.partition
-        client = self._client
         if p in self._assigned:
             # Unassigned and assigned again: librdkafka's seek fails on a partition
             # whose fetcher has not started yet, and this purges what it prefetched.
-            client.incremental_unassign([RdPartition(self.topic, p)])
-        client.incremental_assign([RdPartition(self.topic, p, offset)])
+            self._call(lambda c: c.incremental_unassign([RdPartition(self.topic, p)]))
+        self._call(lambda c: c.incremental_assign([RdPartition(self.topic, p, offset)]))
         if p in self._paused:
-            client.pause([RdPartition(self.topic, p)])
+            self._call(lambda c: c.pause([RdPartition(self.topic, p)]))
         self._assigned.add(p)
         self._pending.discard(p)
         self._sought[p] = offset
@@ -178,7 +188,7 @@ class LibrdkafkaReader:
         self._paused.update(ps)
         live = [RdPartition(self.topic, p) for p in ps if p in self._assigned]
         if live:
-            self._client.pause(live)
+            self._call(lambda c: c.pause(live))
 
     def resume(self, *tps: TopicPartition) -> None:
         """Fetch these partitions again."""
@@ -186,7 +196,7 @@ class LibrdkafkaReader:
         self._paused.difference_update(ps)
         live = [RdPartition(self.topic, p) for p in ps if p in self._assigned]
         if live:
-            self._client.resume(live)
+            self._call(lambda c: c.resume(live))
 
     async def position(self, tp: TopicPartition) -> int:
         """The offset of the next record the caller will be handed (transaction markers
@@ -198,6 +208,7 @@ class LibrdkafkaReader:
             raise IllegalStateError(f"partition {p} is not assigned")
         epoch = self._epoch.get(p, 0)
         if not self._busy:  # every record librdkafka gave out was handed over
+            self._drain(self._client)
             [at] = self._client.position([RdPartition(self.topic, p)])
             if at.offset >= 0:
                 return int(at.offset)
@@ -209,15 +220,27 @@ class LibrdkafkaReader:
         return self._sought.get(p, 0)  # nothing handed out since the seek
 
     def highwater(self, tp: TopicPartition) -> int | None:
-        """The partition's high watermark as last fetched, or None before that."""
-        if tp.partition not in self._assigned:
+        """The partition's high watermark as last fetched, or None before that. While
+        a `getmany` waits, as the thread last read it (asking has it read them all
+        within a poll slice)."""
+        p = tp.partition
+        if p not in self._assigned:
             return None
-        try:
-            _low, high = self._client.get_watermark_offsets(
-                RdPartition(self.topic, tp.partition), cached=True)
-        except KafkaException:  # none cached yet
-            return None
-        return int(high) if high >= 0 else None
+        if not self._busy:
+            self._drain(self._client)
+            self._read_highwaters(self._client, [RdPartition(self.topic, p)])
+        else:
+            self._sample_highwaters = True
+        return self._highwaters.get(p)
+
+    def _read_highwaters(self, consumer: Consumer, read: list[RdPartition]) -> None:
+        for at in read:
+            try:
+                _low, high = consumer.get_watermark_offsets(at, cached=True)
+            except KafkaException:  # none fetched yet
+                continue
+            if high >= 0:
+                self._highwaters[at.partition] = int(high)
 
     # --- records --------------------------------------------------------------------
 
@@ -229,17 +252,28 @@ class LibrdkafkaReader:
             if pause_s > 0:
                 await asyncio.sleep(pause_s)
         client = self._client
+        self._drain(client)
         epochs = dict(self._epoch)
         read = [RdPartition(self.topic, p) for p in sorted(self._assigned)]
         loop = asyncio.get_running_loop()
-        self._busy = True
-        try:
-            messages, positions = await loop.run_in_executor(
-                self._thread, self._poll, client, timeout_ms / 1000, max_records, read, epochs)
-            self._handed_at = time.monotonic()
-            return self._batch(messages, epochs, positions)
-        finally:
-            self._busy = False
+        self._busy = True  # until the thread is done with the consumer (`_poll`)
+        messages, positions = await loop.run_in_executor(
+            self._thread, self._poll, client, timeout_ms / 1000, max_records, read, epochs)
+        self._handed_at = time.monotonic()
+        return self._batch(messages, epochs, positions)
+
+    def _call(self, op: Callable[[Consumer], object]) -> None:
+        """Make a call on the consumer now, or on the thread if it polls (in order)."""
+        if self._busy:
+            self._ops.append(op)
+            return
+        client = self._client
+        self._drain(client)
+        _apply(op, client)
+
+    def _drain(self, consumer: Consumer) -> None:
+        while self._ops:
+            _apply(self._ops.popleft(), consumer)
 
     def _batch(self, messages: list[Message], epochs: dict[int, int],
                positions: Sequence[RdPartition] = ()) -> dict[TopicPartition, list[Record]]:
@@ -280,22 +314,36 @@ class LibrdkafkaReader:
         """On the reader's thread: wait up to `timeout_s` for a record, then take what
         else is queued (librdkafka's `consume` would wait for a full batch). With the
         positions after them, read here: librdkafka's move as records are taken."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            first = consumer.poll(min(POLL_SLICE_S, max(0.0, deadline - time.monotonic())))
-            if first is not None:
-                break
-            if self._sample and read:  # asked while nothing is held: they are current
-                self._sample = False
-                self._learn(consumer.position(read), epochs)
-            if self._closed or time.monotonic() >= deadline:
-                return [], consumer.position(read) if read else []
-        messages = [first] if max_records <= 1 else \
-            [first, *consumer.consume(max_records - 1, 0)]
-        return messages, consumer.position(read) if read else []
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                self._drain(consumer)
+                first = consumer.poll(min(POLL_SLICE_S, max(0.0, deadline - time.monotonic())))
+                if first is not None:
+                    break
+                if self._sample and read:  # asked while nothing is held: they are current
+                    self._sample = False
+                    self._learn(consumer.position(read), epochs)
+                if self._sample_highwaters:
+                    self._sample_highwaters = False
+                    self._read_highwaters(consumer, read)
+                if self._closed or time.monotonic() >= deadline:
+                    return [], consumer.position(read) if read else []
+            messages = [first] if max_records <= 1 else \
+                [first, *consumer.consume(max_records - 1, 0)]
+            return messages, consumer.position(read) if read else []
+        finally:
+            self._busy = False
 
     def _tp(self, partition: int) -> TopicPartition:
         tp = self._tps.get(partition)
         if tp is None:
             tp = self._tps[partition] = TopicPartition(self.topic, partition)
         return tp
+
+
+def _apply(op: Callable[[Consumer], object], consumer: Consumer) -> None:
+    try:
+        op(consumer)
+    except KafkaException as exc:  # e.g. a partition assigned twice: logged, not fatal
+        log.warning("%s: %s", consumer, exc)

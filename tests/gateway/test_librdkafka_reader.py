@@ -210,3 +210,24 @@ async def test_a_position_asked_while_the_thread_polls_is_as_of_what_was_handed_
     assert await reader.position(tp) == 20, "read before the seek: not taken"
     reader._busy = False
     assert await reader.position(tp) == 50
+
+
+def test_calls_made_while_the_thread_polls_wait_for_it_in_order(settings: Settings) -> None:
+    """confluent-kafka's pause and watermark calls from the event loop wait while the
+    thread polls (up to a whole `getmany`: a gateway's scrape of its lags took 1 s a
+    partition so). While it polls, the reader's calls wait for the thread instead, and
+    are made in the order they were asked for, before its next poll."""
+    reader, client = _reader(settings)
+    tp = TopicPartition("stream", 1)
+    reader.seek(tp, 0)
+    client.calls.clear()
+    reader._busy = True
+    reader.pause(tp)
+    reader.seek(tp, 9)
+    reader.resume(tp)
+    assert reader.highwater(tp) is None and reader._sample_highwaters
+    assert client.calls == [], "nothing made on the consumer while the thread polls"
+    reader._drain(client)  # type: ignore[arg-type]
+    assert client.calls == [("pause", [(1, -1001)]), ("unassign", [(1, -1001)]),
+                            ("assign", [(1, 9)]), ("pause", [(1, -1001)]),
+                            ("resume", [(1, -1001)])]
