@@ -242,6 +242,20 @@ class LibrdkafkaReader:
             if high >= 0:
                 self._highwaters[at.partition] = int(high)
 
+    async def ends(self, tps: list[TopicPartition], timeout_s: float = 10.0) -> \
+            dict[TopicPartition, int]:
+        """The partitions' last stable offsets now (read_committed), asked of the
+        broker on this reader's connection. Not while a `getmany` is out."""
+        assert not self._busy, "ends() while the thread polls"
+        client = self._client
+
+        def ask() -> dict[TopicPartition, int]:
+            return {tp: int(client.get_watermark_offsets(
+                RdPartition(self.topic, tp.partition), timeout=timeout_s, cached=False)[1])
+                for tp in tps}
+
+        return await asyncio.to_thread(ask)
+
     # --- records --------------------------------------------------------------------
 
     async def getmany(self, timeout_ms: int = 0, max_records: int = 2000) -> \

@@ -36,7 +36,6 @@ from aiokafka.errors import KafkaError
 from gateway.http.problems import Problem
 from gateway.kafka import (
     FetchBatching,
-    Offsets,
     run_forever,
     stop_client,
     stop_task,
@@ -109,12 +108,7 @@ class CommandBus:
         tps = topic_partitions(self.settings, topic)
         consumer.assign(tps)
         # From the ends now, as offsets: decisions on later commands come after them.
-        offsets = Offsets(self.settings)
-        await offsets.start()
-        try:
-            ends = await offsets.end(tps)
-        finally:
-            await offsets.stop()
+        ends = await consumer.ends(tps)
         for tp in tps:
             consumer.seek(tp, ends[tp])
         self._task = asyncio.create_task(run_forever("events consumer", self._step))

@@ -51,7 +51,7 @@ async def test_the_reader_starts_where_sought_and_passes_markers_and_aborts(
     (offsets: record, marker, record, marker, ...): sought to the first marker, the
     reader hands out the second and third records only, and its position is then the
     partition's end, past the markers and the aborted record (what a feed's catch-up
-    compares with the last stable offset). Sought back to 0 while it waits in a poll,
+    compares with the last stable offset, which `ends` gives). Sought back to 0 while it waits in a poll,
     it hands out from the first record on."""
     ensure_topics(settings)
     topic, partition = settings.topics.stream, 3
@@ -70,6 +70,7 @@ async def test_the_reader_starts_where_sought_and_passes_markers_and_aborts(
             assert not await reader.getmany(timeout_ms=300), "a record past the end"
             position = await reader.position(tp)
         assert position == first + 8
+        assert await reader.ends([tp]) == {tp: first + 8}, "the last stable offset"
 
         polling = asyncio.create_task(reader.getmany(timeout_ms=2000))
         await asyncio.sleep(0.05)  # the thread waits in a poll
