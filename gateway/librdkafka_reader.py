@@ -68,7 +68,7 @@ class LibrdkafkaReader:
 
     def __init__(self, settings: Settings, topic: str, *, name: str = "feed",
                  max_queued_kib: int = 8192) -> None:
-        self.topic = topic
+        self.topic, self.name = topic, name
         self._config: dict[str, Any] = librdkafka_config(
             settings,
             # librdkafka wants one; a consumer that only assigns never joins it.
@@ -297,7 +297,7 @@ class LibrdkafkaReader:
         for message in messages:
             error = message.error()
             if error is not None:
-                log.warning("stream feed: %s", error)
+                log.warning("%s reader: %s", self.name, error)
                 continue
             p = cast(int, message.partition())  # set on a record: None only on errors
             if self._epoch.get(p, 0) != epochs.get(p, 0) or p not in self._assigned:
