@@ -31,11 +31,12 @@ from streams.config import Settings
 from streams.core.domain import ThreadState
 from streams.core.ids import answer_message_id_for
 from streams.core.records import MessageStart, RunLifecycle, StreamOutput, TextDelta, TextStart
-from streams.wire import Codec, new_meta
+from streams.wire import Codec, new_meta, stream_headers
 
 CODEC = Codec()  # single-object records, as the roles write them without a registry
 
 TENANT = "bench"
+DELTA_HEADERS = stream_headers(TextDelta(""))  # what the worker puts on a delta
 _DELTA_TS = re.compile(rb'"delta":"ts(\d+)"')
 
 
@@ -76,8 +77,10 @@ class Generator:
     async def _send(self, thread: str, output: StreamOutput) -> None:
         assert self._producer is not None
         meta = new_meta(thread, TENANT, int(time.time() * 1000))
+        # With the headers a worker and the processor write: a reader skips a record
+        # of a thread nobody watches by them, undecoded.
         await self._producer.send(self.settings.topics.stream, CODEC.encode_stream(output, meta),
-                                  key=thread.encode())
+                                  key=thread.encode(), headers=stream_headers(output.payload))
 
     def _output(self, thread: str, part: str, payload: Any, attempt: int = 1) -> StreamOutput:
         run = self.runs[thread]
@@ -113,7 +116,7 @@ class Generator:
             meta = new_meta(thread, TENANT, int(time.time() * 1000))
             # The worker's _emit: encode, then send (its own clock read comes first too).
             await self._producer.send(self.settings.topics.stream, CODEC.encode_stream(output, meta),
-                                      key=thread.encode())
+                                      key=thread.encode(), headers=DELTA_HEADERS)
         await self._producer.flush()
         self.sent += count
         return count

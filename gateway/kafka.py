@@ -133,21 +133,18 @@ class FetchBatching:
 
     aiokafka reads both from its fetcher each time it builds a fetch request (private
     attributes, checked by tests/gateway/test_fetch_batching.py); without them this
-    does nothing. A `LibrdkafkaReader` (the stream feed's) is paced instead: while
-    batching, it hands over a batch at most once per `wait_ms`, librdkafka fetching
-    in its own threads meanwhile.
+    does nothing. The readers on librdkafka (`gateway.librdkafka_reader`) batch in
+    librdkafka instead.
     """
 
     SPAN_S = 0.1
 
-    def __init__(self, consumer: object, wait_ms: int, min_bytes: int = 64 << 10,
+    def __init__(self, consumer: AIOKafkaConsumer, wait_ms: int, min_bytes: int = 64 << 10,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._paced = consumer if hasattr(consumer, "batch_wait_s") else None
         fetcher = getattr(consumer, "_fetcher", None)  # made by start()
         usable = fetcher is not None and all(
             hasattr(fetcher, name) for name in ("_fetch_min_bytes", "_fetch_max_wait_ms"))
         self._fetcher = fetcher if usable else None
-        usable = usable or self._paced is not None
         self.wait_ms = wait_ms if usable and wait_ms > 0 else 0
         self._latency = (getattr(fetcher, "_fetch_min_bytes", 1),
                          getattr(fetcher, "_fetch_max_wait_ms", 100))
@@ -173,11 +170,8 @@ class FetchBatching:
             self._set(False)
 
     def _set(self, batching: bool) -> None:
-        self.batching = batching
-        self.switches += 1
-        if self._paced is not None:
-            setattr(self._paced, "batch_wait_s", self.wait_ms / 1000 if batching else 0.0)  # noqa: B010
-            return
         min_bytes, wait_ms = self._batched if batching else self._latency
         setattr(self._fetcher, "_fetch_min_bytes", min_bytes)  # noqa: B010 (private, see above)
         setattr(self._fetcher, "_fetch_max_wait_ms", wait_ms)  # noqa: B010
+        self.batching = batching
+        self.switches += 1

@@ -83,7 +83,6 @@ from aiokafka.errors import IllegalStateError
 from aiokafka.structs import ConsumerRecord
 
 from gateway.kafka import (
-    FetchBatching,
     Offsets,
     new_consumer,
     partition_for,
@@ -256,7 +255,6 @@ class StreamFeed:
         self._watched_ms: list[int] = []  # CreateTimes of this batch's records of watched threads
         self._dropped_floor: dict[int, Position] = {}
         self._consumer_: LibrdkafkaReader | None = None  # made in start(): needs the loop
-        self._batching: FetchBatching | None = None  # with the consumer
         # With a group: its membership (aiokafka, every partition paused: the reader
         # above fetches), and the task that keeps it polled.
         self._member_: AIOKafkaConsumer | None = None
@@ -290,7 +288,6 @@ class StreamFeed:
     async def _new_reader(self) -> LibrdkafkaReader:
         reader = self._consumer_ = LibrdkafkaReader(self.settings, self.topic)
         await reader.start()
-        self._batching = FetchBatching(reader, self.settings.gateway.fetch_batch_ms)
         return reader
 
     async def start(self, load_timeout_s: float = 120.0) -> None:
@@ -623,8 +620,6 @@ class StreamFeed:
                 self._taking = asyncio.create_task(self._take(unstarted),
                                                    name="feed takes partitions")
         batch = await self._consumer.getmany(timeout_ms=1000, max_records=2000)
-        if self._batching is not None:
-            self._batching.took(batch)
         await self.codec.prepare(r.value for rs in batch.values() for r in rs)
         try:
             for tp, records in batch.items():

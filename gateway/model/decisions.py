@@ -35,7 +35,6 @@ from aiokafka.errors import KafkaError
 
 from gateway.http.problems import Problem
 from gateway.kafka import (
-    FetchBatching,
     run_forever,
     stop_client,
     stop_task,
@@ -91,7 +90,6 @@ class CommandBus:
         self._waiters: dict[str, tuple[asyncio.Future[Event], Callable[[Event], bool]]] = {}
         self._run_watchers: defaultdict[str, set[asyncio.Future[Event]]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
-        self._batching: FetchBatching | None = None
 
     async def start(self) -> None:
         """Start the producer, and a consumer reading decisions from the events topic's current end."""
@@ -104,7 +102,6 @@ class CommandBus:
         topic = self.settings.topics.events
         consumer = self._consumer = LibrdkafkaReader(self.settings, topic, name="decisions")
         await consumer.start()
-        self._batching = FetchBatching(consumer, self.settings.gateway.fetch_batch_ms)
         tps = topic_partitions(self.settings, topic)
         consumer.assign(tps)
         # From the ends now, as offsets: decisions on later commands come after them.
@@ -178,8 +175,6 @@ class CommandBus:
     async def _step(self) -> None:
         assert self._consumer is not None
         batch = await self._consumer.getmany(timeout_ms=1000, max_records=1000)
-        if self._batching is not None:
-            self._batching.took(batch)
         await self.codec.prepare(r.value for rs in batch.values() for r in rs)
         for records in batch.values():
             for record in records:

@@ -6,6 +6,7 @@ its bookkeeping on a stand-in client)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -13,7 +14,6 @@ import pytest
 from aiokafka import TopicPartition
 from confluent_kafka import Message, Producer
 
-from gateway.kafka import FetchBatching
 from gateway.librdkafka_reader import LibrdkafkaReader, Record
 from streams.config import Settings
 from streams.kafka.clients import librdkafka_config
@@ -178,16 +178,37 @@ def test_a_partition_let_go_of_forgets_its_pause(settings: Settings) -> None:
     assert client.calls == [("assign", [(5, 3)])]
 
 
-def test_fetch_batching_paces_the_reader(settings: Settings) -> None:
-    """Batching a reader sets the least time between its hand-overs to the wait, and
-    back to none."""
-    reader, _client = _reader(settings)
-    batching = FetchBatching(reader, 5)
-    assert batching.wait_ms == 5 and reader.batch_wait_s == 0
-    batching._set(True)
-    assert reader.batch_wait_s == 0.005
-    batching._set(False)
-    assert reader.batch_wait_s == 0
+@pytest.mark.kafka
+async def test_a_record_close_behind_another_waits_for_the_batch_wait(settings: Settings) -> None:
+    """With a batch wait of 1.5 s: record A, fetched while nobody takes it, puts off
+    the partition's next fetch until A is taken and 1.5 s have passed, so record B,
+    written once A is handed out, comes at least 1.5 s after A was written (a lower
+    bound no load can break; with the wait not set, B comes at once)."""
+    ensure_topics(settings)
+    topic, partition, wait_s = settings.topics.stream, 2, 1.5
+    tp = TopicPartition(topic, partition)
+    reader = LibrdkafkaReader(settings, topic, batch_ms=int(wait_s * 1000))
+    producer = Producer(librdkafka_config(settings))
+    await reader.start()
+    try:
+        reader.assign([tp])
+        reader.seek(tp, 0)
+        while reader.highwater(tp) is None:  # librdkafka starts fetching at a first poll
+            assert not await reader.getmany(timeout_ms=200)
+        written = time.monotonic()
+        producer.produce(topic, b"A", b"batch", partition=partition)
+        await asyncio.to_thread(producer.flush, 30)
+        # Fetched (the watermark comes with the fetch that brings A), and not taken:
+        # no getmany polled meanwhile.
+        while reader.highwater(tp) != 1:
+            await asyncio.sleep(0.01)
+        assert [value for _, value in await _values(reader, 1)] == [b"A"]
+        producer.produce(topic, b"B", b"batch", partition=partition)
+        await asyncio.to_thread(producer.flush, 30)
+        assert [value for _, value in await _values(reader, 1)] == [b"B"]
+        assert time.monotonic() - written >= wait_s, "the next fetch did not wait"
+    finally:
+        await reader.stop()
 
 
 async def test_a_position_asked_while_the_thread_polls_is_as_of_what_was_handed_out(
