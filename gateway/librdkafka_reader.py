@@ -1,21 +1,23 @@
 """A group-less, read_committed reader of assigned partitions on librdkafka, with the
-part of aiokafka's consumer interface the stream feed uses.
+part of aiokafka's consumer interface the stream feed and the decisions use.
 
 Why not aiokafka here: aiokafka is Python, and each of its fetches (a request built
 and sent, a response parsed partition by partition) costs a gateway 0.4-0.6 ms of
 CPU, whatever its share of the partitions (issue #26). librdkafka fetches in its own
 C threads; the event loop is handed batches. The stream topic is most of a gateway's
-records, so the feed reads it so; the gateway group's membership stays with aiokafka
-(`gateway.live.feed`), whose assignor API the sticky assignment with standby copies
-is written against.
+records and the events topic is read whole by every gateway, so those two are read
+so; the gateway group's membership stays with aiokafka (`gateway.live.feed`), whose
+assignor API the sticky assignment with standby copies is written against.
 
-One thread polls librdkafka (`getmany` waits on it); seeks, pauses and the
-assignment are made from the event loop, librdkafka's calls for them being
-thread-safe and quick (no network). A batch the thread had already taken when a
-partition was sought (or assigned anew) holds records from before the seek: its
-records of that partition are dropped and the partition is sought again to where it
-was asked, so that what the caller sees after `seek` starts at the offset it asked
-for, as with aiokafka.
+One thread polls librdkafka (`getmany` waits on it). Seeks, pauses and the
+assignment are asked for on the event loop and made on the consumer at once if the
+thread is not polling, else by the thread before its next poll slice, in order:
+confluent-kafka's calls from another thread wait until a poll returns. A batch the
+thread had already taken when a partition was sought (or assigned anew) holds
+records from before the seek: its records of that partition are dropped and the
+partition is sought again to where it was asked, so that what the caller sees after
+`seek` starts at the offset it asked for, as with aiokafka. Positions and
+watermarks asked for while the thread polls are as the thread last read them.
 
 Fetches are batched while records come faster than the event loop takes them
 (`batch_ms`, `THREADLINE_GATEWAY_FETCH_BATCH_MS`): librdkafka sends a partition's next
