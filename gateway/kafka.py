@@ -133,8 +133,7 @@ class FetchBatching:
 
     aiokafka reads both from its fetcher each time it builds a fetch request (private
     attributes, checked by tests/gateway/test_fetch_batching.py); without them this
-    does nothing. The readers on librdkafka (`gateway.librdkafka_reader`) batch in
-    librdkafka instead.
+    does nothing.
     """
 
     SPAN_S = 0.1

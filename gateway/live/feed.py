@@ -1,8 +1,6 @@
 """The fan-out: one stream-topic consumer per gateway process feeds every SSE client.
 
-The consumer has no group: it reads every partition, read_committed, through
-librdkafka (`gateway.librdkafka_reader`: its fetches cost the gateway a fraction of
-aiokafka's, which are Python; the stream topic is most of a gateway's records). Each record
+The consumer has no group: it reads every partition, read_committed. Each record
 goes into a bounded per-thread window and, as events, into the bounded queue of
 each subscriber of that thread. A subscriber that falls `queue_limit` events
 behind is closed; its client reconnects with Last-Event-ID.
@@ -52,11 +50,10 @@ events). Otherwise (a run longer than half the window, or one evicted with its
 window while it runs) the parts leaving are decoded, for the run's state, and no
 events are made of them.
 
-With a gateway group (`THREADLINE_GATEWAY_URL`), an aiokafka consumer joins the
-group for the feed (its partitions paused: it fetches nothing), and the reader reads
-the partitions assigned to this gateway (`assigned`): the ones it kept go on from
-where they were, the new ones start as at start-up, and the lost ones end their
-streams ("moved") and are forgotten. Streams of the other partitions
+With a gateway group (`THREADLINE_GATEWAY_URL`), the consumer joins the group
+instead and reads the partitions assigned to this gateway (`assigned`): the ones it
+kept go on from where they were, the new ones start as at start-up, and the lost
+ones end their streams ("moved") and are forgotten. Streams of the other partitions
 are served by their owners (`gateway.cluster`).
 
 The price is paid by a thread's first subscriber: it decodes the window's raw
@@ -83,6 +80,7 @@ from aiokafka.errors import IllegalStateError
 from aiokafka.structs import ConsumerRecord
 
 from gateway.kafka import (
+    FetchBatching,
     Offsets,
     new_consumer,
     partition_for,
@@ -91,7 +89,6 @@ from gateway.kafka import (
     stop_task,
     topic_partitions,
 )
-from gateway.librdkafka_reader import LibrdkafkaReader, Record
 from gateway.live.sse import Position, RunState, RunTracker, SseEvent, make_events
 from gateway.live.tokens import ResumeTokens
 from gateway.model.read_model import ReadModel
@@ -254,11 +251,8 @@ class StreamFeed:
         self._lag_ms: deque[float] = deque(maxlen=20_000)  # record CreateTime -> written
         self._watched_ms: list[int] = []  # CreateTimes of this batch's records of watched threads
         self._dropped_floor: dict[int, Position] = {}
-        self._consumer_: LibrdkafkaReader | None = None  # made in start(): needs the loop
-        # With a group: its membership (aiokafka, every partition paused: the reader
-        # above fetches), and the task that keeps it polled.
-        self._member_: AIOKafkaConsumer | None = None
-        self._membership: asyncio.Task[None] | None = None
+        self._consumer_: AIOKafkaConsumer | None = None  # made in start(): needs the loop
+        self._batching: FetchBatching | None = None  # with the consumer
         self._task: asyncio.Task[None] | None = None
         self._started = asyncio.Event()
         # With an advertised URL, the gateways share the partitions as one group.
@@ -276,19 +270,9 @@ class StreamFeed:
         self._taking: asyncio.Task[None] | None = None  # new partitions, their start found
 
     @property
-    def _consumer(self) -> LibrdkafkaReader:
+    def _consumer(self) -> AIOKafkaConsumer:
         assert self._consumer_ is not None, "StreamFeed.start() first"
         return self._consumer_
-
-    @property
-    def _member(self) -> AIOKafkaConsumer:
-        assert self._member_ is not None, "StreamFeed.start() in a group first"
-        return self._member_
-
-    async def _new_reader(self) -> LibrdkafkaReader:
-        reader = self._consumer_ = LibrdkafkaReader(self.settings, self.topic)
-        await reader.start()
-        return reader
 
     async def start(self, load_timeout_s: float = 120.0) -> None:
         """Seek to where the active runs began, wait for the read model, and start reading
@@ -297,7 +281,9 @@ class StreamFeed:
         if self.group is not None:
             await self._start_in_group(load_timeout_s)
             return
-        consumer = await self._new_reader()
+        consumer = self._consumer_ = new_consumer(self.settings)
+        await consumer.start()
+        self._batching = FetchBatching(consumer, self.settings.gateway.fetch_batch_ms)
         tps = topic_partitions(self.settings, self.topic)
         consumer.assign(tps)
         await self._wait_for_read_model(load_timeout_s)
@@ -343,29 +329,21 @@ class StreamFeed:
     async def _start_in_group(self, load_timeout_s: float) -> None:
         assert self.group is not None
         session_ms = await asyncio.to_thread(session_timeout_ms, self.settings)
-        await self._new_reader()
-        member = self._member_ = new_consumer(
+        consumer = self._consumer_ = new_consumer(
             self.settings, group_id=self.group, session_timeout_ms=session_ms,
             heartbeat_interval_ms=heartbeat_interval_ms(session_ms),
-            partition_assignment_strategy=self.assignors,
-            # Its partitions are paused as they come: a fetch before that brings little.
-            auto_offset_reset="latest")
-        await member.start()
+            partition_assignment_strategy=self.assignors)
+        await consumer.start()
+        self._batching = FetchBatching(consumer, self.settings.gateway.fetch_batch_ms)
         await self._wait_for_read_model(load_timeout_s)
-        member.subscribe([self.topic], listener=_Rebalance(self))
-        self._membership = asyncio.create_task(run_forever("gateway group", self._keep_member))
+        consumer.subscribe([self.topic], listener=_Rebalance(self))
         self._task = asyncio.create_task(run_forever("stream feed", self._step))
+        # The first assignment comes inside the task's first fetches.
         with contextlib.suppress(TimeoutError):
             await within(self._assigned.wait(), load_timeout_s)
         if not self._assigned.is_set():
             raise TimeoutError("the stream feed got no assignment from the gateway group")
         self._started.set()
-
-    async def _keep_member(self) -> None:
-        """Poll the group membership: aiokafka leaves a group it is not polled in for
-        `max_poll_interval_ms`. Its partitions are paused, so it fetches nothing; a
-        record fetched before its assignment was paused is dropped."""
-        await self._member.getmany(timeout_ms=1000)
 
     def owns(self, partition: int) -> bool:
         """Whether this gateway serves the partition's streams (without a group: all):
@@ -387,11 +365,12 @@ class StreamFeed:
                 self._taking.cancel()
                 self._taking = None
             self.read_model.hold(set(partitions))
-        consumer = self._consumer
-        # The reader is no group member: the partitions kept read on where they were.
-        consumer.keep_only(partitions)
         if lost:
             self._forget(lost)
+        consumer = self._consumer
+        for partition in sorted(partitions - new):
+            consumer.seek(TopicPartition(self.topic, partition),
+                          self.last_offsets.get(partition, -1) + 1)
         if new and split:
             # Their threads' read model loads first (a rebalance callback must not wait
             # for it: no heartbeat goes out meanwhile); until then they wait paused.
@@ -399,9 +378,9 @@ class StreamFeed:
             consumer.pause(*tps)
             self._taking = asyncio.create_task(self._take(new), name="feed takes partitions")
         elif new:
-            # Here, not in the fetch loop, as a stream of them may be asked for as soon
-            # as the owner board names this gateway. It costs a few offset queries and
-            # the read model's catch-up on them (milliseconds when it keeps up; no
+            # Here, not in the fetch loop: aiokafka's fetcher is not woken by a resume,
+            # so the new partitions cannot wait paused. It costs a few offset queries
+            # and the read model's catch-up on them (milliseconds when it keeps up; no
             # heartbeat goes out meanwhile).
             try:
                 await self._seek_starts([TopicPartition(self.topic, p) for p in sorted(new)])
@@ -422,8 +401,11 @@ class StreamFeed:
                 if not still:
                     return
                 tps = [TopicPartition(self.topic, p) for p in still]
-                self._consumer.resume(*tps)
                 await self._seek_starts(tps)
+                consumer = self._consumer
+                consumer.resume(*tps)
+                for tp in tps:  # a seek wakes the fetcher: a resume alone does not
+                    consumer.seek(tp, self.start_offsets[tp.partition])
                 return
             except asyncio.CancelledError:
                 raise
@@ -462,12 +444,9 @@ class StreamFeed:
         """Close every subscriber, then stop the reading task and its consumer."""
         self.close_all("shutdown")
         await stop_task(self._taking)
-        await stop_task(self._membership)
         await stop_task(self._task)
-        if self._member_ is not None:
-            await stop_client(self._member_)
         if self._consumer_ is not None:
-            await self._consumer_.stop()
+            await stop_client(self._consumer_)
 
     def close_all(self, reason: str) -> None:
         """End every subscriber's stream with the same reason."""
@@ -620,6 +599,8 @@ class StreamFeed:
                 self._taking = asyncio.create_task(self._take(unstarted),
                                                    name="feed takes partitions")
         batch = await self._consumer.getmany(timeout_ms=1000, max_records=2000)
+        if self._batching is not None:
+            self._batching.took(batch)
         await self.codec.prepare(r.value for rs in batch.values() for r in rs)
         try:
             for tp, records in batch.items():
@@ -653,7 +634,7 @@ class StreamFeed:
         for sub in dirty:
             sub.flush()
 
-    def ingest(self, partition: int, record: Record | ConsumerRecord[bytes, bytes]) -> None:
+    def ingest(self, partition: int, record: ConsumerRecord[bytes, bytes]) -> None:
         """Take one streams record: kept raw if it is a part of a thread nobody watches,
         else decoded, and made into events if its thread is watched (see the module)."""
         offset = record.offset
@@ -878,8 +859,6 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         """Take the new share (see `StreamFeed.assigned`)."""
-        member = self.feed._member  # noqa: SLF001
-        member.pause(*assigned)  # the feed's reader fetches them
-        coordinator = member._coordinator  # noqa: SLF001  (aiokafka: no public generation)
+        coordinator = self.feed._consumer._coordinator  # noqa: SLF001  (aiokafka: no public generation)
         generation = int(getattr(coordinator, "generation", -1))
         await self.feed.assigned({tp.partition for tp in assigned}, generation)

@@ -2,9 +2,7 @@
 
 `CommandBus.decide` publishes a command (acks=all, idempotent producer) and waits
 for the processor's decision on it. One events consumer per process (no group, all
-partitions, read_committed, from the end at start; librdkafka's, whose fetches cost
-the gateway a fraction of aiokafka's: `gateway.librdkafka_reader`) resolves the
-waiters. A decision
+partitions, read_committed, from the end at start) resolves the waiters. A decision
 is matched to its command by the W3C `traceparent` the gateway puts on each command:
 the processor copies it onto every event it decides, and each command gets its own
 span id, so even two requests with the same message id are told apart.
@@ -30,17 +28,18 @@ import secrets
 from collections import defaultdict
 from collections.abc import Callable
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from gateway.http.problems import Problem
 from gateway.kafka import (
+    FetchBatching,
+    new_consumer,
     run_forever,
     stop_client,
     stop_task,
     topic_partitions,
 )
-from gateway.librdkafka_reader import LibrdkafkaReader
 from gateway.model.placement import stay_here
 from streams.aio import within
 from streams.clock import now_ms
@@ -86,10 +85,11 @@ class CommandBus:
         self.on_undecoded: Callable[[str, bytes], None] | None = None
         self.reply_id = secrets.token_hex(8).encode()  # this process, in REPLY_HEADER
         self._producer: AIOKafkaProducer | None = None
-        self._consumer: LibrdkafkaReader | None = None  # made in start(): needs the loop
+        self._consumer: AIOKafkaConsumer | None = None  # made in start(): needs the loop
         self._waiters: dict[str, tuple[asyncio.Future[Event], Callable[[Event], bool]]] = {}
         self._run_watchers: defaultdict[str, set[asyncio.Future[Event]]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
+        self._batching: FetchBatching | None = None
 
     async def start(self) -> None:
         """Start the producer, and a consumer reading decisions from the events topic's current end."""
@@ -99,22 +99,21 @@ class CommandBus:
         self._producer = AIOKafkaProducer(
             **aiokafka_config(self.settings), acks="all", enable_idempotence=True, linger_ms=0)
         await self._producer.start()
-        topic = self.settings.topics.events
-        consumer = self._consumer = LibrdkafkaReader(self.settings, topic, name="decisions")
+        consumer = self._consumer = new_consumer(self.settings)
         await consumer.start()
-        tps = topic_partitions(self.settings, topic)
+        self._batching = FetchBatching(consumer, self.settings.gateway.fetch_batch_ms)
+        tps = topic_partitions(self.settings, self.settings.topics.events)
         consumer.assign(tps)
-        # From the ends now, as offsets: decisions on later commands come after them.
-        ends = await consumer.ends(tps)
-        for tp in tps:
-            consumer.seek(tp, ends[tp])
+        await consumer.seek_to_end(*tps)
+        for tp in tps:  # fix the positions now: decisions on later commands come after
+            await consumer.position(tp)
         self._task = asyncio.create_task(run_forever("events consumer", self._step))
 
     async def stop(self) -> None:
         """Stop the events consumer task and close both Kafka clients."""
         await stop_task(self._task)
         if self._consumer is not None:
-            await self._consumer.stop()
+            await stop_client(self._consumer)
         if self._producer is not None:
             await stop_client(self._producer)
 
@@ -175,6 +174,8 @@ class CommandBus:
     async def _step(self) -> None:
         assert self._consumer is not None
         batch = await self._consumer.getmany(timeout_ms=1000, max_records=1000)
+        if self._batching is not None:
+            self._batching.took(batch)
         await self.codec.prepare(r.value for rs in batch.values() for r in rs)
         for records in batch.values():
             for record in records:
