@@ -17,7 +17,7 @@ from aiokafka import TopicPartition
 from chaos.audit import Seen
 from chaos.sse import iter_sse
 from gateway.app import Options, create_app
-from gateway.keys import FEED
+from gateway.keys import FEED, READ_MODEL
 from tests.chaos.conftest import AUTH, Live
 
 pytestmark = pytest.mark.kafka
@@ -85,3 +85,51 @@ async def test_a_resume_on_a_gateway_whose_feed_is_behind_repeats_nothing(live: 
     finally:
         await lagging.close()
     assert first + resumed == reference, [e.event for e in first + resumed]
+
+
+async def test_a_resume_of_an_ended_run_the_feed_has_not_read_waits_for_the_feed(
+        live: Live, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read model and the feed are consumers of their own: on a gateway whose feed
+    is behind, a run can have ended for the read model before the feed read any of
+    it. A resume of that run catches the feed up first, and streams the rest of the
+    run; it used to take the run for over at once and end with nothing (seen once in
+    tests/gateway/test_gateway_resume_tokens.py under load)."""
+    lagging = TestServer(create_app(live.settings, Options(keepalive_s=1.0)), host="127.0.0.1")
+    await lagging.start_server()
+    try:
+        feed, model = lagging.app[FEED], lagging.app[READ_MODEL]
+        tps = [TopicPartition(live.settings.topics.stream, p)
+               for p in range(live.settings.partitions)]
+        while not all(feed._consumer.highwater(tp) is not None for tp in tps):
+            await asyncio.sleep(0.05)  # a fetch answered for every partition
+        feed._consumer.pause(*tps)
+        thread_id = _post(live, "/v1/threads", {"title": "lag, ended"})["thread_id"]
+        run_id = _post(live, f"/v1/threads/{thread_id}/user_message",
+                       {"input_text": "resume me once I ended"})["run_id"]
+        async with aiohttp.ClientSession() as session:
+            reference = await _read(session, f"{live.base}/v1/runs/{run_id}/events", AUTH,
+                                    until="done")
+            while True:  # ended, for the lagging gateway's read model
+                run = await model.run("fuzz", run_id)
+                if run is not None and run.terminal:
+                    break
+                await asyncio.sleep(0.05)
+            assert feed.run(run_id) is None, "the paused feed read the run"
+            catching_up = asyncio.Event()
+            catch_up = feed.catch_up
+
+            async def marked(partition: int, timeout_s: float = 5.0) -> bool:
+                catching_up.set()
+                return await catch_up(partition, 60.0)
+
+            monkeypatch.setattr(feed, "catch_up", marked)
+            resumed_task = asyncio.create_task(_read(
+                session, str(lagging.make_url(f"/v1/runs/{run_id}/events")),
+                {**AUTH, "Last-Event-ID": reference[1].id}, until="done"))
+            await asyncio.wait([asyncio.create_task(catching_up.wait()), resumed_task],
+                               return_when=asyncio.FIRST_COMPLETED)
+            feed._consumer.resume(*tps)
+            resumed = await resumed_task
+    finally:
+        await lagging.close()
+    assert reference[:2] + resumed == reference, [e.event for e in resumed]
