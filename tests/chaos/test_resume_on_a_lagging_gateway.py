@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -47,8 +49,10 @@ async def _read(session: aiohttp.ClientSession, url: str, headers: dict[str, str
     return seen
 
 
-async def test_a_resume_on_a_gateway_whose_feed_is_behind_repeats_nothing(live: Live) -> None:
-    """Resuming on a gateway whose feed lags behind the run repeats and skips nothing."""
+@asynccontextmanager
+async def _lagging_gateway(live: Live) -> AsyncIterator[tuple[TestServer, list[TopicPartition]]]:
+    """A second gateway whose feed stops reading (its partitions paused) once it has
+    reached the end: from then on it falls behind, until `feed._consumer.resume(*tps)`."""
     lagging = TestServer(create_app(live.settings, Options(keepalive_s=1.0)), host="127.0.0.1")
     await lagging.start_server()
     try:
@@ -62,7 +66,16 @@ async def test_a_resume_on_a_gateway_whose_feed_is_behind_repeats_nothing(live: 
                 break
             await asyncio.sleep(0.05)
         assert all(feed._consumer.highwater(tp) is not None for tp in tps)
-        feed._consumer.pause(*tps)  # from now on it falls behind
+        feed._consumer.pause(*tps)
+        yield lagging, tps
+    finally:
+        await lagging.close()
+
+
+async def test_a_resume_on_a_gateway_whose_feed_is_behind_repeats_nothing(live: Live) -> None:
+    """Resuming on a gateway whose feed lags behind the run repeats and skips nothing."""
+    async with _lagging_gateway(live) as (lagging, tps):
+        feed = lagging.app[FEED]
         thread_id = _post(live, "/v1/threads", {"title": "lag"})["thread_id"]
         run_id = _post(live, f"/v1/threads/{thread_id}/user_message",
                        {"input_text": "[slow] resume me elsewhere"})["run_id"]
@@ -82,8 +95,6 @@ async def test_a_resume_on_a_gateway_whose_feed_is_behind_repeats_nothing(live: 
             resumed = await resumed_task
             reference = await _read(session, f"{live.base}/v1/runs/{run_id}/events", AUTH,
                                     until="done")
-    finally:
-        await lagging.close()
     assert first + resumed == reference, [e.event for e in first + resumed]
 
 
@@ -94,15 +105,8 @@ async def test_a_resume_of_an_ended_run_the_feed_has_not_read_waits_for_the_feed
     it. A resume of that run catches the feed up first, and streams the rest of the
     run; it used to take the run for over at once and end with nothing (seen once in
     tests/gateway/test_gateway_resume_tokens.py under load)."""
-    lagging = TestServer(create_app(live.settings, Options(keepalive_s=1.0)), host="127.0.0.1")
-    await lagging.start_server()
-    try:
+    async with _lagging_gateway(live) as (lagging, tps):
         feed, model = lagging.app[FEED], lagging.app[READ_MODEL]
-        tps = [TopicPartition(live.settings.topics.stream, p)
-               for p in range(live.settings.partitions)]
-        while not all(feed._consumer.highwater(tp) is not None for tp in tps):
-            await asyncio.sleep(0.05)  # a fetch answered for every partition
-        feed._consumer.pause(*tps)
         thread_id = _post(live, "/v1/threads", {"title": "lag, ended"})["thread_id"]
         run_id = _post(live, f"/v1/threads/{thread_id}/user_message",
                        {"input_text": "resume me once I ended"})["run_id"]
@@ -130,6 +134,4 @@ async def test_a_resume_of_an_ended_run_the_feed_has_not_read_waits_for_the_feed
                                return_when=asyncio.FIRST_COMPLETED)
             feed._consumer.resume(*tps)
             resumed = await resumed_task
-    finally:
-        await lagging.close()
     assert reference[:2] + resumed == reference, [e.event for e in resumed]
