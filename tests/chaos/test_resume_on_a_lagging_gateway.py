@@ -33,6 +33,13 @@ def _post(live: Live, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return result
 
 
+def _a_run(live: Live, title: str, text: str) -> str:
+    """A new thread with `text` posted on it: the run's id."""
+    thread_id = _post(live, "/v1/threads", {"title": title})["thread_id"]
+    return str(_post(live, f"/v1/threads/{thread_id}/user_message",
+                     {"input_text": text})["run_id"])
+
+
 async def _read(session: aiohttp.ClientSession, url: str, headers: dict[str, str],
                 until: str, timeout: float = 60) -> list[Seen]:
     seen: list[Seen] = []
@@ -76,9 +83,7 @@ async def test_a_resume_on_a_gateway_whose_feed_is_behind_repeats_nothing(live: 
     """Resuming on a gateway whose feed lags behind the run repeats and skips nothing."""
     async with _lagging_gateway(live) as (lagging, tps):
         feed = lagging.app[FEED]
-        thread_id = _post(live, "/v1/threads", {"title": "lag"})["thread_id"]
-        run_id = _post(live, f"/v1/threads/{thread_id}/user_message",
-                       {"input_text": "[slow] resume me elsewhere"})["run_id"]
+        run_id = _a_run(live, "lag", "[slow] resume me elsewhere")
         async with aiohttp.ClientSession() as session:
             first = await _read(session, f"{live.base}/v1/runs/{run_id}/events", AUTH,
                                 until="text_delta")
@@ -107,9 +112,7 @@ async def test_a_resume_of_an_ended_run_the_feed_has_not_read_waits_for_the_feed
     tests/gateway/test_gateway_resume_tokens.py under load)."""
     async with _lagging_gateway(live) as (lagging, tps):
         feed, model = lagging.app[FEED], lagging.app[READ_MODEL]
-        thread_id = _post(live, "/v1/threads", {"title": "lag, ended"})["thread_id"]
-        run_id = _post(live, f"/v1/threads/{thread_id}/user_message",
-                       {"input_text": "resume me once I ended"})["run_id"]
+        run_id = _a_run(live, "lag, ended", "resume me once I ended")
         async with aiohttp.ClientSession() as session:
             reference = await _read(session, f"{live.base}/v1/runs/{run_id}/events", AUTH,
                                     until="done")
