@@ -176,7 +176,7 @@ class RemoteReads:
             answer = await self._ask(self._partition(thread_id), tenant, "run",
                                      {**query, "thread_id": thread_id})
             return self._run_in(answer)
-        claims = self._others()
+        claims = await self._others()
         answers = await asyncio.gather(*(self._ask(min(c.partitions), tenant, "run", query)
                                          for c in claims if c.partitions))
         for answer in answers:
@@ -204,7 +204,7 @@ class RemoteReads:
         query = {"limit": str(limit)}
         if after is not None:
             query["after_at"], query["after_id"] = str(after[0]), after[1]
-        claims = self._others()
+        claims = await self._others()
         answers = await asyncio.gather(*(self._ask(min(c.partitions), tenant, "threads", query)
                                          for c in claims if c.partitions))
         pages = []
@@ -219,20 +219,29 @@ class RemoteReads:
     def _partition(self, thread_id: str) -> int:
         return partition_for(thread_id, self.partitions)
 
-    def _others(self) -> list[Claim]:
-        """The other gateways' newest claims, one each; 503 if a partition has no owner
-        this gateway knows of (a spanning read would miss its threads)."""
+    async def _others(self) -> list[Claim]:
+        """The other gateways' newest claims, one each, once every partition has an
+        owner (this gateway or one the map names): during a rebalance it waits, as a
+        thread's read waits in `_ask` (up to the forwarder's owner wait), for the map
+        to name the moved partitions' new owners; 503 if one still has none then (a
+        spanning read would miss its threads)."""
         board = self.board
-        newest: dict[str, Claim] = {}
-        for partition in range(self.partitions):
-            claim = board.owner(partition)
-            if claim is None:
-                if not self.here(partition):
-                    raise Problem(503, "unavailable", "a partition has no gateway now; retry",
-                                  headers={"Retry-After": "1"})
-                continue
-            newest[claim.instance] = claim
-        return list(newest.values())
+        deadline = time.monotonic() + self.forwarder.owner_wait_s
+        while True:
+            newest: dict[str, Claim] = {}
+            orphan = False
+            for partition in range(self.partitions):
+                claim = board.owner(partition)
+                if claim is not None:
+                    newest[claim.instance] = claim
+                elif not self.here(partition):
+                    orphan = True
+            if not orphan:
+                return list(newest.values())
+            if time.monotonic() > deadline:
+                raise Problem(503, "unavailable", "a partition has no gateway now; retry",
+                              headers={"Retry-After": "1"})
+            await board.changed(0.2)
 
 
 async def internal_reads(request: web.Request) -> web.Response:

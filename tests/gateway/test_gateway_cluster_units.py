@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from gateway.cluster.hop import HOP_TTL_S, BadHop, HopSigner
 from gateway.cluster.owners import MAX_TENANTS_LISTED, Claim, OwnerBoard, OwnerMap
-from gateway.cluster.reads import merge_pages
+from gateway.cluster.reads import RemoteReads, merge_pages
 from gateway.cluster.remote import (
     Forwarder,
     RemoteEventStream,
@@ -361,6 +361,64 @@ async def test_a_forwarded_stream_its_own_feed_refuses_for_good_ends() -> None:
         got = [b async for b in stream]
     assert got == [] and local.opened_after == ["t0"]
 
+
+
+
+class _MovingBoard:
+    """An owner map in a rebalance: partition 1, the dead gateway's, has no owner
+    until the map has changed `moves` times; then gateway B claims it."""
+
+    def __init__(self, moves: int) -> None:
+        self.moves = moves
+        self.a = Claim("a", "http://a", 2, frozenset({0}))
+        self.b = Claim("b", "http://b", 2, frozenset({1}))
+
+    def owner(self, partition: int) -> Claim | None:
+        if partition == 0:
+            return self.a
+        return self.b if partition == 1 and self.moves <= 0 else None
+
+    async def changed(self, timeout_s: float) -> None:
+        self.moves -= 1
+        await asyncio.sleep(0)
+
+
+class _AskedReads(RemoteReads):
+    """RemoteReads whose hops are answered "no such run" and recorded."""
+
+    asked: list[str]
+
+    async def _get(self, claim: Claim, tenant: str, op: str,
+                   query: dict[str, str]) -> tuple[int, bytes]:
+        self.asked.append(claim.instance)
+        return 200, json.dumps({"state": None}).encode()
+
+
+def _reads(board: _MovingBoard, owner_wait_s: float) -> _AskedReads:
+    forwarder = Forwarder(cast(OwnerBoard, board), cast(HopSigner, None),
+                          owner_wait_s=owner_wait_s, keepalive_s=1.0)
+    reads = _AskedReads(forwarder, cast(Any, None), 3, lambda partition: partition == 2)
+    reads.asked = []
+    return reads
+
+
+async def test_a_run_asked_of_every_gateway_waits_out_a_rebalance() -> None:
+    """A run named by its id alone is asked of every other gateway; while a killed
+    gateway's partition has no owner yet, the read waits for the map to name one
+    (as a thread's read does) and asks it too, instead of a 503 at once (seen in CI:
+    the cluster REST test's `/v1/runs/{id}/events` got a 503 right after the kill)."""
+    reads = _reads(_MovingBoard(moves=3), owner_wait_s=60.0)
+    assert await reads.run("tenant", "run-1", None, (False, None, None)) is None
+    assert sorted(reads.asked) == ["a", "b"]
+
+
+async def test_a_partition_left_without_an_owner_past_the_wait_is_a_503() -> None:
+    """Past the owner wait, a partition nobody holds is a 503 (Retry-After), not an
+    answer that silently misses its threads."""
+    reads = _reads(_MovingBoard(moves=10**9), owner_wait_s=0.0)
+    with pytest.raises(Problem) as refused:
+        await reads.run("tenant", "run-1", None, (False, None, None))
+    assert refused.value.status == 503 and reads.asked == []
 
 
 @given(st.integers(1, 48), st.lists(st.text("abcdefgh", min_size=1, max_size=2), min_size=1,
