@@ -193,6 +193,46 @@ async def _join_across_a_kill(cluster: Cluster, client: Any) -> None:
         stored["content"]
 
 
+
+async def test_langgraph_run_stream_post_across_an_owner_kill(cluster: Cluster) -> None:
+    """langgraph-sdk's `runs.stream` (a POST that creates the run and streams it)
+    through HAProxy; the thread's owner killed with SIGKILL after the second message
+    part. The POST was served by the owner or sent on whole to it, so its response
+    breaks off with the owner; the SDK reconnects to the answer's `Location` (the
+    join stream) with `Last-Event-ID`, through HAProxy, and the parts are those of an
+    uninterrupted stream, equal to the stored answer, the run created once."""
+    client = get_client(url=f"{cluster.base}/langgraph", api_key=KEY)
+    try:
+        thread_id = (await client.threads.create())["thread_id"]
+        story: dict[str, Any] = {
+            "messages": [{"role": "user", "content": "[slow] tell me a long story"}]}
+        parts = []
+        killed = False
+        async for part in client.runs.stream(thread_id, "agent", input=story,
+                                             stream_mode=["messages-tuple"]):
+            parts.append(part)
+            if not killed and sum(p.event == "messages" for p in parts) == 2:
+                owner = cluster.owner(thread_id)  # blocking, briefly: the test waits anyway
+                cluster.gateways[owner].kill9()
+                cluster.gateways[owner].start()
+                killed = True
+        assert killed and sum(p.event == "messages" for p in parts) > 2
+        # The SDK did reconnect: its GET of the join stream went through HAProxy.
+        joins = [line for line in cluster.haproxy.log.read_text(errors="replace").splitlines()
+                 if f"GET /langgraph/threads/{thread_id}/runs/" in line and "/stream" in line]
+        assert joins, cluster.logs()
+        runs = await client.runs.list(thread_id)
+        assert len(runs) == 1 and runs[0]["status"] == "success", runs
+        state: Any = await client.threads.get_state(thread_id)
+        stored = state["values"]["messages"][-1]
+        assert stored["type"] == "ai", state
+        assert "".join(p.data[0]["content"] for p in parts if p.event == "messages") == \
+            stored["content"]
+    finally:
+        await client.aclose()  # not by a finalizer: see the join test above
+        gc.collect()
+
+
 def test_the_ai_sdk_chat_ends_with_the_stored_text_across_an_owner_kill(cluster: Cluster) -> None:
     """The AI SDK's Chat in Node, through HAProxy; once it streams, the chat's owner is
     killed with SIGKILL and started again. Its fetch either broke (it went through that
