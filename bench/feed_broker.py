@@ -17,7 +17,9 @@ alternate, the order rotating round by round.
 
 At a low rate every record comes in a fetch of its own, so the cost of a fetch
 (aiokafka is Python: a request built and sent, a response parsed) is paid per
-record; at a high rate a fetch brings many. Prints µs per record for each case.
+record; at a high rate a fetch brings many. Prints µs per record for each case,
+then for each batching setting the line through the rates: what one record more
+costs (its slope) and what following the stream costs at any rate (its intercept).
 """
 
 from __future__ import annotations
@@ -116,6 +118,29 @@ def main() -> None:
         values = results[(rate, ms)]
         print(f"| {rate:.0f} | {ms} | {statistics.median(values):.2f} | "
               f"{min(values):.2f}-{max(values):.2f} |")
+    rates = sorted({rate for rate, _ in cases})
+    if len(rates) >= 2:
+        print("\nThe gateway's CPU a second against the rate, a least-squares line through "
+              "each batched case's median: its slope is what one more record costs, its "
+              "intercept what following a stream costs whatever its rate (the fetches).")
+        print("| THREADLINE_GATEWAY_FETCH_BATCH_MS | µs per record more (slope) "
+              "| ms a second whatever the rate (intercept) |")
+        print("|---|---|---|")
+        # Only batched: there the fetches come every `ms` whatever the rate, so the CPU
+        # is a fixed part plus a part per record. Unbatched, a fetch a record or a few.
+        for ms in dict.fromkeys(ms for _, ms in cases if ms > 0):
+            slope, intercept = marginal(
+                [(rate, statistics.median(results[(rate, ms)])) for rate in rates])
+            print(f"| {ms} | {slope:.2f} | {intercept:.1f} |")
+
+
+def marginal(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """From (records a second, µs a record) points: the least-squares line of CPU µs a
+    second against records a second, as (µs per record more, ms a second at none)."""
+    xs = [rate for rate, _ in points]
+    ys = [rate * us for rate, us in points]  # CPU µs a second
+    slope, intercept = statistics.linear_regression(xs, ys)
+    return slope, intercept / 1000
 
 
 if __name__ == "__main__":
