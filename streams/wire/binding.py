@@ -16,6 +16,8 @@ from enum import Enum
 from types import MappingProxyType, UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from streams.wire.compiled import compile_source
+
 __all__ = ["NAMESPACE", "Binding", "avro_name", "binding_of", "record_union"]
 
 NAMESPACE = "threadline"
@@ -62,7 +64,7 @@ class Binding:
             decode.append(f"{name}=_d{i}(r[{name!r}])")
         source = (f"def to_avro(o):\n    return {{{', '.join(encode)}}}\n"
                   f"def from_avro(r):\n    return _cls({', '.join(decode)})\n")
-        exec(compile(source, f"<avro binding of {self.cls.__name__}>", "exec"), namespace)
+        exec(compile_source(source, f"<avro binding of {self.cls.__name__}>"), namespace)
         self.to_avro = namespace["to_avro"]
         self.from_avro = namespace["from_avro"]
 

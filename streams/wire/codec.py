@@ -50,7 +50,7 @@ from streams.wire.frame import (
 )
 from streams.wire.reader import compile_reader
 from streams.wire.registry import ConfluentRegistry
-from streams.wire.schemas import BY_FINGERPRINT, CURRENT, RETIRED, TopLevel, schema_fingerprint
+from streams.wire.schemas import BY_FINGERPRINT, CURRENT, TopLevel, retired, schema_fingerprint
 
 __all__ = ["Codec"]
 
@@ -287,11 +287,11 @@ class Codec:
                 raise DecodeError(f"truncated single-object header ({len(data)} bytes)")
             fp = data[2:SINGLE_OBJECT_HEADER_LEN]
             known = BY_FINGERPRINT.get(fp)
-            retired = RETIRED.get(fp)
-            if known is None and retired is not None:
-                if retired[0] != expected.name:
-                    raise DecodeError(f"record is an earlier {retired[0]}, expected a {expected.name}")
-                return retired[1], SINGLE_OBJECT_HEADER_LEN
+            earlier = retired().get(fp) if known is None else None
+            if earlier is not None:
+                if earlier[0] != expected.name:
+                    raise DecodeError(f"record is an earlier {earlier[0]}, expected a {expected.name}")
+                return earlier[1], SINGLE_OBJECT_HEADER_LEN
             if known is None:
                 raise DecodeError(
                     f"unknown schema fingerprint {fp.hex()}: written with a schema version this "

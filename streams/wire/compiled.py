@@ -1,13 +1,66 @@
 """What the compiled Avro reader and writer share: walking a parsed schema to the
 name of a generated function for each of its types (`streams.wire.reader`,
-`streams.wire.writer`)."""
+`streams.wire.writer`), and compiling the generated source (`compile_source`).
+
+Every role compiles the same sources at start-up, about 80 of them (each schema's
+reader and writer, each record class's binding): Python's `compile` of them took
+60 ms of a role's 450-700 ms import, on the path of every restart. So the code
+objects are kept as Python keeps a module's, in `__pycache__` beside this module
+(`sys.pycache_prefix` and `sys.dont_write_bytecode` honoured), marshalled, under a
+name that is the digest of the source, its file name and the interpreter's cache
+tag: a source that changes is a new name, so an entry is never stale, only unused.
+Writes are atomic (a temporary file renamed); an entry that cannot be read or
+written is compiled and the error ignored, as CPython does with a `.pyc`.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import marshal
+import os
+import sys
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
+from types import CodeType
 from typing import Any, ClassVar
 
-__all__ = ["SchemaCompiler"]
+__all__ = ["SchemaCompiler", "compile_source"]
+
+
+def _cache_folder() -> Path:
+    here = Path(__file__).resolve().parent
+    prefix = sys.pycache_prefix
+    if prefix:  # as importlib places a .pyc under the prefix: the source's folder, mirrored
+        return Path(prefix) / here.relative_to(here.anchor)
+    return here / "__pycache__"
+
+
+def compile_source(source: str, filename: str) -> CodeType:
+    """`compile(source, filename, "exec")`, from the cache when it holds it (see the module)."""
+    tag = sys.implementation.cache_tag
+    if tag is None:  # an interpreter without bytecode caching
+        return compile(source, filename, "exec")
+    digest = hashlib.sha256(f"{tag}\0{filename}\0{source}".encode()).hexdigest()[:32]
+    path = _cache_folder() / f"avro-{tag}-{digest}.bin"
+    with contextlib.suppress(OSError, ValueError, EOFError, TypeError):
+        code = marshal.loads(path.read_bytes())
+        if isinstance(code, CodeType):
+            return code
+    code = compile(source, filename, "exec")
+    if not sys.dont_write_bytecode:
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".avro-")
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    out.write(marshal.dumps(code))
+                os.replace(temporary, path)
+            except OSError:
+                os.unlink(temporary)
+                raise
+    return code
 
 
 class SchemaCompiler:

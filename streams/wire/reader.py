@@ -32,7 +32,7 @@ import struct
 from collections.abc import Callable, Collection
 from typing import Any
 
-from streams.wire.compiled import SchemaCompiler
+from streams.wire.compiled import SchemaCompiler, compile_source
 
 __all__ = ["Reader", "compile_reader"]
 
@@ -430,7 +430,7 @@ def compile_reader(schema: Any, named: dict[str, Any] | None = None,
     compiler = _Compiler(dict(named or {}), frozenset(skip))
     top = compiler.function(schema)
     source = "\n\n".join(compiler.sources) + "\n"
-    exec(compile(source, "<avro reader>", "exec"), compiler.namespace)
+    exec(compile_source(source, "<avro reader>"), compiler.namespace)
     for table, functions in compiler.late:
         compiler.namespace[table] = tuple(compiler.namespace[f] for f in functions)
     reader: Reader = compiler.namespace[top]

@@ -29,7 +29,7 @@ from typing import Any
 
 from fastavro._write import write_data  # type: ignore[attr-defined]
 
-from streams.wire.compiled import SchemaCompiler
+from streams.wire.compiled import SchemaCompiler, compile_source
 
 __all__ = ["Writer", "compile_writer"]
 
@@ -281,7 +281,7 @@ def compile_writer(schema: Any, named: dict[str, Any] | None = None) -> Writer:
     compiler.namespace["_NAMED"] = compiler.named
     source = "\n\n".join(compiler.sources) + "\n"
     namespace = compiler.namespace
-    exec(compile(source, "<avro writer>", "exec"), namespace)
+    exec(compile_source(source, "<avro writer>"), namespace)
     for table in compiler.late:
         namespace[table] = {k: (i, namespace[f]) for k, (i, f) in namespace[table].items()}
     writer: Writer = namespace[top]
