@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import gc
 import json
+import re
 import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -18,6 +21,7 @@ import pytest
 from langgraph_sdk import get_client
 
 from gateway.adapters.ai_sdk.chat import chat_thread_id
+from streams.testing.process import wait_for
 from tests.browser_kit import LAUNCH_ARGS, chromium
 from tests.cluster.conftest import KEY, TENANT, Cluster
 from tests.frontends.stack import ProcessStack
@@ -155,13 +159,16 @@ def test_a_browser_eventsource_sees_every_run_whole_across_owner_kills(cluster: 
             answer["text"]
 
 
-async def test_langgraph_join_stream_across_an_owner_kill(cluster: Cluster) -> None:
-    """langgraph-sdk's join_stream through HAProxy; the owner killed with SIGKILL after
-    the second message part: the SDK's own reconnect (Last-Event-ID) through HAProxy
-    gives the parts of an uninterrupted stream, equal to the stored answer."""
+STORY: dict[str, Any] = {
+    "messages": [{"role": "user", "content": "[slow] tell me a long story"}]}
+
+
+@contextlib.asynccontextmanager
+async def _langgraph(cluster: Cluster) -> AsyncIterator[Any]:
+    """langgraph-sdk's client through HAProxy, closed (and collected) on the way out."""
     client = get_client(url=f"{cluster.base}/langgraph", api_key=KEY)
     try:
-        await _join_across_a_kill(cluster, client)
+        yield client
     finally:
         # Closed here, not by a finalizer: one that ran during a later ast.parse (a
         # garbage collection in pytest's own) made CPython 3.11.7 raise "AST
@@ -170,22 +177,40 @@ async def test_langgraph_join_stream_across_an_owner_kill(cluster: Cluster) -> N
         gc.collect()
 
 
-async def _join_across_a_kill(cluster: Cluster, client: Any) -> None:
-    thread_id = (await client.threads.create())["thread_id"]
-    story: dict[str, Any] = {
-        "messages": [{"role": "user", "content": "[slow] tell me a long story"}]}
-    run = await client.runs.create(thread_id, "agent", input=story)
+async def _parts_across_a_kill(cluster: Cluster, stream: AsyncIterator[Any],
+                               victim: Callable[[], int]) -> list[Any]:
+    """Every part of `stream`, the gateway `victim()` names killed with SIGKILL (and
+    started again) once the second message part has come."""
     parts = []
     killed = False
-    async for part in client.runs.join_stream(thread_id, run["run_id"],
-                                              stream_mode=["messages-tuple"]):
+    async for part in stream:
         parts.append(part)
         if not killed and sum(p.event == "messages" for p in parts) == 2:
-            owner = cluster.owner(thread_id)  # blocking, briefly: the test waits anyway
-            cluster.gateways[owner].kill9()
-            cluster.gateways[owner].start()
+            index = victim()  # blocking, briefly: the test waits anyway
+            cluster.gateways[index].kill9()
+            cluster.gateways[index].start()
             killed = True
     assert killed and sum(p.event == "messages" for p in parts) > 2
+    return parts
+
+
+def _haproxy_lines(cluster: Cluster, request: str) -> list[str]:
+    """HAProxy's log lines of requests that begin with `request` ("GET /path")."""
+    return [line for line in cluster.haproxy.log.read_text(errors="replace").splitlines()
+            if f'"{request}' in line]
+
+
+def _served_by(cluster: Cluster, request: str) -> int:
+    """The index of the gateway HAProxy sent the first such request to (its log names
+    the server, `gateways/g<index>`, as the request starts)."""
+    line = wait_for(lambda: next(iter(_haproxy_lines(cluster, request)), None))
+    assert line is not None  # wait_for returns a true value
+    server = re.search(r" gateways/g(\d+) ", line)
+    assert server is not None, line
+    return int(server.group(1))
+
+
+async def _the_stored_answer_is(client: Any, thread_id: str, parts: list[Any]) -> None:
     state: Any = await client.threads.get_state(thread_id)
     stored = state["values"]["messages"][-1]
     assert stored["type"] == "ai", state
@@ -193,44 +218,40 @@ async def _join_across_a_kill(cluster: Cluster, client: Any) -> None:
         stored["content"]
 
 
-
-async def test_langgraph_run_stream_post_across_an_owner_kill(cluster: Cluster) -> None:
-    """langgraph-sdk's `runs.stream` (a POST that creates the run and streams it)
-    through HAProxy; the thread's owner killed with SIGKILL after the second message
-    part. The POST was served by the owner or sent on whole to it, so its response
-    breaks off with the owner; the SDK reconnects to the answer's `Location` (the
-    join stream) with `Last-Event-ID`, through HAProxy, and the parts are those of an
-    uninterrupted stream, equal to the stored answer, the run created once."""
-    client = get_client(url=f"{cluster.base}/langgraph", api_key=KEY)
-    try:
+async def test_langgraph_join_stream_across_an_owner_kill(cluster: Cluster) -> None:
+    """langgraph-sdk's join_stream through HAProxy; the owner killed with SIGKILL after
+    the second message part: the SDK's own reconnect (Last-Event-ID) through HAProxy
+    gives the parts of an uninterrupted stream, equal to the stored answer."""
+    async with _langgraph(cluster) as client:
         thread_id = (await client.threads.create())["thread_id"]
-        story: dict[str, Any] = {
-            "messages": [{"role": "user", "content": "[slow] tell me a long story"}]}
-        parts = []
-        killed = False
-        async for part in client.runs.stream(thread_id, "agent", input=story,
-                                             stream_mode=["messages-tuple"]):
-            parts.append(part)
-            if not killed and sum(p.event == "messages" for p in parts) == 2:
-                owner = cluster.owner(thread_id)  # blocking, briefly: the test waits anyway
-                cluster.gateways[owner].kill9()
-                cluster.gateways[owner].start()
-                killed = True
-        assert killed and sum(p.event == "messages" for p in parts) > 2
+        run = await client.runs.create(thread_id, "agent", input=STORY)
+        parts = await _parts_across_a_kill(cluster, client.runs.join_stream(
+            thread_id, run["run_id"], stream_mode=["messages-tuple"]),
+            lambda: cluster.owner(thread_id))
+        await _the_stored_answer_is(client, thread_id, parts)
+
+
+async def test_langgraph_run_stream_post_across_a_kill_of_its_gateway(cluster: Cluster) -> None:
+    """langgraph-sdk's `runs.stream` (a POST that creates the run and streams it)
+    through HAProxy; the gateway HAProxy gave the POST to is killed with SIGKILL after
+    the second message part, so the POST's answer breaks off. The SDK reconnects to
+    the answer's `Location` (the join stream) with `Last-Event-ID`, through HAProxy to
+    another gateway, and the parts are those of an uninterrupted stream, equal to the
+    stored answer, the run created once. (A POST that reached another gateway than
+    the thread's owner goes on through an owner's death: its events are forwarded
+    and move with the partition, as the REST test's streams do.)"""
+    async with _langgraph(cluster) as client:
+        thread_id = (await client.threads.create())["thread_id"]
+        post = f"POST /langgraph/threads/{thread_id}/runs/stream"
+        parts = await _parts_across_a_kill(cluster, client.runs.stream(
+            thread_id, "agent", input=STORY, stream_mode=["messages-tuple"]),
+            lambda: _served_by(cluster, post))
         # The SDK did reconnect: its GET of the join stream went through HAProxy.
-        joins = [line for line in cluster.haproxy.log.read_text(errors="replace").splitlines()
-                 if f"GET /langgraph/threads/{thread_id}/runs/" in line and "/stream" in line]
-        assert joins, cluster.logs()
+        joins = _haproxy_lines(cluster, f"GET /langgraph/threads/{thread_id}/runs/")
+        assert any("/stream" in line for line in joins), cluster.logs()
         runs = await client.runs.list(thread_id)
         assert len(runs) == 1 and runs[0]["status"] == "success", runs
-        state: Any = await client.threads.get_state(thread_id)
-        stored = state["values"]["messages"][-1]
-        assert stored["type"] == "ai", state
-        assert "".join(p.data[0]["content"] for p in parts if p.event == "messages") == \
-            stored["content"]
-    finally:
-        await client.aclose()  # not by a finalizer: see the join test above
-        gc.collect()
+        await _the_stored_answer_is(client, thread_id, parts)
 
 
 def test_the_ai_sdk_chat_ends_with_the_stored_text_across_an_owner_kill(cluster: Cluster) -> None:
