@@ -8,7 +8,8 @@ reader and writer, each record class's binding): Python's `compile` of them took
 objects are kept as Python keeps a module's, in `__pycache__` beside this module
 (`sys.pycache_prefix` and `sys.dont_write_bytecode` honoured), marshalled, under a
 name that is the digest of the source, its file name and the interpreter's cache
-tag: a source that changes is a new name, so an entry is never stale, only unused.
+tag: a source that changes is a new name, so an entry is never stale, only unused
+(one of a few KiB for each schema version and record class a role ever compiled).
 Writes are atomic (a temporary file renamed); an entry that cannot be read or
 written is compiled and the error ignored, as CPython does with a `.pyc`.
 """
@@ -54,6 +55,9 @@ def compile_source(source: str, filename: str) -> CodeType:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".avro-")
             try:
+                # Readable by all, as a .pyc is: an image writes these at build, as root,
+                # for roles that run as another user (mkstemp's own mode is 0600).
+                os.fchmod(fd, 0o644)
                 with os.fdopen(fd, "wb") as out:
                     out.write(marshal.dumps(code))
                 os.replace(temporary, path)
