@@ -8,18 +8,18 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sized
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sized
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
-from aiokafka.structs import OffsetAndTimestamp
+from aiokafka.structs import ConsumerRecord, OffsetAndTimestamp
 
 from streams.aio import know_topics, stop_client
 from streams.config import Settings
 from streams.kafka.clients import aiokafka_config
 
-__all__ = ["FetchBatching", "Offsets", "new_consumer", "partition_for", "run_forever",
-           "stop_client", "stop_task", "topic_partitions"]
+__all__ = ["FetchBatching", "Offsets", "SharedConsumer", "new_consumer", "partition_for",
+           "run_forever", "stop_client", "stop_task", "topic_partitions"]
 
 log = logging.getLogger("threadline.gateway")
 
@@ -174,3 +174,108 @@ class FetchBatching:
         setattr(self._fetcher, "_fetch_max_wait_ms", wait_ms)  # noqa: B010
         self.batching = batching
         self.switches += 1
+
+
+class SharedConsumer:
+    """One group-less, read_committed consumer for several readers, each reading its
+    own partitions: the read model its threads and messages, the command bus the
+    events.
+
+    A fetch costs a gateway 0.4-0.6 ms of CPU however many partitions it covers
+    (`FetchBatching`), and each consumer fetches on its own. aiokafka sends one fetch a
+    broker for every assigned partition and hands each caller of `getmany(*partitions)`
+    only those partitions' records, so readers sharing one consumer share its fetches.
+    A reader changes its partitions with `assign`: the partitions that stay keep their
+    positions, whoever reads them; new ones are the reader's to seek.
+
+    Each partition's part of a fetch is capped so that every partition fits in one
+    (`PARTITION_FETCH_BYTES`): the broker fills a fetch in the request's order up to
+    `fetch_max_bytes`, and aiokafka does not rotate it, so the read model loading a
+    backlog would otherwise hold back the decisions on the events topic.
+    """
+
+    PARTITION_FETCH_BYTES = 128 << 10  # 36 partitions of 12: 4.5 MiB a fetch at most
+
+    def __init__(self, settings: Settings, topics: int = 3) -> None:
+        self.settings = settings
+        self._topics = topics  # how many topics' partitions its readers may assign
+        self._consumer: AIOKafkaConsumer | None = None  # made in start(): needs the loop
+        self._readers: dict[object, frozenset[TopicPartition]] = {}
+        self.batching: FetchBatching | None = None
+        self._took_at = -1.0
+
+    async def start(self) -> None:
+        """Start the consumer (once: later calls, by its other readers, do nothing)."""
+        if self._consumer is not None:
+            return
+        consumer = new_consumer(
+            self.settings, max_partition_fetch_bytes=self.PARTITION_FETCH_BYTES,
+            fetch_max_bytes=self._topics * self.settings.partitions * self.PARTITION_FETCH_BYTES)
+        try:
+            await consumer.start()
+        except BaseException:
+            await stop_client(consumer)
+            raise
+        self._consumer = consumer
+        self._readers.clear()
+        self.batching = FetchBatching(consumer, self.settings.gateway.fetch_batch_ms)
+
+    async def stop(self) -> None:
+        """Close the consumer; `start` makes a new one."""
+        consumer, self._consumer = self._consumer, None
+        self._readers.clear()
+        if consumer is not None:
+            await stop_client(consumer)
+
+    @property
+    def consumer(self) -> AIOKafkaConsumer:
+        """The started consumer, for seeks and positions of a reader's partitions."""
+        assert self._consumer is not None, "SharedConsumer.start() first"
+        return self._consumer
+
+    def partitions(self, reader: object) -> frozenset[TopicPartition]:
+        """The partitions `reader` reads."""
+        return self._readers.get(reader, frozenset())
+
+    async def assign(self, reader: object, tps: Iterable[TopicPartition]) -> None:
+        """Make `tps` the partitions `reader` reads. Every partition that stays assigned
+        keeps its position; a new one has none until its reader seeks it (else it starts
+        at the earliest offset)."""
+        consumer = self.consumer
+        mine = frozenset(tps)
+        others = frozenset().union(*(v for k, v in self._readers.items() if k is not reader))
+        keep = [tp for tp in consumer.assignment() if tp in others or tp in mine]
+        for tp in keep:  # each position known first, so that the pass below never waits
+            await consumer.position(tp)
+        # No await below suspends: no reader drains a partition between its position
+        # read here and its seek after the new assignment.
+        positions = {tp: await consumer.position(tp) for tp in keep}
+        self._readers[reader] = mine
+        consumer.assign(sorted(others | mine))
+        for tp, offset in positions.items():
+            consumer.seek(tp, offset)
+
+    async def getmany(self, reader: object, timeout_ms: int, max_records: int | None = None) \
+            -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
+        """Records of `reader`'s partitions fetched since its last call (waiting up to
+        `timeout_ms` for some); nothing, after the wait, if it reads none."""
+        mine = self._readers.get(reader)
+        if not mine:
+            await asyncio.sleep(timeout_ms / 1000)
+            return {}
+        batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]] = \
+            await self.consumer.getmany(*mine, timeout_ms=timeout_ms, max_records=max_records)
+        self._took(batch)
+        return batch
+
+    def _took(self, batch: Mapping[TopicPartition, Sized]) -> None:
+        # Readers handed parts of one fetch a moment apart count it once: batching
+        # turns on at the same fetch rate as for a consumer of one reader.
+        if self.batching is None:
+            return
+        now = time.monotonic()
+        if now - self._took_at < 0.001 and any(len(r) for r in batch.values()):
+            return
+        if any(len(r) for r in batch.values()):
+            self._took_at = now
+        self.batching.took(batch)
