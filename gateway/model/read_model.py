@@ -170,7 +170,7 @@ class ReadModel:
         self.store_name = store_name or store_folder(settings)
         self.on_deleted: Callable[[str], None] | None = None  # a thread's tombstone was read
         self._topics = {settings.topics.threads: THREADS, settings.topics.messages: MESSAGES}
-        # The gateway's (shared with its command bus: one fetch for both), or its own.
+        # The gateway's, shared with its other readers (one fetch for all), or its own.
         self._shared = consumer or SharedConsumer(settings, topics=len(self._topics))
         self._owns_consumer = consumer is None
         self._store_: ReadStore | None = None
@@ -178,6 +178,7 @@ class ReadModel:
         self._recent: dict[str, float] = {}
         self._created: dict[str, float] = {}  # threads decided created a moment ago
         self._accepted: dict[str, tuple[str, float]] = {}  # run -> its thread, until when to wait
+        self._accepted_on: dict[str, tuple[str, float]] = {}  # thread -> its last run accepted
         self._ended: dict[str, tuple[str, float]] = {}  # thread -> its run just ended, until when
         self._initial_end: dict[TopicPartition, int] = {}
         self._checkpointed: dict[TopicPartition, int] = {}
@@ -410,8 +411,24 @@ class ReadModel:
         """Mark a run as decided accepted: until the model reads its user message, a
         read of the run waits (the same race as `note_created`'s: a client that joins
         a run the moment it was created must not get a 404)."""
-        remember(self._accepted, run_id, (thread_id, time.monotonic() + RECENT_WRITE_S),
-                  lambda mark: mark[1])
+        until = time.monotonic() + RECENT_WRITE_S
+        remember(self._accepted, run_id, (thread_id, until), lambda mark: mark[1])
+        remember(self._accepted_on, thread_id, (run_id, until), lambda mark: mark[1])
+
+    def _accepted_unread(self, thread_id: str) -> float | None:
+        """Until when a read of the thread waits for its last accepted run's user message
+        to be read, or None. A 202 told the client the message is stored, but the commit
+        marker can reach the messages partition after the events one: its listing must
+        not come without it. Earlier runs' messages come before it in the partition."""
+        pending = self._accepted_on.get(thread_id)
+        if pending is None:
+            return None
+        run_id, until = pending
+        read = self.store.run(run_id) is not None or run_id not in self._accepted
+        if read or until <= time.monotonic():
+            self._accepted_on.pop(thread_id, None)
+            return None if read else until
+        return until
 
     def note_ended(self, thread_id: str, run_id: str) -> None:
         """Mark a run as ended (its terminal record was read): until the model has read
@@ -449,6 +466,7 @@ class ReadModel:
         deleted now."""
         self._created.pop(thread_id, None)
         self._accepted = {k: v for k, v in self._accepted.items() if v[0] != thread_id}
+        self._accepted_on.pop(thread_id, None)
 
     def _recently_written(self, thread_id: str) -> bool:
         deadline = self._recent.get(thread_id)
@@ -553,7 +571,8 @@ class ReadModel:
                 or self._recently_written(thread_id) or thread_id in self._ended:
             partitions = [partition]
             caught_up = await self.catch_up(partitions)
-            while (until := self._end_unread(thread_id)) is not None:
+            while (until := self._end_unread(thread_id) or
+                   self._accepted_unread(thread_id)) is not None:
                 if until <= time.monotonic():
                     raise _behind()
                 await asyncio.sleep(_POLL_S)
