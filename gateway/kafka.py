@@ -179,7 +179,8 @@ class FetchBatching:
 class SharedConsumer:
     """One group-less, read_committed consumer for several readers, each reading its
     own partitions: the read model its threads and messages, the command bus the
-    events.
+    events, and the stream feed the stream when the gateway is not in a group (in a
+    group the feed's consumer is the group's member).
 
     A fetch costs a gateway 0.4-0.6 ms of CPU however many partitions it covers
     (`FetchBatching`), and each consumer fetches on its own. aiokafka sends one fetch a
@@ -194,9 +195,9 @@ class SharedConsumer:
     backlog would otherwise hold back the decisions on the events topic.
     """
 
-    PARTITION_FETCH_BYTES = 128 << 10  # 36 partitions of 12: 4.5 MiB a fetch at most
+    PARTITION_FETCH_BYTES = 128 << 10  # 48 partitions (4 topics of 12): 6 MiB a fetch at most
 
-    def __init__(self, settings: Settings, topics: int = 3) -> None:
+    def __init__(self, settings: Settings, topics: int = 4) -> None:
         self.settings = settings
         self._topics = topics  # how many topics' partitions its readers may assign
         self._consumer: AIOKafkaConsumer | None = None  # made in start(): needs the loop

@@ -82,6 +82,7 @@ from aiokafka.structs import ConsumerRecord
 from gateway.kafka import (
     FetchBatching,
     Offsets,
+    SharedConsumer,
     new_consumer,
     partition_for,
     run_forever,
@@ -226,7 +227,8 @@ class StreamFeed:
     def __init__(self, settings: Settings, read_model: ReadModel, offsets: Offsets, *,
                  window_events: int = 2_000,
                  max_windows: int = 20_000, queue_limit: int = 10_000,
-                 backfill_margin_ms: int = 60_000, codec: Codec | None = None) -> None:
+                 backfill_margin_ms: int = 60_000, codec: Codec | None = None,
+                 consumer: SharedConsumer | None = None) -> None:
         self.settings = settings
         # THREADLINE_SCHEMA_REGISTRY_URL: the Confluent format; else single-object.
         self.codec = codec or Codec.from_settings(settings)
@@ -251,8 +253,12 @@ class StreamFeed:
         self._lag_ms: deque[float] = deque(maxlen=20_000)  # record CreateTime -> written
         self._watched_ms: list[int] = []  # CreateTimes of this batch's records of watched threads
         self._dropped_floor: dict[int, Position] = {}
-        self._consumer_: AIOKafkaConsumer | None = None  # made in start(): needs the loop
+        self._consumer_: AIOKafkaConsumer | None = None  # a group's: made in start()
         self._batching: FetchBatching | None = None  # with the consumer
+        # Without a group the feed reads through the gateway's shared consumer (one
+        # fetch for the stream, the decisions and the read model), or one of its own.
+        self._given = consumer
+        self._shared: SharedConsumer | None = None  # from start() on, without a group
         self._task: asyncio.Task[None] | None = None
         self._started = asyncio.Event()
         # With an advertised URL, the gateways share the partitions as one group.
@@ -271,6 +277,8 @@ class StreamFeed:
 
     @property
     def _consumer(self) -> AIOKafkaConsumer:
+        if self._shared is not None:
+            return self._shared.consumer
         assert self._consumer_ is not None, "StreamFeed.start() first"
         return self._consumer_
 
@@ -281,12 +289,11 @@ class StreamFeed:
         if self.group is not None:
             await self._start_in_group(load_timeout_s)
             return
-        consumer = self._consumer_ = new_consumer(self.settings)
-        await consumer.start()
-        self._batching = FetchBatching(consumer, self.settings.gateway.fetch_batch_ms)
+        shared = self._shared = self._given or SharedConsumer(self.settings, topics=1)
+        await shared.start()
         tps = topic_partitions(self.settings, self.topic)
-        consumer.assign(tps)
         await self._wait_for_read_model(load_timeout_s)
+        await shared.assign(self, tps)
         await self._seek_starts(tps)
         self._task = asyncio.create_task(run_forever("stream feed", self._step))
         self._started.set()
@@ -447,6 +454,12 @@ class StreamFeed:
         await stop_task(self._task)
         if self._consumer_ is not None:
             await stop_client(self._consumer_)
+        shared, self._shared = self._shared, None
+        if shared is not None and shared is not self._given:
+            await shared.stop()
+        elif shared is not None:
+            with contextlib.suppress(Exception):  # stopped already, or Kafka gone: moot
+                await shared.assign(self, [])
 
     def close_all(self, reason: str) -> None:
         """End every subscriber's stream with the same reason."""
@@ -536,11 +549,13 @@ class StreamFeed:
     def lags(self) -> dict[int, int]:
         """Per partition, how many records the feed has yet to read, as far as its
         consumer knows the partition's end (nothing before the feed started)."""
-        consumer = self._consumer_
-        if consumer is None or not self.started:
+        if (self._consumer_ is None and self._shared is None) or not self.started:
             return {}
+        consumer = self._consumer
         lags = {}
         for tp in consumer.assignment():
+            if tp.topic != self.topic:  # the shared consumer's other readers'
+                continue
             high = consumer.highwater(tp)
             if high is not None:
                 lags[tp.partition] = max(0, high - (self.last_offsets.get(tp.partition, -1) + 1))
@@ -598,9 +613,12 @@ class StreamFeed:
                 self._consumer.pause(*tps)
                 self._taking = asyncio.create_task(self._take(unstarted),
                                                    name="feed takes partitions")
-        batch = await self._consumer.getmany(timeout_ms=1000, max_records=2000)
-        if self._batching is not None:
-            self._batching.took(batch)
+        if self._shared is not None:
+            batch = await self._shared.getmany(self, timeout_ms=1000, max_records=2000)
+        else:
+            batch = await self._consumer.getmany(timeout_ms=1000, max_records=2000)
+            if self._batching is not None:
+                self._batching.took(batch)
         await self.codec.prepare(r.value for rs in batch.values() for r in rs)
         try:
             for tp, records in batch.items():

@@ -85,7 +85,7 @@ class CommandBus:
         self.on_undecoded: Callable[[str, bytes], None] | None = None
         self.reply_id = secrets.token_hex(8).encode()  # this process, in REPLY_HEADER
         self._producer: AIOKafkaProducer | None = None
-        # The gateway's (shared with its read model: one fetch for both), or its own.
+        # The gateway's, shared with its other readers (one fetch for all), or its own.
         self._shared = consumer or SharedConsumer(settings, topics=1)
         self._owns_consumer = consumer is None
         self._waiters: dict[str, tuple[asyncio.Future[Event], Callable[[Event], bool]]] = {}
