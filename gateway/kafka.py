@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
 from aiokafka.structs import ConsumerRecord, OffsetAndTimestamp
 
-from streams.aio import know_topics, stop_client
+from streams.aio import know_topics, stop_client, within
 from streams.config import Settings
 from streams.kafka.clients import aiokafka_config
 
@@ -196,12 +196,14 @@ class SharedConsumer:
     """
 
     PARTITION_FETCH_BYTES = 128 << 10  # 48 partitions (4 topics of 12): 6 MiB a fetch at most
+    SLICE_S = 0.1
 
     def __init__(self, settings: Settings, topics: int = 4) -> None:
         self.settings = settings
         self._topics = topics  # how many topics' partitions its readers may assign
         self._consumer: AIOKafkaConsumer | None = None  # made in start(): needs the loop
         self._readers: dict[object, frozenset[TopicPartition]] = {}
+        self._changed = asyncio.Event()  # set (and cleared) on every assignment
         self.batching: FetchBatching | None = None
         self._took_at = -1.0
 
@@ -238,36 +240,49 @@ class SharedConsumer:
         """The partitions `reader` reads."""
         return self._readers.get(reader, frozenset())
 
-    async def assign(self, reader: object, tps: Iterable[TopicPartition]) -> None:
+    def assign(self, reader: object, tps: Iterable[TopicPartition]) -> None:
         """Make `tps` the partitions `reader` reads. Every partition that stays assigned
-        keeps its position; a new one has none until its reader seeks it (else it starts
-        at the earliest offset)."""
+        keeps its position (none if it had none yet: its reader is about to seek it)
+        and stays paused if it was; a new one has no position until its reader seeks it
+        (else it starts at the earliest offset). Nothing here waits, so no reader drains
+        a partition between its position read here and its seek below."""
         consumer = self.consumer
         mine = frozenset(tps)
         others = frozenset().union(*(v for k, v in self._readers.items() if k is not reader))
-        keep = [tp for tp in consumer.assignment() if tp in others or tp in mine]
-        for tp in keep:  # each position known first, so that the pass below never waits
-            await consumer.position(tp)
-        # No await below suspends: no reader drains a partition between its position
-        # read here and its seek after the new assignment.
-        positions = {tp: await consumer.position(tp) for tp in keep}
+        positions = {tp: at for tp in consumer.assignment() if tp in others or tp in mine
+                     if (at := _known_position(consumer, tp)) is not None}
+        paused = [tp for tp in consumer.paused() if tp in others or tp in mine]
         self._readers[reader] = mine
         consumer.assign(sorted(others | mine))
         for tp, offset in positions.items():
             consumer.seek(tp, offset)
+        if paused:
+            consumer.pause(*paused)
+        self._changed.set()
+        self._changed.clear()
 
     async def getmany(self, reader: object, timeout_ms: int, max_records: int | None = None) \
             -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
         """Records of `reader`'s partitions fetched since its last call (waiting up to
         `timeout_ms` for some); nothing, after the wait, if it reads none."""
-        mine = self._readers.get(reader)
-        if not mine:
-            await asyncio.sleep(timeout_ms / 1000)
-            return {}
-        batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]] = \
-            await self.consumer.getmany(*mine, timeout_ms=timeout_ms, max_records=max_records)
-        self._took(batch)
-        return batch
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            # In slices: aiokafka's wait covers the partitions named when it began, and
+            # a reader given new ones (a rebalance) must not wait out the rest of it.
+            left = max(0.0, deadline - time.monotonic())
+            mine = self._readers.get(reader)
+            if not mine:
+                with contextlib.suppress(TimeoutError):
+                    await within(self._changed.wait(), min(left, self.SLICE_S))
+                if time.monotonic() >= deadline:
+                    return {}
+                continue
+            batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]] = \
+                await self.consumer.getmany(*mine, timeout_ms=int(min(left, self.SLICE_S) * 1000),
+                                            max_records=max_records)
+            if batch or time.monotonic() >= deadline:
+                self._took(batch)
+                return batch
 
     def _took(self, batch: Mapping[TopicPartition, Sized]) -> None:
         # Readers handed parts of one fetch a moment apart count it once: batching
@@ -280,3 +295,16 @@ class SharedConsumer:
         if any(len(r) for r in batch.values()):
             self._took_at = now
         self.batching.took(batch)
+
+
+def _known_position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
+    """The partition's position if known now, else None; never waits, where aiokafka's
+    `position()` waits for an offset reset, which its fetcher makes only once the fetch
+    in flight has come back (up to `fetch_max_wait_ms`). Private aiokafka state (its
+    name checked by tests/gateway/test_shared_consumer.py)."""
+    subscription = consumer._subscription.subscription  # noqa: SLF001
+    assignment = None if subscription is None else subscription.assignment
+    if assignment is None or tp not in assignment.tps:
+        return None
+    state = assignment.state_value(tp)
+    return int(state.position) if state.has_valid_position else None

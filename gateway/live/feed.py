@@ -253,12 +253,14 @@ class StreamFeed:
         self._lag_ms: deque[float] = deque(maxlen=20_000)  # record CreateTime -> written
         self._watched_ms: list[int] = []  # CreateTimes of this batch's records of watched threads
         self._dropped_floor: dict[int, Position] = {}
-        self._consumer_: AIOKafkaConsumer | None = None  # a group's: made in start()
-        self._batching: FetchBatching | None = None  # with the consumer
-        # Without a group the feed reads through the gateway's shared consumer (one
-        # fetch for the stream, the decisions and the read model), or one of its own.
+        # The feed reads through the gateway's shared consumer (one fetch for the
+        # stream, the decisions and the read model), or one of its own. In a group
+        # `_consumer_` is the group's member: it takes the share, and fetches nothing.
+        self._consumer_: AIOKafkaConsumer | None = None
+        self._batching: FetchBatching | None = None  # a stand-in consumer's (tests)
         self._given = consumer
-        self._shared: SharedConsumer | None = None  # from start() on, without a group
+        self._shared: SharedConsumer | None = None  # from start() on
+        self._member: asyncio.Task[None] | None = None  # polls the group's member
         self._task: asyncio.Task[None] | None = None
         self._started = asyncio.Event()
         # With an advertised URL, the gateways share the partitions as one group.
@@ -293,7 +295,7 @@ class StreamFeed:
         await shared.start()
         tps = topic_partitions(self.settings, self.topic)
         await self._wait_for_read_model(load_timeout_s)
-        await shared.assign(self, tps)
+        shared.assign(self, tps)
         await self._seek_starts(tps)
         self._task = asyncio.create_task(run_forever("stream feed", self._step))
         self._started.set()
@@ -336,16 +338,21 @@ class StreamFeed:
     async def _start_in_group(self, load_timeout_s: float) -> None:
         assert self.group is not None
         session_ms = await asyncio.to_thread(session_timeout_ms, self.settings)
-        consumer = self._consumer_ = new_consumer(
+        # A fetch it makes before its partitions are paused finds nothing: "latest".
+        member = self._consumer_ = new_consumer(
             self.settings, group_id=self.group, session_timeout_ms=session_ms,
             heartbeat_interval_ms=heartbeat_interval_ms(session_ms),
-            partition_assignment_strategy=self.assignors)
-        await consumer.start()
-        self._batching = FetchBatching(consumer, self.settings.gateway.fetch_batch_ms)
+            partition_assignment_strategy=self.assignors, auto_offset_reset="latest")
+        await member.start()
+        shared = self._shared = self._given or SharedConsumer(self.settings, topics=1)
+        await shared.start()
         await self._wait_for_read_model(load_timeout_s)
-        consumer.subscribe([self.topic], listener=_Rebalance(self))
+        member.subscribe([self.topic], listener=_Rebalance(self))
+        # A member that does not poll for max_poll_interval_ms leaves the group.
+        self._member = asyncio.create_task(run_forever("gateway group member",
+                                                       self._poll_member))
         self._task = asyncio.create_task(run_forever("stream feed", self._step))
-        # The first assignment comes inside the task's first fetches.
+        # The first assignment comes inside the member's first polls.
         with contextlib.suppress(TimeoutError):
             await within(self._assigned.wait(), load_timeout_s)
         if not self._assigned.is_set():
@@ -357,6 +364,10 @@ class StreamFeed:
         assigned to it, and its start found. Between the two a stream would take the
         window for complete from offset 0 and miss what precedes the start."""
         return self.owned is None or (partition in self.owned and partition in self.start_offsets)
+
+    async def _poll_member(self) -> None:
+        assert self._consumer_ is not None
+        await self._consumer_.getmany(timeout_ms=1000)  # paused: nothing to hand out
 
     async def assigned(self, partitions: set[int], generation: int) -> None:
         """The group gave this gateway `partitions` (eager: all of its share anew).
@@ -374,6 +385,8 @@ class StreamFeed:
             self.read_model.hold(set(partitions))
         if lost:
             self._forget(lost)
+        assert self._shared is not None
+        self._shared.assign(self, [TopicPartition(self.topic, p) for p in sorted(partitions)])
         consumer = self._consumer
         for partition in sorted(partitions - new):
             consumer.seek(TopicPartition(self.topic, partition),
@@ -452,6 +465,7 @@ class StreamFeed:
         self.close_all("shutdown")
         await stop_task(self._taking)
         await stop_task(self._task)
+        await stop_task(self._member)
         if self._consumer_ is not None:
             await stop_client(self._consumer_)
         shared, self._shared = self._shared, None
@@ -459,7 +473,7 @@ class StreamFeed:
             await shared.stop()
         elif shared is not None:
             with contextlib.suppress(Exception):  # stopped already, or Kafka gone: moot
-                await shared.assign(self, [])
+                shared.assign(self, [])
 
     def close_all(self, reason: str) -> None:
         """End every subscriber's stream with the same reason."""
@@ -877,6 +891,9 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         """Take the new share (see `StreamFeed.assigned`)."""
-        coordinator = self.feed._consumer._coordinator  # noqa: SLF001  (aiokafka: no public generation)
+        member = self.feed._consumer_
+        assert member is not None
+        member.pause(*assigned)  # the shared consumer fetches them
+        coordinator = member._coordinator  # noqa: SLF001  (aiokafka: no public generation)
         generation = int(getattr(coordinator, "generation", -1))
         await self.feed.assigned({tp.partition for tp in assigned}, generation)

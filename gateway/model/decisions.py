@@ -103,7 +103,7 @@ class CommandBus:
         await self._shared.start()
         consumer = self._shared.consumer
         tps = topic_partitions(self.settings, self.settings.topics.events)
-        await self._shared.assign(self, tps)
+        self._shared.assign(self, tps)
         await consumer.seek_to_end(*tps)
         for tp in tps:  # fix the positions now: decisions on later commands come after
             await consumer.position(tp)

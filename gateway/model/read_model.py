@@ -286,7 +286,7 @@ class ReadModel:
         # Small fetches (`SharedConsumer.PARTITION_FETCH_BYTES`): the restore's working
         # set, not the data, sets the peak memory.
         await self._shared.start()
-        await self._shared.assign(self, [])  # a start again after a failed one: none yet
+        self._shared.assign(self, [])  # a start again after a failed one: none yet
         if self.held is not None:  # partitions come with the group's assignments
             self.mode = "split"
             for partition in range(self.settings.partitions):
@@ -301,7 +301,7 @@ class ReadModel:
             self._task = asyncio.create_task(run_forever("read model consumer", self._step))
             return
         tps = self._tps()
-        await self._shared.assign(self, tps)
+        self._shared.assign(self, tps)
         begins = await self.offsets.beginning(tps)
         ends = await self.offsets.end(tps)
         starts = self._starts(tps, begins, ends)
@@ -789,7 +789,7 @@ class ReadModel:
         for partition in gone:
             store.release(partition, now)
             self._loading.pop(partition, None)
-        await self._shared.assign(self, [*kept, *new_tps])
+        self._shared.assign(self, [*kept, *new_tps])
         for tp, position in kept.items():
             consumer.seek(tp, position)
         for tp, start in starts.items():

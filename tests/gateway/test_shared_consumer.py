@@ -10,7 +10,7 @@ import asyncio
 import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 
-from gateway.kafka import SharedConsumer
+from gateway.kafka import SharedConsumer, _known_position
 from streams.config import Settings
 from streams.kafka.clients import aiokafka_config
 from streams.kafka.topics import ensure_topics
@@ -57,16 +57,16 @@ async def test_each_reader_gets_its_own_partitions_records_once_across_the_other
     await shared.start()
     try:
         a, b = object(), object()
-        await shared.assign(a, [a_first])
+        shared.assign(a, [a_first])
         await shared.consumer.seek_to_beginning(a_first)
-        await shared.assign(b, [b_tp])
+        shared.assign(b, [b_tp])
         await shared.consumer.seek_to_beginning(b_tp)
         got_b = await _read(shared, b, 10, batch=10)  # the rest of the fetch stays buffered
         assert [v for _, v in got_b] == b_values[:10]
         got_a = await _read(shared, a, 1)
         assert got_a == [(a_first, b"a-old")]
 
-        await shared.assign(a, [a_new])  # let go of a_first, take a_new
+        shared.assign(a, [a_new])  # let go of a_first, take a_new
         shared.consumer.seek(a_new, 1)
         assert shared.partitions(a) == {a_new} and shared.partitions(b) == {b_tp}
         assert await shared.consumer.position(b_tp) == 10
@@ -100,9 +100,9 @@ async def test_a_backlog_on_one_readers_partitions_does_not_hold_back_the_others
     await shared.start()
     try:
         a, b = object(), object()
-        await shared.assign(a, a_tps)
+        shared.assign(a, a_tps)
         await shared.consumer.seek_to_beginning(*a_tps)
-        await shared.assign(b, [b_tp])
+        shared.assign(b, [b_tp])
         await shared.consumer.seek_to_beginning(b_tp)
         read_by_a: list[tuple[TopicPartition, bytes]] = []
         draining = asyncio.create_task(_read(shared, a, total, into=read_by_a))
@@ -125,13 +125,46 @@ async def test_a_reader_without_partitions_waits_and_gets_nothing(settings: Sett
     await shared.start()
     try:
         owner, idle = object(), object()
-        await shared.assign(owner, [tp])
+        shared.assign(owner, [tp])
         await shared.consumer.seek_to_beginning(tp)
-        await shared.assign(idle, [])
+        shared.assign(idle, [])
         fetched = shared.consumer._fetcher._records  # aiokafka's fetched, not yet taken
         while tp not in fetched:  # the owner's record is fetched: a marker, not a deadline
             await asyncio.sleep(0.01)
         assert await shared.getmany(idle, timeout_ms=50) == {}
         assert await _read(shared, owner, 1) == [(tp, b"theirs")]
+    finally:
+        await shared.stop()
+
+
+async def test_another_readers_assignment_keeps_a_pause_and_waits_for_no_offset_reset(
+        settings: Settings) -> None:
+    """The feed pauses a partition it was just given until its start is found, and
+    has not sought it yet; the read model taking partitions meanwhile must leave it
+    paused, and must not wait for its offset reset (aiokafka's `position()` would,
+    until the fetch in flight comes back: 200 ms at a gateway's rebalance, in which a
+    stream asked of the new owner was refused)."""
+    ensure_topics(settings)
+    stream, threads = settings.topics.stream, settings.topics.threads
+    given, kept = TopicPartition(stream, 0), TopicPartition(stream, 1)
+    await _produce(settings, given, [b"s0"])
+    await _produce(settings, kept, [b"k0", b"k1"])
+    shared = SharedConsumer(settings)
+    await shared.start()
+    try:
+        feed, model = object(), object()
+        shared.assign(feed, [kept])
+        shared.consumer.seek(kept, 1)
+        shared.assign(feed, [kept, given])
+        shared.consumer.pause(given)
+        assert _known_position(shared.consumer, given) is None
+        assert _known_position(shared.consumer, kept) == 1
+        shared.assign(model, [TopicPartition(threads, 0)])  # synchronous: nothing waited
+        assert given in shared.consumer.paused()
+        assert _known_position(shared.consumer, kept) == 1
+        assert await _read(shared, feed, 1) == [(kept, b"k1")]
+        shared.consumer.seek(given, 0)
+        shared.consumer.resume(given)
+        assert await _read(shared, feed, 1) == [(given, b"s0")]
     finally:
         await shared.stop()
