@@ -109,8 +109,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     options = options or Options()
     offsets = Offsets(settings)
     codec = Codec.from_settings(settings)
-    # The read model's, the command bus's and, without a group, the feed's: one fetch.
-    consumer = SharedConsumer(settings, topics=4)
+    consumer = SharedConsumer(settings)
     # In a group each gateway reads and serves its share of the partitions only.
     read_model = ReadModel(settings, offsets, options.catch_up_timeout_s, options.store_name,
                            codec=codec, split=grouped, consumer=consumer)
@@ -130,7 +129,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     bus = CommandBus(settings, codec, consumer)
     feed = StreamFeed(settings, read_model, offsets, window_events=options.window_events,
                       max_windows=options.max_windows, queue_limit=options.queue_limit,
-                      codec=codec, consumer=consumer)
+                      codec=codec)
 
     def changed(event: Event) -> None:  # reads of a thread that just changed catch up first
         read_model.note_write(event.thread_id)

@@ -179,8 +179,9 @@ class FetchBatching:
 class SharedConsumer:
     """One group-less, read_committed consumer for several readers, each reading its
     own partitions: the read model its threads and messages, the command bus the
-    events, and the stream feed the stream when the gateway is not in a group (in a
-    group the feed's consumer is the group's member).
+    events. (Not the stream feed: with it, a run's `done` reached its client 4-6 ms
+    later, its records coming in turn through one fetch in flight instead of in
+    parallel; `bench.peers`, docs/benchmarks.md.)
 
     A fetch costs a gateway 0.4-0.6 ms of CPU however many partitions it covers
     (`FetchBatching`), and each consumer fetches on its own. aiokafka sends one fetch a
@@ -195,10 +196,10 @@ class SharedConsumer:
     backlog would otherwise hold back the decisions on the events topic.
     """
 
-    PARTITION_FETCH_BYTES = 128 << 10  # 48 partitions (4 topics of 12): 6 MiB a fetch at most
+    PARTITION_FETCH_BYTES = 128 << 10  # 36 partitions (3 topics of 12): 4.5 MiB a fetch at most
     SLICE_S = 0.1
 
-    def __init__(self, settings: Settings, topics: int = 4) -> None:
+    def __init__(self, settings: Settings, topics: int = 3) -> None:
         self.settings = settings
         self._topics = topics  # how many topics' partitions its readers may assign
         self._consumer: AIOKafkaConsumer | None = None  # made in start(): needs the loop

@@ -82,7 +82,6 @@ from aiokafka.structs import ConsumerRecord
 from gateway.kafka import (
     FetchBatching,
     Offsets,
-    SharedConsumer,
     new_consumer,
     partition_for,
     run_forever,
@@ -227,8 +226,7 @@ class StreamFeed:
     def __init__(self, settings: Settings, read_model: ReadModel, offsets: Offsets, *,
                  window_events: int = 2_000,
                  max_windows: int = 20_000, queue_limit: int = 10_000,
-                 backfill_margin_ms: int = 60_000, codec: Codec | None = None,
-                 consumer: SharedConsumer | None = None) -> None:
+                 backfill_margin_ms: int = 60_000, codec: Codec | None = None) -> None:
         self.settings = settings
         # THREADLINE_SCHEMA_REGISTRY_URL: the Confluent format; else single-object.
         self.codec = codec or Codec.from_settings(settings)
@@ -253,14 +251,8 @@ class StreamFeed:
         self._lag_ms: deque[float] = deque(maxlen=20_000)  # record CreateTime -> written
         self._watched_ms: list[int] = []  # CreateTimes of this batch's records of watched threads
         self._dropped_floor: dict[int, Position] = {}
-        # The feed reads through the gateway's shared consumer (one fetch for the
-        # stream, the decisions and the read model), or one of its own. In a group
-        # `_consumer_` is the group's member: it takes the share, and fetches nothing.
-        self._consumer_: AIOKafkaConsumer | None = None
-        self._batching: FetchBatching | None = None  # a stand-in consumer's (tests)
-        self._given = consumer
-        self._shared: SharedConsumer | None = None  # from start() on
-        self._member: asyncio.Task[None] | None = None  # polls the group's member
+        self._consumer_: AIOKafkaConsumer | None = None  # made in start(): needs the loop
+        self._batching: FetchBatching | None = None  # with the consumer
         self._task: asyncio.Task[None] | None = None
         self._started = asyncio.Event()
         # With an advertised URL, the gateways share the partitions as one group.
@@ -279,8 +271,6 @@ class StreamFeed:
 
     @property
     def _consumer(self) -> AIOKafkaConsumer:
-        if self._shared is not None:
-            return self._shared.consumer
         assert self._consumer_ is not None, "StreamFeed.start() first"
         return self._consumer_
 
@@ -291,11 +281,12 @@ class StreamFeed:
         if self.group is not None:
             await self._start_in_group(load_timeout_s)
             return
-        shared = self._shared = self._given or SharedConsumer(self.settings, topics=1)
-        await shared.start()
+        consumer = self._consumer_ = new_consumer(self.settings)
+        await consumer.start()
+        self._batching = FetchBatching(consumer, self.settings.gateway.fetch_batch_ms)
         tps = topic_partitions(self.settings, self.topic)
+        consumer.assign(tps)
         await self._wait_for_read_model(load_timeout_s)
-        shared.assign(self, tps)
         await self._seek_starts(tps)
         self._task = asyncio.create_task(run_forever("stream feed", self._step))
         self._started.set()
@@ -338,21 +329,16 @@ class StreamFeed:
     async def _start_in_group(self, load_timeout_s: float) -> None:
         assert self.group is not None
         session_ms = await asyncio.to_thread(session_timeout_ms, self.settings)
-        # A fetch it makes before its partitions are paused finds nothing: "latest".
-        member = self._consumer_ = new_consumer(
+        consumer = self._consumer_ = new_consumer(
             self.settings, group_id=self.group, session_timeout_ms=session_ms,
             heartbeat_interval_ms=heartbeat_interval_ms(session_ms),
-            partition_assignment_strategy=self.assignors, auto_offset_reset="latest")
-        await member.start()
-        shared = self._shared = self._given or SharedConsumer(self.settings, topics=1)
-        await shared.start()
+            partition_assignment_strategy=self.assignors)
+        await consumer.start()
+        self._batching = FetchBatching(consumer, self.settings.gateway.fetch_batch_ms)
         await self._wait_for_read_model(load_timeout_s)
-        member.subscribe([self.topic], listener=_Rebalance(self))
-        # A member that does not poll for max_poll_interval_ms leaves the group.
-        self._member = asyncio.create_task(run_forever("gateway group member",
-                                                       self._poll_member))
+        consumer.subscribe([self.topic], listener=_Rebalance(self))
         self._task = asyncio.create_task(run_forever("stream feed", self._step))
-        # The first assignment comes inside the member's first polls.
+        # The first assignment comes inside the task's first fetches.
         with contextlib.suppress(TimeoutError):
             await within(self._assigned.wait(), load_timeout_s)
         if not self._assigned.is_set():
@@ -364,10 +350,6 @@ class StreamFeed:
         assigned to it, and its start found. Between the two a stream would take the
         window for complete from offset 0 and miss what precedes the start."""
         return self.owned is None or (partition in self.owned and partition in self.start_offsets)
-
-    async def _poll_member(self) -> None:
-        assert self._consumer_ is not None
-        await self._consumer_.getmany(timeout_ms=1000)  # paused: nothing to hand out
 
     async def assigned(self, partitions: set[int], generation: int) -> None:
         """The group gave this gateway `partitions` (eager: all of its share anew).
@@ -385,8 +367,6 @@ class StreamFeed:
             self.read_model.hold(set(partitions))
         if lost:
             self._forget(lost)
-        assert self._shared is not None
-        self._shared.assign(self, [TopicPartition(self.topic, p) for p in sorted(partitions)])
         consumer = self._consumer
         for partition in sorted(partitions - new):
             consumer.seek(TopicPartition(self.topic, partition),
@@ -465,15 +445,8 @@ class StreamFeed:
         self.close_all("shutdown")
         await stop_task(self._taking)
         await stop_task(self._task)
-        await stop_task(self._member)
         if self._consumer_ is not None:
             await stop_client(self._consumer_)
-        shared, self._shared = self._shared, None
-        if shared is not None and shared is not self._given:
-            await shared.stop()
-        elif shared is not None:
-            with contextlib.suppress(Exception):  # stopped already, or Kafka gone: moot
-                shared.assign(self, [])
 
     def close_all(self, reason: str) -> None:
         """End every subscriber's stream with the same reason."""
@@ -563,13 +536,11 @@ class StreamFeed:
     def lags(self) -> dict[int, int]:
         """Per partition, how many records the feed has yet to read, as far as its
         consumer knows the partition's end (nothing before the feed started)."""
-        if (self._consumer_ is None and self._shared is None) or not self.started:
+        consumer = self._consumer_
+        if consumer is None or not self.started:
             return {}
-        consumer = self._consumer
         lags = {}
         for tp in consumer.assignment():
-            if tp.topic != self.topic:  # the shared consumer's other readers'
-                continue
             high = consumer.highwater(tp)
             if high is not None:
                 lags[tp.partition] = max(0, high - (self.last_offsets.get(tp.partition, -1) + 1))
@@ -627,12 +598,9 @@ class StreamFeed:
                 self._consumer.pause(*tps)
                 self._taking = asyncio.create_task(self._take(unstarted),
                                                    name="feed takes partitions")
-        if self._shared is not None:
-            batch = await self._shared.getmany(self, timeout_ms=1000, max_records=2000)
-        else:
-            batch = await self._consumer.getmany(timeout_ms=1000, max_records=2000)
-            if self._batching is not None:
-                self._batching.took(batch)
+        batch = await self._consumer.getmany(timeout_ms=1000, max_records=2000)
+        if self._batching is not None:
+            self._batching.took(batch)
         await self.codec.prepare(r.value for rs in batch.values() for r in rs)
         try:
             for tp, records in batch.items():
@@ -891,9 +859,6 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         """Take the new share (see `StreamFeed.assigned`)."""
-        member = self.feed._consumer_
-        assert member is not None
-        member.pause(*assigned)  # the shared consumer fetches them
-        coordinator = member._coordinator  # noqa: SLF001  (aiokafka: no public generation)
+        coordinator = self.feed._consumer._coordinator  # noqa: SLF001  (aiokafka: no public generation)
         generation = int(getattr(coordinator, "generation", -1))
         await self.feed.assigned({tp.partition for tp in assigned}, generation)

@@ -139,11 +139,11 @@ async def test_a_reader_without_partitions_waits_and_gets_nothing(settings: Sett
 
 async def test_another_readers_assignment_keeps_a_pause_and_waits_for_no_offset_reset(
         settings: Settings) -> None:
-    """The feed pauses a partition it was just given until its start is found, and
-    has not sought it yet; the read model taking partitions meanwhile must leave it
-    paused, and must not wait for its offset reset (aiokafka's `position()` would,
-    until the fetch in flight comes back: 200 ms at a gateway's rebalance, in which a
-    stream asked of the new owner was refused)."""
+    """A reader pauses a partition it was just given and has not sought yet; another
+    reader taking partitions meanwhile must leave it paused, and must not wait for
+    its offset reset (aiokafka's `position()` would, until the fetch in flight comes
+    back: 200 ms at a gateway's rebalance, in which a stream asked of the new owner
+    was refused, when the stream feed read through this consumer)."""
     ensure_topics(settings)
     stream, threads = settings.topics.stream, settings.topics.threads
     given, kept = TopicPartition(stream, 0), TopicPartition(stream, 1)
@@ -152,19 +152,19 @@ async def test_another_readers_assignment_keeps_a_pause_and_waits_for_no_offset_
     shared = SharedConsumer(settings)
     await shared.start()
     try:
-        feed, model = object(), object()
-        shared.assign(feed, [kept])
+        first, second = object(), object()
+        shared.assign(first, [kept])
         shared.consumer.seek(kept, 1)
-        shared.assign(feed, [kept, given])
+        shared.assign(first, [kept, given])
         shared.consumer.pause(given)
         assert _known_position(shared.consumer, given) is None
         assert _known_position(shared.consumer, kept) == 1
-        shared.assign(model, [TopicPartition(threads, 0)])  # synchronous: nothing waited
+        shared.assign(second, [TopicPartition(threads, 0)])  # synchronous: nothing waited
         assert given in shared.consumer.paused()
         assert _known_position(shared.consumer, kept) == 1
-        assert await _read(shared, feed, 1) == [(kept, b"k1")]
+        assert await _read(shared, first, 1) == [(kept, b"k1")]
         shared.consumer.seek(given, 0)
         shared.consumer.resume(given)
-        assert await _read(shared, feed, 1) == [(given, b"s0")]
+        assert await _read(shared, first, 1) == [(given, b"s0")]
     finally:
         await shared.stop()
