@@ -44,11 +44,10 @@ from gateway.http.observability import observe_app, observe_middleware
 from gateway.http.plumbing import starting_middleware
 from gateway.http.problems import problem_middleware
 from gateway.http.ready import READY, Readiness, readyz
-from gateway.kafka import Offsets, SharedConsumer
+from gateway.kafka import Offsets
 from gateway.keys import (
     BUS,
     CODEC,
-    CONSUMER,
     FEED,
     LIMITER,
     OFFSETS,
@@ -109,10 +108,9 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     options = options or Options()
     offsets = Offsets(settings)
     codec = Codec.from_settings(settings)
-    consumer = SharedConsumer(settings)
     # In a group each gateway reads and serves its share of the partitions only.
     read_model = ReadModel(settings, offsets, options.catch_up_timeout_s, options.store_name,
-                           codec=codec, split=grouped, consumer=consumer)
+                           codec=codec, split=grouped)
     board = OwnerBoard(settings, settings.gateway.advertised_url) \
         if hops is not None and settings.gateway.advertised_url is not None else None
     # As long as a dead owner takes to leave the group, and a margin.
@@ -126,7 +124,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
         starting_middleware, post_rate_middleware(limiter),
         route_middleware(forwarder, read_model.here)])
     app[LIMITER] = limiter
-    bus = CommandBus(settings, codec, consumer)
+    bus = CommandBus(settings, codec)
     feed = StreamFeed(settings, read_model, offsets, window_events=options.window_events,
                       max_windows=options.max_windows, queue_limit=options.queue_limit,
                       codec=codec)
@@ -157,7 +155,7 @@ def create_app(settings: Settings, options: Options | None = None) -> web.Applic
     bus.on_undecoded = changed_undecoded
     read_model.on_deleted = feed.drop_thread
     app[SETTINGS], app[OPTIONS], app[READ_MODEL], app[BUS] = settings, options, read_model, bus
-    app[OFFSETS], app[CONSUMER] = offsets, consumer
+    app[OFFSETS] = offsets
     app[CODEC] = codec
     app[FEED] = feed
     app[STREAMS] = RunStreams(settings, feed, read_model, limiter, codec, options.keepalive_s)
@@ -221,11 +219,11 @@ async def _kafka(app: web.Application) -> AsyncIterator[None]:
     if board is not None:
         await asyncio.to_thread(ensure_specs, app[SETTINGS], [owners_topic(app[SETTINGS])])
     await asyncio.to_thread(app[CODEC].register_schemas)  # blocking HTTP: off the loop
-    started: list[Offsets | SharedConsumer | ReadModel | CommandBus | StreamFeed | OwnerBoard] = []
+    started: list[Offsets | ReadModel | CommandBus | StreamFeed | OwnerBoard] = []
     feed_start: asyncio.Task[None] | None = None
     try:
-        clients: list[Offsets | SharedConsumer | ReadModel | CommandBus | OwnerBoard] = [
-            app[OFFSETS], app[CONSUMER], app[READ_MODEL], app[BUS], *([board] if board else [])]
+        clients: list[Offsets | ReadModel | CommandBus | OwnerBoard] = [
+            app[OFFSETS], app[READ_MODEL], app[BUS], *([board] if board else [])]
         for client in clients:
             # Each makes its aiokafka clients in start() and undoes a partial start in
             # stop(), so it can start again while a broker restarts.
@@ -255,7 +253,7 @@ async def _kafka(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _start_feed(app: web.Application, started: list[
-        Offsets | SharedConsumer | ReadModel | CommandBus | StreamFeed | OwnerBoard]) -> None:
+        Offsets | ReadModel | CommandBus | StreamFeed | OwnerBoard]) -> None:
     try:
         await start_when_reachable("StreamFeed", app[FEED].start, app[FEED].stop,
                                    app[SETTINGS].topic_stall_s)

@@ -8,18 +8,18 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sized
+from collections.abc import Awaitable, Callable, Mapping, Sized
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
-from aiokafka.structs import ConsumerRecord, OffsetAndTimestamp
+from aiokafka.structs import OffsetAndTimestamp
 
-from streams.aio import know_topics, stop_client, within
+from streams.aio import know_topics, stop_client
 from streams.config import Settings
 from streams.kafka.clients import aiokafka_config
 
-__all__ = ["FetchBatching", "Offsets", "SharedConsumer", "new_consumer", "partition_for",
-           "run_forever", "stop_client", "stop_task", "topic_partitions"]
+__all__ = ["FetchBatching", "Offsets", "new_consumer", "partition_for", "run_forever",
+           "stop_client", "stop_task", "topic_partitions"]
 
 log = logging.getLogger("threadline.gateway")
 
@@ -174,138 +174,3 @@ class FetchBatching:
         setattr(self._fetcher, "_fetch_max_wait_ms", wait_ms)  # noqa: B010
         self.batching = batching
         self.switches += 1
-
-
-class SharedConsumer:
-    """One group-less, read_committed consumer for several readers, each reading its
-    own partitions: the read model its threads and messages, the command bus the
-    events. (Not the stream feed: with it, a run's `done` reached its client 4-6 ms
-    later, its records coming in turn through one fetch in flight instead of in
-    parallel; `bench.peers`, docs/benchmarks.md.)
-
-    A fetch costs a gateway 0.4-0.6 ms of CPU however many partitions it covers
-    (`FetchBatching`), and each consumer fetches on its own. aiokafka sends one fetch a
-    broker for every assigned partition and hands each caller of `getmany(*partitions)`
-    only those partitions' records, so readers sharing one consumer share its fetches.
-    A reader changes its partitions with `assign`: the partitions that stay keep their
-    positions, whoever reads them; new ones are the reader's to seek.
-
-    Each partition's part of a fetch is capped so that every partition fits in one
-    (`PARTITION_FETCH_BYTES`): the broker fills a fetch in the request's order up to
-    `fetch_max_bytes`, and aiokafka does not rotate it, so the read model loading a
-    backlog would otherwise hold back the decisions on the events topic.
-    """
-
-    PARTITION_FETCH_BYTES = 128 << 10  # 36 partitions (3 topics of 12): 4.5 MiB a fetch at most
-    SLICE_S = 0.1
-
-    def __init__(self, settings: Settings, topics: int = 3) -> None:
-        self.settings = settings
-        self._topics = topics  # how many topics' partitions its readers may assign
-        self._consumer: AIOKafkaConsumer | None = None  # made in start(): needs the loop
-        self._readers: dict[object, frozenset[TopicPartition]] = {}
-        self._changed = asyncio.Event()  # set (and cleared) on every assignment
-        self.batching: FetchBatching | None = None
-        self._took_at = -1.0
-
-    async def start(self) -> None:
-        """Start the consumer (once: later calls, by its other readers, do nothing)."""
-        if self._consumer is not None:
-            return
-        consumer = new_consumer(
-            self.settings, max_partition_fetch_bytes=self.PARTITION_FETCH_BYTES,
-            fetch_max_bytes=self._topics * self.settings.partitions * self.PARTITION_FETCH_BYTES)
-        try:
-            await consumer.start()
-        except BaseException:
-            await stop_client(consumer)
-            raise
-        self._consumer = consumer
-        self._readers.clear()
-        self.batching = FetchBatching(consumer, self.settings.gateway.fetch_batch_ms)
-
-    async def stop(self) -> None:
-        """Close the consumer; `start` makes a new one."""
-        consumer, self._consumer = self._consumer, None
-        self._readers.clear()
-        if consumer is not None:
-            await stop_client(consumer)
-
-    @property
-    def consumer(self) -> AIOKafkaConsumer:
-        """The started consumer, for seeks and positions of a reader's partitions."""
-        assert self._consumer is not None, "SharedConsumer.start() first"
-        return self._consumer
-
-    def partitions(self, reader: object) -> frozenset[TopicPartition]:
-        """The partitions `reader` reads."""
-        return self._readers.get(reader, frozenset())
-
-    def assign(self, reader: object, tps: Iterable[TopicPartition]) -> None:
-        """Make `tps` the partitions `reader` reads. Every partition that stays assigned
-        keeps its position (none if it had none yet: its reader is about to seek it)
-        and stays paused if it was; a new one has no position until its reader seeks it
-        (else it starts at the earliest offset). Nothing here waits, so no reader drains
-        a partition between its position read here and its seek below."""
-        consumer = self.consumer
-        mine = frozenset(tps)
-        others = frozenset().union(*(v for k, v in self._readers.items() if k is not reader))
-        positions = {tp: at for tp in consumer.assignment() if tp in others or tp in mine
-                     if (at := _known_position(consumer, tp)) is not None}
-        paused = [tp for tp in consumer.paused() if tp in others or tp in mine]
-        self._readers[reader] = mine
-        consumer.assign(sorted(others | mine))
-        for tp, offset in positions.items():
-            consumer.seek(tp, offset)
-        if paused:
-            consumer.pause(*paused)
-        self._changed.set()
-        self._changed.clear()
-
-    async def getmany(self, reader: object, timeout_ms: int, max_records: int | None = None) \
-            -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
-        """Records of `reader`'s partitions fetched since its last call (waiting up to
-        `timeout_ms` for some); nothing, after the wait, if it reads none."""
-        deadline = time.monotonic() + timeout_ms / 1000
-        while True:
-            # In slices: aiokafka's wait covers the partitions named when it began, and
-            # a reader given new ones (a rebalance) must not wait out the rest of it.
-            left = max(0.0, deadline - time.monotonic())
-            mine = self._readers.get(reader)
-            if not mine:
-                with contextlib.suppress(TimeoutError):
-                    await within(self._changed.wait(), min(left, self.SLICE_S))
-                if time.monotonic() >= deadline:
-                    return {}
-                continue
-            batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]] = \
-                await self.consumer.getmany(*mine, timeout_ms=int(min(left, self.SLICE_S) * 1000),
-                                            max_records=max_records)
-            if batch or time.monotonic() >= deadline:
-                self._took(batch)
-                return batch
-
-    def _took(self, batch: Mapping[TopicPartition, Sized]) -> None:
-        # Readers handed parts of one fetch a moment apart count it once: batching
-        # turns on at the same fetch rate as for a consumer of one reader.
-        if self.batching is None:
-            return
-        now = time.monotonic()
-        if now - self._took_at < 0.001 and any(len(r) for r in batch.values()):
-            return
-        if any(len(r) for r in batch.values()):
-            self._took_at = now
-        self.batching.took(batch)
-
-
-def _known_position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
-    """The partition's position if known now, else None; never waits, where aiokafka's
-    `position()` waits for an offset reset, which its fetcher makes only once the fetch
-    in flight has come back (up to `fetch_max_wait_ms`). Private aiokafka state (its
-    name checked by tests/gateway/test_shared_consumer.py)."""
-    subscription = consumer._subscription.subscription  # noqa: SLF001
-    assignment = None if subscription is None else subscription.assignment
-    if assignment is None or tp not in assignment.tps:
-        return None
-    state = assignment.state_value(tp)
-    return int(state.position) if state.has_valid_position else None

@@ -11,7 +11,7 @@ from pydantic import Field
 
 from gateway.cluster.owners import OwnerBoard
 from gateway.http.limits import TenantLimiter
-from gateway.kafka import Offsets, SharedConsumer
+from gateway.kafka import Offsets
 from gateway.live.feed import StreamFeed
 from gateway.model.decisions import CommandBus
 from gateway.model.read_model import ReadModel
@@ -19,8 +19,8 @@ from streams.config import Settings
 from streams.env import Section
 from streams.wire import Codec
 
-__all__ = ["BUS", "CODEC", "CONSUMER", "FEED", "LIMITER", "OFFSETS", "OPTIONS", "OWNERS",
-           "READ_MODEL", "SETTINGS", "Options", "OptionsEnv"]
+__all__ = ["BUS", "CODEC", "FEED", "LIMITER", "OFFSETS", "OPTIONS", "OWNERS", "READ_MODEL", "SETTINGS",
+           "Options", "OptionsEnv"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +82,6 @@ BUS = web.AppKey("bus", CommandBus)
 READ_MODEL = web.AppKey("read_model", ReadModel)
 FEED = web.AppKey("feed", StreamFeed)
 OFFSETS = web.AppKey("offsets", Offsets)
-# The read model's and the command bus's consumer: one fetch for both.
-CONSUMER = web.AppKey("consumer", SharedConsumer)
 OWNERS = web.AppKey("owners", OwnerBoard)  # with a gateway group (THREADLINE_GATEWAY_URL)
 LIMITER = web.AppKey("limiter", TenantLimiter)
 # Built once from the settings (THREADLINE_SCHEMA_REGISTRY_URL), shared by every reader

@@ -28,12 +28,13 @@ import secrets
 from collections import defaultdict
 from collections.abc import Callable
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from gateway.http.problems import Problem
 from gateway.kafka import (
-    SharedConsumer,
+    FetchBatching,
+    new_consumer,
     run_forever,
     stop_client,
     stop_task,
@@ -75,8 +76,7 @@ def new_traceparent(incoming: str | None = None) -> str:
 
 class CommandBus:
     """Sends commands to Kafka and waits for the processor's decisions on the events topic."""
-    def __init__(self, settings: Settings, codec: Codec | None = None,
-                 consumer: SharedConsumer | None = None) -> None:
+    def __init__(self, settings: Settings, codec: Codec | None = None) -> None:
         self.settings = settings
         # THREADLINE_SCHEMA_REGISTRY_URL: the Confluent format; else single-object.
         self.codec = codec or Codec.from_settings(settings)
@@ -85,12 +85,11 @@ class CommandBus:
         self.on_undecoded: Callable[[str, bytes], None] | None = None
         self.reply_id = secrets.token_hex(8).encode()  # this process, in REPLY_HEADER
         self._producer: AIOKafkaProducer | None = None
-        # The gateway's, shared with its other readers (one fetch for all), or its own.
-        self._shared = consumer or SharedConsumer(settings, topics=1)
-        self._owns_consumer = consumer is None
+        self._consumer: AIOKafkaConsumer | None = None  # made in start(): needs the loop
         self._waiters: dict[str, tuple[asyncio.Future[Event], Callable[[Event], bool]]] = {}
         self._run_watchers: defaultdict[str, set[asyncio.Future[Event]]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
+        self._batching: FetchBatching | None = None
 
     async def start(self) -> None:
         """Start the producer, and a consumer reading decisions from the events topic's current end."""
@@ -100,10 +99,11 @@ class CommandBus:
         self._producer = AIOKafkaProducer(
             **aiokafka_config(self.settings), acks="all", enable_idempotence=True, linger_ms=0)
         await self._producer.start()
-        await self._shared.start()
-        consumer = self._shared.consumer
+        consumer = self._consumer = new_consumer(self.settings)
+        await consumer.start()
+        self._batching = FetchBatching(consumer, self.settings.gateway.fetch_batch_ms)
         tps = topic_partitions(self.settings, self.settings.topics.events)
-        self._shared.assign(self, tps)
+        consumer.assign(tps)
         await consumer.seek_to_end(*tps)
         for tp in tps:  # fix the positions now: decisions on later commands come after
             await consumer.position(tp)
@@ -112,8 +112,8 @@ class CommandBus:
     async def stop(self) -> None:
         """Stop the events consumer task and close both Kafka clients."""
         await stop_task(self._task)
-        if self._owns_consumer:
-            await self._shared.stop()
+        if self._consumer is not None:
+            await stop_client(self._consumer)
         if self._producer is not None:
             await stop_client(self._producer)
 
@@ -172,7 +172,10 @@ class CommandBus:
                         del self._run_watchers[watch_run]
 
     async def _step(self) -> None:
-        batch = await self._shared.getmany(self, timeout_ms=1000, max_records=1000)
+        assert self._consumer is not None
+        batch = await self._consumer.getmany(timeout_ms=1000, max_records=1000)
+        if self._batching is not None:
+            self._batching.took(batch)
         await self.codec.prepare(r.value for rs in batch.values() for r in rs)
         for records in batch.values():
             for record in records:

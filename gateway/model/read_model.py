@@ -57,10 +57,12 @@ from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[at
 
 from gateway.http.problems import Problem
 from gateway.kafka import (
+    FetchBatching,
     Offsets,
-    SharedConsumer,
+    new_consumer,
     partition_for,
     run_forever,
+    stop_client,
     stop_task,
     topic_partitions,
 )
@@ -100,6 +102,7 @@ MARKS_KEPT = 100_000
 _POLL_S = 0.005
 DEFAULT_DELETE_RETENTION_MS = 24 * 3600 * 1000  # Kafka's default delete.retention.ms
 TOUCH_S = 600.0  # an idle store's saved_at is renewed this often
+RESTORE_FETCH_BYTES = 4 << 20  # per fetch; 4 MiB reads ~10,000 records
 
 
 def remember(marks: dict[K, V], key: K, value: V, until: Callable[[V], float]) -> None:
@@ -145,8 +148,7 @@ class ReadModel:
     """The threads and messages topics kept in a local RocksDB store, for the REST reads."""
     def __init__(self, settings: Settings, offsets: Offsets,
                  catch_up_timeout_s: float = 5.0, store_name: str | None = None,
-                 codec: Codec | None = None, split: bool = False,
-                 consumer: SharedConsumer | None = None) -> None:
+                 codec: Codec | None = None, split: bool = False) -> None:
         self.settings = settings
         # With `split` (a gateway group) only the partitions `hold` names are read and
         # served here; reads of the others go elsewhere (`gateway.model.placement`).
@@ -170,9 +172,8 @@ class ReadModel:
         self.store_name = store_name or store_folder(settings)
         self.on_deleted: Callable[[str], None] | None = None  # a thread's tombstone was read
         self._topics = {settings.topics.threads: THREADS, settings.topics.messages: MESSAGES}
-        # The gateway's, shared with its other readers (one fetch for all), or its own.
-        self._shared = consumer or SharedConsumer(settings, topics=len(self._topics))
-        self._owns_consumer = consumer is None
+        self._consumer_: AIOKafkaConsumer | None = None  # made in start(): needs the loop
+        self._batching: FetchBatching | None = None  # with the consumer
         self._store_: ReadStore | None = None
         self._lock_file: IO[bytes] | None = None
         self._recent: dict[str, float] = {}
@@ -193,7 +194,8 @@ class ReadModel:
 
     @property
     def _consumer(self) -> AIOKafkaConsumer:
-        return self._shared.consumer
+        assert self._consumer_ is not None, "ReadModel.start() first"
+        return self._consumer_
 
     @property
     def store(self) -> ReadStore:
@@ -283,10 +285,10 @@ class ReadModel:
                         "are kept (%d ms): starting it afresh", path,
                         time.time() - saved / 1000, retention_ms)
             await asyncio.to_thread(self.store.wipe)
-        # Small fetches (`SharedConsumer.PARTITION_FETCH_BYTES`): the restore's working
-        # set, not the data, sets the peak memory.
-        await self._shared.start()
-        self._shared.assign(self, [])  # a start again after a failed one: none yet
+        # Small fetches: the restore's working set, not the data, sets the peak memory.
+        self._consumer_ = new_consumer(self.settings, fetch_max_bytes=RESTORE_FETCH_BYTES)
+        await self._consumer.start()
+        self._batching = FetchBatching(self._consumer, self.settings.gateway.fetch_batch_ms)
         if self.held is not None:  # partitions come with the group's assignments
             self.mode = "split"
             for partition in range(self.settings.partitions):
@@ -301,7 +303,7 @@ class ReadModel:
             self._task = asyncio.create_task(run_forever("read model consumer", self._step))
             return
         tps = self._tps()
-        self._shared.assign(self, tps)
+        self._consumer.assign(tps)
         begins = await self.offsets.beginning(tps)
         ends = await self.offsets.end(tps)
         starts = self._starts(tps, begins, ends)
@@ -373,8 +375,8 @@ class ReadModel:
     async def stop(self) -> None:
         """Stop reading, close the store and release its lock file."""
         await stop_task(self._task)
-        if self._owns_consumer:
-            await self._shared.stop()
+        if self._consumer_ is not None:
+            await stop_client(self._consumer_)
         if self._store_ is not None:
             self._store_.close()
             self._store_ = None
@@ -789,7 +791,7 @@ class ReadModel:
         for partition in gone:
             store.release(partition, now)
             self._loading.pop(partition, None)
-        self._shared.assign(self, [*kept, *new_tps])
+        consumer.assign([*kept, *new_tps])
         for tp, position in kept.items():
             consumer.seek(tp, position)
         for tp, start in starts.items():
@@ -819,8 +821,10 @@ class ReadModel:
                     await within(self._held_changed.wait(), 1.0)
                 return
         # A split model looks for a new share between short fetches.
-        batch = await self._shared.getmany(self, timeout_ms=500 if self.held is None else 100,
-                                           max_records=1000)
+        batch = await self._consumer.getmany(timeout_ms=500 if self.held is None else 100,
+                                             max_records=1000)
+        if self._batching is not None:
+            self._batching.took(batch)
         # Positions first: no await below suspends (known positions return at once),
         # so nothing reads a position before the rows it covers are committed.
         positions = {tp: await self._consumer.position(tp) for tp in self._checkpointed}
