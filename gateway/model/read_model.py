@@ -417,20 +417,12 @@ class ReadModel:
         remember(self._accepted, run_id, (thread_id, until), lambda mark: mark[1])
         remember(self._accepted_on, thread_id, (run_id, until), lambda mark: mark[1])
 
-    def _accepted_unread(self, thread_id: str) -> float | None:
-        """Until when a read of the thread waits for its last accepted run's user message
-        to be read, or None. A 202 told the client the message is stored, but the commit
-        marker can reach the messages partition after the events one: its listing must
-        not come without it. Earlier runs' messages come before it in the partition."""
-        pending = self._accepted_on.get(thread_id)
-        if pending is None:
-            return None
-        run_id, until = pending
-        read = self.store.run(run_id) is not None or run_id not in self._accepted
-        if read or until <= time.monotonic():
-            self._accepted_on.pop(thread_id, None)
-            return None if read else until
-        return until
+    def _message_read(self, run_id: str) -> bool:
+        """Whether a run seen accepted has its user message read (or was settled since).
+        A 202 told the client the message is stored, but the commit marker can reach the
+        messages partition after the events one: a listing must not come without it.
+        Earlier runs' messages come before it in the partition."""
+        return self.store.run(run_id) is not None or run_id not in self._accepted
 
     def note_ended(self, thread_id: str, run_id: str) -> None:
         """Mark a run as ended (its terminal record was read): until the model has read
@@ -441,23 +433,21 @@ class ReadModel:
         remember(self._ended, thread_id, (run_id, time.monotonic() + RECENT_WRITE_S),
                   lambda mark: mark[1])
 
-    def _end_unread(self, thread_id: str) -> float | None:
-        """Until when a read of the thread waits for a run's end to be read, or None."""
-        pending = self._ended.get(thread_id)
-        if pending is None:
-            return None
-        run_id, until = pending
+    def _end_read(self, thread_id: str, run_id: str) -> bool:
+        """Whether a run seen ending has the records that store its end read."""
         ref = self.store.run(run_id)
         state = self.store.state(thread_id)
         record = None if ref is None else self.store.message(thread_id, ref.seq)
-        read = (ref is None  # rolled back, or the thread deleted: nothing more to read
+        return (ref is None  # rolled back, or the thread deleted: nothing more to read
                 or (record is not None and record.run_status is not None
                     and record.run_status.is_terminal and state is not None
                     and (state.active_run is None or state.active_run.run_id != run_id)))
-        if read or until <= time.monotonic():
-            self._ended.pop(thread_id, None)
-            return None if read else until
-        return until
+
+    def _unread(self, thread_id: str) -> float | None:
+        """Until when a read of the thread waits for the records of a run it saw decided
+        (its end, its acceptance: `note_ended`, `note_accepted`), or None."""
+        return _wait_for(self._ended, thread_id, partial(self._end_read, thread_id)) or \
+            _wait_for(self._accepted_on, thread_id, self._message_read)
 
     def note_settled(self, run_id: str) -> None:
         """Stop waiting for a run's records: it was cancelled (a rollback deletes them)."""
@@ -570,11 +560,11 @@ class ReadModel:
             return await reads.thread(tenant, thread_id, self._hints(thread_id))
         state = self.store.state(thread_id)
         if fresh or state is None or not self.loaded or partition in self._loading \
-                or self._recently_written(thread_id) or thread_id in self._ended:
+                or self._recently_written(thread_id) or thread_id in self._ended \
+                or thread_id in self._accepted_on:
             partitions = [partition]
             caught_up = await self.catch_up(partitions)
-            while (until := self._end_unread(thread_id) or
-                   self._accepted_unread(thread_id)) is not None:
+            while (until := self._unread(thread_id)) is not None:
                 if until <= time.monotonic():
                     raise _behind()
                 await asyncio.sleep(_POLL_S)
@@ -878,6 +868,21 @@ class ReadModel:
                  "message records; %d active runs", self.mode, self.restore_s,
                  self.read_records[THREADS], self.read_records[MESSAGES],
                  len(store.active))
+
+
+def _wait_for(marks: dict[str, tuple[str, float]], thread_id: str,
+              read: Callable[[str], bool]) -> float | None:
+    """Until when a read of the thread waits for the run `marks` holds for it, or None:
+    none, its records `read`, or waited for long enough (the mark is dropped)."""
+    pending = marks.get(thread_id)
+    if pending is None:
+        return None
+    run_id, until = pending
+    done = read(run_id)
+    if done or until <= time.monotonic():
+        marks.pop(thread_id, None)
+        return None if done else until
+    return until
 
 
 def _in_partition(partition: int, count: int, thread_id: str) -> bool:
