@@ -11,7 +11,8 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["SseEvent", "SseParser", "iter_sse", "iter_sse_idle", "read_sse", "until_done"]
+__all__ = ["SseEvent", "SseParser", "iter_sse", "iter_sse_idle", "read_sse", "until_done",
+           "until_opened"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,20 +97,37 @@ def until_done(events: list[SseEvent]) -> bool:
 async def read_sse(session: aiohttp.ClientSession, url: str, *,
                    headers: dict[str, str] | None = None,
                    until: Callable[[list[SseEvent]], bool] = until_done, limit: int | None = None,
-                   timeout: float = 30.0, opened: asyncio.Event | None = None) -> list[SseEvent]:
-    """Events until `until(events)` holds, `limit` events, or the server closes."""
+                   opened: asyncio.Event | None = None) -> list[SseEvent]:
+    """Events until `until(events)` holds, `limit` events, or the server closes.
+
+    No deadline: a stream is read for as long as it takes on a busy machine (a test
+    that hangs is ended by pytest-timeout's per-test limit, with its traceback)."""
     events: list[SseEvent] = []
-
-    async def read() -> None:
-        async with session.get(url, headers=headers) as response:
-            assert response.status == 200, await response.text()
-            assert response.headers["Content-Type"].startswith("text/event-stream")
-            if opened is not None:
-                opened.set()
-            async for event in iter_sse(response):
-                events.append(event)
-                if (limit is not None and len(events) >= limit) or until(events):
-                    return
-
-    await asyncio.wait_for(read(), timeout)
+    async with session.get(url, headers=headers) as response:
+        assert response.status == 200, await response.text()
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        if opened is not None:
+            opened.set()
+        async for event in iter_sse(response):
+            events.append(event)
+            if (limit is not None and len(events) >= limit) or until(events):
+                break
     return events
+
+
+async def until_opened(opened: asyncio.Event, reader: asyncio.Future[Any]) -> None:
+    """Wait until `reader` (a task reading a stream) has opened it and set `opened`.
+
+    No deadline, and no waiting forever either: a reader that ends first (refused,
+    broken off, a failed assertion) fails the wait at once with how it ended."""
+    waiting = asyncio.ensure_future(opened.wait())
+    try:
+        await asyncio.wait({waiting, reader}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()
+    if opened.is_set():
+        return
+    error = reader.exception()
+    if error is not None:
+        raise AssertionError(f"the stream ended before it opened: {error!r}") from error
+    raise AssertionError(f"the stream ended before it opened, with {reader.result()!r}")

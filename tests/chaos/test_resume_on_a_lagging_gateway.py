@@ -41,18 +41,14 @@ def _a_run(live: Live, title: str, text: str) -> str:
 
 
 async def _read(session: aiohttp.ClientSession, url: str, headers: dict[str, str],
-                until: str, timeout: float = 60) -> list[Seen]:
+                until: str) -> list[Seen]:
     seen: list[Seen] = []
-
-    async def read() -> None:
-        async with session.get(url, headers=headers) as response:
-            assert response.status == 200, await response.text()
-            async for event in iter_sse(response):
-                seen.append(event)
-                if event.event == until:
-                    return
-
-    await asyncio.wait_for(read(), timeout)
+    async with session.get(url, headers=headers) as response:
+        assert response.status == 200, await response.text()
+        async for event in iter_sse(response):
+            seen.append(event)
+            if event.event == until:
+                break
     return seen
 
 

@@ -22,6 +22,7 @@ from langgraph_sdk import get_client
 
 from gateway.adapters.ai_sdk.chat import chat_thread_id
 from streams.testing.process import wait_for
+from streams.testing.sse import until_opened
 from tests.browser_kit import LAUNCH_ARGS, chromium
 from tests.cluster.conftest import KEY, TENANT, Cluster
 from tests.frontends.stack import ProcessStack
@@ -296,7 +297,7 @@ async def test_the_reference_client_resumes_through_haproxy_after_the_owner_is_k
         watcher = ReferenceClient(session, f"http://127.0.0.1:{cluster.ports[other]}", KEY)
         opened = asyncio.Event()
         whole_task = asyncio.create_task(watcher.stream(thread_id, opened=opened))
-        await opened.wait()
+        await until_opened(opened, whole_task)
         # [hang]: a few tokens, then the run stays active until it is cancelled.
         posted = await client.post(thread_id, "[hang] survive the owner's kill")
         first = await client.stream(thread_id, stop=lambda events: any(
@@ -307,7 +308,7 @@ async def test_the_reference_client_resumes_through_haproxy_after_the_owner_is_k
         resumed_open = asyncio.Event()
         resumed_task = asyncio.create_task(
             client.stream(thread_id, last=first[-1], opened=resumed_open))
-        await resumed_open.wait()
+        await until_opened(resumed_open, resumed_task)
         status, _ = await asyncio.to_thread(
             cluster.call, "POST", f"/v1/threads/{thread_id}/runs/{posted['run_id']}/cancel")
         assert status == 202

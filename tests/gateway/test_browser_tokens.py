@@ -85,7 +85,7 @@ async def test_scoped_tokens_work_within_their_scope_only(stack: Stack) -> None:
         accepted = await response.json()
         assert response.status == 202, accepted
     events = await read_sse(stack.session, stack.url(
-        f"/v1/runs/{accepted['run_id']}/events?access_token={token}"), timeout=120)
+        f"/v1/runs/{accepted['run_id']}/events?access_token={token}"))
     assert events[-1].event == "done"
 
     assert (await _issue(stack, {}, auth=as_tenant))[0] == 403  # no token mints another

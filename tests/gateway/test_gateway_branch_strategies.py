@@ -20,7 +20,7 @@ async def _end(stack: Stack, run_id: str) -> tuple[str, str]:
     """The run's terminal event and detail; ("gone", "") once no record names it."""
     try:
         events = await read_sse(stack.session, stack.url(f"/v1/runs/{run_id}/events"),
-                                headers=AUTH_A, timeout=60)
+                                headers=AUTH_A)
     except AssertionError as exc:  # read_sse asserts a 200
         if "no such run" not in str(exc):
             raise

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.kafka
 async def _ended(stack: Stack, run_id: str) -> str:
     """The run's terminal event, read from its stream to `done`."""
     events = await read_sse(stack.session, stack.url(f"/v1/runs/{run_id}/events"),
-                            headers=AUTH_A, timeout=60)
+                            headers=AUTH_A)
     assert events[-1].event == "done", [e.event for e in events]
     return events[-2].event
 
@@ -62,7 +62,7 @@ async def test_a_regenerate_answers_again_on_a_new_branch_and_keeps_the_old_one(
     assert status == 202 and again.get("replayed") is True, again
     assert again["run_id"] == regenerated["run_id"]
     events = await read_sse(stack.session, stack.url(f"/v1/runs/{regenerated['run_id']}/events"),
-                            headers=AUTH_A, timeout=60)
+                            headers=AUTH_A)
     assert events[-2].event == "run_completed", stack.logs()
 
     current = await _messages(stack, thread_id)

@@ -10,7 +10,7 @@ from gateway.kafka import partition_for
 from gateway.keys import FEED
 from streams.agents.builtin import reply_for
 from streams.testing.sse import SseEvent as Ev
-from streams.testing.sse import read_sse
+from streams.testing.sse import read_sse, until_opened
 from tests.gateway.conftest import AUTH_A, Stack
 
 pytestmark = pytest.mark.kafka
@@ -30,7 +30,7 @@ async def test_full_lifecycle_through_http(stack: Stack) -> None:
     reader = asyncio.create_task(read_sse(
         stack.session, stack.url(f"/v1/threads/{thread_id}/stream"), headers=AUTH_A,
         opened=opened))
-    await asyncio.wait_for(opened.wait(), 10)
+    await until_opened(opened, reader)
     status, posted = await stack.post(thread_id, "hello gateway")
     assert status == 202, posted
     assert posted["workflow_id"] == f"agent-{thread_id}" and posted["status"] == "accepted"
@@ -80,7 +80,7 @@ async def test_streams_send_a_retry_hint_and_keep_alive_comments(stack: Stack) -
                                  headers=AUTH_A) as response:
         assert response.status == 200
         assert response.headers["Cache-Control"] == "no-cache"
-        first = await asyncio.wait_for(response.content.readline(), 5)
+        first = await response.content.readline()
         assert first == b"retry: 2000\n"
-        lines = [await asyncio.wait_for(response.content.readline(), 5) for _ in range(2)]
+        lines = [await response.content.readline() for _ in range(2)]
         assert b": keep-alive\n" in lines  # Options(keepalive_s=1) in the test stack

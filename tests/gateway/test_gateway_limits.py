@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestServer
 
 from gateway.app import Options, create_app
 from streams.config import Settings
-from streams.testing.sse import read_sse
+from streams.testing.sse import read_sse, until_opened
 from tests.gateway.conftest import KEYS, Stack
 
 pytestmark = pytest.mark.kafka
@@ -108,8 +108,9 @@ async def test_streams_beyond_the_tenants_limit_get_429(stack: Stack) -> None:
         opened = [asyncio.Event(), asyncio.Event()]
         readers = [asyncio.create_task(read_sse(
             stack.session, gateway.url(path), headers=gateway.auth, opened=o,
-            until=lambda _: False, timeout=120)) for o in opened]
-        await asyncio.wait_for(asyncio.gather(*(o.wait() for o in opened)), 30)
+            until=lambda _: False)) for o in opened]
+        for o, reader in zip(opened, readers, strict=True):
+            await until_opened(o, reader)
         async with stack.session.get(gateway.url(path), headers=gateway.auth) as response:
             assert response.status == 429, "a third stream was opened"
             body = await response.json(content_type=None)

@@ -22,7 +22,7 @@ from streams.core.domain import RunStatus, StoredMessage, ThreadState
 from streams.core.history import message_key, parse_message_key
 from streams.core.records import MessageRecord
 from streams.kafka.topics import ensure_topics
-from streams.testing.sse import read_sse
+from streams.testing.sse import read_sse, until_opened
 from streams.wire import Codec, new_meta
 from tests.gateway.conftest import AUTH_A, AUTH_B, Stack, gateway_env, in_process_gateway
 
@@ -260,12 +260,12 @@ async def test_deleting_a_thread_cancels_its_run_ends_its_streams_and_erases_it(
             opened = asyncio.Event()
             streams.append(asyncio.create_task(read_sse(
                 stack.session, url, headers=AUTH_A, opened=opened, until=lambda _: False)))
-            await asyncio.wait_for(opened.wait(), 10)
+            await until_opened(opened, streams[-1])
         async with stack.session.delete(stack.url(f"/v1/threads/{thread_id}"),
                                         headers=AUTH_A) as response:
             assert response.status == 204, await response.text()
         # Both open streams end (the deleting gateway's and the other one's).
-        streamed = [await asyncio.wait_for(s, 30) for s in streams]
+        streamed = [await s for s in streams]
         for events in streamed:
             assert all(e.json.get("run_id") == run_id for e in events if e.data != "[DONE]"), \
                 [(e.event, e.json.get("run_id")) for e in events]

@@ -18,7 +18,7 @@ from gateway.keys import FEED
 from streams.devtools.broker import free_port
 from streams.testing.process import RoleProcess
 from streams.testing.sse import SseEvent as Ev
-from streams.testing.sse import read_sse
+from streams.testing.sse import read_sse, until_opened
 from streams.testing.stack import wait_healthy_async as wait_healthy
 from tests.gateway.conftest import AUTH_A, Stack
 from tests.gateway.sse_client import check_every_resume
@@ -59,7 +59,7 @@ async def test_reconnecting_after_every_event_gives_the_uninterrupted_stream(
         opened = asyncio.Event()
         reference_task = asyncio.create_task(
             read_sse(session, url, headers=AUTH_A, opened=opened))
-        await asyncio.wait_for(opened.wait(), 10)
+        await until_opened(opened, reference_task)
         chained_task = asyncio.create_task(_chain(session, url))
         status, posted = await stack.post(thread_id, "[slow] cut me anywhere")
         assert status == 202
@@ -85,9 +85,10 @@ async def test_a_hundred_clients_on_one_thread_see_identical_streams(stack: Stac
     before = len(feed.subscribers)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         opened = [asyncio.Event() for _ in range(100)]
-        readers = [asyncio.create_task(read_sse(session, url, headers=AUTH_A, opened=o,
-                                                timeout=60)) for o in opened]
-        await asyncio.wait_for(asyncio.gather(*(o.wait() for o in opened)), 30)
+        readers = [asyncio.create_task(read_sse(session, url, headers=AUTH_A, opened=o))
+                   for o in opened]
+        for o, reader in zip(opened, readers, strict=True):
+            await until_opened(o, reader)
         assert len(feed.subscribers) == before + 100
         status, _ = await stack.post(thread_id, "hello, everyone")
         assert status == 202
@@ -112,8 +113,8 @@ async def test_resume_across_a_gateway_process_restart(stack: Stack, tmp_path: P
         opened = asyncio.Event()
         reference_task = asyncio.create_task(read_sse(
             stack.session, stack.url(f"/v1/threads/{thread_id}/stream"), headers=AUTH_A,
-            opened=opened, timeout=60))
-        await asyncio.wait_for(opened.wait(), 10)
+            opened=opened))
+        await until_opened(opened, reference_task)
         # [hang]: a few tokens, then the run stays active until it is cancelled.
         status, posted = await stack.post(thread_id, "[hang] survive a restart")
         assert status == 202
@@ -128,13 +129,14 @@ async def test_resume_across_a_gateway_process_restart(stack: Stack, tmp_path: P
         resumed_open, fresh_open = asyncio.Event(), asyncio.Event()
         resumed_task = asyncio.create_task(read_sse(
             stack.session, f"{base}/v1/threads/{thread_id}/stream",
-            headers={**AUTH_A, "Last-Event-ID": first[-1].id or ""}, timeout=60,
+            headers={**AUTH_A, "Last-Event-ID": first[-1].id or ""},
             opened=resumed_open))
         fresh_task = asyncio.create_task(read_sse(  # starts at the active run's start
-            stack.session, f"{base}/v1/threads/{thread_id}/stream", headers=AUTH_A, timeout=60,
+            stack.session, f"{base}/v1/threads/{thread_id}/stream", headers=AUTH_A,
             opened=fresh_open))
         # Both streams are open before the cancel (not a half-second's sleep).
-        await asyncio.wait_for(asyncio.gather(resumed_open.wait(), fresh_open.wait()), 30)
+        await until_opened(resumed_open, resumed_task)
+        await until_opened(fresh_open, fresh_task)
         async with stack.session.post(f"{base}/v1/threads/{thread_id}/runs/{run_id}/cancel",
                                       headers=AUTH_A) as response:
             assert response.status == 202, await response.text()
@@ -152,8 +154,8 @@ async def test_resume_across_a_gateway_process_restart(stack: Stack, tmp_path: P
         opened = asyncio.Event()
         open_stream = asyncio.create_task(read_sse(
             stack.session, f"{base}/v1/threads/{thread_id}/stream", headers=AUTH_A,
-            opened=opened, until=lambda _: False, timeout=30))
-        await asyncio.wait_for(opened.wait(), 10)
+            opened=opened, until=lambda _: False))
+        await until_opened(opened, open_stream)
         await asyncio.to_thread(gateway.stop)
         # Ended by the gateway, cleanly: a stream left open would have been cut when
         # the shutdown timeout cancelled its handler (a payload error here), not timed.

@@ -15,7 +15,7 @@ from gateway.app import Options, create_app
 from gateway.kafka import partition_for
 from streams.config import Settings
 from streams.testing.sse import SseEvent as Ev
-from streams.testing.sse import read_sse
+from streams.testing.sse import read_sse, until_opened
 from tests.gateway.conftest import AUTH_A, Stack
 
 pytestmark = pytest.mark.kafka
@@ -51,7 +51,7 @@ async def _a_run(stack: Stack, thread_id: str, text: str = "hello tokens") -> \
     reader = asyncio.create_task(read_sse(
         stack.session, stack.url(f"/v1/threads/{thread_id}/stream"), headers=AUTH_A,
         opened=opened))
-    await asyncio.wait_for(opened.wait(), 10)
+    await until_opened(opened, reader)
     status, posted = await stack.post(thread_id, text)
     assert status == 202, posted
     events = await reader

@@ -42,7 +42,7 @@ from streams.core.records import (
 )
 from streams.kafka.topics import ensure_topics
 from streams.testing.sse import SseEvent as Ev
-from streams.testing.sse import read_sse
+from streams.testing.sse import read_sse, until_opened
 from streams.wire import Codec, new_meta
 from tests.gateway.conftest import AUTH_A, Stack, gateway_env
 from tests.gateway.sse_client import check_every_resume
@@ -150,7 +150,7 @@ async def test_superseded_executions_never_reach_clients(
         live_task = asyncio.create_task(read_sse(
             stack.session, f"{base}/v1/threads/{script.thread_id}/stream", headers=AUTH_A,
             opened=opened))
-        await asyncio.wait_for(opened.wait(), 10)
+        await until_opened(opened, live_task)
         script.life(run, "run_accepted")
         script.life(run, "attempt_dispatched", 1)
         script.out(run, 1, "A:message", 0, MessageStart("assistant"))
@@ -211,7 +211,7 @@ async def test_positions_older_than_the_log_start_get_message_not_streaming(
             stack.session, f"{cold}/v1/threads/{script.thread_id}/stream",
             headers={**AUTH_A, "Last-Event-ID": before[3].id or ""},
             until=lambda e: e[-1].event == "done", opened=opened))
-        await asyncio.wait_for(opened.wait(), 30)  # open before the next run (no sleep)
+        await until_opened(opened, resumed_task)  # open before the next run (no sleep)
         script.plain_run(second, ["new"])
         resumed = await resumed_task
         assert resumed[0].event == "message_not_streaming"

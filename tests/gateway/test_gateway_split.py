@@ -86,7 +86,7 @@ async def test_each_read_model_holds_its_share_and_any_gateway_answers(stack: St
                                      {"input_text": "hello through A"})
         assert status == 202, posted
         events = await read_sse(stack.session, f"{url_a}/v1/runs/{posted['run_id']}/events",
-                                headers=AUTH_A, timeout=90)
+                                headers=AUTH_A)
         assert [e.event for e in events][-1] == "done", [e.event for e in events]
         status, page = await _json(stack, "GET", f"{url_a}/v1/threads/{thread_id}/messages")
         assert status == 200 and [m["role"] for m in page["messages"]] == ["user", "assistant"]

@@ -63,5 +63,5 @@ async def test_probe_sees_a_killed_broker_and_then_its_return(tmp_path: Path) ->
     finally:
         polling.cancel()
         await probe.close()
-        await asyncio.wait_for(member.stop(), 30)
+        await member.stop()
         await asyncio.to_thread(broker.stop)

@@ -14,6 +14,7 @@ import pytest
 
 from streams.devtools.broker import free_port
 from streams.testing.process import RoleProcess
+from streams.testing.sse import until_opened
 from streams.testing.stack import wait_healthy_async as wait_healthy
 from tests.gateway.conftest import Stack
 from tests.gateway.reference_client import Event, ReferenceClient, Screen
@@ -71,7 +72,7 @@ async def test_the_reference_contract_point_by_point(stack: Stack) -> None:
     assert created["thread_id"] == thread_id  # the alias stays
     opened = asyncio.Event()
     whole_task = asyncio.create_task(client.stream(thread_id, opened=opened))
-    await asyncio.wait_for(opened.wait(), 10)
+    await until_opened(opened, whole_task)
     posted = await client.post(thread_id, f"[slow] {LONG}")
     assert posted["workflow_id"] == f"agent-{thread_id}"
     first = await client.stream(thread_id, stop=_deltas(3))
@@ -108,7 +109,7 @@ async def test_resume_after_the_gateway_is_killed_mid_answer(stack: Stack,
         thread_id = (await client.create_thread("kill the gateway"))["id"]
         opened = asyncio.Event()
         whole_task = asyncio.create_task(watcher.stream(thread_id, opened=opened))
-        await asyncio.wait_for(opened.wait(), 10)
+        await until_opened(opened, whole_task)
         # [hang]: a few tokens, then the run stays active until it is cancelled.
         posted = await client.post(thread_id, "[hang] survive a kill -9")
         first = await client.stream(thread_id, stop=_deltas(1))
@@ -118,7 +119,7 @@ async def test_resume_after_the_gateway_is_killed_mid_answer(stack: Stack,
         resumed_open = asyncio.Event()
         resumed_task = asyncio.create_task(
             client.stream(thread_id, last=first[-1], opened=resumed_open))
-        await asyncio.wait_for(resumed_open.wait(), 30)
+        await until_opened(resumed_open, resumed_task)
         async with stack.session.post(
                 f"{base}/v1/threads/{thread_id}/runs/{posted['run_id']}/cancel",
                 headers=client.headers) as response:

@@ -37,7 +37,7 @@ async def test_a_pulled_run_stream_is_the_native_one(stack: Stack) -> None:
             await asyncio.sleep(0.05)
         return found
 
-    run = await asyncio.wait_for(accepted(), 30)
+    run = await accepted()
     pulled: list[SseEvent] = []
     async with app[STREAMS].open("tenant-a", run.state, run) as stream:
         async for item in stream:

@@ -104,7 +104,7 @@ async def test_roles_write_the_confluent_format_and_answer_a_post(
     status, accepted = await stack.post(thread_id, "hello through the registry")
     assert status == 202, accepted
     events = await read_sse(stack.session, stack.url(f"/v1/runs/{accepted['run_id']}/events"),
-                            headers=AUTH_A, timeout=60)
+                            headers=AUTH_A)
     names = [e.event for e in events]
     assert "run_completed" in names and names[-1] == "done", (names, stack.logs())
     status, messages = await stack.get(f"/v1/threads/{thread_id}/messages")

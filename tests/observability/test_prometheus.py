@@ -73,8 +73,7 @@ async def _one_run(session: aiohttp.ClientSession, base: str, index: int) -> int
                             json={"input_text": f"metrics {index}"}, headers=AUTH) as r:
         body = await r.json()
         assert r.status == 202 and body["status"] == "accepted", body
-    events = await read_sse(session, f"{base}/v1/runs/{body['run_id']}/events", headers=AUTH,
-                            timeout=90)
+    events = await read_sse(session, f"{base}/v1/runs/{body['run_id']}/events", headers=AUTH)
     assert events[-1].event == "done", [e.event for e in events]
     return len(events)
 

@@ -1,15 +1,16 @@
 """The testing kit itself: the process wrapper's marker waits, SIGKILL and restart,
-and the SSE parser's reading of frames."""
+the SSE parser's reading of frames, and the wait for a stream to open."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from pathlib import Path
 
 import pytest
 
 from streams.testing.process import ChildProcess, role_args
-from streams.testing.sse import SseEvent, SseParser
+from streams.testing.sse import SseEvent, SseParser, until_opened
 
 SLEEPER = ["-c", "import os, time; print('ready', os.getpid(), flush=True); time.sleep(600)"]
 
@@ -52,3 +53,37 @@ def test_sse_frames_are_read_as_an_event_source_reads_them() -> None:
     events = [e for e in map(parser.feed, lines) if e is not None]
     assert events == [SseEvent("7", "delta", "{\"a\":\n1}"), SseEvent(None, "message", "plain")]
     assert events[0].json == {"a": 1}
+
+
+async def test_the_wait_for_a_stream_to_open_ends_when_it_opens() -> None:
+    """`until_opened` returns once the reader sets its event, the reader still running."""
+    opened, go_on = asyncio.Event(), asyncio.Event()
+
+    async def reader() -> str:
+        opened.set()
+        await go_on.wait()
+        return "read"
+
+    task = asyncio.create_task(reader())
+    await until_opened(opened, task)
+    assert opened.is_set() and not task.done()
+    go_on.set()
+    assert await task == "read"
+
+
+@pytest.mark.parametrize("ending", ["refused", "returned"])
+async def test_the_wait_for_a_stream_to_open_fails_at_once_when_the_reader_ends(
+        ending: str) -> None:
+    """A reader that ends before it opens (an assertion on a refused request, or a
+    return) fails the wait with how it ended, instead of leaving it waiting forever."""
+    opened = asyncio.Event()
+
+    async def reader() -> str:
+        await asyncio.sleep(0)
+        assert ending != "refused", "503: no gateway serves this thread now"
+        return "nothing"
+
+    with pytest.raises(AssertionError, match="ended before it opened") as failure:
+        await until_opened(opened, asyncio.create_task(reader()))
+    assert ("503" if ending == "refused" else "'nothing'") in str(failure.value) + \
+        str(failure.value.__cause__)

@@ -207,7 +207,7 @@ async def test_one_attempt_streams_coalesced_parts_and_reports_in_process(settin
             _reports, settings, lambda r: any(isinstance(c, ReportAttemptCompleted) for c in r))
     finally:
         stop.set()
-        await asyncio.wait_for(task, 30)
+        await task
     assert [type(c).__name__ for c in reports][:1] == ["ReportAttemptStarted"]
     done = next(c for c in reports if isinstance(c, ReportAttemptCompleted))
     assert (done.run_id, done.attempt, done.worker_id) == (dispatch.run_id, 1, "w-inproc")
@@ -253,7 +253,7 @@ async def test_shutdown_reports_running_attempts_failed_retryable_and_commits(
                                 lambda r: any(isinstance(x.out.payload, TextDelta) for x in r))
     finally:
         stop.set()
-        await asyncio.wait_for(task, 30)
+        await task
     reports = await asyncio.to_thread(
         _reports, settings, lambda r: any(isinstance(c, ReportAttemptFailed) for c in r))
     failed = next(c for c in reports if isinstance(c, ReportAttemptFailed))
@@ -294,7 +294,7 @@ async def test_concurrency_is_bounded_and_unstarted_dispatches_wait_for_the_next
         assert sorted(message for _, message in agent.calls) == ["q0", "q1"]
     finally:
         stop.set()
-        await asyncio.wait_for(task, 30)
+        await task
     reports = await asyncio.to_thread(
         _reports, settings, lambda r: sum(isinstance(c, ReportAttemptFailed) for c in r) >= 2)
     assert sorted(c.run_id for c in reports if isinstance(c, ReportAttemptFailed)) == sorted(
