@@ -131,9 +131,11 @@ def thread_json(state: ThreadState, title: str) -> dict[str, Any]:
     }
 
 
-async def own_thread(request: web.Request) -> ThreadState:
-    """The caller's thread named in the path, or 404."""
-    state = await request.config_dict[READ_MODEL].thread(request[TENANT], request.match_info["thread_id"])
+async def own_thread(request: web.Request, *, command: bool = False) -> ThreadState:
+    """The caller's thread named in the path, or 404. `command`: the request only
+    checks that before it publishes a command (`ReadModel.thread`)."""
+    state = await request.config_dict[READ_MODEL].thread(
+        request[TENANT], request.match_info["thread_id"], command=command)
     if state is None:
         raise Problem(404, "not-found", "no such thread")
     return state
@@ -294,7 +296,7 @@ async def list_threads(request: web.Request) -> web.Response:
 
 async def delete_thread(request: web.Request) -> web.Response:
     """DELETE /v1/threads/{thread_id}"""
-    state = await own_thread(request)
+    state = await own_thread(request, command=True)
     tenant, thread_id = request[TENANT], state.thread_id
     read_model = request.config_dict[READ_MODEL]
     read_model.note_write(thread_id)
@@ -323,7 +325,7 @@ def idempotency_key(request: web.Request) -> str | None:
 
 async def post_user_message(request: web.Request) -> web.Response:
     """POST /v1/threads/{thread_id}/user_message"""
-    state = await own_thread(request)
+    state = await own_thread(request, command=True)
     body = await read_json_body(request, required=True)
     text = string_field(body, "input_text")
     strategy = multitask_strategy(body.get("multitask_strategy", MultitaskStrategy.REJECT.value))

@@ -549,16 +549,25 @@ class ReadModel:
             raise HeldElsewhere(partition)
 
     async def thread(self, tenant: str, thread_id: str, *, fresh: bool = False,
-                     peek: bool = False) -> ThreadState | None:
+                     peek: bool = False, command: bool = False) -> ThreadState | None:
         """The tenant's thread, or None (unknown, deleted, or another tenant's). With
         `peek`, a thread held elsewhere is asked of its owner even by a request that
-        would be sent on whole (to learn where to send it)."""
+        would be sent on whole (to learn where to send it). With `command`, for a
+        request that only checks the thread is the caller's before it publishes a
+        command: the processor decides that command on the thread's current state
+        (it refuses an unknown or deleted thread, and another tenant's), so a thread
+        this gateway holds is taken as it is, without catching up to the writes of
+        the last moments (an end-offset query and a wait for the consumer on every
+        post of a thread in use); one not held yet (created a moment ago) is waited
+        for as any read waits."""
         partition = self.partition_of(thread_id)
         if not self.here(partition):
             reads = self.elsewhere if peek and self.elsewhere is not None \
                 else self._elsewhere(partition)
             return await reads.thread(tenant, thread_id, self._hints(thread_id))
         state = self.store.state(thread_id)
+        if command and state is not None and state.tenant == tenant:
+            return state
         if fresh or state is None or not self.loaded or partition in self._loading \
                 or self._recently_written(thread_id) or thread_id in self._ended \
                 or thread_id in self._accepted_on:

@@ -15,7 +15,7 @@ from aiokafka import TopicPartition
 from confluent_kafka import Producer
 
 from gateway.app import Options
-from gateway.kafka import partition_for
+from gateway.kafka import Offsets, partition_for
 from gateway.keys import READ_MODEL
 from streams.config import Settings
 from streams.core.domain import RunStatus, StoredMessage, ThreadState
@@ -335,6 +335,55 @@ def _latest_values(settings: Settings, topic: str, thread_id: str) -> dict[int, 
     finally:
         consumer.close()
     return latest
+
+
+async def test_a_post_takes_the_held_thread_as_it_is_and_the_processor_decides(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A post (or a deletion) of a thread this gateway holds publishes its command
+    without catching the read model up to the writes of the last moments: the
+    processor decides it on the thread's current state. So a post right after a run
+    asks the broker for no end offsets where a read still catches up, and a post of a
+    thread deleted a moment ago, while the read model still holds it, is refused all
+    the same."""
+    model = stack.server.app[READ_MODEL]
+    thread_id = await stack.create_thread(title="posted as held")
+    status, first = await stack.post(thread_id, "first")
+    assert status == 202 and first["status"] == "accepted", first
+    await read_sse(stack.session, stack.url(f"/v1/runs/{first['run_id']}/events"),
+                   headers=AUTH_A)
+    queries: list[list[TopicPartition]] = []
+    end = Offsets.end
+
+    async def counted(self: Offsets, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        queries.append(tps)
+        return await end(self, tps)
+
+    monkeypatch.setattr(Offsets, "end", counted)
+    status, second = await stack.post(thread_id, "second")
+    assert status == 202 and second["status"] == "accepted", second
+    assert queries == []  # the run just written and ended: a read would have caught up
+    status, thread = await stack.get(f"/v1/threads/{thread_id}")
+    assert status == 200 and thread["run_count"] == 2, thread
+    assert queries, "a read right after a post catches up"
+    await read_sse(stack.session, stack.url(f"/v1/runs/{second['run_id']}/events"),
+                   headers=AUTH_A)
+    # The read model stops reading the thread's partition: it holds the thread still.
+    partition = model.partition_of(thread_id)
+    held = [TopicPartition(topic, partition)
+            for topic in (stack.settings.topics.threads, stack.settings.topics.messages)]
+    model._consumer.pause(*held)
+    try:
+        async with stack.session.delete(stack.url(f"/v1/threads/{thread_id}"),
+                                        headers=AUTH_A) as response:
+            assert response.status == 204, await response.text()
+        assert model.store.state(thread_id) is not None
+        status, refused = await stack.post(thread_id, "after the deletion")
+        assert status == 404, refused
+        assert model.store.state(thread_id) is not None  # refused by the processor
+    finally:
+        model._consumer.resume(*held)
+    assert await model.catch_up()
+    assert model.store.state(thread_id) is None
 
 
 async def test_a_thread_the_model_has_not_read_yet_is_503_not_404(own_settings: Settings) -> None:
