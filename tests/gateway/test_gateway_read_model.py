@@ -343,8 +343,8 @@ async def test_a_post_takes_the_held_thread_as_it_is_and_the_processor_decides(
     without catching the read model up to the writes of the last moments: the
     processor decides it on the thread's current state. So a post right after a run
     asks the broker for no end offsets where a read still catches up, and a post of a
-    thread deleted a moment ago, while the read model still holds it, is refused all
-    the same."""
+    thread deleted a moment ago (through another gateway), while this one's read model
+    still holds it, is refused all the same."""
     model = stack.server.app[READ_MODEL]
     thread_id = await stack.create_thread(title="posted as held")
     status, first = await stack.post(thread_id, "first")
@@ -367,14 +367,16 @@ async def test_a_post_takes_the_held_thread_as_it_is_and_the_processor_decides(
     assert queries, "a read right after a post catches up"
     await read_sse(stack.session, stack.url(f"/v1/runs/{second['run_id']}/events"),
                    headers=AUTH_A)
-    # The read model stops reading the thread's partition: it holds the thread still.
+    # This gateway's read model stops reading the thread's partition, and another
+    # gateway deletes the thread: this one holds it still.
     partition = model.partition_of(thread_id)
     held = [TopicPartition(topic, partition)
             for topic in (stack.settings.topics.threads, stack.settings.topics.messages)]
     model._consumer.pause(*held)
     try:
-        async with stack.session.delete(stack.url(f"/v1/threads/{thread_id}"),
-                                        headers=AUTH_A) as response:
+        async with in_process_gateway(stack.settings) as (other_base, _), \
+                stack.session.delete(f"{other_base}/v1/threads/{thread_id}",
+                                     headers=AUTH_A) as response:
             assert response.status == 204, await response.text()
         assert model.store.state(thread_id) is not None
         status, refused = await stack.post(thread_id, "after the deletion")
