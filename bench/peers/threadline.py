@@ -47,6 +47,10 @@ MILESTONES = {
     "processor": (("process up", "started on"),
                   ("first partition restored", "restored in"),
                   ("every partition restored, processing", "threadline.kafka.loop")),
+    # The broker's own log (its timestamps in brackets).
+    "broker": (("logs loaded", "Completed loading transaction metadata"),
+               ("registered with its controller", "Successfully registered broker"),
+               ("serving", "Kafka Server started")),
 }
 _ASSIGNED = re.compile(r"threadline\.kafka\.loop.*assigned \[([0-9, ]*)\]")
 GROUP_WAIT_S = 120.0
@@ -58,7 +62,9 @@ class Threadline(System):
     """The broker and the three roles."""
 
     name = "Threadline"
-    roles: tuple[str, ...] = ("worker", "processor")
+    # The broker too: the log Threadline's durability rests on, as Restate's server is
+    # Restate's (killed in place only: `make run` has one broker).
+    roles: tuple[str, ...] = ("worker", "processor", "broker")
     lost_roles: tuple[str, ...] = ("worker", "processor")
     turns = True  # the builtin agent journals a model turn before each call
 
@@ -197,6 +203,11 @@ class Threadline(System):
 
     @override
     async def kill(self, role: str) -> None:
+        if role == "broker":
+            pid = self.broker.process.pid if self.broker.process is not None else 0
+            self.killed[role] = (str(pid), [])
+            await asyncio.to_thread(self.broker.kill)
+            return
         child = self.children[role]
         owned: list[int] = []
         for line in child.output().splitlines():  # the last assignment of this start
@@ -244,6 +255,8 @@ class Threadline(System):
 
     @override
     def serving_again(self, role: str, kill_ms: float) -> float | None:
+        if role == "broker":  # every run was on it: the driver's first call begun
+            return None
         pid, owned = self.killed[role]
         if role == "worker":  # the first call begun, after the kill, of a run the dead one ran
             runs = calls_by_run(parse(self.tool_log.read_text(errors="replace")))
@@ -277,6 +290,9 @@ class Threadline(System):
 
     @override
     async def restart(self, role: str) -> None:
+        if role == "broker":  # on its data, as `threadline run`'s supervisor does
+            await asyncio.to_thread(self.broker.start, 0)
+            return
         self.children[role].start()
 
     @override
@@ -289,14 +305,16 @@ class Threadline(System):
     def milestones(self, role: str, kill_ms: float) -> dict[str, float]:
         marks = MILESTONES.get(role, ())
         out: dict[str, float] = {}
+        log = self.broker.log_file if role == "broker" else self.children[role].log
+        skip = 1 if role == "broker" else 0  # "[2026-12-05 14:19:52,099] INFO ..."
         try:
-            lines = self.children[role].log.read_text(errors="replace").splitlines()
+            lines = log.read_text(errors="replace").splitlines()
         except FileNotFoundError:
             return out
         for line in lines:
             try:
-                at = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) \
-                    + int(line[20:23]) / 1000
+                at = time.mktime(time.strptime(line[skip:skip + 19], "%Y-%m-%d %H:%M:%S")) \
+                    + int(line[skip + 20:skip + 23]) / 1000
             except ValueError:
                 continue
             if at * 1000 < kill_ms - 1:  # the log's clock has milliseconds only

@@ -49,8 +49,9 @@ SCRAM = "SCRAM-SHA-512"
 BROKER_USER = "threadline-broker"  # the broker's own SCRAM user, inter-broker and readiness
 # A node killed and started again cannot register with its controller until the
 # registration of the node it was has timed out: broker.session.timeout.ms, 9 s by
-# default (12 s of DUPLICATE_BROKER_REGISTRATION refusals seen per restart). For the
-# brokers that tests kill and restart: 4 s, with a heartbeat every second.
+# default (12 s of DUPLICATE_BROKER_REGISTRATION refusals seen per restart). The
+# embedded broker's default: 4 s, with a heartbeat every second (on 127.0.0.1 only a
+# node that is gone, or stalled for 4 s, misses it).
 QUICK_REREGISTRATION: dict[str, object] = {"broker.session.timeout.ms": 4000,
                                            "broker.heartbeat.interval.ms": 1000}
 _SCRAM_SAFE = re.compile(r"[A-Za-z0-9._-]+")  # nothing to escape in the JAAS line or StorageTool's syntax
@@ -224,6 +225,7 @@ class EmbeddedKafka:
             "num.network.threads": 2,
             "num.io.threads": 4,
             "log.flush.interval.messages": 9223372036854775807,
+            **QUICK_REREGISTRATION,
         }
         if self.sasl:
             props |= {
