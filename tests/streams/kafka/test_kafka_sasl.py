@@ -73,14 +73,15 @@ def test_the_settings_become_both_client_libraries_configurations(tmp_path: Path
                                   "THREADLINE_KAFKA_SASL_PASSWORD": "p"})
     assert librdkafka_config(settings, **{"group.id": "g"}) == {
         "bootstrap.servers": "h:1", "reconnect.backoff.max.ms": 1_000, "enable.sparse.connections": False,
-        "security.protocol": "SASL_PLAINTEXT",
+        "metadata.recovery.strategy": "none", "security.protocol": "SASL_PLAINTEXT",
         "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "u", "sasl.password": "p", "group.id": "g"}
     assert aiokafka_config(settings) == {
         "bootstrap_servers": "h:1", "security_protocol": "SASL_PLAINTEXT",
         "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "u", "sasl_plain_password": "p"}
     plain = Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": "h:1", "THREADLINE_KAFKA_SASL_USERNAME": ""})
     assert librdkafka_config(plain) == {"bootstrap.servers": "h:1", "reconnect.backoff.max.ms": 1_000,
-                                        "enable.sparse.connections": False}
+                                        "enable.sparse.connections": False,
+                                        "metadata.recovery.strategy": "none"}
     assert aiokafka_config(plain) == {"bootstrap_servers": "h:1"}
     with pytest.raises(ValueError, match="THREADLINE_KAFKA_SASL_USERNAME"):
         Settings.from_env({"THREADLINE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
