@@ -37,7 +37,6 @@ __all__ = [
     "BrokerError",
     "EmbeddedCluster",
     "EmbeddedKafka",
-    "QUICK_REREGISTRATION",
     "ensure_jars",
     "free_port",
 ]
@@ -52,8 +51,8 @@ BROKER_USER = "threadline-broker"  # the broker's own SCRAM user, inter-broker a
 # default (12 s of DUPLICATE_BROKER_REGISTRATION refusals seen per restart). The
 # embedded broker's default: 4 s, with a heartbeat every second (on 127.0.0.1 only a
 # node that is gone, or stalled for 4 s, misses it).
-QUICK_REREGISTRATION: dict[str, object] = {"broker.session.timeout.ms": 4000,
-                                           "broker.heartbeat.interval.ms": 1000}
+_QUICK_REREGISTRATION: dict[str, object] = {"broker.session.timeout.ms": 4000,
+                                            "broker.heartbeat.interval.ms": 1000}
 _SCRAM_SAFE = re.compile(r"[A-Za-z0-9._-]+")  # nothing to escape in the JAAS line or StorageTool's syntax
 
 
@@ -225,7 +224,7 @@ class EmbeddedKafka:
             "num.network.threads": 2,
             "num.io.threads": 4,
             "log.flush.interval.messages": 9223372036854775807,
-            **QUICK_REREGISTRATION,
+            **_QUICK_REREGISTRATION,
         }
         if self.sasl:
             props |= {

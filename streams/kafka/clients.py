@@ -45,12 +45,12 @@ def librdkafka_config(settings: Settings, **extra: Any) -> dict[str, Any]:
     every start and assignment (issue #22).
 
     No re-bootstrap (`metadata.recovery.strategy` none, the Java client's default up to
-    Kafka 3.9; librdkafka 2.16's is KIP-1102's "rebootstrap"). With every broker down,
-    librdkafka decommissioned the brokers it had learned; a decommissioned broker's
-    thread kept looping "terminating" with references held, and the takeover's admin
-    request after a broker restart never went out: its 3 s limit, then the
-    rebalance's next steps (`bench.broker_restart`: every run done 1.2-1.4 s after the
-    broker is up, against 4.0-4.9)."""
+    Kafka 3.9; librdkafka 2.16's is KIP-1102's "rebootstrap"). For an hour of broker
+    restarts on 2026-12-05 the takeover's request after each restart timed out (3 s);
+    librdkafka's debug log of one showed the processor's admin client decommission the
+    one broker it knew while it was down (re-bootstrap), then that broker's thread
+    loop "terminating" with references held. Side by side the failure did not recur
+    with either setting (docs/benchmarks.md): what this buys is not measured."""
     return {"bootstrap.servers": settings.bootstrap, "reconnect.backoff.max.ms": 1_000,
             "enable.sparse.connections": False, "metadata.recovery.strategy": "none",
             **settings.kafka_security, **extra}

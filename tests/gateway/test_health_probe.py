@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaConsumer
 
 from gateway.http.health import HealthProbe
 from streams.config import Settings
-from streams.devtools.broker import QUICK_REREGISTRATION, EmbeddedKafka
+from streams.devtools.broker import EmbeddedKafka
 from streams.kafka.topics import ensure_topics
 
 pytestmark = pytest.mark.kafka
@@ -33,7 +33,7 @@ async def _until(probe: HealthProbe, group: str, ok: bool, timeout_s: float) -> 
 
 async def test_probe_sees_a_killed_broker_and_then_its_return(tmp_path: Path) -> None:
     """The health probe reports a killed broker as down and sees it, and the group, come back."""
-    broker = EmbeddedKafka(tmp_path / "broker", port=0, overrides=QUICK_REREGISTRATION).start()
+    broker = EmbeddedKafka(tmp_path / "broker", port=0).start()
     settings = Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
                                   "THREADLINE_TOPIC_PREFIX": "health.",
                                   "THREADLINE_PARTITIONS": "1"})

@@ -22,7 +22,7 @@ import pytest
 
 from streams.cli import _BrokerChild, dev_keys_refusal, is_loopback_host
 from streams.config import Settings
-from streams.devtools.broker import QUICK_REREGISTRATION, EmbeddedKafka, free_port
+from streams.devtools.broker import EmbeddedKafka, free_port
 from streams.supervisor import Backoff, Supervisor
 from streams.testing.process import wait_for
 
@@ -205,7 +205,7 @@ def test_run_restarts_a_killed_processor_and_gateway_and_keeps_serving(
 def test_the_embedded_broker_killed_under_run_is_started_again(tmp_path: Path) -> None:
     """`threadline run`'s own broker is supervised too: SIGKILL, restart on the same
     port and data, and it serves again."""
-    broker = EmbeddedKafka(tmp_path / "broker", port=0, overrides=QUICK_REREGISTRATION).start()
+    broker = EmbeddedKafka(tmp_path / "broker", port=0).start()
     supervisor = Supervisor([], Backoff(initial_s=0.1), base=_BrokerChild(broker), poll_s=0.05)
     runner = threading.Thread(target=supervisor.run)
     runner.start()
