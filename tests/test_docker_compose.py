@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from streams.devtools.broker import _QUICK_REREGISTRATION
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
 
@@ -110,6 +112,15 @@ def test_kafka_is_not_published_and_listens_on_the_compose_network_only() -> Non
     advertised = environment["KAFKA_ADVERTISED_LISTENERS"].split(",")
     assert advertised == ["PLAINTEXT://kafka:19092"], "no listener is advertised to the host"
     assert "EXTERNAL" not in environment["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"]
+
+
+def test_kafka_registers_again_after_a_crash_as_soon_as_the_embedded_broker() -> None:
+    """The compose broker's registration session is the embedded broker's: a broker
+    killed and started again is back as soon under Compose as under `make run`."""
+    environment = _compose()["services"]["kafka"]["environment"]
+    as_compose = {name: environment["KAFKA_" + name.upper().replace(".", "_")]
+                  for name in _QUICK_REREGISTRATION}
+    assert as_compose == _QUICK_REREGISTRATION
 
 
 def test_publishing_elsewhere_is_an_explicit_choice() -> None:
