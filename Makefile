@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml infra/kafka/pom.xml infra/registry/pom.xml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
 	$(PY) -c "from streams.devtools.broker import ensure_jars; print('kafka jars:', ensure_jars())"
+	$(PY) -c "from streams.devtools.broker import ensure_class_archive; print('kafka class archive:', ensure_class_archive())"
 	$(PY) -c "from streams.devtools.registry_server import ensure_registry; print('schema registry:', ensure_registry())"
 	touch $@
 
