@@ -14,6 +14,7 @@ variable.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Mapping
@@ -66,6 +67,7 @@ class TopicNames:
     messages: str  # the stored history: one record per message, keyed thread_id/seq
 
     @classmethod
+    @functools.lru_cache(maxsize=64)  # per record on the roles' paths (Settings.topics)
     def with_prefix(cls, prefix: str) -> TopicNames:
         """The topic names under this prefix."""
         return cls(
