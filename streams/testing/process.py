@@ -16,7 +16,7 @@ from typing import Any, Self, TypeVar
 
 from streams.supervisor import die_with_parent
 
-__all__ = ["ROOT", "ChildProcess", "RoleProcess", "role_args", "wait_for"]
+__all__ = ["ROOT", "ChildProcess", "RoleProcess", "logs_of", "role_args", "wait_for"]
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 T = TypeVar("T")
@@ -48,6 +48,14 @@ def wait_for(predicate: Callable[[], T], timeout: float = 30.0, interval: float 
         time.sleep(interval)
     raise AssertionError(f"condition not met, no progress in {timeout}s" if progress is not None
                          else f"condition not met within {timeout}s")
+
+
+def logs_of(*paths: Path) -> Callable[[], tuple[int, ...]]:
+    """A `wait_for` progress: the sizes of these log files, which grow while the
+    processes writing them work (a loaded machine is slow, not stuck)."""
+    def sizes() -> tuple[int, ...]:
+        return tuple(p.stat().st_size if p.exists() else 0 for p in paths)
+    return sizes
 
 
 class ChildProcess:

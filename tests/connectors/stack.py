@@ -23,7 +23,7 @@ from streams.connectors.topics import ensure_connector_topics, outbox_topic
 from streams.core.domain import Event, RunAccepted, RunCompleted
 from streams.core.ids import outbox_id_for, run_id_for
 from streams.devtools.broker import free_port
-from streams.testing.process import RoleProcess, wait_for
+from streams.testing.process import RoleProcess, logs_of, wait_for
 from streams.testing.stack import fresh_env, wait_for_group
 from streams.wire import Codec
 from streams.wire.connector import decode_outbox
@@ -64,7 +64,7 @@ class Stack:
         proc = RoleProcess("connector", self.connector_env(name, **extra),
                            self.tmp / f"{name}.log").start()
         self.connectors[name] = proc
-        wait_for(lambda: self.stats(name) is not None, 30, 0.1)
+        wait_for(lambda: self.stats(name) is not None, 30, 0.1, progress=logs_of(proc.log))
         return proc
 
     def url(self, name: str) -> str:

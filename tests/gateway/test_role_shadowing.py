@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from streams.devtools.broker import free_port
-from streams.testing.process import ChildProcess, wait_for
+from streams.testing.process import ChildProcess
 from streams.testing.stack import fresh_env, unique_prefix
 
 pytestmark = pytest.mark.kafka
@@ -32,8 +32,7 @@ def test_threadline_gateway_runs_ours_from_a_folder_with_a_gateway_package(
     gateway = ChildProcess("gateway", [str(threadline), "gateway"], env,
                            tmp_path / "gateway.log", cwd=here).start()
     try:
-        wait_for(lambda: "listening on" in gateway.output() or gateway.exited() is not None,
-                 timeout=120)
+        gateway.wait_for_log("listening on", timeout=120)  # fails at once if it exits
         output = gateway.output()
         assert FAKE not in output
         assert f"threadline gateway listening on http://127.0.0.1:{port}" in output, output

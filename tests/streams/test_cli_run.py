@@ -24,7 +24,7 @@ from streams.cli import _BrokerChild, dev_keys_refusal, is_loopback_host
 from streams.config import Settings
 from streams.devtools.broker import EmbeddedKafka, free_port
 from streams.supervisor import Backoff, Supervisor
-from streams.testing.process import wait_for
+from streams.testing.process import logs_of, wait_for
 
 DEV = {"Authorization": "Bearer dev"}
 
@@ -145,14 +145,15 @@ def _metrics_port(log: Path) -> str:
                 return line.rsplit(":", 1)[1].split("/")[0]
         return None
 
-    return str(wait_for(announced, timeout=60))
+    return str(wait_for(announced, timeout=60, progress=logs_of(log)))
 
 
-def _healthy(base: str) -> None:
-    wait_for(lambda: _http("GET", f"{base}/healthz")[0] == 200, timeout=120, interval=0.3)
+def _healthy(base: str, log: Path) -> None:
+    wait_for(lambda: _http("GET", f"{base}/healthz")[0] == 200, timeout=120, interval=0.3,
+             progress=logs_of(log))
 
 
-def _answered(base: str, text: str) -> None:
+def _answered(base: str, text: str, log: Path) -> None:
     """A new thread and message are accepted, and the answer is stored."""
     status, thread = _http("POST", f"{base}/v1/threads", {"title": "supervised"})
     assert status == 201, thread
@@ -164,7 +165,7 @@ def _answered(base: str, text: str) -> None:
         status, body = _http("GET", f"{base}/v1/threads/{thread_id}/messages")
         return status == 200 and [m for m in body["messages"] if m["role"] == "assistant"]
 
-    stored = wait_for(answer, timeout=120, interval=0.3)
+    stored = wait_for(answer, timeout=120, interval=0.3, progress=logs_of(log))
     assert len(stored) == 1 and stored[0]["text"], stored
 
 
@@ -174,8 +175,8 @@ def test_run_restarts_a_killed_processor_and_gateway_and_keeps_serving(
         stack: tuple[subprocess.Popen[bytes], str, Path]) -> None:
     """After SIGKILL of the processor and the gateway, `threadline run` restarts both and still answers."""
     proc, base, log = stack
-    _healthy(base)
-    _answered(base, "before the kills")
+    _healthy(base, log)
+    _answered(base, "before the kills", log)
     assert "accepting the development key 'dev'" in log.read_text()
     # One metrics port a role: the processor's, the worker's next to it, the gateway's /metrics.
     first = int(_metrics_port(log))
@@ -189,11 +190,12 @@ def test_run_restarts_a_killed_processor_and_gateway_and_keeps_serving(
         os.kill(victim, signal.SIGKILL)
         wait_for(lambda role=role, victim=victim:  # type: ignore[misc]
                  f"role {role} (pid {victim}) killed by SIGKILL" in log.read_text()
-                 and _children(proc.pid).get(role) not in (None, victim), timeout=120)
+                 and _children(proc.pid).get(role) not in (None, victim), timeout=120,
+                 progress=logs_of(log))
         assert "restarting it in 0.5 s (failure 1 in a row)" in log.read_text()
     assert proc.poll() is None, "the stack stopped"
-    _healthy(base)
-    _answered(base, "after the kills")
+    _healthy(base, log)
+    _answered(base, "after the kills", log)
     assert proc.poll() is None
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0  # SIGTERM stops it, children included
@@ -212,7 +214,7 @@ def test_the_embedded_broker_killed_under_run_is_started_again(tmp_path: Path) -
     try:
         first = wait_for(lambda: broker.process.pid if broker.process else 0)
         os.kill(first, signal.SIGKILL)
-        wait_for(lambda: supervisor.restarts == 1, timeout=60)
+        wait_for(lambda: supervisor.restarts == 1, timeout=60, progress=logs_of(broker.log_file))
         assert broker.process is not None and broker.process.pid != first
         broker.wait_ready(120)
     finally:

@@ -215,8 +215,7 @@ def test_the_documented_acls_let_each_role_do_its_work_and_no_more(
                   "THREADLINE_KAFKA_SASL_PASSWORD": "worker-secret"}
     worker = RoleProcess("worker", worker_env, tmp_path / "worker.log").start()
     try:
-        wait_for(lambda: "assigned dispatch partitions" in worker.tail(200) or not worker.alive(),
-                 timeout=120)
+        worker.wait_for_log("assigned dispatch partitions", timeout=120)
         assert worker.alive(), worker.tail()
     finally:
         worker.stop()
@@ -225,8 +224,7 @@ def test_the_documented_acls_let_each_role_do_its_work_and_no_more(
                      "THREADLINE_KAFKA_SASL_PASSWORD": "processor-secret"}
     processor = RoleProcess("processor", processor_env, tmp_path / "processor.log").start()
     try:
-        wait_for(lambda: "assigned [" in processor.tail(200) or not processor.alive(),
-                 timeout=120)
+        processor.wait_for_log("assigned [", timeout=120)
         assert processor.alive(), processor.tail()
     finally:
         processor.stop()

@@ -331,7 +331,7 @@ def test_a_step_reported_but_not_yet_decided_is_not_done_again(
     with _stack(env, tmp_path, ["w1", "w2"]) as stack:
         _, run = stack.post("refund order 7")
         call = wait_for(lambda: next((c for c in _open_calls(log) if c.run_id == run), None),
-                        60, interval=0.02)
+                        60, interval=0.02, progress=stack.progress)
         assert call is not None and call.step == 1
         stack.processor.kill9()  # step 1 will be reported, not decided
         _reports(stack.settings, lambda r: any(isinstance(c, ReportStepCompleted)
@@ -347,7 +347,7 @@ def test_a_step_reported_but_not_yet_decided_is_not_done_again(
         wait_for(lambda: any(f"run {run} attempt 1: execution" in line
                              and "waits until its start is decided" in line
                              for p in stack.workers.values() for line in p.output().splitlines()),
-                 60)
+                 60, progress=stack.progress)
         assert [c for c in _calls(log) if c.run_id == run and c.step == 1 and c.what == "start"
                 and c.pid != call.pid] == [], "the tool ran again before the processor came back"
         stack.processor.start()

@@ -203,7 +203,7 @@ async def test_the_server_killed_mid_call_fails_the_attempt_and_the_retry_calls_
         with _stack(env, tmp_path, ["w1"]) as stack:
             _, run = stack.post("order 1 [tools=2]")
             first = wait_for(lambda: next((x for x in _open(log) if x.run_id == run), None), 120,
-                             interval=0.02)
+                             interval=0.02, progress=stack.progress)
             assert first is not None and first.step == 1
             server.kill9()
             server.start()

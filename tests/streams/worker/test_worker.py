@@ -50,7 +50,7 @@ from streams.core.records import (
     TextEnd,
 )
 from streams.kafka.topics import ensure_topics
-from streams.testing.process import RoleProcess, wait_for
+from streams.testing.process import RoleProcess, logs_of, wait_for
 from streams.testing.stack import wait_for_group
 from streams.wire import Codec, EnvelopeMeta, new_meta
 from streams.worker import SHUTDOWN_ERROR, Worker
@@ -347,6 +347,10 @@ class Stack:
         self.producer.flush(10)
         return thread, run_id_for(thread, message)
 
+    def progress(self) -> tuple[int, ...]:
+        """Grows while the roles work (their logs): a wait's progress."""
+        return logs_of(self.processor.log, *(w.log for w in self.workers.values()))()
+
     def logs(self) -> str:
         """The last log lines of the processor and every worker."""
         procs = {"processor": self.processor, **self.workers}
@@ -497,7 +501,9 @@ def test_a_redelivered_dispatch_of_a_dead_attempt_is_not_run_again(
         partition = executions[0][0].partition
         dispatches = [o for p, o in _dispatch_positions(settings) if p == partition]
         assert len(dispatches) == 2
-        wait_for(lambda: _committed(settings, partition) == dispatches[-1] + 1, timeout=10)
+        # The worker commits on each poll once the run is over (every 100 ms).
+        wait_for(lambda: _committed(settings, partition) == dispatches[-1] + 1, timeout=30,
+                 progress=lambda: (_committed(settings, partition), stack.progress()))
 
 
 def _dispatch_positions(settings: Settings) -> list[tuple[int, int]]:
@@ -683,7 +689,8 @@ def test_cancelling_mid_stream_ends_the_run_and_its_output(stack: Stack) -> None
     # cancelled run may follow the marker's first record (instead of a sleep "long
     # enough for more tokens" and a 500 ms grace on produce timestamps).
     stopped = re.compile(rf"run {re.escape(run)} attempt 1: execution \S+ stopped \(")
-    wait_for(lambda: stopped.search(stack.workers["w1"].log.read_text(errors="replace")), 30)
+    wait_for(lambda: stopped.search(stack.workers["w1"].log.read_text(errors="replace")), 30,
+             progress=stack.progress)
     marker_message = f"m-{uuid.uuid4()}"
     marker = run_id_for(thread, marker_message)
     send_command(stack.producer, settings,
