@@ -134,26 +134,37 @@ def ensure_class_archive() -> Path | None:
     AppCDS: the classes a broker loads to start are kept parsed and verified in one
     file that later JVMs map. A start to ready takes about 0.75 s instead of 1.3 here,
     which is that much off every broker restart's recovery. Returns None, and the
-    broker runs without, where the JVM could not write one (a JDK without its base
-    archive, say)."""
+    broker runs without, where the JVM could not write a usable one (a JDK without
+    its base archive, say)."""
     libs = ensure_jars()
     archive = class_archive(libs)
     if archive.exists():
         return archive
     dump = archive.with_name(f"{archive.name}.{os.getpid()}.partial")
     with tempfile.TemporaryDirectory(prefix="threadline-cds-") as folder:
-        node = EmbeddedKafka(Path(folder), port=0, archive_to=dump)
+        node = EmbeddedKafka(Path(folder) / "node", port=0, archive_to=dump)
         try:
             node.start()
         finally:
-            process = node.process
             node.stop()  # the JVM writes the archive as it exits
-    if process is None or process.returncode == -signal.SIGKILL or not dump.exists() \
-            or dump.stat().st_size == 0:  # none, or cut short
+        usable = dump.exists() and class_archive_maps(libs, dump, Path(folder))
+    if not usable:
         dump.unlink(missing_ok=True)
         return None
     os.replace(dump, archive)  # whole or not at all: concurrent installs race here safely
     return archive
+
+
+def class_archive_maps(libs: Path, archive: Path, cwd: Path) -> bool:
+    """Whether a JVM required to map `archive` (-Xshare:on) starts from it.
+
+    A damaged archive is not ignored: a JVM that maps one cut short dies of SIGBUS
+    (JDK 17, -Xshare:auto included), writing its crash report into `cwd`. So an
+    archive goes into place only once this held."""
+    return subprocess.run(
+        ["java", "-Xshare:on", f"-XX:SharedArchiveFile={archive}", "-cp", f"{libs}/*",
+         "kafka.Kafka", "--version"],
+        cwd=cwd, capture_output=True, check=False, timeout=300).returncode == 0
 
 
 def _java(libs: Path, main: str, args: Sequence[str], log4j: Path, heap: str,
