@@ -162,8 +162,8 @@ def class_archive_maps(libs: Path, archive: Path, cwd: Path) -> bool:
     (JDK 17, -Xshare:auto included), writing its crash report into `cwd`. So an
     archive goes into place only once this held."""
     return subprocess.run(
-        ["java", "-Xshare:on", f"-XX:SharedArchiveFile={archive}", "-cp", f"{libs}/*",
-         "kafka.Kafka", "--version"],
+        ["java", "-Xshare:on", f"-XX:SharedArchiveFile={archive}", "-XX:-CreateCoredumpOnCrash",
+         "-cp", f"{libs}/*", "kafka.Kafka", "--version"],
         cwd=cwd, capture_output=True, check=False, timeout=300).returncode == 0
 
 
