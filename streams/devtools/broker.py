@@ -152,6 +152,9 @@ def ensure_class_archive() -> Path | None:
         dump.unlink(missing_ok=True)
         return None
     os.replace(dump, archive)  # whole or not at all: concurrent installs race here safely
+    for stale in archive.parent.glob("classes-*.jsa"):  # another JVM build's: 44 MB each
+        if stale != archive:
+            stale.unlink(missing_ok=True)  # a JVM mapping it keeps its pages
     return archive
 
 

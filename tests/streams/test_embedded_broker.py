@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from streams.devtools.broker import (
     _java,
+    cache_dir,
     class_archive,
     class_archive_maps,
     ensure_class_archive,
@@ -35,3 +38,22 @@ def test_an_archive_cut_short_is_never_put_in_place(tmp_path: Path) -> None:
     cut.write_bytes(archive.read_bytes()[:1_000_000])
     assert not class_archive_maps(ensure_jars(), cut, tmp_path)
     assert list(tmp_path.glob("hs_err_pid*.log")), "the JVM's crash report, in the folder given"
+
+
+def test_a_new_archive_is_made_from_a_broker_and_replaces_another_builds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no archive for this JVM, `ensure_class_archive` starts a broker, stops it,
+    checks what its JVM wrote and puts it in place; another JVM build's archive (44 MB,
+    useless here) is removed, so a cache does not grow with each JDK update."""
+    libs = ensure_jars()
+    monkeypatch.setenv("THREADLINE_CACHE_DIR", str(tmp_path / "cache"))
+    fresh = cache_dir()
+    fresh.mkdir(parents=True)
+    (fresh / "libs").symlink_to(libs)  # the same jars, found by a new folder
+    stale = fresh / "classes-0000000000000000.jsa"
+    stale.write_bytes(b"another build's")
+    archive = ensure_class_archive()
+    assert archive is not None and archive.parent == fresh and archive.stat().st_size > 1_000_000
+    assert class_archive_maps(fresh / "libs", archive, tmp_path)
+    assert not stale.exists()
+    assert sorted(p.name for p in fresh.iterdir()) == sorted(["libs", archive.name])
