@@ -145,7 +145,7 @@ class Stack:
         """What changes while the stack is doing something: the size of every
         process's log and the chat double's posts and held calls."""
         procs = [self.processor, self.worker, *self.connectors.values()]
-        sizes = [p.log.stat().st_size if p is not None and p.log.exists() else 0 for p in procs]
+        sizes = logs_of(*(p.log for p in procs if p is not None))()
         return (*sizes, len(self.double.bot_posts()), sum(self.double.waiting.values()))
 
     def stop(self) -> None:
