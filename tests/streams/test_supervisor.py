@@ -19,17 +19,17 @@ from streams.testing.process import wait_for
 from tests.manual_clock import ManualClock
 
 
-def test_the_backoff_doubles_from_half_a_second_to_thirty() -> None:
-    """Restart delays double from 0.5 s and stop at 30 s."""
+def test_a_first_exit_restarts_at_once_then_the_backoff_doubles_from_half_a_second_to_thirty() -> None:
+    """The first restart in a row is at once; then delays double from 0.5 s and stop at 30 s."""
     backoff = Backoff()
-    assert [backoff.delay(n) for n in range(1, 10)] == [0.5, 1, 2, 4, 8, 16, 30, 30, 30]
+    assert [backoff.delay(n) for n in range(1, 10)] == [0, 0.5, 1, 2, 4, 8, 16, 30, 30]
 
 
 @given(st.integers(min_value=-5, max_value=10**9))
 def test_the_backoff_stays_within_its_bounds_whatever_the_failure_count(failures: int) -> None:
     """The restart delay stays between its first and its largest value for any failure count."""
     backoff = Backoff()
-    assert backoff.initial_s <= backoff.delay(failures) <= backoff.max_s
+    assert backoff.first_s <= backoff.delay(failures) <= backoff.max_s
 
 
 @given(st.integers(min_value=1, max_value=10**6))
@@ -97,13 +97,13 @@ def test_an_exited_child_is_restarted_after_a_growing_delay_and_logged(
             clock.now += 0.25
         restarts_at.append(clock.now)
     gaps = [b - a for a, b in zip([0.0, *restarts_at], restarts_at, strict=False)]
-    assert gaps == [0.75, 1.25, 2.25, 4.25]  # delays 0.5, 1, 2, 4 on a 0.25 s poll
+    assert gaps == [0.25, 0.75, 1.25, 2.25]  # delays 0, 0.5, 1, 2 on a 0.25 s poll
     assert "role processor (pid 1001) killed by SIGKILL" in caplog.text
     assert "failure 4 in a row" in caplog.text
     clock.now += 61  # up long enough: its next exit starts from the first delay
     child.status = 1
     supervisor.check()
-    assert "exited with status 1 after 61.2 s up; restarting it in 0.5 s (failure 1 in a row)" \
+    assert "exited with status 1 after 61.2 s up; restarting it in 0.0 s (failure 1 in a row)" \
         in caplog.text
 
 
