@@ -86,9 +86,9 @@ def give_browser_token(site: Path, stack: ProcessStack, api_url: str) -> None:
     (site / "config.json").write_text(json.dumps({"apiUrl": api_url, "token": token["token"]}))
 
 
-def roles_progress(stack: ProcessStack) -> int:
+def roles_progress(stack: ProcessStack) -> tuple[int, ...]:
     """Grows while the stack's roles work (their logs): a wait's progress."""
-    return sum(len(r.output()) for r in (stack.processor, stack.worker, stack.gateway))
+    return stack.progress()
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

@@ -61,7 +61,7 @@ class ApprovalApp:
 
         return wait_for(ended, timeout=120, progress=self.progress)
 
-    def progress(self) -> int:
+    def progress(self) -> tuple[int, ...]:
         """Grows while the roles work (their logs)."""
         return roles_progress(self.stack)
 

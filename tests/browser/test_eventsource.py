@@ -15,7 +15,7 @@ import pytest
 from streams.config import Settings
 from streams.devtools.broker import free_port
 from streams.kafka.topics import ensure_topics
-from streams.testing.process import RoleProcess, wait_for
+from streams.testing.process import RoleProcess, logs_of, wait_for
 from tests.browser_kit import LAUNCH_ARGS, chromium
 
 pytestmark = pytest.mark.kafka
@@ -48,7 +48,7 @@ def test_a_browser_eventsource_sees_every_run_whole_across_gateway_restarts(
     worker = RoleProcess("worker", env, tmp_path / "worker.log").start()
     gateway = RoleProcess("gateway", env, tmp_path / "gateway.log").start()
     try:
-        wait_for(lambda: _healthy(base), timeout=60)
+        wait_for(lambda: _healthy(base), timeout=60, progress=logs_of(gateway.log))
         status, thread = _call(base, "POST", "/v1/threads", {"title": "browser"})
         assert status == 201
         thread_id = thread["thread_id"]
@@ -71,7 +71,7 @@ def test_a_browser_eventsource_sees_every_run_whole_across_gateway_restarts(
                 page.wait_for_function(f"{deltas} > {before}", timeout=60_000)
                 gateway.kill9()
                 gateway.start()
-                wait_for(lambda: _healthy(base), timeout=60)
+                wait_for(lambda: _healthy(base), timeout=60, progress=logs_of(gateway.log))
                 page.wait_for_function(
                     f"window.threadline.events.filter(e => e.type === 'done').length >= {n + 1}",
                     timeout=60_000)

@@ -68,7 +68,7 @@ class ChatApp:
         assert status == 200, state
         return [(m["type"], _text(m)) for m in state["values"]["messages"]]
 
-    def progress(self) -> int:
+    def progress(self) -> tuple[int, ...]:
         """Grows while the roles work (their logs)."""
         return roles_progress(self.stack)
 

@@ -21,7 +21,7 @@ import pytest
 from langgraph_sdk import get_client
 
 from gateway.adapters.ai_sdk.chat import chat_thread_id
-from streams.testing.process import wait_for
+from streams.testing.process import logs_of, wait_for
 from streams.testing.sse import until_opened
 from tests.browser_kit import LAUNCH_ARGS, chromium
 from tests.cluster.conftest import KEY, TENANT, Cluster
@@ -204,7 +204,8 @@ def _haproxy_lines(cluster: Cluster, request: str) -> list[str]:
 def _served_by(cluster: Cluster, request: str) -> int:
     """The index of the gateway HAProxy sent the first such request to (its log names
     the server, `gateways/g<index>`, as the request starts)."""
-    line = wait_for(lambda: next(iter(_haproxy_lines(cluster, request)), None))
+    line = wait_for(lambda: next(iter(_haproxy_lines(cluster, request)), None),
+                    progress=logs_of(cluster.haproxy.log))
     assert line is not None  # wait_for returns a true value
     server = re.search(r" gateways/g(\d+) ", line)
     assert server is not None, line

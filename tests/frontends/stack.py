@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from streams.devtools.broker import free_port
-from streams.testing.process import RoleProcess
+from streams.testing.process import RoleProcess, logs_of
 from streams.testing.stack import fresh_env, running_roles, unique_prefix, wait_healthy
 
 __all__ = ["KEY", "ProcessStack", "process_stack"]
@@ -65,6 +65,10 @@ class ProcessStack:
                 return response.status, json.loads(response.read() or b"null")
         except urllib.error.HTTPError as err:
             return err.code, json.loads(err.read() or b"null")
+
+    def progress(self) -> tuple[int, ...]:
+        """Grows while the roles work (their logs): a wait's progress."""
+        return logs_of(self.processor.log, self.worker.log, self.gateway.log)()
 
     def restart(self, role: RoleProcess) -> None:
         """`kill -9` the role's process and start it again (the gateway: until healthy)."""

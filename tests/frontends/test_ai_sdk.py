@@ -288,7 +288,7 @@ def test_the_chat_endpoint_keeps_the_native_rules(processes: ProcessStack) -> No
         streaming = pool.submit(_chat, processes, slow)
         thread_id = chunks[0]["messageMetadata"]["thread_id"]
         wait_for(lambda: processes.call("GET", f"/v1/threads/{thread_id}")[1]["active_run"],
-                 timeout=60)
+                 timeout=60, progress=processes.progress)
         status, _, problem = _chat(processes, {**first, "messages": [_user("m3", "more")]})
         assert status == 409, problem
         assert json.loads(problem)["active_run_id"]
@@ -356,7 +356,7 @@ def test_an_approval_answer_resumes_the_run_once_and_a_wrong_one_is_a_409(
             run = processes.call("GET", f"/v1/threads/{thread_id}")[1]["active_run"]
             return run is not None and run["status"] != "interrupted"
 
-        wait_for(resumed, timeout=60)
+        wait_for(resumed, timeout=60, progress=processes.progress)
         status, _, problem = _chat(processes, _answer(chat_id, asked, call_id, False))
         assert status == 409, problem  # the slow answer still streams: the run is active
         assert json.loads(problem)["answer"] == {"approved": True, "reason": None}

@@ -107,7 +107,7 @@ def test_a_wrong_password_is_refused_as_an_authentication_failure(acl_broker: Em
         producer.poll(0.2)  # serves error_cb
         return any(e.code() == KafkaError._AUTHENTICATION for e in errors)
 
-    wait_for(refused, timeout=60)
+    wait_for(refused, timeout=60, progress=lambda: len(errors))  # each try's error counts
     with pytest.raises(KafkaException):
         producer.list_topics(timeout=2)
 
