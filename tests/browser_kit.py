@@ -23,8 +23,7 @@ import pytest
 from tests.frontends.stack import ProcessStack
 from tests.npm_kit import NODE_DIR
 
-__all__ = ["LAUNCH_ARGS", "app_on_its_own_origin", "chromium", "give_browser_token", "launched",
-           "roles_progress"]
+__all__ = ["LAUNCH_ARGS", "app_on_its_own_origin", "chromium", "give_browser_token", "launched"]
 
 # Headless in a container: no sandbox, no GPU, nothing fetched in the background.
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -84,11 +83,6 @@ def give_browser_token(site: Path, stack: ProcessStack, api_url: str) -> None:
     status, token = stack.call("POST", "/v1/browser_tokens", {"ttl_s": 3600})
     assert status == 201, token
     (site / "config.json").write_text(json.dumps({"apiUrl": api_url, "token": token["token"]}))
-
-
-def roles_progress(stack: ProcessStack) -> tuple[int, ...]:
-    """Grows while the stack's roles work (their logs): a wait's progress."""
-    return stack.progress()
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

@@ -29,7 +29,6 @@ from tests.browser_kit import (
     chromium,
     give_browser_token,
     launched,
-    roles_progress,
 )
 from tests.frontends.stack import ProcessStack, process_stack
 from tests.npm_kit import node_modules
@@ -70,7 +69,7 @@ class ChatApp:
 
     def progress(self) -> tuple[int, ...]:
         """Grows while the roles work (their logs)."""
-        return roles_progress(self.stack)
+        return self.stack.progress()
 
 
 def _text(message: dict[str, Any]) -> str:
