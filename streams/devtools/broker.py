@@ -304,6 +304,7 @@ class EmbeddedKafka:
             "log.cleaner.backoff.ms": 5000,
             "num.network.threads": 2,
             "num.io.threads": 4,
+            "num.recovery.threads.per.data.dir": 2,
             "log.flush.interval.messages": 9223372036854775807,
             **_QUICK_REREGISTRATION,
         }
