@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from streams.devtools.broker import _QUICK_REREGISTRATION
+from streams.devtools.broker import _QUICK_RESTART
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -114,13 +114,14 @@ def test_kafka_is_not_published_and_listens_on_the_compose_network_only() -> Non
     assert "EXTERNAL" not in environment["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"]
 
 
-def test_kafka_registers_again_after_a_crash_as_soon_as_the_embedded_broker() -> None:
-    """The compose broker's registration session is the embedded broker's: a broker
-    killed and started again is back as soon under Compose as under `make run`."""
+def test_kafka_restarts_after_a_crash_with_the_embedded_brokers_settings() -> None:
+    """The compose broker's registration session and log recovery threads are the
+    embedded broker's. (It still waits out the session after a crash: no launcher
+    withdraws its stale registration, as `make run`'s does.)"""
     environment = _compose()["services"]["kafka"]["environment"]
     as_compose = {name: environment["KAFKA_" + name.upper().replace(".", "_")]
-                  for name in _QUICK_REREGISTRATION}
-    assert as_compose == _QUICK_REREGISTRATION
+                  for name in _QUICK_RESTART}
+    assert as_compose == _QUICK_RESTART
 
 
 def test_publishing_elsewhere_is_an_explicit_choice() -> None:
