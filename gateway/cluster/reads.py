@@ -20,7 +20,9 @@ gateway that owns some answers its page of the tenant's threads, and the pages a
 merged on the order the read store lists by (updated_at descending, then thread id),
 which the cursor names. Cost: one hop per other gateway per page. A run by its id
 alone (`/v1/runs/{run_id}/events`) is asked of every other gateway unless this one
-read the run's acceptance (which names its thread).
+read the run's acceptance (which names its thread). A partition that comes to this
+gateway while its owner is asked (a killed owner's) raises `NowHeldHere`: the read
+model reads it here instead.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from gateway.http.auth import INTERNAL_PREFIX, TENANT
 from gateway.http.problems import Problem
 from gateway.kafka import partition_for
 from gateway.keys import READ_MODEL
-from gateway.model.placement import Hints
+from gateway.model.placement import Hints, NowHeldHere
 from gateway.model.read_model import ReadModel, RunView
 from gateway.model.read_store import MessagePage, ThreadPage, listed_at, run_status
 from streams.core.domain import ThreadState
@@ -133,23 +135,74 @@ class RemoteReads:
     async def _ask(self, partition: int, tenant: str, op: str,
                    query: dict[str, str]) -> dict[str, Any]:
         """The owner of `partition`'s answer; waits (up to the forwarder's owner wait)
-        for the map to name an owner that holds it."""
+        for the map to name an owner that holds it. NowHeldHere if it comes here."""
         board = self.board
         deadline = time.monotonic() + self.forwarder.owner_wait_s
         while True:
+            if self.here(partition):
+                raise NowHeldHere(partition)
             claim = board.owner(partition)
             if claim is not None:
-                try:
-                    status, body = await self._get(claim, tenant, op, query)
-                except (aiohttp.ClientError, OSError, TimeoutError):
-                    status, body = 502, b""
-                if status == 200:
-                    answer: dict[str, Any] = json.loads(body)
+                answer = await self._try(claim, tenant, op, query)
+                if answer is not None:
                     return answer
-                if status not in (421, 502):
-                    raise owner_problem(status, body)
             if time.monotonic() > deadline:
                 raise Problem(503, "unavailable", "no gateway serves this thread now; retry",
+                              headers={"Retry-After": "1"})
+            await board.changed(0.2)
+
+    async def _try(self, claim: Claim, tenant: str, op: str,
+                   query: dict[str, str]) -> dict[str, Any] | None:
+        """`claim`'s gateway's answer, or None if it is gone or no longer holds what
+        it claimed (unreachable, 502, 421); Problem as it answers otherwise."""
+        try:
+            status, body = await self._get(claim, tenant, op, query)
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return None
+        if status == 200:
+            answer: dict[str, Any] = json.loads(body)
+            return answer
+        if status in (421, 502):
+            return None
+        raise owner_problem(status, body)
+
+    async def _gather(self, tenant: str, op: str, query: dict[str, str],
+                      found: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+        """The answers of the owners of every partition not held here, each asked
+        once for all the partitions it claims, until every such partition is covered
+        by an answer or one answer is `found`. An owner that does not answer (killed,
+        or it gave the partition up) is replaced by whoever the map names next for
+        each of its partitions, not by its smallest one only; waits up to the owner
+        wait for the map, as `_ask` does (503 past it), and raises NowHeldHere if a
+        partition not held here when it began comes here (read it here)."""
+        board = self.board
+        deadline = time.monotonic() + self.forwarder.owner_wait_s
+        held_at_start = {p for p in range(self.partitions) if self.here(p)}
+        covered: set[int] = set(held_at_start)
+        answers: list[dict[str, Any]] = []
+        while True:
+            owners: dict[str, Claim] = {}
+            for partition in range(self.partitions):
+                if partition in covered:
+                    continue
+                if self.here(partition):
+                    raise NowHeldHere(partition)
+                claim = board.owner(partition)
+                if claim is not None:
+                    owners.setdefault(claim.instance, claim)
+            asked = list(owners.values())
+            for claim, answer in zip(asked, await asyncio.gather(
+                    *(self._try(c, tenant, op, query) for c in asked)), strict=True):
+                if answer is None:
+                    continue
+                answers.append(answer)
+                if found(answer):
+                    return answers
+                covered |= claim.partitions
+            if len(covered) >= self.partitions:
+                return answers
+            if time.monotonic() > deadline:
+                raise Problem(503, "unavailable", "a partition has no gateway now; retry",
                               headers={"Retry-After": "1"})
             await board.changed(0.2)
 
@@ -176,9 +229,8 @@ class RemoteReads:
             answer = await self._ask(self._partition(thread_id), tenant, "run",
                                      {**query, "thread_id": thread_id})
             return self._run_in(answer)
-        claims = await self._others()
-        answers = await asyncio.gather(*(self._ask(min(c.partitions), tenant, "run", query)
-                                         for c in claims if c.partitions))
+        answers = await self._gather(tenant, "run", query,
+                                     lambda answer: answer.get("state") is not None)
         for answer in answers:
             found = self._run_in(answer)
             if found is not None:
@@ -204,9 +256,7 @@ class RemoteReads:
         query = {"limit": str(limit)}
         if after is not None:
             query["after_at"], query["after_id"] = str(after[0]), after[1]
-        claims = await self._others()
-        answers = await asyncio.gather(*(self._ask(min(c.partitions), tenant, "threads", query)
-                                         for c in claims if c.partitions))
+        answers = await self._gather(tenant, "threads", query, lambda answer: False)
         pages = []
         for answer in answers:
             states = [_state_in(self.codec, raw) for raw in answer["states"]]
@@ -218,30 +268,6 @@ class RemoteReads:
 
     def _partition(self, thread_id: str) -> int:
         return partition_for(thread_id, self.partitions)
-
-    async def _others(self) -> list[Claim]:
-        """The other gateways' newest claims, one each, once every partition has an
-        owner (this gateway or one the map names): during a rebalance it waits, as a
-        thread's read waits in `_ask` (up to the forwarder's owner wait), for the map
-        to name the moved partitions' new owners; 503 if one still has none then (a
-        spanning read would miss its threads)."""
-        board = self.board
-        deadline = time.monotonic() + self.forwarder.owner_wait_s
-        while True:
-            newest: dict[str, Claim] = {}
-            orphan = False
-            for partition in range(self.partitions):
-                claim = board.owner(partition)
-                if claim is not None:
-                    newest[claim.instance] = claim
-                elif not self.here(partition):
-                    orphan = True
-            if not orphan:
-                return list(newest.values())
-            if time.monotonic() > deadline:
-                raise Problem(503, "unavailable", "a partition has no gateway now; retry",
-                              headers={"Retry-After": "1"})
-            await board.changed(0.2)
 
 
 async def internal_reads(request: web.Request) -> web.Response:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from streams.core.domain import ThreadState
 
 __all__ = ["FORWARD", "REMOTE", "ROUTE", "ElsewhereReads", "HeldElsewhere", "Hints",
-           "is_served_here", "served_here", "stay_here"]
+           "NowHeldHere", "is_served_here", "served_here", "stay_here"]
 
 FORWARD, REMOTE = "forward", "remote"
 ROUTE: contextvars.ContextVar[str] = contextvars.ContextVar("threadline_route", default=FORWARD)
@@ -61,6 +61,15 @@ class HeldElsewhere(Exception):
         self.partition = partition
 
 
+class NowHeldHere(Exception):
+    """A partition whose owner was being asked came to this gateway meanwhile (the
+    group gave it here, a killed owner's): read it here instead."""
+
+    def __init__(self, partition: int) -> None:
+        super().__init__(f"partition {partition} is held here now")
+        self.partition = partition
+
+
 # What the asking gateway knows of a thread that the owner may not know yet (it
 # published the command and read the decision): (created, accepted run, ended run).
 Hints = tuple[bool, str | None, str | None]
@@ -68,7 +77,8 @@ Hints = tuple[bool, str | None, str | None]
 
 class ElsewhereReads(Protocol):
     """The reads of a `REMOTE` request, asked of the owner of the thread's partition
-    (`gateway.cluster.reads`); each raises `Problem` as the owner answers."""
+    (`gateway.cluster.reads`); each raises `Problem` as the owner answers, and
+    `NowHeldHere` if a partition it waited for an owner of came here."""
 
     async def thread(self, tenant: str, thread_id: str, hints: Hints) -> ThreadState | None:
         """The thread as the owner reads it after catching up."""

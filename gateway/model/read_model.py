@@ -67,7 +67,7 @@ from gateway.kafka import (
     topic_partitions,
 )
 from gateway.model.branches import Branch, branches, is_straight, page_of, path_oldest_first
-from gateway.model.placement import FORWARD, ROUTE, ElsewhereReads, HeldElsewhere, Hints
+from gateway.model.placement import FORWARD, ROUTE, ElsewhereReads, HeldElsewhere, Hints, NowHeldHere
 from gateway.model.read_store import (
     MESSAGES,
     THREADS,
@@ -564,7 +564,10 @@ class ReadModel:
         if not self.here(partition):
             reads = self.elsewhere if peek and self.elsewhere is not None \
                 else self._elsewhere(partition)
-            return await reads.thread(tenant, thread_id, self._hints(thread_id))
+            try:
+                return await reads.thread(tenant, thread_id, self._hints(thread_id))
+            except NowHeldHere:
+                pass  # it came here while its owner was asked: read here, as any read
         state = self.store.state(thread_id)
         if command and state is not None and state.tenant == tenant:
             return state
@@ -599,6 +602,13 @@ class ReadModel:
         """The tenant's run (by the id of the run its user message started), or None.
         Split, a run not held here is asked of the other gateways (not with `scatter`
         off: this is one of them, asked)."""
+        while True:
+            try:
+                return await self._run(tenant, run_id, scatter)
+            except NowHeldHere:
+                continue  # a partition came here while the others were asked: here first
+
+    async def _run(self, tenant: str, run_id: str, scatter: bool) -> RunView | None:
         ref = self._run_ref(run_id)
         accepted = self._accepted.get(run_id)
         if ref is None and self.held is not None and scatter and \
@@ -640,8 +650,9 @@ class ReadModel:
         """`current_messages`, of a thread held here or elsewhere."""
         partition = self.partition_of(state.thread_id)
         if not self.here(partition):
-            return await self._elsewhere(partition).current_messages(
-                state.tenant, state.thread_id, after, before, limit)
+            with contextlib.suppress(NowHeldHere):  # it came here meanwhile: read here
+                return await self._elsewhere(partition).current_messages(
+                    state.tenant, state.thread_id, after, before, limit)
         return self.current_messages(state, after=after, before=before, limit=limit)
 
     def messages(self, thread_id: str, *, after: int | None = None, before: int | None = None,
@@ -696,12 +707,15 @@ class ReadModel:
         split)."""
         if not self.loaded or self._loading or self._any_recent_write():
             await self.catch_up()
-        here = self.threads_here(tenant, after=after, limit=limit)
-        if self.held is None:
-            return here
-        if self.elsewhere is None:
-            raise _behind()
-        return await self.elsewhere.threads(tenant, after, limit, here)
+        while True:
+            here = self.threads_here(tenant, after=after, limit=limit)
+            if self.held is None:
+                return here
+            if self.elsewhere is None:
+                raise _behind()
+            with contextlib.suppress(NowHeldHere):  # a partition came here: page again
+                return await self.elsewhere.threads(tenant, after, limit, here)
+            await self.catch_up()
 
     def threads_here(self, tenant: str, *, after: tuple[int, str] | None = None,
                      limit: int = 50) -> ThreadPage:
