@@ -11,9 +11,7 @@ broker+controller. `EmbeddedCluster` runs three such nodes on one machine
 The JVM is started with a parent-death signal, so a killed launcher never
 leaves an orphan broker behind. Where `ensure_class_archive` has made one (`make
 install` does), it starts with a class-data archive of the broker's own start, which
-cuts a JVM start to ready from about 1.3 s to 0.75 s. A node started again after a
-crash, its own quorum's only voter, withdraws the registration of the node it was
-instead of waiting out its session (`stale_registration`).
+cuts a JVM start to ready from about 1.3 s to 0.75 s.
 """
 
 from __future__ import annotations
@@ -36,7 +34,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streams.devtools.stale_registration import RegistrationWatch
 from streams.supervisor import die_with_parent
 
 __all__ = [
@@ -62,10 +59,11 @@ BROKER_USER = "threadline-broker"  # the broker's own SCRAM user, inter-broker a
 # after the first. Kafka's 9 s session: up 15 s after a SIGKILL; 4 s: 8.6 s (its
 # expiry just missed the 3.1 s try); 3 s: 5.3-5.6 s (`bench.broker_restart`). The
 # heartbeat every 0.5 s fences a node only after 2.5 s without one: on 127.0.0.1, a
-# node that is gone or whose JVM stalled that long. A node that is its own quorum's
-# only voter does not wait for the session: its launcher withdraws the stale
-# registration at the first refusal (`stale_registration`); the session is what
-# other nodes, and a refusal too late to act on, still wait for.
+# node that is gone or whose JVM stalled that long. Withdrawing the dead node's
+# registration at the first refusal (UnregisterBroker) registers it 2 s sooner but
+# moves every partition's leadership away and back, and the group coordinator's
+# reload fenced a static member (the processor exited) in 5 of 8 restarts: not done
+# (docs/benchmarks.md).
 # And a killed node's unflushed segments are recovered on two threads, not one.
 _QUICK_RESTART: dict[str, object] = {"broker.session.timeout.ms": 3000,
                                      "broker.heartbeat.interval.ms": 500,
@@ -238,8 +236,6 @@ class EmbeddedKafka:
     # Where the JVM writes a class-data archive as it exits (`ensure_class_archive`).
     archive_to: Path | None = field(default=None, repr=False)
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
-    # A restart's: withdraws the registration of the node it was (stale_registration).
-    registration_watch: RegistrationWatch | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
@@ -328,10 +324,6 @@ class EmbeddedKafka:
             }
         return "".join(f"{k}={v}\n" for k, v in (props | self.overrides).items())
 
-    def _session_s(self) -> float:
-        key = "broker.session.timeout.ms"
-        return float(str(self.overrides.get(key, _QUICK_RESTART[key]))) / 1000
-
     def _prepare(self) -> tuple[Path, Path, Path]:
         libs = ensure_jars()
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -368,9 +360,7 @@ class EmbeddedKafka:
 
     def start(self, wait_s: float = 90.0) -> EmbeddedKafka:
         """Format the storage if new, start the broker process and wait up to `wait_s` until it is ready."""
-        restart = (self.data_dir / "logs" / "meta.properties").exists()
         libs, config, log4j = self._prepare()
-        offset = self.log_file.stat().st_size if self.log_file.exists() else 0
         out = open(self.data_dir / "stdout.log", "ab")  # noqa: SIM115 - owned by the child
         self.process = subprocess.Popen(
             _java(libs, "kafka.Kafka", [str(config)], log4j, self.heap, self.archive_to),
@@ -378,11 +368,6 @@ class EmbeddedKafka:
             preexec_fn=die_with_parent,
         )
         out.close()
-        if restart and "," not in self.voters:  # its own quorum's only voter
-            self.registration_watch = RegistrationWatch(
-                self.log_file, offset, self.process, self.controller_port,
-                self.node_id, self._session_s())
-            self.registration_watch.start()
         if wait_s:
             self.wait_ready(wait_s)
         return self
