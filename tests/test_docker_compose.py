@@ -116,8 +116,8 @@ def test_kafka_is_not_published_and_listens_on_the_compose_network_only() -> Non
 
 def test_kafka_restarts_after_a_crash_with_the_embedded_brokers_settings() -> None:
     """The compose broker's registration session and log recovery threads are the
-    embedded broker's. (It still waits out the session after a crash: no launcher
-    withdraws its stale registration, as `make run`'s does.)"""
+    embedded broker's: a broker killed and started again is back as soon under
+    Compose as under `make run`."""
     environment = _compose()["services"]["kafka"]["environment"]
     as_compose = {name: environment["KAFKA_" + name.upper().replace(".", "_")]
                   for name in _QUICK_RESTART}
