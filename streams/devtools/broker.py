@@ -374,7 +374,11 @@ class EmbeddedKafka:
 
     def wait_ready(self, wait_s: float = 90.0) -> None:
         """Wait until the broker answers with a controller, or raise BrokerError if it
-        exits or makes no progress (writes nothing to its log) for `wait_s`."""
+        exits or makes no progress (writes nothing to its log) for `wait_s`.
+
+        The answer must name this node among its cluster's brokers: a port that
+        `free_port` handed out may be taken by another process before the JVM binds
+        it, and another test's broker there once passed for a node still starting."""
         from confluent_kafka.admin import AdminClient
 
         since, logged = time.monotonic(), (-1, -1)
@@ -390,13 +394,24 @@ class EmbeddedKafka:
             try:
                 md = admin.list_topics(timeout=2)
                 if md.brokers and md.controller_id >= 0:
-                    return
+                    # Its cluster's metadata, naming this node among the brokers serving.
+                    if self.node_id in md.brokers and md.cluster_id == self._cluster_id():
+                        return
+                    last = BrokerError(f"{self.bootstrap} answers for brokers "
+                                       f"{sorted(md.brokers)} of cluster {md.cluster_id}, "
+                                       f"not node {self.node_id} of {self._cluster_id()}")
             except Exception as exc:  # not ready yet
                 last = exc
             time.sleep(0.2)
         raise BrokerError(
             f"broker on {self.bootstrap} not ready, nothing logged for {wait_s}s ({last}); "
             f"see {self.log_file}")
+
+    def _cluster_id(self) -> str:
+        """The cluster id its storage was formatted with (its meta.properties)."""
+        meta = (self.data_dir / "logs" / "meta.properties").read_text()
+        return next((line.split("=", 1)[1].strip() for line in meta.splitlines()
+                     if line.startswith("cluster.id=")), "")
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop the broker with SIGTERM, or SIGKILL after `timeout_s`; nothing if it is not running."""
