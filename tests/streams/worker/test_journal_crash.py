@@ -396,13 +396,14 @@ async def test_kills_right_after_a_step_is_durable_repeat_no_completed_call(
     test_env: dict[str, str], tmp_path: Path
 ) -> None:
     """A step is durable once its report is in the commands log, and the agent goes on
-    then, before the processor has decided it. Across 50 runs of two tool calls, a
-    worker is killed the moment one of its step reports lands (after the step became
-    durable, before it could learn the decision; every other time with the processor
-    killed first, so the step is still undecided when the dispatch is redelivered), and
-    the processor the moment a step report lands (while it decides step reports), each
-    restarted at once: each run has one stored answer, each step is recorded once, and
-    no call starts again once its report landed."""
+    then, before the processor has decided it. Across 50 runs of two tool calls (more
+    if they end before the kills), a worker is killed the moment one of its step
+    reports lands (after the step became durable, before it could learn the decision;
+    every other time with the processor killed first, so the step is still undecided
+    when the dispatch is redelivered), and the processor the moment a step report lands
+    (while it decides step reports), each restarted at once: each run has one stored
+    answer, each step is recorded once, and no call starts again once its report
+    landed."""
     log = tmp_path / "tools.log"
     # Each killed role is started again at once and, a static member, takes its own
     # partitions back. A restart slower than FAST's 6 s session (a loaded machine) would
@@ -420,7 +421,19 @@ async def test_kills_right_after_a_step_is_durable_repeat_no_completed_call(
             posted = [stack.post(f"invoice {i}") for i in range(50)]
             killed: Counter[str] = Counter()
             aimed: list[tuple[str, int]] = []  # the durable steps whose worker was killed
+
+            def keep_calls_coming() -> None:
+                """A kill waits for a step report, so some runs must still have a tool
+                call to make: ten more are posted whenever fewer than ten have (150 at
+                most). On a clean clone of 334fb3f all 50 ended before the ninth kill,
+                and the wait for a report that could not come failed after 120 s."""
+                last_done = {c.run_id for c in _calls(log) if c.what == "done" and c.step == 3}
+                if sum(1 for _, r in posted if r not in last_done) < 10 and len(posted) < 150:
+                    base = len(posted)
+                    posted.extend(stack.post(f"invoice {base + i}") for i in range(10))
+
             for n in range(9):
+                keep_calls_coming()
                 if n % 3 == 1:  # the processor, with a report not yet decided or being decided
                     tail.next_step(lambda report: True)
                     stack.processor.kill9()
