@@ -650,9 +650,11 @@ class ReadModel:
         """`current_messages`, of a thread held here or elsewhere."""
         partition = self.partition_of(state.thread_id)
         if not self.here(partition):
-            with contextlib.suppress(NowHeldHere):  # it came here meanwhile: read here
+            try:
                 return await self._elsewhere(partition).current_messages(
                     state.tenant, state.thread_id, after, before, limit)
+            except NowHeldHere:
+                await self.catch_up([partition])  # it came here meanwhile: read here, loaded
         return self.current_messages(state, after=after, before=before, limit=limit)
 
     def messages(self, thread_id: str, *, after: int | None = None, before: int | None = None,
