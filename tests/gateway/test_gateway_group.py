@@ -109,17 +109,22 @@ async def _thread_on(stack: Stack, app: web.Application, title: str) -> str:
 
 
 @asynccontextmanager
-async def _a_beside_a_killable_b(stack: Stack) -> AsyncIterator[tuple[str, web.Application,
-                                                                     RoleProcess]]:
+async def _a_beside_a_killable_b(stack: Stack, standbys: int | None = None,
+                                 ) -> AsyncIterator[tuple[str, web.Application, RoleProcess]]:
     """Gateway A in this process and gateway B as a process (to kill with SIGKILL),
     both in the group, once A's map names B for every partition A does not own:
-    A's URL and app, and B's process (stopped on the way out)."""
+    A's URL and app, and B's process (stopped on the way out). `standbys`: the
+    standby copies both keep, if not the default."""
     port = free_port()
     env = {**stack.env, "THREADLINE_HTTP_PORT": str(port),
            "THREADLINE_GATEWAY_URL": f"http://127.0.0.1:{port}"}
+    settings = stack.settings
+    if standbys is not None:
+        env["THREADLINE_GATEWAY_STANDBYS"] = str(standbys)
+        settings = settings.with_(gateway=replace(settings.gateway, standbys=standbys))
     gateway_b = RoleProcess("gateway", env, stack.folder / f"gateway-{port}.log").start()
     try:
-        async with _grouped_gateway(stack.settings) as (url_a, app_a):
+        async with _grouped_gateway(settings) as (url_a, app_a):
             every = set(range(stack.settings.partitions))
 
             def b_owns_a_share() -> bool:
@@ -287,6 +292,32 @@ async def test_a_forwarded_run_stream_survives_its_owner_killed_mid_run(stack: S
                     break
         whole = await read_sse(stack.session, stack.url(path), headers=AUTH_A)
     assert not gateway_b.alive()
+    assert [(e.id, e.event, e.data) for e in seen] == [(e.id, e.event, e.data) for e in whole]
+
+
+async def test_a_run_asked_by_id_as_its_owner_dies_is_read_where_its_partition_goes(
+        stack: Stack) -> None:
+    """A run's events asked of A by the run's id alone, right after B, the owner of its
+    thread, was killed with SIGKILL. A never read the run's acceptance (the post went
+    through another gateway), so it asks the other gateways; B's partition then comes to
+    A. A reads it there and streams the run: it used to wait for another gateway to own
+    that partition until its owner wait ran out, and answer 503 (CI: the HAProxy REST
+    test's `/v1/runs/{id}/events` after 12 s). No standby copies: A must not hold B's
+    share before it is given it (a copy is read where it is, and never asks)."""
+    async with _a_beside_a_killable_b(stack, standbys=0) as (url_a, app_a, gateway_b):
+        thread_id = await _thread_not_on(stack, app_a, "asked by run id")
+        partition = partition_for(thread_id, stack.settings.partitions)
+        status, posted = await stack.post(thread_id, "answered before the kill")
+        assert status == 202, posted
+        path = f"/v1/runs/{posted['run_id']}/events"
+        whole = await read_sse(stack.session, stack.url(path), headers=AUTH_A)
+        assert whole[-1].event == "done", _names(whole)
+        assert not app_a[READ_MODEL].here(partition)
+        gateway_b.kill9()
+        async with stack.session.get(url_a + path, headers=AUTH_A) as response:
+            assert response.status == 200, await response.text()
+            assert app_a[READ_MODEL].here(partition)  # it came to A while A asked
+            seen = [event async for event in iter_sse(response)]
     assert [(e.id, e.event, e.data) for e in seen] == [(e.id, e.event, e.data) for e in whole]
 
 
