@@ -653,8 +653,9 @@ class ReadModel:
             try:
                 return await self._elsewhere(partition).current_messages(
                     state.tenant, state.thread_id, after, before, limit)
-            except NowHeldHere:
-                await self.catch_up([partition])  # it came here meanwhile: read here, loaded
+            except NowHeldHere:  # it came here meanwhile: read here, once it is loaded
+                if not await self.catch_up([partition]):
+                    raise _behind() from None
         return self.current_messages(state, after=after, before=before, limit=limit)
 
     def messages(self, thread_id: str, *, after: int | None = None, before: int | None = None,
