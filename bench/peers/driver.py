@@ -133,6 +133,7 @@ async def batch(system: System, session: aiohttp.ClientSession, count: int, dela
 async def measure_round(system: System, session: aiohttp.ClientSession, size: Size) \
         -> dict[str, Any]:
     """Warm-up, throughput and latency on a started system."""
+    exits = len(system.self_exits)
     await system.set_delay(session, 0.0)
     await batch(system, session, size.warmup, 0.0, None, "warm")
     burst = await batch(system, session, size.burst, 0.0, None, "burst")
@@ -158,6 +159,7 @@ async def measure_round(system: System, session: aiohttp.ClientSession, size: Si
         "post to first call p50 ms (paced)": percentile(paced.to_first_call_ms, 50),
         "last call to answer p50 ms (paced)": percentile(paced.last_call_to_answer_ms, 50),
         "repeated calls": burst.repeated + paced.repeated,
+        "exited by themselves": system.self_exits[exits:],
     }
 
 
@@ -165,6 +167,7 @@ async def recovery(system: System, session: aiohttp.ClientSession, role: str, si
                    lost: bool = False) -> dict[str, Any]:
     """`size.inflight` runs in flight; `role` killed with SIGKILL and restarted in place
     (`lost`: with a second instance running, and never restarted)."""
+    exits = len(system.self_exits)
     await system.set_delay(session, size.delay)
     if lost:
         await system.add_instance(role)
@@ -220,6 +223,7 @@ async def recovery(system: System, session: aiohttp.ClientSession, role: str, si
         "calls cut off and made again": restarted,
         "completed calls": done_calls, "expected calls": STEPS * size.inflight, "load": load,
         "milestones": system.milestones(role, kill_ms), "killed at ms": kill_ms,
+        "exited by themselves": system.self_exits[exits:],
     }
 
 

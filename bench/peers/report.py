@@ -124,6 +124,14 @@ def tables(results: dict[str, Any]) -> list[str]:
     if marks:
         out += ["", "What the restarted role logged, seconds after the kill: " + "; ".join(marks)
                 + "."]
+    exits = [f"{name}, {where}: " + ", ".join(rec["exited by themselves"])
+             for name, entry in systems.items()
+             for where, rec in [*((f"round {i + 1}", r) for i, r in enumerate(entry.get("rounds", []))),
+                                *((f"{r['role']} killed", r) for r in entry.get("recovery", []))]
+             if rec.get("exited by themselves")]
+    if exits:
+        out += ["", "Processes that exited by themselves, and were started again at once (as a "
+                "process manager would): " + "; ".join(exits) + "."]
     out += ["", "| system | versions | durability as run | settings |", "|---|---|---|---|"]
     for name, entry in systems.items():
         out.append(f"| {name} | {entry.get('version', '-')} | {entry.get('durability', '-')} | "

@@ -37,6 +37,8 @@ class System(abc.ABC):
         # When a run was posted, where `run` does more than post first (a client's
         # stream opened before): the driver's clock starts here then.
         self.posted_at: dict[str, float] = {}
+        # Processes of the system that exited by themselves and were started again.
+        self.self_exits: list[str] = []
 
     @abc.abstractmethod
     async def start(self, session: aiohttp.ClientSession) -> None:

@@ -19,6 +19,7 @@ Set apart from the defaults, and why (listed in the report):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 import uuid
@@ -87,7 +88,35 @@ class Threadline(System):
         self.killed: dict[str, tuple[str, list[int]]] = {}  # role -> (pid, partitions owned)
         self.children = {role: RoleProcess(role, self.env, self.folder / f"{role}.log",
                                            die_with_parent=True).start() for role in ROLES}
+        self._hands_off: set[str] = set()  # killed or swapped by the harness: not restarted
+        self._supervisor = asyncio.create_task(self._supervise())
         await self._healthy(session)
+
+    async def _supervise(self) -> None:
+        """Start again, at once, a role or the broker that exited by itself, as `threadline
+        run`'s supervisor (or any process manager) does: without it one rare exit (the
+        processor fenced after a broker restart, docs/operations.md) left every run
+        waiting, and the harness with them. Each such exit is printed and counted
+        (`self_exits`, in the results of the workload or kill it happened in)."""
+        while True:
+            await asyncio.sleep(0.05)
+            for name, child in list(self.children.items()):
+                if name in self._hands_off or name.endswith("-lost") or child.alive():
+                    continue
+                self.self_exits.append(f"{name} (status {child.exited()})")
+                print(f"   {self.name}: {name} exited by itself (status {child.exited()}); "
+                      "started again", flush=True)
+                child.start()
+            broker = self.broker.process
+            if "broker" not in self._hands_off and broker is not None \
+                    and broker.poll() is not None:
+                self.self_exits.append(f"broker (status {broker.poll()})")
+                print(f"   {self.name}: the broker exited by itself; started again", flush=True)
+                self._hands_off.add("broker")
+                try:
+                    await asyncio.to_thread(self.broker.start, 0)
+                finally:
+                    self._hands_off.discard("broker")
 
     async def _healthy(self, session: aiohttp.ClientSession, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -117,9 +146,13 @@ class Threadline(System):
             return
         self.env["THREADLINE_AGENT_TOOL_DELAY_S"] = str(delay_s)
         worker = self.children["worker"]
-        await asyncio.to_thread(worker.stop)  # SIGTERM: it leaves its group at once
-        self.children["worker"] = RoleProcess("worker", self.env, worker.log,
-                                              die_with_parent=True).start()
+        self._hands_off.add("worker")
+        try:
+            await asyncio.to_thread(worker.stop)  # SIGTERM: it leaves its group at once
+            self.children["worker"] = RoleProcess("worker", self.env, worker.log,
+                                                  die_with_parent=True).start()
+        finally:
+            self._hands_off.discard("worker")
         await self._healthy(session)
         # The peers take the delay per run. Until the new worker has its partitions,
         # runs would wait for a restart that only this harness makes: it was the
@@ -203,6 +236,7 @@ class Threadline(System):
 
     @override
     async def kill(self, role: str) -> None:
+        self._hands_off.add(role)  # until `restart`, or for good (`lost`)
         if role == "broker":
             pid = self.broker.process.pid if self.broker.process is not None else 0
             self.killed[role] = (str(pid), [])
@@ -252,6 +286,7 @@ class Threadline(System):
     async def lost(self, role: str) -> None:
         self.children[f"{role}-lost"] = self.children[role]
         self.children[role] = self.children.pop(f"{role}-2")
+        self._hands_off.discard(role)  # the survivor, under the role's name now
 
     @override
     def serving_again(self, role: str, kill_ms: float) -> float | None:
@@ -290,13 +325,21 @@ class Threadline(System):
 
     @override
     async def restart(self, role: str) -> None:
-        if role == "broker":  # on its data, as `threadline run`'s supervisor does
-            await asyncio.to_thread(self.broker.start, 0)
-            return
-        self.children[role].start()
+        try:
+            if role == "broker":  # on its data, as `threadline run`'s supervisor does
+                await asyncio.to_thread(self.broker.start, 0)
+                return
+            self.children[role].start()
+        finally:
+            self._hands_off.discard(role)
 
     @override
     async def stop(self) -> None:
+        supervisor = getattr(self, "_supervisor", None)  # None: `start` failed early
+        if supervisor is not None:
+            supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await supervisor
         for child in self.children.values():
             await asyncio.to_thread(child.stop)
         await asyncio.to_thread(self.broker.stop)
