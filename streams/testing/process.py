@@ -162,6 +162,29 @@ class ChildProcess:
                                      f"{self.tail()}")
             time.sleep(0.05)
 
+    def cpu_ticks(self) -> int:
+        """The CPU time the current start has used, in clock ticks (0 once it ended): a
+        `wait_for` progress for a process that works without logging, as one starting
+        up does (a loaded machine makes it slow, not stuck)."""
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+            return int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, IndexError, ValueError):
+            return 0
+
+    def wait_for_file(self, path: Path, timeout: float = 30.0) -> str:
+        """The text of `path` once the current start has written it (a server's port
+        file, say): waiting while the process uses CPU, failing once it used none for
+        `timeout` seconds, or at once if it exits first."""
+        def written() -> str:
+            text = path.read_text() if path.exists() else ""
+            if not text and self.exited() is not None:
+                raise AssertionError(f"{self.name} exited ({self.exited()}) before writing "
+                                     f"{path}:\n{self.tail()}")
+            return text
+        return wait_for(written, timeout, interval=0.05, progress=self.cpu_ticks)
+
     def tail(self, n: int = 40) -> str:
         """The last `n` lines of the log."""
         try:

@@ -367,7 +367,7 @@ async def test_over_http_the_headers_reference_the_environment_and_stay_out_of_l
                                   "--port-file", str(port_file), "--log", str(tmp_path / "h.log")],
                           {}, tmp_path / "mcp.out").start()
     caplog.set_level(logging.DEBUG)
-    port = await _until(lambda: port_file.exists() and port_file.read_text(), 60)
+    port = await asyncio.to_thread(server.wait_for_file, port_file)
     mcp = MCPTools([ServerSpec("h", url=f"http://127.0.0.1:{port}/mcp",
                                headers={"X-Threadline-Worker": "${WHO}",
                                         "Authorization": "Bearer ${SECRET}"})],

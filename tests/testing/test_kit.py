@@ -39,6 +39,35 @@ def test_a_child_that_exits_before_its_marker_fails_the_wait_at_once(tmp_path: P
         child.wait_for_log("ready", timeout=60)
 
 
+def test_a_file_is_waited_for_while_its_writer_works(tmp_path: Path) -> None:
+    """A port file is waited for as long as its writer uses CPU (here 3 s of it, twice
+    the 1.5 s without progress the wait allows), not for a fixed time."""
+    port = tmp_path / "port"
+    busy = ("import sys, time\nend = time.process_time() + 3.0\n"
+            "while time.process_time() < end: pass\n"
+            "open(sys.argv[1], 'w').write('4242')\ntime.sleep(600)")
+    child = ChildProcess("busy", ["-c", busy, str(port)], {}, tmp_path / "busy.log").start()
+    try:
+        assert child.wait_for_file(port, timeout=1.5) == "4242"
+    finally:
+        child.stop()
+
+
+def test_a_file_wait_fails_at_once_on_exit_and_on_an_idle_writer(tmp_path: Path) -> None:
+    """A writer that exits without writing fails the wait at once; one that sits idle
+    fails it once it used no CPU for the timeout."""
+    quitter = ChildProcess("quitter", ["-c", "print('bye')"], {}, tmp_path / "q.log").start()
+    with pytest.raises(AssertionError, match="exited"):
+        quitter.wait_for_file(tmp_path / "never", timeout=60)
+    sleeper = ChildProcess("sleeper", SLEEPER, {}, tmp_path / "s.log").start()
+    try:
+        sleeper.wait_for_log("ready")
+        with pytest.raises(AssertionError, match="no progress"):
+            sleeper.wait_for_file(tmp_path / "never", timeout=0.5)
+    finally:
+        sleeper.stop()
+
+
 def test_roles_run_by_module_name() -> None:
     """A role runs by module: the gateway as its own, the others through streams.cli."""
     assert role_args("gateway") == ["-m", "gateway"]

@@ -226,7 +226,7 @@ def test_a_new_attempt_replays_the_journal_from_its_dispatch_with_the_openai_age
                                      str(port_file), "--chunk-delay", "0.02"], {},
                           tmp_path / "openai.log").start()
     try:
-        port = wait_for(lambda: port_file.exists() and port_file.read_text(), 30)
+        port = server.wait_for_file(port_file)
         # The heartbeat timeout must end the victim's attempt before the group's session
         # timeout hands its dispatch to the other worker (same attempt, no retry: with
         # FAST's 6 s session and an 8 s heartbeat timeout that is what happened), and it

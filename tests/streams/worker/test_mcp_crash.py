@@ -134,7 +134,7 @@ async def _kill_test(test_env: dict[str, str], tmp_path: Path, transport: str, r
         port_file = tmp_path / "mcp.port"
         server = ChildProcess("mcp", [*server_args, "--transport", "http", "--port-file",
                                       str(port_file)], {}, tmp_path / "mcp.out").start()
-        port = wait_for(lambda: port_file.exists() and port_file.read_text(), 60)
+        port = server.wait_for_file(port_file)
         servers = {"kb": {"url": f"http://127.0.0.1:{port}/mcp",
                           "headers": {"X-Threadline-Worker": "${THREADLINE_INSTANCE_ID}"}}}
     env = {**test_env, **FAST, "THREADLINE_HEARTBEAT_TIMEOUT_S": "30",
