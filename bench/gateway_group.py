@@ -27,6 +27,11 @@ order rotated each round.
 Three gateways are measured twice: without standby copies of the read model (the
 case issue #26 bounds) and with one (`THREADLINE_GATEWAY_STANDBYS`, the default).
     python -m bench.gateway_group --rounds 1 --spy var/spy-gateways  # where the CPU goes
+
+`--owner-routed` adds a case of three gateways whose clients send each thread's
+stream and post straight to the gateway owning its partition (read from each one's
+/healthz before the posts): what a balancer that knew the owner map would do, and so
+what forwarding costs at round robin. Not a deployment Threadline ships.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from confluent_kafka import Consumer, TopicPartition
 from bench.broker_cost import start_spies, stop_spies
 from bench.common import Child, broker, load_text
 from bench.stack import AUTH, Stack, new_stack
+from gateway.kafka import partition_for
 from streams.devtools.broker import free_port
 from streams.testing.haproxy import HAProxy, haproxy_binary
 from streams.wire import PAYLOAD_HEADER
@@ -130,6 +136,16 @@ async def _watch(session: aiohttp.ClientSession, base: str, thread_id: str,
                 return
 
 
+async def _owners(session: aiohttp.ClientSession, ports: list[int]) -> dict[int, int]:
+    """Each partition's owner, by port (each gateway's /healthz names its share)."""
+    owners = {}
+    for port in ports:
+        async with session.get(f"http://127.0.0.1:{port}/healthz") as response:
+            for partition in (await response.json()).get("feed", {}).get("owned") or []:
+                owners[int(partition)] = port
+    return owners
+
+
 async def _healthy(session: aiohttp.ClientSession, ports: list[int], partitions: int,
                    grouped: bool, timeout_s: float = 180) -> None:
     """Every gateway answers /healthz 200; grouped, every one has a share (the group
@@ -160,9 +176,11 @@ async def _healthy(session: aiohttp.ClientSession, ports: list[int], partitions:
 
 async def measure(bootstrap: str, gateways: int, threads: int, watched: int,
                   words: int, spy: Path | None = None, standbys: int = 0,
-                  tokens_per_s: float = 0) -> Case:
+                  tokens_per_s: float = 0, owner_routed: bool = False) -> Case:
     """One case (see the module); with `spy`, py-spy records each gateway over the
-    measured window into that folder and its summary is printed."""
+    measured window into that folder and its summary is printed. `owner_routed`: each
+    thread's stream and post go straight to the gateway that owns its partition, as a
+    balancer that knew the owner map would send them (nothing is forwarded)."""
     stack = new_stack(bootstrap, partitions=6, THREADLINE_WORKER_CONCURRENCY="256",
                       THREADLINE_AGENT_TOKENS_PER_S=str(tokens_per_s),
                       THREADLINE_AGENT_WORDS=str(words))
@@ -192,9 +210,15 @@ async def measure(bootstrap: str, gateways: int, threads: int, watched: int,
                     return str((await response.json())["thread_id"])
 
             ids = list(await asyncio.gather(*(create(i) for i in range(threads))))
+            route = {t: base for t in ids}
+            if owner_routed:
+                owners = await _owners(session, ports)
+                route = {t: f"http://127.0.0.1:{owners[partition_for(t, stack.settings.partitions)]}"
+                         for t in ids}
             opened = [asyncio.Event() for _ in range(watched)]
             done = [asyncio.Event() for _ in range(watched)]
-            watchers = [asyncio.create_task(_watch(session, base, ids[i], opened[i], done[i]))
+            watchers = [asyncio.create_task(_watch(session, route[ids[i]], ids[i], opened[i],
+                                                   done[i]))
                         for i in range(watched)]
             await asyncio.gather(*(o.wait() for o in opened))
             await asyncio.sleep(1.0)  # the creations' records ingested everywhere
@@ -211,7 +235,7 @@ async def measure(bootstrap: str, gateways: int, threads: int, watched: int,
             spies = start_spies({c.name: c.pid for c in children}, spy) if spy else {}
 
             async def post(thread_id: str) -> None:
-                async with gate, session.post(f"{base}/v1/threads/{thread_id}/user_message",
+                async with gate, session.post(f"{route[thread_id]}/v1/threads/{thread_id}/user_message",
                                               json={"input_text": "hello"},
                                               headers=AUTH) as response:
                     assert response.status == 202, await response.text()
@@ -249,20 +273,27 @@ def main() -> None:
                         help="the builtin agent's token rate (0: as fast as it can)")
     parser.add_argument("--spy", type=Path, help="py-spy each gateway into this folder "
                         "(the CPU figures then include py-spy's sampling)")
+    parser.add_argument("--owner-routed", action="store_true",
+                        help="add a case of three gateways whose clients reach each thread's "
+                        "owner directly, as an owner-aware balancer would route them")
     args = parser.parse_args()
     if haproxy_binary() is None:
         raise SystemExit("haproxy is not installed (make system-deps)")
     # (label, gateways, standby copies): the bound is for 0 copies; 1 is the default.
     kinds = [("1", 1, 0), ("2", 2, 0), ("3", 3, 0), ("3, 1 standby", 3, 1)]
+    if args.owner_routed:
+        kinds.append(("3, owner-routed", 3, 0))
     cases: dict[str, list[Case]] = {label: [] for label, _, _ in kinds}
     print(f"load before: {load_text()}")
     with broker() as bootstrap:
         for r in range(args.rounds):
             order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
             for label, n, standbys in order:
-                spy = args.spy / f"r{r + 1}-n{n}-s{standbys}" if args.spy else None
+                tag = "-owner" if label.endswith("owner-routed") else ""
+                spy = args.spy / f"r{r + 1}-n{n}-s{standbys}{tag}" if args.spy else None
                 case = asyncio.run(measure(bootstrap, n, args.threads, args.watched, args.words,
-                                           spy, standbys, args.tokens_per_s))
+                                           spy, standbys, args.tokens_per_s,
+                                           owner_routed=label.endswith("owner-routed")))
                 cases[label].append(case)
                 print(f"round {r + 1}, {label} gateway(s): {case.records} records, CPU s "
                       f"{[round(c, 3) for c in case.cpu_s]} (idle "
