@@ -74,12 +74,13 @@ bench: install
 	$(PY) -m bench.peers $(PEERS_ARGS)
 	$(MAKE) bench-gateways
 
-# Gateways as a group behind HAProxy (issue #26): 1, 2 and 3 gateways side by side,
-# one killed for good, one joining two over 100k threads, and one gateway's CPU per
+# Gateways as a group behind HAProxy (issue #26): 1, 2 and 3 gateways side by side
+# (and 3 with each client sent to its thread's owner: what forwarding costs), one
+# killed for good, one joining two over 100k threads, and one gateway's CPU per
 # record of a stream nobody watches, read through the broker; they print their
 # tables (docs/benchmarks.md holds them).
 bench-gateways: install system-deps
-	$(PY) -m bench.gateway_group
+	$(PY) -m bench.gateway_group --owner-routed
 	$(PY) -m bench.gateway_failover
 	$(PY) -m bench.gateway_join
 	$(PY) -m bench.feed_broker
