@@ -41,11 +41,11 @@ from bench.common import (
     broker_pid,
     folder_bytes,
     load_text,
-    process_cpu,
     process_rss,
 )
 from bench.stack import AUTH, Stack, new_stack
 from streams.core.domain import RunCompleted
+from streams.testing.process import process_cpu
 from streams.wire import Codec
 
 __all__ = ["BENCH", "Costs", "Load", "Plan", "plan", "run"]

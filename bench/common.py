@@ -159,14 +159,6 @@ def own_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def process_cpu(pid: int) -> float:
-    """User + system CPU seconds of a live process (from /proc, all its threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
-
-
 def process_cpu_ns(pid: int) -> int:
     """Nanoseconds on a CPU of a live process, summed over its threads (the
     scheduler's own count in /proc/<pid>/task/*/schedstat: exact, where /proc/stat
@@ -225,10 +217,6 @@ class Child(ChildProcess):
         # `streams.cli <role>`, which also starts the gateway in a BENCH_SRC checkout
         # from before `python -m gateway` existed.
         return cls(role, ["-m", "streams.cli", role], env, folder / f"{role}.log", nofile)
-
-    def cpu(self) -> float:
-        """CPU seconds the child has used so far."""
-        return process_cpu(self.pid)
 
     def mark(self) -> None:
         """Start counting CPU from now."""

@@ -16,7 +16,8 @@ from typing import Any, Self, TypeVar
 
 from streams.supervisor import die_with_parent
 
-__all__ = ["ROOT", "ChildProcess", "RoleProcess", "logs_of", "role_args", "wait_for"]
+__all__ = ["ROOT", "ChildProcess", "RoleProcess", "logs_of", "process_cpu", "role_args",
+           "wait_for"]
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 T = TypeVar("T")
@@ -48,6 +49,13 @@ def wait_for(predicate: Callable[[], T], timeout: float = 30.0, interval: float 
         time.sleep(interval)
     raise AssertionError(f"condition not met, no progress in {timeout}s" if progress is not None
                          else f"condition not met within {timeout}s")
+
+
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of a live process (from /proc, all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def logs_of(*paths: Path) -> Callable[[], tuple[int, ...]]:
@@ -162,28 +170,28 @@ class ChildProcess:
                                      f"{self.tail()}")
             time.sleep(0.05)
 
-    def cpu_ticks(self) -> int:
-        """The CPU time the current start has used, in clock ticks (0 once it ended): a
-        `wait_for` progress for a process that works without logging, as one starting
-        up does (a loaded machine makes it slow, not stuck)."""
-        try:
-            with open(f"/proc/{self.pid}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-            return int(fields[11]) + int(fields[12])  # utime, stime
-        except (OSError, IndexError, ValueError):
-            return 0
+    def cpu(self) -> float:
+        """CPU seconds the current start has used so far (OSError once it is reaped)."""
+        return process_cpu(self.pid)
 
     def wait_for_file(self, path: Path, timeout: float = 30.0) -> str:
         """The text of `path` once the current start has written it (a server's port
-        file, say): waiting while the process uses CPU, failing once it used none for
-        `timeout` seconds, or at once if it exits first."""
+        file, say): waiting while the process uses CPU (it works without logging, as
+        one starting up does: a loaded machine makes it slow, not stuck), failing once
+        it used none for `timeout` seconds, or at once if it exits first."""
         def written() -> str:
             text = path.read_text() if path.exists() else ""
             if not text and self.exited() is not None:
                 raise AssertionError(f"{self.name} exited ({self.exited()}) before writing "
                                      f"{path}:\n{self.tail()}")
             return text
-        return wait_for(written, timeout, interval=0.05, progress=self.cpu_ticks)
+
+        def used() -> float:
+            try:
+                return self.cpu()
+            except OSError:  # it ended since: `written` says so next
+                return 0.0
+        return wait_for(written, timeout, interval=0.05, progress=used)
 
     def tail(self, n: int = 40) -> str:
         """The last `n` lines of the log."""
