@@ -665,6 +665,84 @@ async def test_a_forwarded_stream_with_no_event_yet_goes_on_from_where_it_began(
     assert "start=" not in stream._path() and "after=" in stream._path()
 
 
+@dataclass
+class _PacedFeedStream:
+    """A feed's stream whose live batches come one event loop turn apart."""
+
+    caught_up: list[SseEvent]
+    batches: list[list[SseEvent]]
+
+    async def catch_up(self) -> AsyncIterator[list[SseEvent]]:
+        yield self.caught_up
+
+    async def live(self) -> AsyncIterator[list[SseEvent]]:
+        for batch in self.batches:
+            await asyncio.sleep(0)
+            yield batch
+
+    def end_reason(self) -> str:
+        return "done"
+
+
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=12), st.integers(1, 4),
+       st.integers(0, 30), st.integers(0, 2))
+async def test_a_forwarded_stream_pushed_to_its_client_loses_and_repeats_nothing(
+        sizes: list[int], room: int, turns: int, overlap: int) -> None:
+    """Attached (`attach`, as a client's native SSE is served), the batches read from
+    the source go to the client in order and each event once, whenever the attach
+    comes: with batches still queued, with the reader waiting for queue room, or with
+    none left; an event the client already has (a source re-read from before it) is
+    not sent again; the run's `done` ends the stream."""
+    offsets = iter(range(1, 1000))
+    batches = [[_event(next(offsets), "text_delta") for _ in range(size)] for size in sizes]
+    batches[-1].append(_event(batches[-1][-1].offset, "done", 1))
+    if overlap and len(batches) > 1:  # a batch that repeats the end of the one before
+        batches[1] = batches[0][-overlap:] + batches[1]
+    local = _LocalFeed(0, cast(_FeedStream, _PacedFeedStream([_event(0, "run_accepted")], batches)))
+    forwarder = Forwarder(cast(OwnerBoard, _NoOwnerElsewhere()), cast(HopSigner, None),
+                          owner_wait_s=30.0, keepalive_s=30.0)
+    stream = RemoteEventStream(forwarder, "tenant", "thread", 0, "run-1", None, None, local)
+    stream._queue = asyncio.Queue(room)
+    await stream.start()
+    try:
+        got = [e for batch in [b async for b in stream.catch_up()] if isinstance(batch, list)
+               for e in batch]
+        for _ in range(turns):  # the reader goes on meanwhile, up to the queue's room
+            await asyncio.sleep(0)
+        written: list[list[SseEvent]] = []
+
+        def sink(events: list[SseEvent]) -> bool:
+            written.append(events)
+            return True
+        stream.attach(sink)
+        while await stream.idle():
+            pass
+    finally:
+        await stream.aclose()
+    got += [e for batch in written for e in batch]
+    assert [e.position for e in got] == sorted({e.position for e in got})
+    assert [e.name for e in got] == ["run_accepted"] + ["text_delta"] * sum(sizes) + ["done"]
+    assert all(written), "an empty write"
+
+
+def test_a_forwarded_stream_whose_client_takes_no_more_is_over() -> None:
+    """A sink that refuses (the client's buffer full, or gone) ends the stream."""
+    forwarder = Forwarder(cast(OwnerBoard, _NoOwnerElsewhere()), cast(HopSigner, None),
+                          owner_wait_s=30.0, keepalive_s=30.0)
+    stream = RemoteEventStream(forwarder, "tenant", "thread", 0, None, None, None,
+                               _LocalFeed(0, _FeedStream([], [])))
+    written: list[list[SseEvent]] = []
+
+    def sink(events: list[SseEvent]) -> bool:  # written, and now its buffer is full
+        written.append(events)
+        return False
+    stream.attach(sink)
+    stream._deliver([_event(1, "text_delta")])
+    stream._deliver([_event(2, "text_delta")])
+    assert [[e.offset for e in batch] for batch in written] == [[1]]
+    assert stream._over.is_set()
+
+
 _starts = st.tuples(st.integers(-1, 1 << 62), st.integers(-1, 1 << 30), st.integers(0, 1 << 62),
                     st.one_of(st.none(), st.uuids().map(str)))
 
