@@ -231,8 +231,7 @@ class RemoteEventStream:
         self.ended = False  # nothing more comes
         self._queue: asyncio.Queue[object] = asyncio.Queue(_QUEUE_ITEMS)
         self._reader: asyncio.Task[None] | None = None
-        self._sink: Callable[[list[SseEvent]], bool] | None = None  # once attached
-        self._over = asyncio.Event()  # attached, and nothing more goes to the sink
+        self._pump: asyncio.Task[None] | None = None
         self._live_seen = False
         self._start: Start | None = None  # where the first owner's stream began
 
@@ -329,7 +328,7 @@ class RemoteEventStream:
                 source = await self._connect()  # moved, shut down, dropped, too slow
         finally:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._put(_END)
+                await self._queue.put(_END)
 
     async def _put(self, item: object) -> None:
         if isinstance(item, _Began):
@@ -342,12 +341,7 @@ class RemoteEventStream:
             self._live_seen = True
         elif isinstance(item, list) and item:
             self._after = item[-1].event_id  # where the next source starts
-        if self._sink is not None:
-            self._deliver(item)
-            return
         await self._queue.put(item)
-        if self._sink is not None:  # attached while this waited for room: after the rest
-            self._drain()
 
     async def _from_owner(self, response: aiohttp.ClientResponse) -> str | None:
         reason: str | None = None
@@ -456,57 +450,38 @@ class RemoteEventStream:
             yield batch
 
     def attach(self, sink: Callable[[list[SseEvent]], bool]) -> None:
-        """Pushed delivery after `catch_up`: what is queued goes to `sink` now, then
-        the reader hands it each batch as it parses it from the owner's line, with no
-        task wake-up per batch (as the feed does for a stream of its own)."""
-        self._sink = sink
-        if self.ended or self.done:
-            self._over.set()
-        self._drain()
+        """Pushed delivery after `catch_up`: each batch from the owner to `sink`."""
+        async def pump() -> None:
+            async for item in self.live():
+                if isinstance(item, list) and not sink(item):
+                    break
+                if self.ended:  # the sink ended it (`finish`)
+                    break
 
-    def _drain(self) -> None:
-        while not self._queue.empty() and not self._over.is_set():
-            self._deliver(self._queue.get_nowait())
-
-    def _deliver(self, item: object) -> None:
-        """One item, attached: a batch's new events to the sink; the end, a run's
-        position gone, a sink that takes no more or a run's `done` end the stream."""
-        if self._over.is_set():
-            return
-        if isinstance(item, list):
-            new = self.take(item)
-            try:
-                taken = not new or self._sink is None or self._sink(new)
-            except Exception:  # the client's connection broke: it resumes
-                log.exception("writing the stream of %s failed", self.thread_id)
-                taken = False
-            if not taken or self.done or self.ended:
-                self._over.set()
-        elif item is _END or (isinstance(item, Gone) and self.run_id is not None):
-            self.ended = True
-            self._over.set()
+        self._pump = asyncio.create_task(pump())
 
     def finish(self) -> None:
         """End the stream here (its client has what it needs): after the batch being
         written, nothing more is."""
         self.ended = True
-        self._over.set()
 
     async def idle(self) -> bool:
         """While attached: wait up to `keepalive_s`; False once the stream is over."""
-        if self._sink is None or self._over.is_set():
+        pump = self._pump
+        if pump is None or pump.done() or self.ended:
             return False
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._over.wait(), self.keepalive_s)
-        return not self._over.is_set()
+        # asyncio.wait, not an await of the task: the pump's end, however it came,
+        # must not be raised here (a cancelled pump would cancel the response's task).
+        await asyncio.wait({pump}, timeout=self.keepalive_s)
+        return not pump.done() and not self.ended
 
     async def aclose(self) -> None:
         """Stop reading from the owner."""
-        task = self._reader
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for task in (self._pump, self._reader):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
 
 def owner_problem(status: int, body: bytes) -> Problem:

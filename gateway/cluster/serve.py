@@ -17,8 +17,7 @@ from gateway.http.auth import TENANT
 from gateway.http.problems import Problem
 from gateway.keys import FEED, READ_MODEL
 from gateway.live.feed import NotOwned
-from gateway.live.run_stream import KEEP_ALIVE, STREAMS
-from gateway.live.streaming import write_now
+from gateway.live.run_stream import STREAMS
 
 __all__ = ["internal_stream"]
 
@@ -59,16 +58,8 @@ async def internal_stream(request: web.Request) -> web.StreamResponse:
             async for caught_up in stream.catch_up():
                 await response.write(item_line(caught_up))
             await response.write(item_line(None))  # live from here
-            # Pushed, as a client's own SSE is (`gateway.live.streaming`): the feed
-            # writes each ingested batch to the hop at the end of that batch, with no
-            # task wake-up per batch; a hop that stops reading is ended ("overflow")
-            # and the asking gateway opens it again after the last event it took.
-            stream.attach(lambda events: write_now(response, item_line(events)))
-            while await stream.idle():
-                transport = request.transport
-                if transport is None or transport.is_closing() or \
-                        not write_now(response, item_line(KEEP_ALIVE)):
-                    break
+            async for item in stream.live():
+                await response.write(item_line(item))
             await response.write(item_line(None, stream.end_reason()))
         except ConnectionError:
             pass  # the asking gateway went away
