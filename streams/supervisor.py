@@ -153,6 +153,7 @@ class Supervisor:
         self.clock = clock
         self.poll_s = poll_s
         self.restarts = 0
+        self.rounds = 0  # `check` calls so far: a watcher's sign that the loop goes on
         self._stop = threading.Event()
 
     @property
@@ -171,6 +172,7 @@ class Supervisor:
 
     def check(self) -> None:
         """One round: note the children that exited, start those whose backoff is over."""
+        self.rounds += 1
         now = self.clock()
         for slot in self.slots:
             if slot.restart_at is None:

@@ -212,7 +212,8 @@ def test_the_embedded_broker_killed_under_run_is_started_again(tmp_path: Path) -
     runner = threading.Thread(target=supervisor.run)
     runner.start()
     try:
-        first = wait_for(lambda: broker.process.pid if broker.process else 0)
+        assert broker.process is not None  # started above: the supervisor keeps it
+        first = broker.process.pid
         os.kill(first, signal.SIGKILL)
         wait_for(lambda: supervisor.restarts == 1, timeout=60, progress=logs_of(broker.log_file))
         assert broker.process is not None and broker.process.pid != first

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -80,6 +81,20 @@ class _FakeChild:
         self.events.append(f"wait {self.name}")
 
 
+def _within_rounds(supervisor: Supervisor, done: Callable[[], object], rounds: int = 200) -> None:
+    """Wait until `done()`: failing once the supervisor's loop went `rounds` rounds
+    without it (a count, not seconds: a loaded machine makes rounds slower, not more),
+    or no round at all for 30 s (the loop stuck)."""
+    first = supervisor.rounds
+
+    def met() -> bool:
+        if done():
+            return True
+        assert supervisor.rounds - first <= rounds, f"not done in {rounds} supervisor rounds"
+        return False
+    wait_for(met, progress=lambda: supervisor.rounds)
+
+
 def test_an_exited_child_is_restarted_after_a_growing_delay_and_logged(
         caplog: pytest.LogCaptureFixture) -> None:
     """A child that keeps crashing is restarted after growing delays, each logged."""
@@ -115,9 +130,9 @@ def test_stop_restarts_nothing_and_stops_the_children_before_the_base() -> None:
     supervisor = Supervisor(roles, base=broker, poll_s=0.01)
     runner = threading.Thread(target=supervisor.run)
     runner.start()
-    wait_for(lambda: roles[1].starts == 1)
+    _within_rounds(supervisor, lambda: roles[1].starts == 1)
     roles[0].status = 0
-    wait_for(lambda: roles[0].starts == 2)  # an exit with status 0 is restarted too
+    _within_rounds(supervisor, lambda: roles[0].starts == 2)  # an exit with status 0 too
     supervisor.stop()
     runner.join()
     assert events == ["terminate processor", "terminate gateway", "wait processor", "wait gateway",
@@ -133,9 +148,11 @@ def test_a_real_process_killed_with_sigkill_is_started_again(caplog: pytest.LogC
     runner = threading.Thread(target=supervisor.run)
     runner.start()
     try:
-        first = wait_for(lambda: child.process.pid if child.process else 0)
+        _within_rounds(supervisor, lambda: child.process)
+        assert child.process is not None
+        first = child.process.pid
         os.kill(first, signal.SIGKILL)
-        wait_for(lambda: supervisor.restarts == 1)
+        _within_rounds(supervisor, lambda: supervisor.restarts == 1)
         assert child.process is not None and child.process.pid != first
         assert child.poll() is None
         assert f"role sleeper (pid {first}) killed by SIGKILL" in caplog.text

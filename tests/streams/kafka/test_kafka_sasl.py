@@ -171,11 +171,14 @@ def _apply_docs_acls(broker: EmbeddedKafka, prefix: str) -> None:
     every = AclBindingFilter(ResourceType.ANY, any_name, ResourcePatternType.ANY, any_name,
                              any_name, AclOperation.ANY, AclPermissionType.ANY)
 
-    def applied() -> bool:
-        shown = set(admin.describe_acls(every, request_timeout=10).result(10))
-        return all(binding in shown for binding in wanted)
+    shown: set[AclBinding] = set()
 
-    wait_for(applied, timeout=30)
+    def applied() -> bool:
+        shown.update(b for b in admin.describe_acls(every, request_timeout=10).result(10)
+                     if b in wanted)
+        return len(shown) == len(set(wanted))
+
+    wait_for(applied, timeout=30, progress=lambda: len(shown))  # while more are applied
 
 
 def _produce_error(settings: Settings, user: str, topic: str) -> KafkaError | None:

@@ -372,16 +372,19 @@ class _ReportTail:
         self.consumer.assign(ends)
 
     def next_step(self, accept: Callable[[ReportStepCompleted], bool]) -> ReportStepCompleted:
-        """The next step report `accept`s, waiting while reports keep coming."""
+        """The next step report `accept`s, waiting while records keep coming."""
+        read = [0]
+
         def found() -> ReportStepCompleted | None:
             for msg in self.consumer.consume(200, timeout=0.05):
+                read[0] += 1
                 if msg.error() is None:
                     command = CODEC.decode_command(msg.value() or b"")[1]
                     if isinstance(command, ReportStepCompleted) and accept(command):
                         return command
             return None
 
-        report = wait_for(found, 120, interval=0)
+        report = wait_for(found, 120, interval=0, progress=lambda: read[0])
         assert report is not None
         return report
 
