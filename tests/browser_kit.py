@@ -14,16 +14,20 @@ import os
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from tests.frontends.stack import ProcessStack
 from tests.npm_kit import NODE_DIR
 
-__all__ = ["LAUNCH_ARGS", "app_on_its_own_origin", "chromium", "give_browser_token", "launched"]
+__all__ = ["LAUNCH_ARGS", "PatientPage", "app_on_its_own_origin", "chromium", "give_browser_token",
+           "launched"]
+
+T = TypeVar("T")
 
 # Headless in a container: no sandbox, no GPU, nothing fetched in the background.
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -39,6 +43,71 @@ def chromium() -> str:
                         "(infra/system-deps.sh)", pytrace=False)
         pytest.skip("no Chromium on this machine", allow_module_level=True)
     return path
+
+
+# Counts the page's DOM changes from its first document on (read by PatientPage).
+_COUNT_MUTATIONS = """
+window.__threadlineMutations = 0;
+new MutationObserver((records) => { window.__threadlineMutations += records.length; })
+  .observe(document, {subtree: true, childList: true, characterData: true, attributes: true});
+"""
+
+
+class PatientPage:
+    """A Playwright page whose waits are bounded by progress, not by the clock.
+
+    `wait_for_function` and `wait_for_selector` read `timeout` as the longest time
+    the page may go without progress: the wait goes on, in slices, while the page
+    changes (a DOM mutation, a response) or `progress()` does (the stack's logs, say),
+    and fails once neither did for that long. A loaded machine makes the page slow,
+    not stuck. Wrap the page before its first `goto`, so its DOM changes are counted.
+    Everything else is the page's own (its actions keep Playwright's default timeout:
+    they act on what a wait found)."""
+
+    SLICE_MS = 2_000
+
+    def __init__(self, page: Any, progress: Callable[[], object] | None = None) -> None:
+        self._page, self._progress, self._responses = page, progress, 0
+        page.add_init_script(_COUNT_MUTATIONS)
+        page.on("response", self._count)
+
+    def _count(self, _response: Any) -> None:
+        self._responses += 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._page, name)
+
+    def _state(self) -> tuple[object, ...]:
+        from playwright.sync_api import Error
+        try:
+            mutations = self._page.evaluate("window.__threadlineMutations ?? 0")
+        except Error:  # navigating: no context to ask right now
+            mutations = None
+        return mutations, self._responses, None if self._progress is None else self._progress()
+
+    def _patiently(self, wait: Callable[[float], T], timeout: float) -> T:
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+        since, last = time.monotonic(), self._state()
+        while True:
+            try:
+                return wait(min(self.SLICE_MS, timeout))
+            except PlaywrightTimeout:
+                now = self._state()
+                if now != last:
+                    since, last = time.monotonic(), now
+                elif (time.monotonic() - since) * 1000 >= timeout:
+                    raise
+
+    def wait_for_function(self, expression: str, *, timeout: float = 30_000,
+                          **options: Any) -> Any:
+        """`Page.wait_for_function`, `timeout` ms without progress at most."""
+        return self._patiently(lambda ms: self._page.wait_for_function(
+            expression, timeout=ms, **options), timeout)
+
+    def wait_for_selector(self, selector: str, *, timeout: float = 30_000, **options: Any) -> Any:
+        """`Page.wait_for_selector`, `timeout` ms without progress at most."""
+        return self._patiently(lambda ms: self._page.wait_for_selector(
+            selector, timeout=ms, **options), timeout)
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ import pytest
 
 from streams.testing.process import wait_for
 from tests.browser_kit import (
+    PatientPage,
     app_on_its_own_origin,
     chromium,
     give_browser_token,
@@ -86,7 +87,7 @@ def browser(app: ApprovalApp) -> Iterator[Any]:
 
 
 def _open(browser: Any, app: ApprovalApp, chat_id: str | None = None) -> Any:
-    page = browser.new_page()
+    page: Any = PatientPage(browser.new_page(), app.progress)
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(app.origin + "/index.html" + (f"?chat={chat_id}" if chat_id else ""))

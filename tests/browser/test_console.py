@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 
 from gateway.adapters.console.timeline import TIMELINE_EVENTS
-from tests.browser_kit import chromium, launched
+from tests.browser_kit import PatientPage, chromium, launched
 from tests.frontends.stack import KEY, ProcessStack, process_stack
 from tests.npm_kit import node_modules
 
@@ -96,7 +96,7 @@ def _page(browser: Any, base: str, viewport: dict[str, int] = DESKTOP, *,
     bypass_csp only lets the test inject axe-core; the hostile-answer test also reads
     the answer with the page's CSP on."""
     context = browser.new_context(viewport=viewport, bypass_csp=bypass_csp)
-    page = context.new_page()
+    page = PatientPage(context.new_page())
     watch = Watch()
     page.on("pageerror", lambda exc: watch.page_errors.append(str(exc)))
     page.on("console", lambda m: watch.console_errors.append(m.text) if m.type == "error" else None)

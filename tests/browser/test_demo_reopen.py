@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from gateway.adapters.demo import PAGE
-from tests.browser_kit import LAUNCH_ARGS, chromium
+from tests.browser_kit import LAUNCH_ARGS, PatientPage, chromium
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 CHROMIUM = chromium()
@@ -68,7 +68,7 @@ def test_the_demo_page_opens_a_new_eventsource_from_the_last_id_after_a_503() ->
     try:
         with playwright.sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-            page = browser.new_page()
+            page = PatientPage(browser.new_page())
             page.goto(f"http://127.0.0.1:{server.server_port}/demo#key=k&thread=t1")
             page.wait_for_function(
                 "window.threadline.events.some(e => e.type === 'done')", timeout=60_000)

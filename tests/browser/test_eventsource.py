@@ -16,7 +16,7 @@ from streams.config import Settings
 from streams.devtools.broker import free_port
 from streams.kafka.topics import ensure_topics
 from streams.testing.process import RoleProcess, logs_of, wait_for
-from tests.browser_kit import LAUNCH_ARGS, chromium
+from tests.browser_kit import LAUNCH_ARGS, PatientPage, chromium
 
 pytestmark = pytest.mark.kafka
 
@@ -54,7 +54,7 @@ def test_a_browser_eventsource_sees_every_run_whole_across_gateway_restarts(
         thread_id = thread["thread_id"]
         with playwright.sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-            page = browser.new_page()
+            page = PatientPage(browser.new_page(), logs_of(gateway.log))
             page.goto(f"{base}/demo#key=k1&thread={thread_id}")
             page.wait_for_function("window.threadline && window.threadline.opens >= 1", timeout=30_000)
             runs = []

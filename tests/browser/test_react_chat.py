@@ -25,6 +25,7 @@ import pytest
 
 from streams.testing.process import wait_for
 from tests.browser_kit import (
+    PatientPage,
     app_on_its_own_origin,
     chromium,
     give_browser_token,
@@ -100,7 +101,7 @@ def browser(app: ChatApp) -> Iterator[Any]:
 
 
 def _open(browser: Any, app: ChatApp, thread_id: str | None = None) -> Any:
-    page = browser.new_page()
+    page: Any = PatientPage(browser.new_page(), app.progress)
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(app.origin + "/index.html" + (f"?thread={thread_id}" if thread_id else ""))

@@ -23,7 +23,7 @@ from langgraph_sdk import get_client
 from gateway.adapters.ai_sdk.chat import chat_thread_id
 from streams.testing.process import logs_of, wait_for
 from streams.testing.sse import until_opened
-from tests.browser_kit import LAUNCH_ARGS, chromium
+from tests.browser_kit import LAUNCH_ARGS, PatientPage, chromium
 from tests.cluster.conftest import KEY, TENANT, Cluster
 from tests.frontends.stack import ProcessStack
 from tests.frontends.test_ai_sdk import NodeScript
@@ -114,7 +114,7 @@ def test_a_browser_eventsource_sees_every_run_whole_across_owner_kills(cluster: 
     thread_id = thread["thread_id"]
     with playwright.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=browser_path, args=LAUNCH_ARGS)
-        page = browser.new_page()
+        page = PatientPage(browser.new_page())
         page.goto(f"{cluster.base}/demo#key={KEY}&thread={thread_id}")
         page.wait_for_function("window.threadline && window.threadline.opens >= 1",
                                timeout=60_000)
