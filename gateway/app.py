@@ -274,8 +274,13 @@ async def _run_thread(request: web.Request, tenant: str, run_id: str) -> str | N
 
 
 async def livez(request: web.Request) -> web.Response:
-    """GET /livez: the process serves (for a liveness probe: never fails on Kafka)."""
-    return web.json_response({"status": "alive", "loaded": request.config_dict[FEED].started})
+    """GET /livez: the process serves (for a liveness probe: never fails on Kafka). It
+    also names the partitions this gateway owns (all, outside a group), out of how
+    many: an owner-aware load balancer polls it (deploy/haproxy/threadline.lua)."""
+    feed = request.config_dict[FEED]
+    return web.json_response({"status": "alive", "loaded": feed.started,
+                              "partitions": request.config_dict[SETTINGS].partitions,
+                              "owned": "all" if feed.owned is None else sorted(feed.owned)})
 
 
 async def _close_streams(app: web.Application) -> None:

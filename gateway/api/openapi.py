@@ -277,7 +277,10 @@ SPEC: dict[str, Any] = {
                                                             "every page load)",
                                  "responses": {"204": {"description": "no icon"}}}},
         "/livez": {"get": {"security": [], "summary": "Liveness: the process serves (even "
-                                                      "while its read model loads)",
+                                                      "while its read model loads); with the "
+                                                      "partitions it owns (`owned`: a list, "
+                                                      "or `all` outside a group) of how many "
+                                                      "(`partitions`)",
                            "responses": {"200": {"description": "alive"}}}},
         "/healthz": {"get": {"security": [], "summary": "Health detail: the broker answers, the "
                                                         "processor and worker groups have "

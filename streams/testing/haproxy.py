@@ -12,6 +12,12 @@ responses are long reads: the client and server timeouts are an hour, and HAProx
 does not buffer (it never does for a streamed HTTP/1.1 body). Each request is
 logged to `haproxy.log` as it starts (`logasap`: an SSE stream would be logged only
 at its end), naming the gateway that served it.
+
+With `owner_routing`, HAProxy also runs deploy/haproxy/threadline.lua: a request
+about a thread goes to the gateway that owns its partition (learned from each
+gateway's `/livez`), the rest round robin; and `/_threadline/partition/<id>` answers
+the partition the script computes for a thread id (a test's check, not a route a
+deployment needs).
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ import urllib.request
 from pathlib import Path
 from typing import Self
 
-__all__ = ["HAProxy", "haproxy_binary"]
+__all__ = ["OWNER_SCRIPT", "HAProxy", "haproxy_binary"]
+
+OWNER_SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "haproxy" / "threadline.lua"
 
 
 def haproxy_binary() -> str | None:
@@ -36,8 +44,9 @@ class HAProxy:
     """One HAProxy process balancing `127.0.0.1:port` over the gateways' ports."""
 
     def __init__(self, port: int, servers: list[int], folder: Path,
-                 balance: str = "roundrobin") -> None:
+                 balance: str = "roundrobin", *, owner_routing: bool = False) -> None:
         self.port, self.servers, self.folder, self.balance = port, servers, folder, balance
+        self.owner_routing = owner_routing
         self.config = folder / "haproxy.cfg"
         self.log = folder / "haproxy.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -51,10 +60,18 @@ class HAProxy:
         """The configuration file's text."""
         servers = "\n".join(f"    server g{n} 127.0.0.1:{port} check"
                             for n, port in enumerate(self.servers))
+        lua = by_owner = probe = ""
+        if self.owner_routing:
+            lua = f"    lua-load {OWNER_SCRIPT}\n"
+            probe = ("    http-request use-service lua.threadline_partition "
+                     "if { path_beg /_threadline/partition/ }\n")
+            by_owner = "    http-request lua.threadline_owner\n" + "".join(
+                f"    use-server g{n} if {{ var(txn.threadline_owner) -m str g{n} }}\n"
+                for n in range(len(self.servers)))
         return f"""global
     maxconn 4000
     log stdout format raw local0 info
-defaults
+{lua}defaults
     mode http
     log global
     option httplog
@@ -69,10 +86,10 @@ defaults
     timeout http-request 30s
 frontend threadline
     bind 127.0.0.1:{self.port}
-    default_backend gateways
+{probe}    default_backend gateways
 backend gateways
     balance {self.balance}
-    option httpchk GET /livez
+{by_owner}    option httpchk GET /livez
     timeout check 5s
     default-server inter 1s fastinter 500ms downinter 500ms fall 3 rise 1
 {servers}

@@ -121,8 +121,10 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def running_cluster(bootstrap: str, folder: Path, **extra: str) -> Iterator[Cluster]:
-    """The roles, three grouped gateways and HAProxy, split and serving; stopped after."""
+def running_cluster(bootstrap: str, folder: Path, *, owner_routing: bool = False,
+                    **extra: str) -> Iterator[Cluster]:
+    """The roles, three grouped gateways and HAProxy (round robin, or with
+    `owner_routing` deploy/haproxy/threadline.lua's), split and serving; stopped after."""
     _need_haproxy()
     env = {**fresh_env(bootstrap, folder, prefix=unique_prefix("c"),
                        THREADLINE_API_KEYS=f"{KEY}={TENANT}", THREADLINE_DECISION_TIMEOUT_S="10",
@@ -132,7 +134,7 @@ def running_cluster(bootstrap: str, folder: Path, **extra: str) -> Iterator[Clus
                                         "THREADLINE_GATEWAY_URL": f"http://127.0.0.1:{port}"},
                             folder / f"gateway-{n}.log", name=f"gateway-{n}")
                 for n, port in enumerate(ports)]
-    haproxy = HAProxy(free_port(), ports, folder / "haproxy")
+    haproxy = HAProxy(free_port(), ports, folder / "haproxy", owner_routing=owner_routing)
     with running_roles(env, folder, ("processor", "worker")):
         try:
             for gateway in gateways:
