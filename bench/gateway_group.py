@@ -28,10 +28,12 @@ Three gateways are measured twice: without standby copies of the read model (the
 case issue #26 bounds) and with one (`THREADLINE_GATEWAY_STANDBYS`, the default).
     python -m bench.gateway_group --rounds 1 --spy var/spy-gateways  # where the CPU goes
 
-`--owner-routed` adds a case of three gateways whose clients send each thread's
-stream and post straight to the gateway owning its partition (read from each one's
-/healthz before the posts): what a balancer that knew the owner map would do, and so
-what forwarding costs at round robin. Not a deployment Threadline ships.
+`--owner-routed` adds two cases of three gateways. In one, the clients send each
+thread's stream and post straight to the gateway owning its partition (read from
+each one's /healthz before the posts): what a balancer that knew the owner map would
+do, and so what forwarding costs at round robin. In the other, HAProxy does that
+routing with deploy/haproxy/threadline.lua (what a deployment can run): the clients
+go through it as in the round-robin cases.
 """
 
 from __future__ import annotations
@@ -136,6 +138,12 @@ async def _watch(session: aiohttp.ClientSession, base: str, thread_id: str,
                 return
 
 
+def _polls(haproxy: HAProxy) -> int:
+    """deploy/haproxy/threadline.lua's polls of a gateway so far (HAProxy logs each)."""
+    return sum(1 for line in haproxy.log.read_text(errors="replace").splitlines()
+               if "<HTTPCLIENT>" in line and "/livez HTTP" in line)
+
+
 async def _owners(session: aiohttp.ClientSession, ports: list[int]) -> dict[int, int]:
     """Each partition's owner, by port (each gateway's /healthz names its share)."""
     owners = {}
@@ -176,18 +184,20 @@ async def _healthy(session: aiohttp.ClientSession, ports: list[int], partitions:
 
 async def measure(bootstrap: str, gateways: int, threads: int, watched: int,
                   words: int, spy: Path | None = None, standbys: int = 0,
-                  tokens_per_s: float = 0, owner_routed: bool = False) -> Case:
+                  tokens_per_s: float = 0, owner_routed: bool = False,
+                  by_owner: bool = False) -> Case:
     """One case (see the module); with `spy`, py-spy records each gateway over the
     measured window into that folder and its summary is printed. `owner_routed`: each
     thread's stream and post go straight to the gateway that owns its partition, as a
-    balancer that knew the owner map would send them (nothing is forwarded)."""
+    balancer that knew the owner map would send them (nothing is forwarded).
+    `by_owner`: HAProxy runs deploy/haproxy/threadline.lua, which does that routing."""
     stack = new_stack(bootstrap, partitions=6, THREADLINE_WORKER_CONCURRENCY="256",
                       THREADLINE_AGENT_TOKENS_PER_S=str(tokens_per_s),
                       THREADLINE_AGENT_WORDS=str(words))
     stack.start(["processor", "worker"])
     ports = [free_port() for _ in range(gateways)]
     children: list[Child] = []
-    haproxy = HAProxy(free_port(), ports, stack.folder / "haproxy")
+    haproxy = HAProxy(free_port(), ports, stack.folder / "haproxy", owner_routing=by_owner)
     try:
         for n, port in enumerate(ports):
             env = {**stack.env, "THREADLINE_HTTP_PORT": str(port)}
@@ -201,6 +211,12 @@ async def measure(bootstrap: str, gateways: int, threads: int, watched: int,
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             await _healthy(session, ports, stack.settings.partitions, gateways > 1)
             await asyncio.to_thread(haproxy.wait_serving)
+            if by_owner:  # two rounds of the script's polls since every gateway had its share
+                polls, deadline = _polls(haproxy), time.monotonic() + 60
+                while _polls(haproxy) < polls + 2 * gateways:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("HAProxy's script polled no gateway in 60 s")
+                    await asyncio.sleep(0.2)
             gate = asyncio.Semaphore(16)
 
             async def create(i: int) -> str:
@@ -274,26 +290,29 @@ def main() -> None:
     parser.add_argument("--spy", type=Path, help="py-spy each gateway into this folder "
                         "(the CPU figures then include py-spy's sampling)")
     parser.add_argument("--owner-routed", action="store_true",
-                        help="add a case of three gateways whose clients reach each thread's "
-                        "owner directly, as an owner-aware balancer would route them")
+                        help="add two cases of three gateways: clients reaching each thread's "
+                        "owner directly, as an owner-aware balancer would route them, and "
+                        "HAProxy routing so (deploy/haproxy/threadline.lua)")
     args = parser.parse_args()
     if haproxy_binary() is None:
         raise SystemExit("haproxy is not installed (make system-deps)")
     # (label, gateways, standby copies): the bound is for 0 copies; 1 is the default.
     kinds = [("1", 1, 0), ("2", 2, 0), ("3", 3, 0), ("3, 1 standby", 3, 1)]
     if args.owner_routed:
-        kinds.append(("3, owner-routed", 3, 0))
+        kinds += [("3, owner-routed", 3, 0), ("3, HAProxy by owner", 3, 0)]
     cases: dict[str, list[Case]] = {label: [] for label, _, _ in kinds}
     print(f"load before: {load_text()}")
     with broker() as bootstrap:
         for r in range(args.rounds):
             order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
             for label, n, standbys in order:
-                tag = "-owner" if label.endswith("owner-routed") else ""
+                tag = "-owner" if label.endswith("owner-routed") else \
+                    "-haproxy-owner" if label.endswith("by owner") else ""
                 spy = args.spy / f"r{r + 1}-n{n}-s{standbys}{tag}" if args.spy else None
                 case = asyncio.run(measure(bootstrap, n, args.threads, args.watched, args.words,
                                            spy, standbys, args.tokens_per_s,
-                                           owner_routed=label.endswith("owner-routed")))
+                                           owner_routed=label.endswith("owner-routed"),
+                                           by_owner=label.endswith("by owner")))
                 cases[label].append(case)
                 print(f"round {r + 1}, {label} gateway(s): {case.records} records, CPU s "
                       f"{[round(c, 3) for c in case.cpu_s]} (idle "
