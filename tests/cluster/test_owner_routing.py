@@ -18,6 +18,7 @@ from gateway.kafka import partition_for
 from streams.devtools.broker import free_port
 from streams.testing.haproxy import HAProxy
 from streams.testing.process import logs_of, wait_for
+from tests.cluster import test_behind_haproxy as behind_haproxy
 from tests.cluster.conftest import KEY, Cluster, _need_haproxy, running_cluster
 
 
@@ -57,8 +58,12 @@ def test_the_scripts_partition_of_a_thread_is_kafkas(lone_haproxy: HAProxy, thre
 
 @pytest.fixture
 def owner_routed(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Cluster]:
-    """Three gateways behind HAProxy running the script."""
+    """Three gateways behind HAProxy running the script, which has polled each of
+    them twice since they split the partitions."""
     with running_cluster(kafka_bootstrap, tmp_path, owner_routing=True) as running:
+        first = _polls(running)
+        wait_for(lambda: _polls(running) >= first + 2 * len(running.gateways),
+                 progress=lambda: _polls(running))
         yield running
 
 
@@ -128,3 +133,15 @@ def _forwarded(cluster: Cluster) -> float:
                      if line.startswith(("threadline_gateway_forwarded_streams_total",
                                          "threadline_gateway_forwarded_requests_total")))
     return total
+
+
+@pytest.mark.kafka
+def test_a_browser_eventsource_sees_every_run_whole_across_owner_kills_routed_by_owner(
+        owner_routed: Cluster) -> None:
+    """test_behind_haproxy's Chromium EventSource test through the script: each run's
+    owner is killed with SIGKILL while the browser's stream is on it (the script sent
+    it there), so the browser reconnects through HAProxy (to another gateway, which
+    forwards, until the map names the partition's new owner): every run arrives whole,
+    no event twice."""
+    behind_haproxy.test_a_browser_eventsource_sees_every_run_whole_across_owner_kills(
+        owner_routed)
