@@ -63,9 +63,10 @@ console-shots: install system-deps
 # The chaos program at full size (docs/chaos.md): its own broker, every role killed
 # with SIGKILL at seeded random moments, the broker restarted, then an audit.
 # CHAOS_SEED=n replays a run's kill plan; CHAOS_ARGS="--preset small" is the in-suite size;
-# CHAOS_PRESET=gateways runs three grouped gateways behind HAProxy (system-deps has it).
+# CHAOS_PRESET=gateways runs three grouped gateways behind HAProxy (system-deps has it);
+# CHAOS_PRESET=gateways-by-owner the same, HAProxy sending each thread to its owner.
 CHAOS_PRESET ?= full
-chaos: install $(if $(filter gateways,$(CHAOS_PRESET)),system-deps)
+chaos: install $(if $(filter gateways%,$(CHAOS_PRESET)),system-deps)
 	$(PY) -m chaos --preset $(CHAOS_PRESET) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) $(CHAOS_ARGS)
 
 bench: install

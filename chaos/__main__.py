@@ -27,6 +27,9 @@ class Preset:
     # The gateways as one group (THREADLINE_GATEWAY_URL) behind HAProxy, which routes
     # each request to a random one: clients know one address, as in a deployment.
     balanced: bool = False
+    # Balanced, HAProxy also runs deploy/haproxy/threadline.lua: a request about a
+    # thread goes to its partition's owner, the rest at random (docs/scaling.md).
+    by_owner: bool = False
 
 
 PRESETS = {
@@ -44,6 +47,11 @@ PRESETS = {
     # (issue #26): `make chaos CHAOS_PRESET=gateways`
     "gateways": Preset(8, 120.0, {"processor": 2, "worker": 2, "gateway": 5, "broker": 1},
                        gateways=3, balanced=True),
+    # the same with HAProxy routing each thread's requests to its owner:
+    # `make chaos CHAOS_PRESET=gateways-by-owner`
+    "gateways-by-owner": Preset(8, 120.0, {"processor": 2, "worker": 2, "gateway": 5,
+                                           "broker": 1}, gateways=3, balanced=True,
+                                by_owner=True),
 }
 
 HEADER = ("| seed | threads | messages | accepted | 409s | enqueued | interrupted "
@@ -111,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed, threads=args.threads or preset.threads,
         duration_s=args.duration or preset.duration_s, kills=dict(preset.kills),
         brokers=preset.brokers, gateways=preset.gateways, balanced=preset.balanced,
+        by_owner=preset.by_owner,
         bootstrap=os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None,
         folder=args.folder, keep=args.keep, processing_guarantee=args.processing_guarantee,
         aim=args.aim, fault=args.fault_point == "before-commit")

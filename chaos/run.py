@@ -45,6 +45,7 @@ class Config:
     brokers: int = 1
     gateways: int = 2
     balanced: bool = False  # the gateways grouped, behind HAProxy (chaos.stack)
+    by_owner: bool = False  # HAProxy sends a thread's requests to its owner (chaos.stack)
     bootstrap: str | None = None  # an outside cluster: no broker restart
     folder: Path = Path("var/chaos")
     keep: bool = False
@@ -307,7 +308,7 @@ def run(config: Config) -> Outcome:
     folder.mkdir(parents=True, exist_ok=True)
     stack = Stack(folder.resolve(), brokers=config.brokers, bootstrap=config.bootstrap,
                   processing_guarantee=config.processing_guarantee, fault=config.fault,
-                  balanced=config.balanced)
+                  balanced=config.balanced, by_owner=config.by_owner)
     started = time.monotonic()
     try:
         stack.start(gateways=config.gateways)

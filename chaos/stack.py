@@ -82,6 +82,7 @@ class Stack:
     # The gateways as one group (THREADLINE_GATEWAY_URL: each serves its share of the
     # stream and forwards the rest) behind HAProxy, routing each request at random.
     balanced: bool = False
+    by_owner: bool = False  # HAProxy runs deploy/haproxy/threadline.lua
     haproxy: HAProxy | None = None
 
     @property
@@ -152,7 +153,7 @@ class Stack:
             proc.start()
         if self.balanced:
             self.haproxy = HAProxy(free_port(), self.ports, self.folder / "haproxy",
-                                   balance="random").start()
+                                   balance="random", owner_routing=self.by_owner).start()
             self.haproxy.wait_serving(timeout_s=180)
 
     def restart_broker(self) -> None:
