@@ -21,7 +21,7 @@ from streams.devtools.broker import EmbeddedCluster, EmbeddedKafka, free_port
 from streams.kafka.faults import FAULT_ENV
 from streams.kafka.topics import ensure_topics
 from streams.testing.haproxy import HAProxy
-from streams.testing.process import RoleProcess
+from streams.testing.process import RoleProcess, logs_of
 from streams.testing.stack import fresh_env, unique_prefix
 
 __all__ = ["API_KEY", "ROLES", "Proc", "Stack", "chaos_env"]
@@ -154,7 +154,8 @@ class Stack:
         if self.balanced:
             self.haproxy = HAProxy(free_port(), self.ports, self.folder / "haproxy",
                                    balance="random", owner_routing=self.by_owner).start()
-            self.haproxy.wait_serving(timeout_s=180)
+            self.haproxy.wait_serving(
+                timeout_s=180, progress=logs_of(*(g.log for g in self.gateways)))
 
     def restart_broker(self) -> None:
         """SIGKILL the (single) broker, then start it again on the same port and data."""

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Self
+
+from streams.testing.process import wait_for
 
 __all__ = ["OWNER_SCRIPT", "HAProxy", "haproxy_binary"]
 
@@ -107,20 +109,22 @@ backend gateways
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         return self
 
-    def wait_serving(self, path: str = "/livez", timeout_s: float = 60.0) -> None:
-        """Until a request through HAProxy is answered by a gateway."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+    def wait_serving(self, path: str = "/livez", timeout_s: float = 60.0,
+                     progress: Callable[[], object] | None = None) -> None:
+        """Until a request through HAProxy is answered by a gateway: within `timeout_s`,
+        or, with `progress` (the gateways' logs, say), while it changes."""
+        def served() -> bool:
             assert self.proc is not None and self.proc.poll() is None, self.log.read_text()
             try:
                 with urllib.request.urlopen(self.base + path, timeout=5) as response:
-                    if response.status == 200:
-                        return
+                    return bool(response.status == 200)
             except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"HAProxy did not serve {path}:\n{self.log.read_text()}")
-            time.sleep(0.1)
+                return False
+        try:
+            wait_for(served, timeout_s, progress=progress)
+        except AssertionError as exc:
+            raise AssertionError(f"HAProxy did not serve {path}: {exc}\n"
+                                 f"{self.log.read_text()}") from None
 
     def stop(self) -> None:
         """Stop HAProxy."""

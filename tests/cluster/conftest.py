@@ -20,7 +20,7 @@ from gateway.kafka import partition_for
 from streams.config import Settings
 from streams.devtools.broker import free_port
 from streams.testing.haproxy import HAProxy, haproxy_binary
-from streams.testing.process import RoleProcess, wait_for
+from streams.testing.process import RoleProcess, logs_of, wait_for
 from streams.testing.stack import fresh_env, running_roles, unique_prefix
 from tests.frontends.stack import KEY as FRONTENDS_KEY
 
@@ -142,7 +142,7 @@ def running_cluster(bootstrap: str, folder: Path, *, owner_routing: bool = False
             haproxy.start()
             cluster = Cluster(env, Settings.from_env(env).partitions, ports, gateways, haproxy)
             cluster.settle()
-            haproxy.wait_serving()
+            haproxy.wait_serving(progress=logs_of(*(g.log for g in gateways)))
             yield cluster
         finally:
             haproxy.stop()
