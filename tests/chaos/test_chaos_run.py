@@ -171,13 +171,15 @@ def test_chaos_on_three_brokers_with_one_killed_mid_run(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(bool(os.environ.get("KAFKA_BOOTSTRAP_SERVERS")),
                     reason="the broker restarted is the chaos program's own")
-def test_chaos_on_three_grouped_gateways_behind_haproxy(tmp_path: Path) -> None:
+@pytest.mark.parametrize("preset", ["gateways", "gateways-by-owner"])
+def test_chaos_on_three_grouped_gateways_behind_haproxy(tmp_path: Path, preset: str) -> None:
     """The gateways preset at half its posting time: three gateways sharing the stream
-    as a group, every client through HAProxy (random routing), gateways killed most,
-    and every audit passes (issue #26)."""
+    as a group, every client through HAProxy (random routing; or by owner, with
+    deploy/haproxy/threadline.lua), gateways killed most, and every audit passes
+    (issue #26)."""
     from streams.testing.haproxy import haproxy_binary
     if haproxy_binary() is None:
         pytest.skip("haproxy is not installed (make system-deps)")
-    row = _chaos(tmp_path, "--preset", "gateways", "--seed", "11", "--duration", "60",
+    row = _chaos(tmp_path, "--preset", preset, "--seed", "11", "--duration", "60",
                  timeout=580)
     assert row["kills p/w/g/b"].split("/")[2] != "0", row["stdout"]
