@@ -138,12 +138,6 @@ async def _watch(session: aiohttp.ClientSession, base: str, thread_id: str,
                 return
 
 
-def _polls(haproxy: HAProxy) -> int:
-    """deploy/haproxy/threadline.lua's polls of a gateway so far (HAProxy logs each)."""
-    return sum(1 for line in haproxy.log.read_text(errors="replace").splitlines()
-               if "<HTTPCLIENT>" in line and "/livez HTTP" in line)
-
-
 async def _owners(session: aiohttp.ClientSession, ports: list[int]) -> dict[int, int]:
     """Each partition's owner, by port (each gateway's /healthz names its share)."""
     owners = {}
@@ -212,8 +206,8 @@ async def measure(bootstrap: str, gateways: int, threads: int, watched: int,
             await _healthy(session, ports, stack.settings.partitions, gateways > 1)
             await asyncio.to_thread(haproxy.wait_serving)
             if by_owner:  # two rounds of the script's polls since every gateway had its share
-                polls, deadline = _polls(haproxy), time.monotonic() + 60
-                while _polls(haproxy) < polls + 2 * gateways:
+                polls, deadline = haproxy.owner_polls(), time.monotonic() + 60
+                while haproxy.owner_polls() < polls + 2 * gateways:
                     if time.monotonic() > deadline:
                         raise RuntimeError("HAProxy's script polled no gateway in 60 s")
                     await asyncio.sleep(0.2)

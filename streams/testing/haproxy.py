@@ -126,6 +126,14 @@ backend gateways
             raise AssertionError(f"HAProxy did not serve {path}: {exc}\n"
                                  f"{self.log.read_text()}") from None
 
+    def owner_polls(self) -> int:
+        """With `owner_routing`: the script's polls of a gateway's `/livez` so far
+        (HAProxy logs each of its own HTTP client's requests)."""
+        if not self.log.exists():
+            return 0
+        return sum(1 for line in self.log.read_text(errors="replace").splitlines()
+                   if "<HTTPCLIENT>" in line and "/livez HTTP" in line)
+
     def stop(self) -> None:
         """Stop HAProxy."""
         if self.proc is not None and self.proc.poll() is None:

@@ -61,16 +61,15 @@ def owner_routed(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Cluster]:
     """Three gateways behind HAProxy running the script, which has polled each of
     them twice since they split the partitions."""
     with running_cluster(kafka_bootstrap, tmp_path, owner_routing=True) as running:
-        first = _polls(running)
-        wait_for(lambda: _polls(running) >= first + 2 * len(running.gateways),
-                 progress=lambda: _polls(running))
+        first = running.haproxy.owner_polls()
+        wait_for(lambda: running.haproxy.owner_polls() >= first + 2 * len(running.gateways),
+                 progress=lambda: running.haproxy.owner_polls())
         yield running
 
 
 def _servers(cluster: Cluster, path: str) -> list[int]:
     """The gateway each `GET path` went to, in HAProxy's log order."""
-    lines = [line for line in cluster.haproxy.log.read_text(errors="replace").splitlines()
-             if f'"GET {path} ' in line]
+    lines = behind_haproxy._haproxy_lines(cluster, f"GET {path} ")
     return [int(m.group(1)) for line in lines if (m := re.search(r" gateways/g(\d+) ", line))]
 
 
@@ -88,14 +87,14 @@ def test_requests_about_a_thread_reach_its_owner(owner_routed: Cluster) -> None:
 
     # The script polls the gateways once a second: a request before its map has the
     # split may go anywhere. Three rounds of polls after the split, it has it.
-    first = _polls(cluster)
+    first = cluster.haproxy.owner_polls()
 
     def routed() -> bool:
-        assert _polls(cluster) - first <= 3 * len(cluster.gateways), \
+        assert cluster.haproxy.owner_polls() - first <= 3 * len(cluster.gateways), \
             f"not sent to its owner after 3 rounds of polls:\n{cluster.logs()}"
         assert cluster.call("GET", path)[0] == 200
         return _servers(cluster, path)[-1] == owner
-    wait_for(routed, interval=0.2, progress=lambda: _polls(cluster))
+    wait_for(routed, interval=0.2, progress=lambda: cluster.haproxy.owner_polls())
     forwarded = _forwarded(cluster)  # before the map had it, a request may have been
     for _ in range(6):
         assert cluster.call("GET", path)[0] == 200
@@ -115,12 +114,6 @@ def test_requests_about_a_thread_reach_its_owner(owner_routed: Cluster) -> None:
     assert events[-1] == b"event: done\n", events
     assert _servers(cluster, f"{path}/stream") == [owner], cluster.logs()
     assert _forwarded(cluster) == forwarded  # none since: each request reached the owner
-
-
-def _polls(cluster: Cluster) -> int:
-    """The script's polls of a gateway's /livez so far (HAProxy logs each)."""
-    return sum(1 for line in cluster.haproxy.log.read_text(errors="replace").splitlines()
-               if "<HTTPCLIENT>" in line and '/livez HTTP' in line)
 
 
 def _forwarded(cluster: Cluster) -> float:
