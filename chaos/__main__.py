@@ -10,7 +10,7 @@ import signal
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from chaos.run import KINDS, Config, Outcome, run
@@ -47,12 +47,10 @@ PRESETS = {
     # (issue #26): `make chaos CHAOS_PRESET=gateways`
     "gateways": Preset(8, 120.0, {"processor": 2, "worker": 2, "gateway": 5, "broker": 1},
                        gateways=3, balanced=True),
-    # the same with HAProxy routing each thread's requests to its owner:
-    # `make chaos CHAOS_PRESET=gateways-by-owner`
-    "gateways-by-owner": Preset(8, 120.0, {"processor": 2, "worker": 2, "gateway": 5,
-                                           "broker": 1}, gateways=3, balanced=True,
-                                by_owner=True),
 }
+# the gateways preset with HAProxy routing each thread's requests to its owner:
+# `make chaos CHAOS_PRESET=gateways-by-owner`
+PRESETS["gateways-by-owner"] = replace(PRESETS["gateways"], by_owner=True)
 
 HEADER = ("| seed | threads | messages | accepted | 409s | enqueued | interrupted "
           "| regenerated (key sent twice) | edited | answered "
