@@ -30,7 +30,7 @@ case issue #26 bounds) and with one (`THREADLINE_GATEWAY_STANDBYS`, the default)
 
 `--owner-routed` adds two cases of three gateways. In one, the clients send each
 thread's stream and post straight to the gateway owning its partition (read from
-each one's /healthz before the posts): what a balancer that knew the owner map would
+each one's /livez before the posts): what a balancer that knew the owner map would
 do, and so what forwarding costs at round robin. In the other, HAProxy does that
 routing with deploy/haproxy/threadline.lua (what a deployment can run): the clients
 go through it as in the round-robin cases.
@@ -139,11 +139,12 @@ async def _watch(session: aiohttp.ClientSession, base: str, thread_id: str,
 
 
 async def _owners(session: aiohttp.ClientSession, ports: list[int]) -> dict[int, int]:
-    """Each partition's owner, by port (each gateway's /healthz names its share)."""
+    """Each partition's owner, by port (each gateway's /livez names its share)."""
     owners = {}
     for port in ports:
-        async with session.get(f"http://127.0.0.1:{port}/healthz") as response:
-            for partition in (await response.json()).get("feed", {}).get("owned") or []:
+        async with session.get(f"http://127.0.0.1:{port}/livez") as response:
+            owned = (await response.json()).get("owned")  # "all" outside a group
+            for partition in owned if isinstance(owned, list) else []:
                 owners[int(partition)] = port
     return owners
 

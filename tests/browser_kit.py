@@ -14,13 +14,13 @@ import os
 import shutil
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
+from streams.testing.process import wait_for
 from tests.frontends.stack import ProcessStack
 from tests.npm_kit import NODE_DIR
 
@@ -59,8 +59,8 @@ class PatientPage:
     `wait_for_function` and `wait_for_selector` read `timeout` as the longest time
     the page may go without progress: the wait goes on, in slices, while the page
     changes (a DOM mutation, a response) or `progress()` does (the stack's logs, say),
-    and fails once neither did for that long. A loaded machine makes the page slow,
-    not stuck. Wrap the page before its first `goto`, so its DOM changes are counted.
+    and fails (AssertionError) once neither did for that long. A loaded machine makes
+    the page slow, not stuck. Wrap the page before its first `goto`, so its DOM changes are counted.
     Everything else is the page's own (its actions keep Playwright's default timeout:
     they act on what a wait found)."""
 
@@ -86,17 +86,18 @@ class PatientPage:
         return mutations, self._responses, None if self._progress is None else self._progress()
 
     def _patiently(self, wait: Callable[[float], T], timeout: float) -> T:
+        """`wait` in slices, for as long as `streams.testing.process.wait_for` waits
+        on the page's progress (AssertionError after `timeout` ms without any)."""
         from playwright.sync_api import TimeoutError as PlaywrightTimeout
-        since, last = time.monotonic(), self._state()
-        while True:
+
+        def done() -> tuple[T] | None:  # a tuple: a wait may return None (state="hidden")
             try:
-                return wait(min(self.SLICE_MS, timeout))
+                return (wait(min(self.SLICE_MS, timeout)),)
             except PlaywrightTimeout:
-                now = self._state()
-                if now != last:
-                    since, last = time.monotonic(), now
-                elif (time.monotonic() - since) * 1000 >= timeout:
-                    raise
+                return None
+        found = wait_for(done, timeout / 1000, interval=0, progress=self._state)
+        assert found is not None  # wait_for returns a true value
+        return found[0]
 
     def wait_for_function(self, expression: str, *, timeout: float = 30_000,
                           **options: Any) -> Any:

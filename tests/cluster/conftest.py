@@ -76,12 +76,12 @@ class Cluster:
             return err.code, json.loads(err.read() or b"null")
 
     def owned(self, index: int) -> list[int] | None:
-        """The partitions gateway `index` serves, from its /healthz (None if it does not answer)."""
+        """The partitions gateway `index` serves, from its /livez (None if it does not answer)."""
         try:
-            _, report = get_json(f"http://127.0.0.1:{self.ports[index]}/healthz", timeout=5)
+            _, report = get_json(f"http://127.0.0.1:{self.ports[index]}/livez", timeout=5)
         except OSError:
             return None
-        owned = (report or {}).get("feed", {}).get("owned")
+        owned = (report or {}).get("owned")
         return owned if isinstance(owned, list) else None
 
     def split(self) -> bool:
@@ -92,7 +92,7 @@ class Cluster:
         return sorted(p for share in shares for p in share or []) == list(range(self.partitions))
 
     def shares(self) -> list[list[int] | None]:
-        """Each gateway's partitions as its /healthz says (the progress of a rebalance)."""
+        """Each gateway's partitions as its /livez says (the progress of a rebalance)."""
         return [self.owned(i) for i in range(len(self.gateways))]
 
     def settle(self) -> None:
